@@ -1,0 +1,17 @@
+package bucket_test
+
+import (
+	"testing"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMemoryConformance(t *testing.T) {
+	buckettest.Run(t, func(t *testing.T, c *buckettest.Clock) bucket.Store {
+		return &bucket.Memory{Clock: c}
+	}, buckettest.Options{})
+}
