@@ -1,0 +1,354 @@
+// Package config loads and validates the throttler's one YAML file. Every
+// error names the file and the field (lanes[0].rate), and a config that fails
+// validation is never half-applied: Load returns either a whole valid Config or
+// an error.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole service configuration. The zero value is not valid; start
+// from Default and override.
+type Config struct {
+	// Listen is the HTTP API address (API, /metrics, /healthz, /readyz).
+	Listen string `yaml:"listen"`
+	// ShutdownTimeout bounds a graceful stop: intake stops at once, in-flight
+	// dispatches get this long to finish.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	NATS            NATS     `yaml:"nats"`
+	Redis           Redis    `yaml:"redis"`
+	Dispatch        Dispatch `yaml:"dispatch"`
+	Log             Log      `yaml:"log"`
+	Lanes           []Lane   `yaml:"lanes"`
+}
+
+// NATS says where the queue lives.
+type NATS struct {
+	// URL of a NATS server with JetStream; empty runs an embedded server.
+	URL string `yaml:"url"`
+	// DataDir is the embedded server's JetStream storage.
+	DataDir string `yaml:"data_dir"`
+	// Listen is the embedded server's client address; empty: in-process only.
+	Listen string `yaml:"listen"`
+	// DedupWindow is how long a job id is remembered for de-duplication.
+	DedupWindow Duration `yaml:"dedup_window"`
+}
+
+// Redis says where the shared lane state lives.
+type Redis struct {
+	// URL of Redis (redis://host:port/db); empty uses the in-memory pacer,
+	// which is only correct for a single instance.
+	URL string `yaml:"url"`
+}
+
+// Dispatch holds settings shared by every target.
+type Dispatch struct {
+	// AllowNetworks lists networks that targets may resolve to although they
+	// are loopback or private (the SSRF guard refuses those by default).
+	AllowNetworks []string `yaml:"allow_networks"`
+}
+
+// Log configures the JSON logger.
+type Log struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+}
+
+// Lane is one named destination with its limits.
+type Lane struct {
+	Name string `yaml:"name"`
+	// Rate is jobs per second; fractional allowed.
+	Rate float64 `yaml:"rate"`
+	// Burst is how many jobs an idle lane admits at once.
+	Burst int `yaml:"burst"`
+	// MaxInflight is how many dispatches of the lane may run at once.
+	MaxInflight int `yaml:"max_inflight"`
+	// MaxBacklog is how many jobs may wait; over it submissions get 429.
+	MaxBacklog int64 `yaml:"max_backlog"`
+	// MaxBody is the largest accepted payload in bytes.
+	MaxBody ByteSize `yaml:"max_body"`
+	// AckWait is how long a fetched job may stay unanswered before the queue
+	// hands it to another instance; zero derives it from rate and timeout.
+	AckWait Duration `yaml:"ack_wait"`
+	Target  Target   `yaml:"target"`
+}
+
+// Target says where a lane's jobs go. Exactly one kind is set.
+type Target struct {
+	HTTP *HTTPTarget `yaml:"http"`
+}
+
+// HTTPTarget delivers a job as an HTTP request.
+type HTTPTarget struct {
+	URL     string            `yaml:"url"`
+	Method  string            `yaml:"method"`
+	Headers map[string]string `yaml:"headers"`
+	Timeout Duration          `yaml:"timeout"`
+}
+
+// Default returns the settings used for everything a file leaves out.
+func Default() Config {
+	return Config{
+		Listen:          "127.0.0.1:8080",
+		ShutdownTimeout: Duration(15 * time.Second),
+		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute)},
+		Log:             Log{Level: "info"},
+	}
+}
+
+// Lane defaults, applied to each lane that leaves a field out.
+const (
+	DefaultMaxInflight = 16
+	DefaultMaxBacklog  = 100_000
+	DefaultMaxBody     = 1 << 20
+	DefaultTimeout     = 10 * time.Second
+)
+
+// Load reads path, applies env overrides through getenv (THROTTLER_LISTEN,
+// THROTTLER_NATS_URL, THROTTLER_NATS_DATA_DIR, THROTTLER_NATS_LISTEN,
+// THROTTLER_REDIS_URL, THROTTLER_LOG_LEVEL), fills defaults and validates.
+func Load(path string, getenv func(string) string) (Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, raw, getenv)
+}
+
+// Parse is Load on bytes already read; path only names the source in errors.
+func Parse(path string, raw []byte, getenv func(string) string) (Config, error) {
+	cfg := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, &Error{File: path, Field: "", Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if getenv != nil {
+		for env, dst := range map[string]*string{
+			"THROTTLER_LISTEN":        &cfg.Listen,
+			"THROTTLER_NATS_URL":      &cfg.NATS.URL,
+			"THROTTLER_NATS_DATA_DIR": &cfg.NATS.DataDir,
+			"THROTTLER_NATS_LISTEN":   &cfg.NATS.Listen,
+			"THROTTLER_REDIS_URL":     &cfg.Redis.URL,
+			"THROTTLER_LOG_LEVEL":     &cfg.Log.Level,
+		} {
+			if v, ok := lookup(getenv, env); ok {
+				*dst = v
+			}
+		}
+	}
+	for i := range cfg.Lanes {
+		cfg.Lanes[i].applyDefaults()
+	}
+	if err := cfg.Validate(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.File = path
+		}
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+func lookup(getenv func(string) string, key string) (string, bool) {
+	v := getenv(key)
+	return v, v != ""
+}
+
+func (l *Lane) applyDefaults() {
+	if l.MaxInflight == 0 {
+		l.MaxInflight = DefaultMaxInflight
+	}
+	if l.MaxBacklog == 0 {
+		l.MaxBacklog = DefaultMaxBacklog
+	}
+	if l.MaxBody == 0 {
+		l.MaxBody = DefaultMaxBody
+	}
+	if l.Burst == 0 {
+		l.Burst = 1
+	}
+	if h := l.Target.HTTP; h != nil {
+		if h.Method == "" {
+			h.Method = "POST"
+		}
+		if h.Timeout == 0 {
+			h.Timeout = Duration(DefaultTimeout)
+		}
+	}
+}
+
+// Error is a configuration error that names the file and the field.
+type Error struct {
+	File  string
+	Field string
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File + ": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Validate checks every field and returns the first error, naming the field.
+func (c *Config) Validate() error {
+	fail := func(field, format string, args ...any) error {
+		return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if _, err := netip.ParseAddrPort(c.Listen); err != nil && !strings.HasPrefix(c.Listen, ":") {
+		return fail("listen", "%q is not host:port", c.Listen)
+	}
+	if c.ShutdownTimeout <= 0 {
+		return fail("shutdown_timeout", "must be greater than 0")
+	}
+	if c.NATS.URL == "" && c.NATS.DataDir == "" {
+		return fail("nats.data_dir", "must be set when nats.url is empty (embedded server)")
+	}
+	if c.NATS.Listen != "" {
+		if _, err := netip.ParseAddrPort(c.NATS.Listen); err != nil {
+			return fail("nats.listen", "%q is not ip:port", c.NATS.Listen)
+		}
+	}
+	if c.NATS.DedupWindow <= 0 {
+		return fail("nats.dedup_window", "must be greater than 0")
+	}
+	if c.Redis.URL != "" {
+		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+			return fail("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
+		}
+	}
+	for i, n := range c.Dispatch.AllowNetworks {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			return fail(fmt.Sprintf("dispatch.allow_networks[%d]", i), "%q is not a CIDR prefix", n)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fail("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	if len(c.Lanes) == 0 {
+		return fail("lanes", "at least one lane is required")
+	}
+	seen := map[string]int{}
+	for i, l := range c.Lanes {
+		p := fmt.Sprintf("lanes[%d]", i)
+		if !laneName.MatchString(l.Name) {
+			return fail(p+".name", "%q must be 1-64 letters, digits, '_' or '-'", l.Name)
+		}
+		if j, dup := seen[l.Name]; dup {
+			return fail(p+".name", "%q is already the name of lanes[%d]", l.Name, j)
+		}
+		seen[l.Name] = i
+		if err := l.validate(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validate checks one lane's fields; field names start with prefix.
+func (l *Lane) validate(p string) error {
+	fail := func(field, format string, args ...any) error {
+		return &Error{Field: p + "." + field, Msg: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
+		return fail("rate", "must be a number greater than 0 (jobs per second), got %v", l.Rate)
+	case l.Rate > 1_000_000:
+		return fail("rate", "must be at most 1000000, got %v", l.Rate)
+	case l.Burst < 1 || l.Burst > 1_000_000:
+		return fail("burst", "must be between 1 and 1000000, got %d", l.Burst)
+	case l.MaxInflight < 1 || l.MaxInflight > 100_000:
+		return fail("max_inflight", "must be between 1 and 100000, got %d", l.MaxInflight)
+	case l.MaxBacklog < 1:
+		return fail("max_backlog", "must be at least 1, got %d", l.MaxBacklog)
+	case l.MaxBody < 1 || l.MaxBody > 64<<20:
+		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
+	case l.AckWait < 0:
+		return fail("ack_wait", "must not be negative")
+	}
+	if l.Target.HTTP == nil {
+		return fail("target", "exactly one target kind is required (http)")
+	}
+	h := l.Target.HTTP
+	u, err := url.Parse(h.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fail("target.http.url", "%q is not an absolute http(s) URL", h.URL)
+	}
+	switch h.Method {
+	case "POST", "PUT", "PATCH", "GET", "DELETE":
+	default:
+		return fail("target.http.method", "%q is not one of POST, PUT, PATCH, GET, DELETE", h.Method)
+	}
+	if h.Timeout <= 0 {
+		return fail("target.http.timeout", "must be greater than 0")
+	}
+	return nil
+}
+
+// Duration is a time.Duration written as "10s" or "1m30s" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration like 10s or 1m30s", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// ByteSize is a size in bytes written as 1048576, "512KiB" or "1MiB" in YAML.
+type ByteSize int64
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	s := strings.TrimSpace(n.Value)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: %q is not a size like 1048576, 512KiB or 1MiB", n.Line, n.Value)
+	}
+	*b = ByteSize(v * mult)
+	return nil
+}

@@ -1,0 +1,347 @@
+// Package leaky is the pacer: it drains a lane's queue at a constant rate by
+// reserving dispatch slots from the lane's shared GCRA state and starting each
+// job at its slot, never earlier.
+//
+// A Drain repeats three steps: take up to Batch queued items from its Source,
+// take an in-flight permit for each (at most MaxInflight dispatches run at
+// once), reserve one slot per item in a single call to the Pacer, and start
+// each item when its slot comes. Permits are taken before slots are reserved,
+// so a slow target never makes reserved slots pile up and fire in a clump.
+// Items that admission already let through (Item.Admitted) hold their slot and
+// start at once.
+//
+// When the period is shorter than a timer can sleep, the drain wakes late and
+// starts every item whose slot has passed: a micro-batch. Starts are never
+// earlier than their slots, so the lane's bound (burst + rate·W in any window
+// W) holds whatever the timer does.
+//
+// The package is pure: it knows nothing of NATS, Redis or HTTP. Those come in
+// through the small interfaces below.
+package leaky
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+)
+
+// Item is one queued job as the drain sees it.
+type Item interface {
+	// Admitted reports that admission already took this job's slot.
+	Admitted() bool
+}
+
+// Source yields queued items in queue order.
+type Source interface {
+	// Next blocks until at least one item is available (or ctx ends), then
+	// returns up to max items that are available without waiting further.
+	Next(ctx context.Context, max int) ([]Item, error)
+	// Release gives items back to the queue unstarted (shutdown, no slot).
+	Release(items []Item)
+}
+
+// Pacer reserves dispatch slots of one lane (or key).
+type Pacer interface {
+	Reserve(ctx context.Context, n int) (bucket.Reservation, error)
+}
+
+// Starter starts one item's dispatch. It must not block for the dispatch: it
+// runs it on its own and calls done exactly once when the dispatch finished,
+// whatever the outcome.
+type Starter func(ctx context.Context, it Item, done func())
+
+// Clock is the time source of a drain: Now, and a cancellable sleep.
+type Clock interface {
+	Now() time.Time
+	// Sleep waits for d or until ctx ends, and reports ctx's error if it ended.
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// RealClock is the system clock.
+var RealClock Clock = realClock{}
+
+// Observer receives the drain's events; every method must be cheap. The zero
+// Config uses a no-op observer.
+type Observer interface {
+	// Started is called when an item starts, with how late it started
+	// relative to its slot.
+	Started(late time.Duration)
+	// Reserved is called after each successful Reserve call with n slots.
+	Reserved(n int)
+	// PacerDown is called when Reserve fails (down=true) and when it works
+	// again after failing (down=false).
+	PacerDown(down bool, err error)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Started(time.Duration) {}
+func (nopObserver) Reserved(int)          {}
+func (nopObserver) PacerDown(bool, error) {}
+
+// Config configures a Drain.
+type Config struct {
+	Source Source
+	Pacer  Pacer
+	Start  Starter
+	// MaxInflight bounds concurrent dispatches; at least 1.
+	MaxInflight int
+	// Batch bounds the slots reserved in one Pacer call; at least 1. See
+	// BatchFor for a good value.
+	Batch int
+	// RetryBackoff is the wait before calling a failed Pacer again.
+	RetryBackoff time.Duration
+	// GiveBackAfter: while the Pacer keeps failing for this long, held items
+	// go back to the queue so that another instance may take them.
+	GiveBackAfter time.Duration
+	Clock         Clock
+	Logger        *slog.Logger
+	Observer      Observer
+}
+
+// BatchFor returns the slots to reserve per call at rate: about 20 ms worth
+// of slots, at least 1 and at most maxInflight and 512. At 1,000 jobs/s that is
+// one Pacer call per 20 jobs; at 20 jobs/s one call per job.
+func BatchFor(rate float64, maxInflight int) int {
+	n := int(rate * 0.020)
+	if n < 1 {
+		n = 1
+	}
+	if n > 512 {
+		n = 512
+	}
+	if n > maxInflight {
+		n = maxInflight
+	}
+	return n
+}
+
+// Drain paces one lane. Create it with New; Run it once.
+type Drain struct {
+	cfg     Config
+	permits chan struct{}
+	// downSince is when the Pacer started failing; zero while it works.
+	// Only Run's goroutine touches it.
+	downSince time.Time
+}
+
+// New checks cfg and returns a Drain. It starts nothing.
+func New(cfg Config) (*Drain, error) {
+	switch {
+	case cfg.Source == nil:
+		return nil, errors.New("leaky: Config.Source is nil")
+	case cfg.Pacer == nil:
+		return nil, errors.New("leaky: Config.Pacer is nil")
+	case cfg.Start == nil:
+		return nil, errors.New("leaky: Config.Start is nil")
+	case cfg.MaxInflight < 1:
+		return nil, fmt.Errorf("leaky: MaxInflight %d must be at least 1", cfg.MaxInflight)
+	}
+	if cfg.Batch < 1 {
+		cfg.Batch = 1
+	}
+	if cfg.Batch > cfg.MaxInflight {
+		cfg.Batch = cfg.MaxInflight
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = 100 * time.Millisecond
+	}
+	if cfg.GiveBackAfter <= 0 {
+		cfg.GiveBackAfter = 5 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = RealClock
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	return &Drain{cfg: cfg, permits: make(chan struct{}, cfg.MaxInflight)}, nil
+}
+
+// Inflight reports how many dispatches hold a permit now (waiting for their
+// slot or running).
+func (d *Drain) Inflight() int { return len(d.permits) }
+
+// Run drains until ctx ends, then waits for every dispatch it started to call
+// done and returns ctx's error. Items it holds unstarted go back to the Source.
+func (d *Drain) Run(ctx context.Context) error {
+	var held []Item
+	defer func() {
+		if len(held) > 0 {
+			d.cfg.Source.Release(held)
+		}
+		// Wait for running dispatches: fill every permit.
+		for range d.cfg.MaxInflight {
+			d.permits <- struct{}{}
+		}
+	}()
+	for {
+		if len(held) == 0 {
+			items, err := d.cfg.Source.Next(ctx, d.cfg.Batch)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				d.cfg.Logger.Warn("queue fetch failed", "err", err)
+				if d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
+					return ctx.Err()
+				}
+				continue
+			}
+			held = items
+			if len(held) == 0 {
+				continue
+			}
+		}
+		// Permits: wait for one, then take what is free, up to len(held).
+		select {
+		case d.permits <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n := 1
+		for n < len(held) {
+			select {
+			case d.permits <- struct{}{}:
+				n++
+				continue
+			default:
+			}
+			break
+		}
+		batch := held[:n]
+		rest, err := d.startBatch(ctx, batch)
+		if err != nil {
+			// ctx ended or the pacer stayed down: rest holds unstarted items.
+			for range rest {
+				<-d.permits
+			}
+			if ctx.Err() != nil {
+				held = append(rest, held[n:]...)
+				return ctx.Err()
+			}
+			d.cfg.Source.Release(append(rest, held[n:]...))
+			held = nil
+			continue
+		}
+		held = held[n:]
+	}
+}
+
+// startBatch reserves slots for the items of batch that need one and starts
+// every item at its slot. Each item holds a permit. On error it returns the
+// items it did not start (their permits still held).
+func (d *Drain) startBatch(ctx context.Context, batch []Item) ([]Item, error) {
+	need := 0
+	for _, it := range batch {
+		if !it.Admitted() {
+			need++
+		}
+	}
+	var res bucket.Reservation
+	var t0 time.Time
+	if need > 0 {
+		var err error
+		res, t0, err = d.reserve(ctx, need)
+		if err != nil {
+			return batch, err
+		}
+	}
+	slot := 0
+	for i, it := range batch {
+		var due time.Time
+		if it.Admitted() {
+			due = d.cfg.Clock.Now()
+		} else {
+			due = t0.Add(res.Delay(slot))
+			slot++
+		}
+		if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
+			if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
+				// Reserved slots of unstarted items are lost capacity, never
+				// overshoot.
+				return batch[i:], err
+			}
+		}
+		d.cfg.Observer.Started(d.cfg.Clock.Now().Sub(due))
+		d.cfg.Start(ctx, it, d.done)
+	}
+	return nil, nil
+}
+
+func (d *Drain) done() { <-d.permits }
+
+// reserve calls the Pacer until it answers, ctx ends, or it has failed for
+// GiveBackAfter. t0 is the local time the answer's delays count from: the
+// moment the call returned, so latency only delays slots.
+func (d *Drain) reserve(ctx context.Context, n int) (bucket.Reservation, time.Time, error) {
+	var firstFail time.Time
+	for {
+		res, err := d.cfg.Pacer.Reserve(ctx, n)
+		now := d.cfg.Clock.Now()
+		if err == nil {
+			if !d.downSince.IsZero() {
+				d.cfg.Observer.PacerDown(false, nil)
+				d.cfg.Logger.Info("pacer is back, drain resumes", "down_for", now.Sub(d.downSince).String())
+				d.downSince = time.Time{}
+			}
+			d.cfg.Observer.Reserved(res.N)
+			return res, now, nil
+		}
+		if ctx.Err() != nil {
+			return res, now, ctx.Err()
+		}
+		if d.downSince.IsZero() {
+			d.downSince = now
+			d.cfg.Observer.PacerDown(true, err)
+			d.cfg.Logger.Warn("pacer unavailable, drain paused", "err", err)
+		}
+		if firstFail.IsZero() {
+			firstFail = now
+		}
+		if now.Sub(firstFail) >= d.cfg.GiveBackAfter {
+			return res, now, fmt.Errorf("leaky: pacer down for %v: %w", now.Sub(firstFail), err)
+		}
+		if d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
+			return res, now, ctx.Err()
+		}
+	}
+}
+
+// StorePacer adapts a bucket.Store to a Pacer for one key and limit. The limit
+// is read on every call through Limit so that it can change at runtime.
+type StorePacer struct {
+	Store bucket.Store
+	Key   bucket.Key
+	Limit func() bucket.Limit
+}
+
+// Reserve implements Pacer.
+func (p StorePacer) Reserve(ctx context.Context, n int) (bucket.Reservation, error) {
+	return p.Store.Reserve(ctx, p.Key, p.Limit(), n)
+}
