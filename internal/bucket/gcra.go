@@ -34,6 +34,13 @@ const MaxRate = 1_000_000
 // MaxBurst bounds the burst of one lane or key.
 const MaxBurst = 1_000_000
 
+// MinRate bounds the rate from below: one job per about 11.6 days.
+const MinRate = 1e-6
+
+// maxHorizon bounds burst·period, the longest span the state math must
+// represent; well inside time.Duration and the Redis store's exact range.
+const maxHorizon = 100 * 24 * time.Hour
+
 // ErrInvalidLimit is returned for a Limit that cannot be used (see Limit.Validate).
 var ErrInvalidLimit = errors.New("bucket: invalid limit")
 
@@ -56,12 +63,16 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: rate %v is not a finite number", ErrInvalidLimit, l.Rate)
 	case l.Rate <= 0:
 		return fmt.Errorf("%w: rate %v must be greater than 0", ErrInvalidLimit, l.Rate)
+	case l.Rate < MinRate:
+		return fmt.Errorf("%w: rate %v is below the minimum %v", ErrInvalidLimit, l.Rate, MinRate)
 	case l.Rate > MaxRate:
 		return fmt.Errorf("%w: rate %v is above the maximum %d", ErrInvalidLimit, l.Rate, MaxRate)
 	case l.Burst < 1:
 		return fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidLimit, l.Burst)
 	case l.Burst > MaxBurst:
 		return fmt.Errorf("%w: burst %d is above the maximum %d", ErrInvalidLimit, l.Burst, MaxBurst)
+	case float64(l.Burst)/l.Rate > maxHorizon.Seconds():
+		return fmt.Errorf("%w: burst %d at rate %v takes longer than %v to refill", ErrInvalidLimit, l.Burst, l.Rate, maxHorizon)
 	}
 	return nil
 }

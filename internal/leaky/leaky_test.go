@@ -78,9 +78,12 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Ite
 		st = store(clock.Clock)
 	}
 	d, err := leaky.New(leaky.Config{
-		Source:      src,
-		Pacer:       leaky.StorePacer{Store: st, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-		Start:       func(_ context.Context, it leaky.Item, done func()) { starts = append(starts, start{it.(item).n, clock.Now().Sub(t0)}); done() },
+		Source: src,
+		Pacer:  leaky.StorePacer{Store: st, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start: func(_ context.Context, it leaky.Item, done func()) {
+			starts = append(starts, start{it.(item).n, clock.Now().Sub(t0)})
+			done()
+		},
 		MaxInflight: maxInflight,
 		Batch:       leaky.BatchFor(l.Rate, maxInflight),
 		Clock:       clock,

@@ -282,4 +282,3 @@ func CheckWindows(t testing.TB, starts []time.Duration, l bucket.Limit, tol time
 		}
 	}
 }
-

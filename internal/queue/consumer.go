@@ -1,0 +1,138 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/throttler/throttler/internal/leaky"
+)
+
+// Msg is one fetched job. Exactly one of Ack, Retry or Release must be called.
+type Msg struct {
+	job  Job
+	m    jetstream.Msg
+	meta *jetstream.MsgMetadata
+}
+
+// Job is the stored job.
+func (m *Msg) Job() Job { return m.job }
+
+// Attempt is 1 for the first delivery, 2 for the second, and so on.
+func (m *Msg) Attempt() int { return int(m.meta.NumDelivered) }
+
+// EnqueuedAt is when JetStream stored the job.
+func (m *Msg) EnqueuedAt() time.Time { return m.meta.Timestamp }
+
+// Admitted implements leaky.Item: admission's slot covers the first delivery
+// only; a redelivered job waits for a slot like any other.
+func (m *Msg) Admitted() bool { return m.job.Admitted && m.meta.NumDelivered == 1 }
+
+// Ack marks the job done; JetStream removes it.
+func (m *Msg) Ack() error { return m.m.Ack() }
+
+// Retry hands the job back to be delivered again after delay.
+func (m *Msg) Retry(delay time.Duration) error { return m.m.NakWithDelay(delay) }
+
+// Release hands the job back at once, unstarted.
+func (m *Msg) Release() error { return m.m.Nak() }
+
+// Consumer reads one lane's jobs in stream order. It satisfies leaky.Source.
+// It is used by one drain goroutine at a time.
+type Consumer struct {
+	lane  string
+	cons  jetstream.Consumer
+	batch jetstream.MessageBatch
+	// FetchWait is how long one pull request waits for jobs.
+	FetchWait time.Duration
+}
+
+var _ leaky.Source = (*Consumer)(nil)
+
+// Consumer returns the reader of lane's jobs.
+func (q *Queue) Consumer(lane string) (*Consumer, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{lane: lane, cons: ls.consumer, FetchWait: time.Second}, nil
+}
+
+// Next implements leaky.Source.
+func (c *Consumer) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+	var out []leaky.Item
+	for len(out) == 0 {
+		if c.batch == nil {
+			b, err := c.cons.Fetch(max, jetstream.FetchMaxWait(c.FetchWait))
+			if err != nil {
+				return nil, fmt.Errorf("queue: fetch %s: %w", c.lane, err)
+			}
+			c.batch = b
+		}
+		select {
+		case m, ok := <-c.batch.Messages():
+			if !ok {
+				err := c.batch.Error()
+				c.batch = nil
+				if err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+					return nil, fmt.Errorf("queue: fetch %s: %w", c.lane, err)
+				}
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+			out = append(out, c.wrap(m))
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	// Take what has already arrived, without waiting.
+	for len(out) < max && c.batch != nil {
+		select {
+		case m, ok := <-c.batch.Messages():
+			if !ok {
+				c.batch = nil
+				break
+			}
+			out = append(out, c.wrap(m))
+			continue
+		default:
+		}
+		break
+	}
+	return out, nil
+}
+
+func (c *Consumer) wrap(m jetstream.Msg) *Msg {
+	meta, err := m.Metadata()
+	if err != nil {
+		meta = &jetstream.MsgMetadata{NumDelivered: 1}
+	}
+	return &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta}
+}
+
+// Release implements leaky.Source: the items go back to the queue at once.
+func (c *Consumer) Release(items []leaky.Item) {
+	for _, it := range items {
+		if m, ok := it.(*Msg); ok {
+			_ = m.Release()
+		}
+	}
+}
+
+// Close hands back every job of the current pull request that was delivered
+// but not yet taken, so another instance gets them at once. It waits at most
+// until the pull request expires (FetchWait).
+func (c *Consumer) Close() {
+	if c.batch == nil {
+		return
+	}
+	for m := range c.batch.Messages() {
+		_ = m.Nak()
+	}
+	c.batch = nil
+}

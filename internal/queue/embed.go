@@ -1,0 +1,70 @@
+package queue
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// EmbeddedConfig configures the in-process nats-server of the default setup.
+type EmbeddedConfig struct {
+	// DataDir holds JetStream's file storage.
+	DataDir string
+	// Listen is the client address ("127.0.0.1:4222"); empty opens no port,
+	// and only this process can reach the server.
+	Listen string
+	Logger *slog.Logger
+}
+
+// StartEmbedded starts an in-process nats-server with JetStream on DataDir and
+// waits until it accepts connections. The caller shuts it down.
+func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
+	opts := &server.Options{
+		ServerName: "throttler-embedded",
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("queue: embedded listen %q: %w", cfg.Listen, err)
+		}
+		opts.Host = host
+		if opts.Port, err = strconv.Atoi(port); err != nil {
+			return nil, fmt.Errorf("queue: embedded listen %q: %w", cfg.Listen, err)
+		}
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("queue: embedded nats-server: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("queue: embedded nats-server in %s did not become ready", cfg.DataDir)
+	}
+	if cfg.Logger != nil {
+		cfg.Logger.Info("embedded nats-server ready", "data_dir", cfg.DataDir, "listen", cfg.Listen)
+	}
+	return srv, nil
+}
+
+// ConnectEmbedded connects to an embedded server in-process (no socket).
+func ConnectEmbedded(srv *server.Server, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.InProcessServer(srv), nats.Name("throttler")}, opts...)
+	nc, err := nats.Connect("", opts...)
+	if err != nil {
+		return nil, fmt.Errorf("queue: connect to embedded nats-server: %w", err)
+	}
+	return nc, nil
+}

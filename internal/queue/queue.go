@@ -1,0 +1,306 @@
+// Package queue keeps every job durably on NATS JetStream between intake and
+// dispatch. It is the JetStream adapter of the throttler: ingest publishes
+// through it, and a lane's drain reads through its Consumer, which satisfies
+// leaky.Source.
+//
+// Layout: one stream per lane, THROTTLE_<lane>, file storage, work-queue
+// retention (a job leaves the stream when it is acked), subjects
+// throttle.<lane> and throttle.<lane>.<key>, MaxMsgs = the lane's max_backlog
+// with DiscardNew, so a full lane refuses a publish instead of dropping an
+// older job, and the backlog bound holds exactly whatever instance publishes.
+// One durable pull consumer per lane, "drain", shared by every instance. The
+// job id travels as Nats-Msg-Id, so JetStream de-duplicates resubmissions
+// within the dedup window. Streams and consumers are created or updated at
+// start, so an upgrade needs no manual step.
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Subject prefix and header names, part of the contract with publishers.
+const (
+	SubjectPrefix = "throttle"
+	// HeaderAdmitted marks a job that admission let through with a slot of
+	// its own; the drain starts it at once. Set only by the throttler.
+	HeaderAdmitted = "Throttler-Admitted"
+	// HeaderContentType carries the payload's media type.
+	HeaderContentType = "Content-Type"
+	// ConsumerName is the durable pull consumer every instance shares.
+	ConsumerName = "drain"
+)
+
+// Errors a publisher can meet; each wraps the underlying NATS error.
+var (
+	// ErrBacklogFull: the lane's stream holds max_backlog jobs.
+	ErrBacklogFull = errors.New("queue: lane backlog is full")
+	// ErrUnavailable: JetStream did not confirm the write; the job may not
+	// be stored and the caller must not report success.
+	ErrUnavailable = errors.New("queue: JetStream unavailable")
+	// ErrUnknownLane: no stream was set up for the lane.
+	ErrUnknownLane = errors.New("queue: unknown lane")
+)
+
+// Subject returns the subject of a lane, or of one key of it.
+func Subject(lane, key string) string {
+	if key == "" {
+		return SubjectPrefix + "." + lane
+	}
+	return SubjectPrefix + "." + lane + "." + key
+}
+
+// StreamName returns the stream that holds a lane's jobs.
+func StreamName(lane string) string { return "THROTTLE_" + lane }
+
+// LaneSpec is what the queue needs to know of a lane.
+type LaneSpec struct {
+	Name        string
+	MaxBacklog  int64
+	MaxInflight int
+	// Prefetch is how many jobs one instance fetches ahead.
+	Prefetch int
+	// AckWait is how long a fetched job may stay unanswered before JetStream
+	// hands it out again.
+	AckWait     time.Duration
+	MaxBody     int64
+	DedupWindow time.Duration
+	// Replicas for a clustered JetStream; 0 means 1.
+	Replicas int
+}
+
+// Job is one unit of work as stored on the queue.
+type Job struct {
+	ID          string
+	Lane        string
+	Key         string
+	ContentType string
+	Payload     []byte
+	// Admitted is true when admission took a slot for the job.
+	Admitted bool
+}
+
+// PubResult is JetStream's answer to a publish.
+type PubResult struct {
+	Seq uint64
+	// Duplicate: a job with the same id is already stored (or was within
+	// the dedup window); nothing new was queued.
+	Duplicate bool
+}
+
+// Queue publishes jobs and hands out consumers. Safe for concurrent use.
+type Queue struct {
+	js  jetstream.JetStream
+	log *slog.Logger
+
+	mu    sync.Mutex
+	lanes map[string]*laneState
+}
+
+type laneState struct {
+	spec     LaneSpec
+	stream   jetstream.Stream
+	consumer jetstream.Consumer
+
+	mu        sync.Mutex
+	backlog   int64 // from the last stream info
+	readAt    time.Time
+	published int64 // publishes since readAt
+}
+
+// New returns a Queue on the connection nc. It starts nothing.
+func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Queue{js: js, log: logger, lanes: map[string]*laneState{}}, nil
+}
+
+// JetStream exposes the underlying context for tools and tests.
+func (q *Queue) JetStream() jetstream.JetStream { return q.js }
+
+// EnsureLane creates or updates the lane's stream and consumer to match spec.
+// It is idempotent.
+func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
+	if spec.Replicas == 0 {
+		spec.Replicas = 1
+	}
+	if spec.Prefetch < 1 {
+		spec.Prefetch = 1
+	}
+	maxMsgSize := int32(spec.MaxBody + 64<<10) // payload plus headers
+	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName(spec.Name),
+		Description: "throttler lane " + spec.Name,
+		Subjects:    []string{Subject(spec.Name, ""), Subject(spec.Name, ">")},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		MaxMsgs:     spec.MaxBacklog,
+		Discard:     jetstream.DiscardNew,
+		MaxMsgSize:  maxMsgSize,
+		Duplicates:  spec.DedupWindow,
+		Replicas:    spec.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("queue: stream for lane %s: %w", spec.Name, err)
+	}
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
+		Description:   "throttler drain of lane " + spec.Name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       spec.AckWait,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// Fetched-but-unstarted jobs count too: in flight plus what every
+		// instance holds ahead.
+		MaxAckPending: spec.MaxInflight + spec.Prefetch,
+		MaxDeliver:    -1,
+		Replicas:      spec.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("queue: consumer for lane %s: %w", spec.Name, err)
+	}
+	q.mu.Lock()
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, consumer: cons}
+	q.mu.Unlock()
+	return nil
+}
+
+func (q *Queue) lane(name string) (*laneState, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ls, ok := q.lanes[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownLane, name)
+	}
+	return ls, nil
+}
+
+// Publish stores job durably. A nil error means JetStream confirmed the write
+// (or that the id is a duplicate of a stored job).
+func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
+	ls, err := q.lane(job.Lane)
+	if err != nil {
+		return PubResult{}, err
+	}
+	msg := nats.NewMsg(Subject(job.Lane, job.Key))
+	msg.Data = job.Payload
+	if job.ContentType != "" {
+		msg.Header.Set(HeaderContentType, job.ContentType)
+	}
+	if job.Admitted {
+		msg.Header.Set(HeaderAdmitted, "1")
+	}
+	opts := []jetstream.PublishOpt{}
+	if job.ID != "" {
+		opts = append(opts, jetstream.WithMsgID(job.ID))
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	ack, err := q.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum messages") {
+			return PubResult{}, fmt.Errorf("%w: lane %s: %v", ErrBacklogFull, job.Lane, err)
+		}
+		return PubResult{}, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, job.Lane, err)
+	}
+	if !ack.Duplicate {
+		ls.mu.Lock()
+		ls.published++
+		ls.mu.Unlock()
+	}
+	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// backlogTTL is how long a stream count read from JetStream is reused.
+const backlogTTL = 250 * time.Millisecond
+
+// Backlog estimates the jobs of lane that are stored and not yet done
+// (waiting or in flight): JetStream's count, read at most every 250 ms, plus
+// what this instance published since.
+func (q *Queue) Backlog(ctx context.Context, lane string) (int64, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return 0, err
+	}
+	ls.mu.Lock()
+	fresh := time.Since(ls.readAt) < backlogTTL
+	n := ls.backlog + ls.published
+	ls.mu.Unlock()
+	if fresh {
+		return n, nil
+	}
+	info, err := ls.stream.Info(ctx)
+	if err != nil {
+		return n, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.backlog, ls.published, ls.readAt = int64(info.State.Msgs), 0, time.Now()
+	return ls.backlog, nil
+}
+
+// LaneStats are live counts of one lane from JetStream.
+type LaneStats struct {
+	// Stored: jobs in the stream (waiting or in flight).
+	Stored uint64
+	// Pending: jobs no instance has fetched yet.
+	Pending uint64
+	// AckPending: jobs fetched and not yet answered.
+	AckPending int
+	// Redelivered: jobs handed out more than once and not yet answered.
+	Redelivered int
+}
+
+// Stats reads the lane's live counts from JetStream.
+func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return LaneStats{}, err
+	}
+	ci, err := ls.consumer.Info(ctx)
+	if err != nil {
+		return LaneStats{}, fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
+	}
+	si, err := ls.stream.Info(ctx)
+	if err != nil {
+		return LaneStats{}, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+	}
+	return LaneStats{Stored: si.State.Msgs, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered}, nil
+}
+
+// jobFromMsg decodes a stored message. A message published without
+// Nats-Msg-Id gets a stable id from its stream sequence.
+func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
+	h := m.Headers()
+	id := h.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		id = lane + "-" + strconv.FormatUint(meta.Sequence.Stream, 10)
+	}
+	key := strings.TrimPrefix(m.Subject(), Subject(lane, ""))
+	key = strings.TrimPrefix(key, ".")
+	return Job{
+		ID:          id,
+		Lane:        lane,
+		Key:         key,
+		ContentType: h.Get(HeaderContentType),
+		Payload:     m.Data(),
+		Admitted:    h.Get(HeaderAdmitted) == "1",
+	}
+}

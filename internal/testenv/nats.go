@@ -1,0 +1,41 @@
+package testenv
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// StartNATS runs an in-process nats-server with JetStream on a random port
+// and file storage in a temporary directory; it stops when the test ends.
+func StartNATS(t testing.TB) *server.Server {
+	t.Helper()
+	return StartNATSDir(t, t.TempDir(), -1)
+}
+
+// StartNATSDir is StartNATS with a given storage directory and port (-1 for
+// a random one), so that a test can restart a server on the same data.
+func StartNATSDir(t testing.TB, dir string, port int) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{
+		Host:      "127.0.0.1",
+		Port:      port,
+		JetStream: true,
+		StoreDir:  dir,
+		NoSigs:    true,
+		NoLog:     true,
+	})
+	if err != nil {
+		t.Fatalf("testenv: nats-server: %v", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("testenv: nats-server did not become ready in 10s")
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv
+}
