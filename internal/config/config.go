@@ -116,6 +116,9 @@ const (
 	DefaultMaxBacklog  = 100_000
 	DefaultMaxBody     = 1 << 20
 	DefaultTimeout     = 10 * time.Second
+	// DefaultAckWait bounds how long the jobs a crashed instance held stay
+	// invisible to the others; live instances keep their jobs alive.
+	DefaultAckWait = 5 * time.Second
 )
 
 // Load reads path, applies env overrides through getenv (THROTTLER_LISTEN,

@@ -204,6 +204,7 @@ func (d *Drain) Run(ctx context.Context) error {
 		if len(held) == 0 {
 			items, err := d.cfg.Source.Next(ctx, d.cfg.Batch)
 			if ctx.Err() != nil {
+				held = items // given back by the deferred Release
 				return ctx.Err()
 			}
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,10 +13,13 @@ import (
 )
 
 // Msg is one fetched job. Exactly one of Ack, Retry or Release must be called.
+// Until then the consumer keeps it alive on the server (in-progress acks), so
+// AckWait can stay short: a crashed instance's jobs come back quickly.
 type Msg struct {
 	job  Job
 	m    jetstream.Msg
 	meta *jetstream.MsgMetadata
+	c    *Consumer
 }
 
 // Job is the stored job.
@@ -32,22 +36,26 @@ func (m *Msg) EnqueuedAt() time.Time { return m.meta.Timestamp }
 func (m *Msg) Admitted() bool { return m.job.Admitted && m.meta.NumDelivered == 1 }
 
 // Ack marks the job done; JetStream removes it.
-func (m *Msg) Ack() error { return m.m.Ack() }
+func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
 
 // Retry hands the job back to be delivered again after delay.
-func (m *Msg) Retry(delay time.Duration) error { return m.m.NakWithDelay(delay) }
+func (m *Msg) Retry(delay time.Duration) error { m.c.settle(m); return m.m.NakWithDelay(delay) }
 
 // Release hands the job back at once, unstarted.
-func (m *Msg) Release() error { return m.m.Nak() }
+func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 
 // Consumer reads one lane's jobs in stream order. It satisfies leaky.Source.
 // It is used by one drain goroutine at a time.
 type Consumer struct {
-	lane  string
-	cons  jetstream.Consumer
-	batch jetstream.MessageBatch
+	lane    string
+	cons    jetstream.Consumer
+	batch   jetstream.MessageBatch
+	ackWait time.Duration
 	// FetchWait is how long one pull request waits for jobs.
 	FetchWait time.Duration
+
+	mu          sync.Mutex
+	outstanding map[*Msg]time.Time // fetched, not yet settled → last touched
 }
 
 var _ leaky.Source = (*Consumer)(nil)
@@ -58,7 +66,8 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{lane: lane, cons: ls.consumer, FetchWait: time.Second}, nil
+	return &Consumer{lane: lane, cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+		outstanding: map[*Msg]time.Time{}}, nil
 }
 
 // Next implements leaky.Source.
@@ -112,7 +121,55 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	if err != nil {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
-	return &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta}
+	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c}
+	c.mu.Lock()
+	c.outstanding[msg] = time.Now()
+	c.mu.Unlock()
+	return msg
+}
+
+func (c *Consumer) settle(m *Msg) {
+	c.mu.Lock()
+	delete(c.outstanding, m)
+	c.mu.Unlock()
+}
+
+// Outstanding is how many fetched jobs are not yet settled.
+func (c *Consumer) Outstanding() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.outstanding)
+}
+
+// KeepAlive sends an in-progress ack for every job held longer than a third
+// of AckWait (waiting for its slot, or delivering to a slow target), until
+// ctx ends. Run it beside the drain.
+func (c *Consumer) KeepAlive(ctx context.Context) {
+	every := c.ackWait / 3
+	if every <= 0 {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			var due []*Msg
+			c.mu.Lock()
+			for m, touched := range c.outstanding {
+				if now.Sub(touched) >= every {
+					due = append(due, m)
+					c.outstanding[m] = now
+				}
+			}
+			c.mu.Unlock()
+			for _, m := range due {
+				_ = m.m.InProgress()
+			}
+		}
+	}
 }
 
 // Release implements leaky.Source: the items go back to the queue at once.

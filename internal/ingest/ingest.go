@@ -1,0 +1,298 @@
+// Package ingest is the HTTP face of the throttler: job submission, lane
+// listing, health and readiness. It validates input, asks admission for a
+// decision, stores the job through the queue and answers with the decision
+// and rate-limit headers. Bad input gets an RFC 9457 problem+json body that
+// names the field, and a refused request stores nothing.
+//
+// Jobs published straight to throttle.<lane> on NATS do not pass through
+// here: the lane's stream captures them, and the drain paces them like any
+// queued job.
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nuid"
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// Admitter decides on one job.
+type Admitter interface {
+	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+}
+
+// Publisher stores a job durably.
+type Publisher interface {
+	Publish(ctx context.Context, job queue.Job) (queue.PubResult, error)
+}
+
+// Lane is what intake needs of a lane.
+type Lane struct {
+	Admission admission.Lane
+	MaxBody   int64
+}
+
+// Directory finds lanes and reports their live state.
+type Directory interface {
+	Lane(name string) (Lane, bool)
+	Status(ctx context.Context) []LaneStatus
+}
+
+// LaneStatus is one lane in GET /v1/lanes.
+type LaneStatus struct {
+	Name        string  `json:"name"`
+	Rate        float64 `json:"rate"`
+	Burst       int     `json:"burst"`
+	MaxInflight int     `json:"max_inflight"`
+	MaxBacklog  int64   `json:"max_backlog"`
+	Target      string  `json:"target"`
+	// Backlog: jobs stored and not yet done (waiting or in flight), all
+	// instances.
+	Backlog uint64 `json:"backlog"`
+	// Waiting: jobs no instance has fetched yet.
+	Waiting uint64 `json:"waiting"`
+	// InFlight: jobs fetched by some instance and not yet answered.
+	InFlight int `json:"in_flight"`
+	// Delivered: jobs this instance delivered since it started.
+	Delivered uint64 `json:"delivered"`
+	// Paused: the lane's drain cannot reserve slots (state store away) or a
+	// downstream asked it to wait.
+	Paused      bool   `json:"paused"`
+	PauseReason string `json:"pause_reason,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+// Ready reports whether the service can take jobs; nil means ready.
+type Ready func(ctx context.Context) error
+
+// Config configures the handler.
+type Config struct {
+	Admitter  Admitter
+	Publisher Publisher
+	Lanes     Directory
+	Ready     Ready
+	Metrics   *metrics.Metrics
+	// MetricsHandler serves /metrics.
+	MetricsHandler http.Handler
+	Logger         *slog.Logger
+}
+
+// Handler is the HTTP API. Create it with New.
+type Handler struct {
+	cfg      Config
+	mux      *http.ServeMux
+	draining atomic.Bool
+}
+
+// New builds the handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Admitter == nil || cfg.Publisher == nil || cfg.Lanes == nil || cfg.Metrics == nil {
+		return nil, errors.New("ingest: Config.Admitter, Publisher, Lanes and Metrics are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.submit)
+	h.mux.HandleFunc("GET /v1/lanes", h.lanes)
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok\n")
+	})
+	h.mux.HandleFunc("GET /readyz", h.ready)
+	if cfg.MetricsHandler != nil {
+		h.mux.Handle("GET /metrics", cfg.MetricsHandler)
+	}
+	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
+			Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}, 0)
+	})
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// StopIntake makes every later submission answer 503 (shutdown begins).
+func (h *Handler) StopIntake() { h.draining.Store(true) }
+
+// Accepted is the 202 body of a submission.
+type Accepted struct {
+	ID        string `json:"id"`
+	Lane      string `json:"lane"`
+	State     string `json:"state"`
+	ETAMillis int64  `json:"eta_ms"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+}
+
+const maxIdempotencyKey = 255
+
+func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("lane")
+	caller := callerOf(r)
+	reject := func(p Problem, reason string, retry time.Duration) {
+		p.Lane = name
+		h.cfg.Logger.Info("job rejected", "caller", caller, "lane", name, "reason", reason, "status", p.Status, "detail", p.Detail)
+		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
+		writeProblem(w, r, p, retry)
+	}
+	if h.draining.Load() {
+		reject(Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
+			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
+		return
+	}
+	lane, ok := h.cfg.Lanes.Lane(name)
+	if !ok {
+		reject(Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
+			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
+		return
+	}
+	id := r.Header.Get("Idempotency-Key")
+	if id != "" {
+		if err := validKey(id); err != nil {
+			reject(Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
+				Detail: err.Error()}, "invalid_idempotency_key", 0)
+			return
+		}
+	} else {
+		id = nuid.Next()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			reject(Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+				Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
+			return
+		}
+		reject(Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
+		return
+	}
+	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, "")
+	if err != nil {
+		var rej *admission.RejectError
+		if errors.As(err, &rej) {
+			reject(Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
+				Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)},
+				"backlog_full", rej.RetryAfter)
+			return
+		}
+		reject(Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
+		return
+	}
+	res, err := h.cfg.Publisher.Publish(r.Context(), queue.Job{
+		ID:          id,
+		Lane:        name,
+		ContentType: r.Header.Get("Content-Type"),
+		Payload:     body,
+		Admitted:    dec.State == admission.Admitted,
+	})
+	if err != nil {
+		if errors.Is(err, queue.ErrBacklogFull) {
+			reject(Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
+				Detail: fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)},
+				"backlog_full", lane.Admission.Limit.Period())
+			return
+		}
+		reject(Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+			Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable", time.Second)
+		h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
+		return
+	}
+	state := string(dec.State)
+	if res.Duplicate {
+		state = "duplicate"
+	}
+	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
+	setRateHeaders(w.Header(), name, dec)
+	out := Accepted{ID: id, Lane: name, State: string(dec.State), ETAMillis: dec.ETA.Milliseconds(), Duplicate: res.Duplicate}
+	if res.Duplicate {
+		out.State, out.ETAMillis = string(admission.Queued), 0
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/lanes/"+name+"/jobs/"+id)
+	w.WriteHeader(http.StatusAccepted)
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the
+// IETF draft RateLimit-Policy / RateLimit form.
+func setRateHeaders(h http.Header, lane string, d admission.Decision) {
+	window := int64(math.Ceil(float64(d.Limit.Burst) / d.Limit.Rate))
+	reset := int64(math.Ceil(d.Reset.Seconds()))
+	h.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit.Burst))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", lane, d.Limit.Burst, max(window, 1)))
+	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", lane, d.Remaining, reset))
+}
+
+func validKey(k string) error {
+	if len(k) > maxIdempotencyKey {
+		return fmt.Errorf("Idempotency-Key is %d bytes; at most %d are allowed", len(k), maxIdempotencyKey)
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("Idempotency-Key has a byte 0x%02x at %d; only visible ASCII is allowed", c, i)
+		}
+	}
+	return nil
+}
+
+// callerOf names who submitted: the API key's holder later, the client IP now.
+func callerOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// metricLane keeps metric labels bounded: unknown lane names share one label.
+func metricLane(d Directory, name string) string {
+	if _, ok := d.Lane(name); ok {
+		return name
+	}
+	return "_unknown"
+}
+
+func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		Lanes []LaneStatus `json:"lanes"`
+	}{h.cfg.Lanes.Status(ctx)})
+}
+
+func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		writeProblem(w, r, Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable, Detail: "shutting down"}, time.Second)
+		return
+	}
+	if h.cfg.Ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := h.cfg.Ready(ctx); err != nil {
+			writeProblem(w, r, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}, time.Second)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ready\n")
+}

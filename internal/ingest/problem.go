@@ -1,0 +1,62 @@
+package ingest
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Problem is an RFC 9457 problem details body. Field names the request part
+// that was wrong (a path parameter, a header, the body), Lane the lane.
+type Problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Field    string `json:"field,omitempty"`
+	Lane     string `json:"lane,omitempty"`
+	// RetryAfterSeconds mirrors the Retry-After header for clients that only
+	// read bodies.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+}
+
+// Problem types; each is documented in docs/API.md under its anchor.
+const (
+	ProblemUnknownLane   = "urn:throttler:problem:unknown-lane"
+	ProblemBodyTooLarge  = "urn:throttler:problem:body-too-large"
+	ProblemBadHeader     = "urn:throttler:problem:invalid-header"
+	ProblemBacklogFull   = "urn:throttler:problem:backlog-full"
+	ProblemUnavailable   = "urn:throttler:problem:queue-unavailable"
+	ProblemNotFound      = "urn:throttler:problem:not-found"
+	ProblemBadBody       = "urn:throttler:problem:invalid-body"
+	ProblemShuttingDown  = "urn:throttler:problem:shutting-down"
+	problemContentType   = "application/problem+json"
+	maxRetryAfterSeconds = 24 * 3600
+)
+
+func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, retryAfter time.Duration) {
+	if p.Instance == "" {
+		p.Instance = r.URL.Path
+	}
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	if retryAfter > 0 || p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable {
+		s := retryAfterSeconds(retryAfter)
+		w.Header().Set("Retry-After", strconv.FormatInt(s, 10))
+		p.RetryAfterSeconds = s
+	}
+	w.Header().Set("Content-Type", problemContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// retryAfterSeconds rounds up to whole seconds, at least 1 and at most a day.
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64(math.Ceil(d.Seconds()))
+	return min(max(s, 1), maxRetryAfterSeconds)
+}
