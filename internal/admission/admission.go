@@ -83,10 +83,15 @@ type Lane struct {
 	MaxWait time.Duration
 }
 
-// Backlog counts a lane's stored, unfinished jobs (waiting or in flight).
+// Backlog counts a lane's stored, unfinished jobs (waiting or in flight),
+// from a count no older than maxAge (0: read it now).
 type Backlog interface {
-	Backlog(ctx context.Context, lane string) (int64, error)
+	Backlog(ctx context.Context, lane string, maxAge time.Duration) (int64, error)
 }
+
+// BacklogMaxAge is how old a backlog count may be for ETAs. A rejection is
+// always decided on a fresh count.
+const BacklogMaxAge = 250 * time.Millisecond
 
 // Config configures an Admitter.
 type Config struct {
@@ -119,7 +124,11 @@ func New(cfg Config) (*Admitter, error) {
 // Queued, and the queue itself enforces max_backlog exactly.
 func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision, error) {
 	period := lane.Limit.Period()
-	n, berr := a.backlog.Backlog(ctx, lane.Name)
+	n, berr := a.backlog.Backlog(ctx, lane.Name, BacklogMaxAge)
+	if berr == nil && (n >= lane.MaxBacklog || (lane.MaxWait > 0 && waitFor(n, period) > lane.MaxWait)) {
+		// About to refuse: decide on a fresh count, not a cached one.
+		n, berr = a.backlog.Backlog(ctx, lane.Name, 0)
+	}
 	if berr != nil {
 		a.log.Warn("backlog unknown, relying on the queue's own bound", "lane", lane.Name, "err", berr)
 	}

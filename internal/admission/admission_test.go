@@ -19,7 +19,9 @@ type fixedBacklog struct {
 	err error
 }
 
-func (f *fixedBacklog) Backlog(context.Context, string) (int64, error) { return f.n, f.err }
+func (f *fixedBacklog) Backlog(context.Context, string, time.Duration) (int64, error) {
+	return f.n, f.err
+}
 
 type downStore struct{ bucket.Store }
 

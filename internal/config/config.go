@@ -138,7 +138,7 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, &Error{File: path, Field: "", Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
 	}
 	if getenv != nil {
 		for env, dst := range map[string]*string{
@@ -165,6 +165,28 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// sections names the Go types of the config in the words of the file.
+var sections = strings.NewReplacer(
+	"in type config.Config", "at the top level",
+	"in type config.NATS", "in nats",
+	"in type config.Redis", "in redis",
+	"in type config.Dispatch", "in dispatch",
+	"in type config.Log", "in log",
+	"in type config.Lane", "in a lane",
+	"in type config.Target", "in a lane's target",
+	"in type config.HTTPTarget", "in target.http",
+)
+
+// yamlMessage turns a decoder error into one line per problem, each with its
+// line number, in the file's own vocabulary.
+func yamlMessage(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return sections.Replace(strings.Join(te.Errors, "; "))
+	}
+	return sections.Replace(strings.TrimPrefix(err.Error(), "yaml: "))
 }
 
 func lookup(getenv func(string) string, key string) (string, bool) {

@@ -228,19 +228,17 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
-// backlogTTL is how long a stream count read from JetStream is reused.
-const backlogTTL = 250 * time.Millisecond
-
 // Backlog estimates the jobs of lane that are stored and not yet done
-// (waiting or in flight): JetStream's count, read at most every 250 ms, plus
-// what this instance published since.
-func (q *Queue) Backlog(ctx context.Context, lane string) (int64, error) {
+// (waiting or in flight): JetStream's count, reused while younger than
+// maxAge, plus what this instance published since. maxAge 0 always asks
+// JetStream.
+func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) (int64, error) {
 	ls, err := q.lane(lane)
 	if err != nil {
 		return 0, err
 	}
 	ls.mu.Lock()
-	fresh := time.Since(ls.readAt) < backlogTTL
+	fresh := maxAge > 0 && time.Since(ls.readAt) < maxAge
 	n := ls.backlog + ls.published
 	ls.mu.Unlock()
 	if fresh {

@@ -1,0 +1,128 @@
+// Command throttler is a queue-based leaky-bucket throttler for outbound
+// work: jobs come in over HTTP or NATS, wait durably on JetStream, and leave
+// at a constant, globally shared rate.
+//
+//	throttler serve --config configs/throttler.yaml   # the service
+//	throttler sink --listen 127.0.0.1:9000            # a target that logs arrivals
+//	throttler version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/sink"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = ""
+
+func main() {
+	ctx, stop := signalContext()
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "throttler:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// signalContext is cancelled by the first SIGINT or SIGTERM; a second one
+// forces the process out at once.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		fmt.Fprintln(os.Stderr, "throttler: second signal, exiting now")
+		os.Exit(2)
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `usage:
+  throttler serve --config FILE     run the service
+  throttler sink [--listen ADDR]    run a target that logs what arrives (default 127.0.0.1:9000)
+  throttler version                 print the version
+`
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], getenv, stderr)
+	case "sink":
+		return runSink(ctx, args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "throttler", buildVersion())
+		return nil
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "throttler: unknown command %q\n%s", args[0], usage)
+	return errUsage
+}
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "configs/throttler.yaml", "config file")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	cfg, err := config.Load(*path, getenv)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.Log.Level)
+	logger.Info("starting", "version", buildVersion(), "config", *path)
+	return service.New(cfg, logger, prometheus.NewRegistry()).Run(ctx)
+}
+
+func runSink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sink", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:9000", "address to listen on")
+	status := fs.Int("status", 200, "HTTP status to answer")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	return sink.Run(ctx, sink.Config{Listen: *listen, Status: *status, Logger: newLogger(stdout, "info")})
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

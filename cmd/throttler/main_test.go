@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// binary is the throttler built once for the tests that run real processes.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "throttler-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "throttler")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building throttler: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, os.Getenv, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "throttler ") {
+		t.Fatalf("version printed %q", out.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), nil, os.Getenv, &out, &out); !errors.Is(err, errUsage) {
+		t.Fatalf("no args: %v", err)
+	}
+	if err := run(context.Background(), []string{"frobnicate"}, os.Getenv, &out, &out); !errors.Is(err, errUsage) || !strings.Contains(out.String(), "unknown command") {
+		t.Fatalf("unknown command: %v %q", err, out.String())
+	}
+}
+
+// TestBadConfigExitsNonZero runs the real binary: a config error names the
+// file and the field, and the exit code is 1.
+func TestBadConfigExitsNonZero(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(path, []byte("lanes:\n  - name: demo\n    rate: -3\n    target: {http: {url: http://127.0.0.1:1/}}\n"), 0o644)
+	cmd := exec.Command(binary, "serve", "--config", path)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want code 1", err)
+	}
+	if msg := stderr.String(); !strings.Contains(msg, path) || !strings.Contains(msg, "lanes[0].rate") {
+		t.Fatalf("stderr %q does not name the file and the field", msg)
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestServeAndSIGTERM starts the real binary on its embedded default, checks
+// /healthz, /readyz and /metrics, then stops it with SIGTERM.
+func TestServeAndSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	addr := freePort(t)
+	cfg := filepath.Join(dir, "t.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: %s
+nats: {data_dir: %s}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 5
+    burst: 2
+    target: {http: {url: "http://127.0.0.1:1/never"}}
+`, addr, filepath.Join(dir, "data"))), 0o644)
+	cmd := exec.Command(binary, "serve", "--config", cfg)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready in 20s; logs:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, path := range []string{"/healthz", "/metrics", "/v1/lanes"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v; logs:\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still running 10 s after SIGTERM; logs:\n%s", logs.String())
+	}
+	t.Logf("stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(logs.String(), `"msg":"stopped"`) {
+		t.Fatalf("no clean-stop log line:\n%s", logs.String())
+	}
+}

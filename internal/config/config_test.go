@@ -1,0 +1,99 @@
+package config_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/config"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const good = `
+listen: 127.0.0.1:8080
+lanes:
+  - name: demo
+    rate: 20
+    burst: 10
+    target:
+      http:
+        url: http://127.0.0.1:9000/hook
+`
+
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := config.Load(filepath.Join("..", "..", "configs", "throttler.yaml"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Lanes) == 0 || cfg.Lanes[0].Name != "demo" {
+		t.Fatalf("lanes: %+v", cfg.Lanes)
+	}
+}
+
+func TestDefaultsAndEnv(t *testing.T) {
+	env := map[string]string{"THROTTLER_REDIS_URL": "redis://127.0.0.1:6379/0", "THROTTLER_LISTEN": "127.0.0.1:9999"}
+	cfg, err := config.Parse("t.yaml", []byte(good), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := cfg.Lanes[0]
+	if l.MaxInflight != config.DefaultMaxInflight || l.MaxBacklog != config.DefaultMaxBacklog || l.MaxBody != config.DefaultMaxBody ||
+		l.Target.HTTP.Method != "POST" || l.Target.HTTP.Timeout.D() != config.DefaultTimeout {
+		t.Fatalf("defaults not applied: %+v %+v", l, l.Target.HTTP)
+	}
+	if cfg.Redis.URL != env["THROTTLER_REDIS_URL"] || cfg.Listen != "127.0.0.1:9999" {
+		t.Fatalf("env not applied: %+v", cfg)
+	}
+	if cfg.NATS.DedupWindow.D() != 2*time.Minute || cfg.ShutdownTimeout.D() != 15*time.Second {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+}
+
+func TestErrorsNameFileAndField(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"ZeroRate", strings.Replace(good, "rate: 20", "rate: 0", 1), "t.yaml: lanes[0].rate: must be a number greater than 0"},
+		{"NegativeBurst", strings.Replace(good, "burst: 10", "burst: -1", 1), "t.yaml: lanes[0].burst:"},
+		{"BadURL", strings.Replace(good, "http://127.0.0.1:9000/hook", "ftp://x", 1), "t.yaml: lanes[0].target.http.url:"},
+		{"NoTarget", strings.Replace(good, "    target:\n      http:\n        url: http://127.0.0.1:9000/hook\n", "", 1), "t.yaml: lanes[0].target:"},
+		{"BadName", strings.Replace(good, "name: demo", "name: a.b", 1), "t.yaml: lanes[0].name:"},
+		{"Duplicate", good + strings.TrimPrefix(good[strings.Index(good, "  - name"):], ""), "t.yaml: lanes[1].name: \"demo\" is already the name of lanes[0]"},
+		{"UnknownField", strings.Replace(good, "rate: 20", "rate: 20\n    rait: 3", 1), "t.yaml: line 6: field rait not found in a lane"},
+		{"BadDuration", good + "shutdown_timeout: soon\n", "t.yaml: line 10: \"soon\" is not a duration"},
+		{"BadNetwork", good + "dispatch:\n  allow_networks: [nope]\n", "t.yaml: dispatch.allow_networks[0]:"},
+		{"BadRedis", good + "redis:\n  url: http://x\n", "t.yaml: redis.url:"},
+		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
+		{"BadLevel", good + "log:\n  level: loud\n", "t.yaml: log.level:"},
+		{"TinyBody", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: 0B", 1), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse("t.yaml", []byte(tc.yaml), nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.File != "t.yaml" {
+				t.Fatalf("error %T %v is not a *config.Error naming the file", err, err)
+			}
+		})
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	_, err := config.Load(filepath.Join(t.TempDir(), "nope.yaml"), nil)
+	if err == nil || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,81 @@
+// Package dispatch delivers one job to its target and classifies the outcome:
+// done, retry (after a delay), or dead. It knows nothing of queues or pacing:
+// the caller decides when a job starts and what to do with the verdict.
+//
+// Targets: HTTP (webhooks, third-party APIs), NATS (worker pools, request/
+// reply) and in-process Go handlers (library use). An HTTP target's
+// downstream signals (429/503 with Retry-After, RateLimit headers) come back
+// as Result.PauseLane so that the caller can hold the whole lane.
+package dispatch
+
+import (
+	"context"
+	"time"
+)
+
+// Job is what a target receives.
+type Job struct {
+	// ID is the job's idempotency key; targets receive it as the
+	// Idempotency-Key header.
+	ID          string
+	Lane        string
+	Key         string
+	ContentType string
+	Payload     []byte
+	// Attempt counts deliveries: 1 for the first.
+	Attempt    int
+	EnqueuedAt time.Time
+}
+
+// Verdict is the class of a delivery's outcome.
+type Verdict int
+
+const (
+	// Done: the target took the job; ack it.
+	Done Verdict = iota
+	// Retry: deliver again later (after Result.RetryAfter, or backoff).
+	Retry
+	// Dead: the target refused the job for good; retrying will not help.
+	Dead
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Done:
+		return "done"
+	case Retry:
+		return "retry"
+	case Dead:
+		return "dead"
+	}
+	return "unknown"
+}
+
+// Result describes one delivery.
+type Result struct {
+	Verdict Verdict
+	// Status is the HTTP status (0 for other targets or no response).
+	Status int
+	// Err is the transport or target error, if any.
+	Err error
+	// RetryAfter is how long the target asked to wait before this job is
+	// tried again; zero leaves it to the retry policy.
+	RetryAfter time.Duration
+	// PauseLane is how long the downstream asked the whole lane to wait
+	// (429/503 Retry-After, an exhausted RateLimit); zero for none.
+	PauseLane time.Duration
+	// Took is how long the delivery took.
+	Took time.Duration
+}
+
+// Target delivers jobs. Implementations are safe for concurrent use and
+// honour ctx (cancelled at shutdown or timeout).
+type Target interface {
+	Deliver(ctx context.Context, job Job) Result
+}
+
+// Handler adapts a function to a Target, for use as a library.
+type Handler func(ctx context.Context, job Job) Result
+
+// Deliver implements Target.
+func (h Handler) Deliver(ctx context.Context, job Job) Result { return h(ctx, job) }

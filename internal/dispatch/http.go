@@ -1,0 +1,317 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults and header names of the HTTP target.
+const (
+	// DefaultHTTPMethod is the method when HTTPConfig.Method is empty.
+	DefaultHTTPMethod = http.MethodPost
+	// DefaultHTTPTimeout bounds one attempt when HTTPConfig.Timeout is 0.
+	DefaultHTTPTimeout = 10 * time.Second
+	// DefaultContentType is sent when the job has no content type.
+	DefaultContentType = "application/octet-stream"
+	// UserAgent is the default User-Agent of HTTP deliveries.
+	UserAgent = "throttler"
+	// HeaderIdempotencyKey carries the job id to the target.
+	HeaderIdempotencyKey = "Idempotency-Key"
+
+	// maxIdlePerHost keeps enough warm connections for high rates to one
+	// host (Go's default of 2 would open a new connection per request).
+	maxIdlePerHost = 256
+	// maxDrain is how much of a response body is read so that the
+	// connection can be reused; a larger body closes the connection.
+	maxDrain = 64 << 10
+)
+
+// ErrRedirected is the error of a delivery answered with a 3xx: redirects
+// are not followed (they could lead the request past the SSRF guard or
+// replay a POST as a GET), and retrying will not change the answer, so the
+// job is Dead.
+var ErrRedirected = errors.New("dispatch: target redirected")
+
+// ErrStatus is the error of a delivery answered with a non-2xx status
+// other than a redirect; the wrapping error gives the status.
+var ErrStatus = errors.New("dispatch: target answered")
+
+// HTTPConfig configures an HTTP target. The zero value is invalid: URL is
+// required; the other fields have defaults.
+type HTTPConfig struct {
+	// URL is the absolute http or https URL the job is sent to.
+	URL string
+	// Method is the request method; "" means POST.
+	Method string
+	// Headers are static headers added to every request (e.g.
+	// Authorization). They may replace User-Agent and give a
+	// Content-Type for jobs that have none; they may not set Host,
+	// Content-Length, Transfer-Encoding, Connection, Idempotency-Key or
+	// the webhook-* signing headers.
+	Headers map[string]string
+	// Timeout bounds one attempt, from dial to the drained body; 0 means
+	// DefaultHTTPTimeout.
+	Timeout time.Duration
+	// RetryOther4xx makes 4xx statuses other than 408, 425 and 429 Retry
+	// instead of Dead.
+	RetryOther4xx bool
+	// Signing, when set, signs each request with Standard Webhooks
+	// headers.
+	Signing *Signer
+}
+
+// reservedHeader reports whether a static header may not be configured:
+// Go ignores it, or the target sets it itself.
+func reservedHeader(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Host", "Content-Length", "Transfer-Encoding", "Connection",
+		"Idempotency-Key", "Webhook-Id", "Webhook-Timestamp", "Webhook-Signature":
+		return true
+	}
+	return false
+}
+
+// Validate returns an error naming the first bad field, or nil.
+func (c HTTPConfig) Validate() error {
+	if c.URL == "" {
+		return errors.New("dispatch: http: URL: required")
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("dispatch: http: URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("dispatch: http: URL: scheme %q is not http or https", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("dispatch: http: URL: %q has no host", redactURL(u))
+	}
+	if c.Method != "" && !isToken(c.Method) {
+		return fmt.Errorf("dispatch: http: Method: %q is not a valid method", c.Method)
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("dispatch: http: Timeout: %v is negative", c.Timeout)
+	}
+	for k, v := range c.Headers {
+		if !isToken(k) {
+			return fmt.Errorf("dispatch: http: Headers: %q is not a valid header name", k)
+		}
+		if reservedHeader(k) {
+			return fmt.Errorf("dispatch: http: Headers: %q is set by the target and cannot be configured", k)
+		}
+		if strings.ContainsAny(v, "\r\n\x00") {
+			return fmt.Errorf("dispatch: http: Headers: value of %q contains a control character", k)
+		}
+	}
+	return nil
+}
+
+var _ Target = (*HTTP)(nil)
+
+// HTTP delivers jobs as HTTP requests to one URL, over its own pool of
+// keep-alive connections. It is safe for concurrent use. Classification:
+//
+//   - 2xx: Done.
+//   - 408, 425, 429, 5xx, timeouts and transport errors (refused, reset,
+//     EOF, DNS): Retry.
+//   - other 4xx: Dead, or Retry with RetryOther4xx.
+//   - 3xx: Dead with ErrRedirected (redirects are not followed).
+//   - an address refused by the Guard: Dead with ErrForbiddenAddress.
+//
+// Downstream signals (Retry-After on 429/503, X-RateLimit-*, RateLimit)
+// fill Result.RetryAfter and Result.PauseLane, capped at MaxPause.
+type HTTP struct {
+	url       string
+	logURL    string // scheme://host/path: no credentials or query in errors
+	method    string
+	timeout   time.Duration
+	retry4xx  bool
+	headers   http.Header
+	signer    *Signer
+	transport *http.Transport
+	client    *http.Client
+	now       func() time.Time
+}
+
+// NewHTTP validates cfg and returns an HTTP target. guard checks every
+// connection's address at dial time; nil means no SSRF check (tests and
+// library use). NewHTTP does no I/O: call guard.CheckURL at start to fail
+// early on a forbidden literal IP. Call Close when done with the target.
+func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	u, _ := url.Parse(cfg.URL) // validated above
+	h := &HTTP{
+		url:      cfg.URL,
+		logURL:   redactURL(u),
+		method:   cfg.Method,
+		timeout:  cfg.Timeout,
+		retry4xx: cfg.RetryOther4xx,
+		headers:  make(http.Header, len(cfg.Headers)+1),
+		signer:   cfg.Signing,
+		now:      time.Now,
+	}
+	if h.method == "" {
+		h.method = DefaultHTTPMethod
+	}
+	if h.timeout == 0 {
+		h.timeout = DefaultHTTPTimeout
+	}
+	h.headers.Set("User-Agent", UserAgent)
+	for k, v := range cfg.Headers {
+		h.headers.Set(k, v)
+	}
+	dial := (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
+	if guard != nil {
+		dial = guard.DialContext
+	}
+	h.transport = &http.Transport{
+		// No proxy: the guard must see the target's address, not a
+		// proxy's.
+		Proxy:                 nil,
+		DialContext:           dial,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          0, // no global limit; per host below
+		MaxIdleConnsPerHost:   maxIdlePerHost,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	h.client = &http.Client{
+		Transport: h.transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+	return h, nil
+}
+
+// Close closes the target's idle connections. Deliveries still running
+// finish; a later Deliver opens new connections.
+func (h *HTTP) Close() { h.transport.CloseIdleConnections() }
+
+// Deliver sends job as one request: the payload is the body, with the
+// job's Content-Type (default application/octet-stream), Idempotency-Key =
+// job.ID, the static headers and, with signing, the Standard Webhooks
+// headers. The attempt is bounded by the configured Timeout and by ctx.
+func (h *HTTP) Deliver(ctx context.Context, job Job) Result {
+	start := time.Now()
+	res := h.deliver(ctx, job)
+	res.Took = time.Since(start)
+	return res
+}
+
+func (h *HTTP) deliver(ctx context.Context, job Job) Result {
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(job.Payload))
+	if err != nil {
+		return Result{Verdict: Dead, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
+	}
+	req.Header = h.headers.Clone()
+	switch {
+	case job.ContentType != "":
+		req.Header.Set("Content-Type", job.ContentType)
+	case req.Header.Get("Content-Type") == "":
+		req.Header.Set("Content-Type", DefaultContentType)
+	}
+	// Idempotency-Key also lets the transport replay the request on a
+	// keep-alive connection that the server had closed.
+	req.Header.Set(HeaderIdempotencyKey, job.ID)
+	for k, v := range h.signer.Sign(job.ID, job.Payload) {
+		req.Header[k] = v
+	}
+
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return h.transportError(ctx, err)
+	}
+	// Drain a bounded amount so that the connection goes back to the pool;
+	// a larger body is dropped with its connection.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	_ = resp.Body.Close()
+	return h.classify(resp)
+}
+
+// transportError classifies a failed round trip.
+func (h *HTTP) transportError(ctx context.Context, err error) Result {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // its message repeats the full URL, with any secrets
+	}
+	switch {
+	case errors.Is(err, ErrForbiddenAddress):
+		return Result{Verdict: Dead, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: timed out (timeout %v): %w", h.method, h.logURL, h.timeout, err)}
+	}
+	return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
+}
+
+// classify turns a response into a Result.
+func (h *HTTP) classify(resp *http.Response) Result {
+	res := Result{Status: resp.StatusCode}
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		res.Verdict = Done
+	case code >= 300 && code < 400:
+		res.Verdict = Dead
+		loc := resp.Header.Get("Location")
+		if u, err := resp.Request.URL.Parse(loc); err == nil && loc != "" {
+			loc = redactURL(u)
+		}
+		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", h.method, h.logURL, ErrRedirected, resp.Status, loc)
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
+		code == http.StatusTooManyRequests, code >= 500, code < 200:
+		res.Verdict = Retry
+	case h.retry4xx:
+		res.Verdict = Retry
+	default:
+		res.Verdict = Dead
+	}
+	if res.Verdict != Done && res.Err == nil {
+		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", h.method, h.logURL, ErrStatus, resp.Status)
+	}
+	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.now())
+	if res.Verdict == Retry && res.RetryAfter == 0 {
+		res.RetryAfter = res.PauseLane
+	}
+	if res.Verdict != Retry {
+		res.RetryAfter = 0
+	}
+	return res
+}
+
+// redactURL returns scheme://host/path, without user info or query, which
+// may hold credentials.
+func redactURL(u *url.URL) string {
+	r := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}
+	return r.String()
+}
+
+// isToken reports whether s is an RFC 9110 token (method or header name).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,227 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Field  string `json:"field"`
+	Lane   string `json:"lane"`
+}
+
+type laneList struct {
+	Lanes []struct {
+		Name      string `json:"name"`
+		Backlog   uint64 `json:"backlog"`
+		Delivered uint64 `json:"delivered"`
+		InFlight  int    `json:"in_flight"`
+		Paused    bool   `json:"paused"`
+	} `json:"lanes"`
+}
+
+func getLanes(t *testing.T, addr string) laneList {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/v1/lanes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var l laneList
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestBadInputIsRefusedAndStoresNothing: each refusal is a problem+json that
+// names the field, and the lane's stream stays empty.
+func TestBadInputIsRefusedAndStoresNothing(t *testing.T) {
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 0.001, 1)
+	cfg.Lanes[0].MaxBacklog = 2
+	cfg.Lanes[0].MaxBody = 16
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+
+	post := func(lane, body string, hdr map[string]string) (*http.Response, problem) {
+		req, _ := http.NewRequest("POST", "http://"+svc.Addr()+"/v1/lanes/"+lane+"/jobs", strings.NewReader(body))
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p problem
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode >= 400 {
+			if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+				t.Fatalf("status %d with Content-Type %q, body %s", resp.StatusCode, ct, raw)
+			}
+			if err := json.Unmarshal(raw, &p); err != nil {
+				t.Fatalf("problem body %q: %v", raw, err)
+			}
+		}
+		return resp, p
+	}
+	for _, tc := range []struct {
+		name, lane, body string
+		hdr              map[string]string
+		status           int
+		field            string
+	}{
+		{"UnknownLane", "nope", "x", nil, 404, "lane"},
+		{"BodyTooLarge", "demo", strings.Repeat("x", 17), nil, 413, "body"},
+		{"BadIdempotencyKey", "demo", "x", map[string]string{"Idempotency-Key": "has space"}, 400, "Idempotency-Key"},
+	} {
+		resp, p := post(tc.lane, tc.body, tc.hdr)
+		if resp.StatusCode != tc.status || p.Status != tc.status || p.Field != tc.field || p.Type == "" || p.Detail == "" {
+			t.Errorf("%s: status %d, problem %+v; want %d naming %q", tc.name, resp.StatusCode, p, tc.status, tc.field)
+		}
+	}
+	if l := getLanes(t, svc.Addr()); l.Lanes[0].Backlog != 0 {
+		t.Fatalf("refused requests stored %d jobs", l.Lanes[0].Backlog)
+	}
+	// Fill the backlog (rate 0.001/s, burst 1: one admitted, then queued).
+	for i := 0; i < 2; i++ {
+		if resp, p := post("demo", "x", nil); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("job %d: %d %+v", i, resp.StatusCode, p)
+		}
+	}
+	waitFor(t, 5*time.Second, "backlog of 1 after the admitted job left", func() bool {
+		l := getLanes(t, svc.Addr())
+		return l.Lanes[0].Delivered == 1 && l.Lanes[0].Backlog == 1
+	})
+	if resp, p := post("demo", "x", nil); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("second queued job: %d %+v", resp.StatusCode, p)
+	}
+	// Now 2 are waiting: max_backlog reached.
+	resp, p := post("demo", "x", nil)
+	if resp.StatusCode != http.StatusTooManyRequests || p.Field != "max_backlog" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("over max_backlog: status %d, Retry-After %q, %+v", resp.StatusCode, resp.Header.Get("Retry-After"), p)
+	}
+	// One job waits 1000 s at 0.001/s: Retry-After is that estimate.
+	if ra := resp.Header.Get("Retry-After"); ra != "1000" {
+		t.Errorf("Retry-After = %s, want 1000 (one period at 0.001/s)", ra)
+	}
+	if l := getLanes(t, svc.Addr()); l.Lanes[0].Backlog != 2 {
+		t.Fatalf("backlog %d after a 429, want 2", l.Lanes[0].Backlog)
+	}
+}
+
+// TestNATSPublishIsAJob: a plain JetStream publish to throttle.<lane> is
+// drained and delivered like an HTTP submission, with its Nats-Msg-Id as the
+// job id.
+func TestNATSPublishIsAJob(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	rec := newRecorder(t)
+	// Burst 1: jobs start one period apart, so arrival order is start order.
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 100, 1)
+	cfg.NATS.URL = srv.ClientURL()
+	start(t, cfg)
+
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := 0; i < 20; i++ {
+		msg := nats.NewMsg("throttle.demo")
+		msg.Data = []byte(fmt.Sprintf(`{"n":%d}`, i))
+		msg.Header.Set("Content-Type", "application/json")
+		if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("nats-%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A core NATS publish (no JetStream ack) lands in the stream too.
+	if err := nc.Publish("throttle.demo", []byte("core")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "21 deliveries", func() bool { return len(rec.snapshot()) >= 21 })
+	got := rec.snapshot()
+	for i := 0; i < 20; i++ {
+		if want := fmt.Sprintf("nats-%02d", i); got[i].id != want || got[i].ct != "application/json" || !bytes.Equal([]byte(got[i].body), []byte(fmt.Sprintf(`{"n":%d}`, i))) {
+			t.Fatalf("delivery %d: %+v, want id %s", i, got[i], want)
+		}
+	}
+	if got[20].body != "core" || !strings.HasPrefix(got[20].id, "demo-") {
+		t.Fatalf("core publish delivered as %+v, want a stream-sequence id", got[20])
+	}
+}
+
+// TestStopFinishesInflightDispatches: SIGTERM (context cancel) waits for a
+// delivery that is under way, acks it, and returns within the bound.
+func TestStopFinishesInflightDispatches(t *testing.T) {
+	started := make(chan struct{}, 10)
+	release := make(chan struct{})
+	finished := make(chan string, 10)
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		finished <- r.Header.Get("Idempotency-Key")
+	})
+	rec := newRecorder(t)
+	rec.srv.Config.Handler = slow
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, rec.srv.URL, 100, 5)
+	svc, stop := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	if code, _, _ := submit(t, client, svc.Addr(), "demo", "slow-1", "x"); code != http.StatusAccepted {
+		t.Fatalf("status %d", code)
+	}
+	<-started
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	// Intake is closed at once while the delivery runs.
+	waitFor(t, 5*time.Second, "intake to close", func() bool {
+		resp, err := client.Post("http://"+svc.Addr()+"/v1/lanes/demo/jobs", "text/plain", strings.NewReader("x"))
+		if err != nil {
+			return true // listener closed
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	select {
+	case <-stopped:
+		t.Fatal("the service stopped before its in-flight delivery finished")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	if id := <-finished; id != "slow-1" {
+		t.Fatalf("finished %s", id)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the service did not stop within 5 s of its last delivery")
+	}
+	// The job was acked: a restart on the same data delivers nothing again.
+	rec.srv.Config.Handler = http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("job delivered again after a clean stop") })
+	svc2, _ := start(t, cfg)
+	time.Sleep(6 * time.Second) // longer than ack_wait: a lost ack would show
+	if l := getLanes(t, svc2.Addr()); l.Lanes[0].Backlog != 0 {
+		t.Fatalf("backlog %d after restart, want 0", l.Lanes[0].Backlog)
+	}
+}

@@ -1,0 +1,233 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/ingest"
+	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+type laneDeps struct {
+	cfg         config.Lane
+	dedup       time.Duration
+	queue       *queue.Queue
+	store       bucket.Store
+	guard       *dispatch.Guard
+	metrics     *metrics.Metrics
+	log         *slog.Logger
+	dispatchCtx context.Context
+}
+
+// lane is one lane at runtime: its stream consumer, drain and target.
+type lane struct {
+	laneDeps
+	limit    atomic.Pointer[bucket.Limit]
+	target   dispatch.Target
+	closeTgt func()
+	consumer *queue.Consumer
+	drain    *leaky.Drain
+	backoff  dispatch.Backoff
+
+	delivered atomic.Uint64
+	mu        sync.Mutex
+	pacerDown bool
+	pauseTill time.Time
+}
+
+func newLane(ctx context.Context, d laneDeps) (*lane, error) {
+	l := &lane{laneDeps: d, backoff: dispatch.Backoff{Base: time.Second, Max: 5 * time.Minute}}
+	lim := bucket.Limit{Rate: d.cfg.Rate, Burst: d.cfg.Burst}
+	if err := lim.Validate(); err != nil {
+		return nil, err
+	}
+	l.limit.Store(&lim)
+
+	h := d.cfg.Target.HTTP
+	if h == nil {
+		return nil, errNoTarget
+	}
+	if err := d.guard.CheckURL(ctx, h.URL); err != nil {
+		return nil, fmt.Errorf("target.http.url: %w", err)
+	}
+	tgt, err := dispatch.NewHTTP(dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D()}, d.guard)
+	if err != nil {
+		return nil, fmt.Errorf("target.http: %w", err)
+	}
+	l.target, l.closeTgt = tgt, tgt.Close
+
+	batch := leaky.BatchFor(lim.Rate, d.cfg.MaxInflight)
+	ackWait := d.cfg.AckWait.D()
+	if ackWait == 0 {
+		// Held jobs are kept alive with in-progress acks (Consumer.KeepAlive),
+		// so AckWait only bounds how long a crashed instance's jobs stay
+		// invisible.
+		ackWait = config.DefaultAckWait
+	}
+	if err := d.queue.EnsureLane(ctx, queue.LaneSpec{
+		Name: d.cfg.Name, MaxBacklog: d.cfg.MaxBacklog, MaxInflight: d.cfg.MaxInflight, Prefetch: batch,
+		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), DedupWindow: d.dedup,
+	}); err != nil {
+		return nil, err
+	}
+	if l.consumer, err = d.queue.Consumer(d.cfg.Name); err != nil {
+		return nil, err
+	}
+	l.drain, err = leaky.New(leaky.Config{
+		Source: l.consumer,
+		Pacer: leaky.StorePacer{Store: d.store, Key: bucket.Key{Lane: d.cfg.Name},
+			Limit: func() bucket.Limit { return *l.limit.Load() }},
+		Start:       l.start,
+		MaxInflight: d.cfg.MaxInflight,
+		Batch:       batch,
+		Logger:      d.log,
+		Observer:    (*laneObserver)(l),
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.metrics.PacerUp.WithLabelValues(d.cfg.Name).Set(1)
+	return l, nil
+}
+
+func (l *lane) run(ctx context.Context) {
+	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
+	kept := make(chan struct{})
+	go func() { defer close(kept); l.consumer.KeepAlive(keepCtx) }()
+	_ = l.drain.Run(ctx)
+	l.consumer.Close()
+	stopKeep()
+	<-kept
+}
+
+func (l *lane) close() {
+	if l.closeTgt != nil {
+		l.closeTgt()
+	}
+}
+
+// start is the drain's Starter: it delivers the job on its own goroutine and
+// settles the message by the verdict.
+func (l *lane) start(_ context.Context, it leaky.Item, done func()) {
+	msg := it.(*queue.Msg) // the drain only holds what the queue consumer gave it
+	l.metrics.Inflight.WithLabelValues(l.cfg.Name).Inc()
+	go func() {
+		defer done()
+		defer l.metrics.Inflight.WithLabelValues(l.cfg.Name).Dec()
+		job := msg.Job()
+		res := l.target.Deliver(l.dispatchCtx, dispatch.Job{
+			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
+			Attempt: msg.Attempt(), EnqueuedAt: msg.EnqueuedAt(),
+		})
+		l.metrics.DispatchSeconds.WithLabelValues(l.cfg.Name).Observe(res.Took.Seconds())
+		l.metrics.Dispatched.WithLabelValues(l.cfg.Name, res.Verdict.String()).Inc()
+		if res.PauseLane > 0 {
+			l.pause(res.PauseLane)
+		}
+		switch res.Verdict {
+		case dispatch.Done:
+			l.delivered.Add(1)
+			if err := msg.Ack(); err != nil {
+				l.log.Warn("ack failed; the job may be delivered again", "id", job.ID, "err", err)
+			}
+		default:
+			delay := res.RetryAfter
+			if delay <= 0 {
+				delay = l.backoff.Delay(msg.Attempt(), rand.Float64)
+			}
+			l.log.Warn("delivery failed, retrying later", "id", job.ID, "attempt", msg.Attempt(),
+				"verdict", res.Verdict.String(), "status", res.Status, "err", errString(res.Err), "retry_in", delay.String())
+			_ = msg.Retry(delay)
+		}
+	}()
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// pause holds every slot of the lane for d, cluster-wide through the store.
+func (l *lane) pause(d time.Duration) {
+	l.metrics.LanePaused.WithLabelValues(l.cfg.Name).Inc()
+	l.mu.Lock()
+	if until := time.Now().Add(d); until.After(l.pauseTill) {
+		l.pauseTill = until
+	}
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(l.dispatchCtx, time.Second)
+	defer cancel()
+	if err := l.store.Pause(ctx, bucket.Key{Lane: l.cfg.Name}, *l.limit.Load(), d); err != nil {
+		l.log.Warn("pausing the lane failed", "for", d.String(), "err", err)
+		return
+	}
+	l.log.Info("downstream asked the lane to wait", "for", d.String())
+}
+
+func (l *lane) intake() ingest.Lane {
+	return ingest.Lane{
+		Admission: admission.Lane{Name: l.cfg.Name, Limit: *l.limit.Load(), MaxBacklog: l.cfg.MaxBacklog},
+		MaxBody:   int64(l.cfg.MaxBody),
+	}
+}
+
+func (l *lane) status(ctx context.Context) ingest.LaneStatus {
+	lim := *l.limit.Load()
+	st := ingest.LaneStatus{
+		Name: l.cfg.Name, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
+		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(),
+	}
+	if h := l.cfg.Target.HTTP; h != nil {
+		st.Target = h.Method + " " + h.URL
+	}
+	l.mu.Lock()
+	switch {
+	case l.pacerDown:
+		st.Paused, st.PauseReason = true, "lane state store unavailable"
+	case time.Now().Before(l.pauseTill):
+		st.Paused, st.PauseReason = true, "downstream asked to wait until "+l.pauseTill.UTC().Format(time.RFC3339)
+	}
+	l.mu.Unlock()
+	stats, err := l.queue.Stats(ctx, l.cfg.Name)
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
+	return st
+}
+
+// laneObserver feeds the drain's events to metrics and the lane's state.
+type laneObserver lane
+
+func (o *laneObserver) Started(late time.Duration) {
+	o.metrics.StartLateness.WithLabelValues(o.cfg.Name).Observe(late.Seconds())
+}
+
+func (o *laneObserver) Reserved(n int) {
+	o.metrics.SlotsReserved.WithLabelValues(o.cfg.Name).Add(float64(n))
+}
+
+func (o *laneObserver) PacerDown(down bool, _ error) {
+	o.mu.Lock()
+	o.pacerDown = down
+	o.mu.Unlock()
+	v := 1.0
+	if down {
+		v = 0
+	}
+	o.metrics.PacerUp.WithLabelValues(o.cfg.Name).Set(v)
+}
