@@ -28,12 +28,21 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// ShutdownTimeout bounds a graceful stop: intake stops at once, in-flight
 	// dispatches get this long to finish.
-	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	NATS            NATS     `yaml:"nats"`
-	Redis           Redis    `yaml:"redis"`
-	Dispatch        Dispatch `yaml:"dispatch"`
-	Log             Log      `yaml:"log"`
-	Lanes           []Lane   `yaml:"lanes"`
+	ShutdownTimeout Duration    `yaml:"shutdown_timeout"`
+	NATS            NATS        `yaml:"nats"`
+	Redis           Redis       `yaml:"redis"`
+	Dispatch        Dispatch    `yaml:"dispatch"`
+	DeadLetters     DeadLetters `yaml:"dead_letters"`
+	Log             Log         `yaml:"log"`
+	Lanes           []Lane      `yaml:"lanes"`
+}
+
+// DeadLetters bounds the dead-letter stream shared by all lanes.
+type DeadLetters struct {
+	// MaxAge drops dead letters older than this.
+	MaxAge Duration `yaml:"max_age"`
+	// MaxBytes bounds the stream on disk; the oldest go first.
+	MaxBytes ByteSize `yaml:"max_bytes"`
 }
 
 // NATS says where the queue lives.
@@ -79,17 +88,41 @@ type Lane struct {
 	MaxInflight int `yaml:"max_inflight"`
 	// MaxBacklog is how many jobs may wait; over it submissions get 429.
 	MaxBacklog int64 `yaml:"max_backlog"`
+	// MaxWait refuses (429) jobs whose estimated wait is longer; 0: no bound.
+	MaxWait Duration `yaml:"max_wait"`
+	// MaxBytes bounds the lane's stream on disk; a full stream answers 503.
+	MaxBytes ByteSize `yaml:"max_bytes"`
 	// MaxBody is the largest accepted payload in bytes.
 	MaxBody ByteSize `yaml:"max_body"`
 	// AckWait is how long a fetched job may stay unanswered before the queue
 	// hands it to another instance; zero derives it from rate and timeout.
 	AckWait Duration `yaml:"ack_wait"`
+	Retry   Retry    `yaml:"retry"`
 	Target  Target   `yaml:"target"`
+}
+
+// Retry is a lane's retry policy: exponential backoff with full jitter.
+type Retry struct {
+	// MaxAttempts is how many delivery attempts a job gets before it is
+	// dead-lettered. Rate-limit waits do not count.
+	MaxAttempts int      `yaml:"max_attempts"`
+	BackoffBase Duration `yaml:"backoff_base"`
+	BackoffMax  Duration `yaml:"backoff_max"`
 }
 
 // Target says where a lane's jobs go. Exactly one kind is set.
 type Target struct {
 	HTTP *HTTPTarget `yaml:"http"`
+	NATS *NATSTarget `yaml:"nats"`
+}
+
+// NATSTarget delivers a job to a worker pool over NATS.
+type NATSTarget struct {
+	Subject string   `yaml:"subject"`
+	Timeout Duration `yaml:"timeout"`
+	// JetStream publishes to a stream (its ack means done) instead of
+	// request/reply.
+	JetStream bool `yaml:"jetstream"`
 }
 
 // HTTPTarget delivers a job as an HTTP request.
@@ -98,6 +131,12 @@ type HTTPTarget struct {
 	Method  string            `yaml:"method"`
 	Headers map[string]string `yaml:"headers"`
 	Timeout Duration          `yaml:"timeout"`
+	// RetryOther4xx retries 4xx answers other than 408/425/429 instead of
+	// dead-lettering them.
+	RetryOther4xx bool `yaml:"retry_other_4xx"`
+	// SigningSecrets turn on Standard Webhooks signatures; several secrets
+	// sign with each (rotation). Form: whsec_<base64>.
+	SigningSecrets []string `yaml:"signing_secrets"`
 }
 
 // Default returns the settings used for everything a file leaves out.
@@ -106,6 +145,7 @@ func Default() Config {
 		Listen:          "127.0.0.1:8080",
 		ShutdownTimeout: Duration(15 * time.Second),
 		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute)},
+		DeadLetters:     DeadLetters{MaxAge: Duration(14 * 24 * time.Hour), MaxBytes: 1 << 30},
 		Log:             Log{Level: "info"},
 	}
 }
@@ -116,6 +156,10 @@ const (
 	DefaultMaxBacklog  = 100_000
 	DefaultMaxBody     = 1 << 20
 	DefaultTimeout     = 10 * time.Second
+	DefaultMaxBytes    = 1 << 30
+	DefaultMaxAttempts = 10
+	DefaultBackoffBase = time.Second
+	DefaultBackoffMax  = 5 * time.Minute
 	// DefaultAckWait bounds how long the jobs a crashed instance held stay
 	// invisible to the others; live instances keep their jobs alive.
 	DefaultAckWait = 5 * time.Second
@@ -154,9 +198,7 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 			}
 		}
 	}
-	for i := range cfg.Lanes {
-		cfg.Lanes[i].applyDefaults()
-	}
+	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
@@ -194,6 +236,14 @@ func lookup(getenv func(string) string, key string) (string, bool) {
 	return v, v != ""
 }
 
+// ApplyDefaults fills every lane field left at zero with its default; Load
+// does it, code that builds a Config by hand calls it before Validate.
+func (c *Config) ApplyDefaults() {
+	for i := range c.Lanes {
+		c.Lanes[i].applyDefaults()
+	}
+}
+
 func (l *Lane) applyDefaults() {
 	if l.MaxInflight == 0 {
 		l.MaxInflight = DefaultMaxInflight
@@ -206,6 +256,21 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.Burst == 0 {
 		l.Burst = 1
+	}
+	if l.MaxBytes == 0 {
+		l.MaxBytes = DefaultMaxBytes
+	}
+	if l.Retry.MaxAttempts == 0 {
+		l.Retry.MaxAttempts = DefaultMaxAttempts
+	}
+	if l.Retry.BackoffBase == 0 {
+		l.Retry.BackoffBase = Duration(DefaultBackoffBase)
+	}
+	if l.Retry.BackoffMax == 0 {
+		l.Retry.BackoffMax = Duration(DefaultBackoffMax)
+	}
+	if n := l.Target.NATS; n != nil && n.Timeout == 0 {
+		n.Timeout = Duration(DefaultTimeout)
 	}
 	if h := l.Target.HTTP; h != nil {
 		if h.Method == "" {
@@ -265,6 +330,12 @@ func (c *Config) Validate() error {
 			return fail("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
 		}
 	}
+	if c.DeadLetters.MaxAge < 0 {
+		return fail("dead_letters.max_age", "must not be negative")
+	}
+	if c.DeadLetters.MaxBytes < 1<<20 {
+		return fail("dead_letters.max_bytes", "must be at least 1MiB")
+	}
 	for i, n := range c.Dispatch.AllowNetworks {
 		if _, err := netip.ParsePrefix(n); err != nil {
 			return fail(fmt.Sprintf("dispatch.allow_networks[%d]", i), "%q is not a CIDR prefix", n)
@@ -316,8 +387,29 @@ func (l *Lane) validate(p string) error {
 	case l.AckWait < 0:
 		return fail("ack_wait", "must not be negative")
 	}
-	if l.Target.HTTP == nil {
-		return fail("target", "exactly one target kind is required (http)")
+	switch {
+	case l.MaxWait < 0:
+		return fail("max_wait", "must not be negative")
+	case l.MaxBytes < 1<<20:
+		return fail("max_bytes", "must be at least 1MiB, got %d", l.MaxBytes)
+	case l.Retry.MaxAttempts < 1:
+		return fail("retry.max_attempts", "must be at least 1, got %d", l.Retry.MaxAttempts)
+	case l.Retry.BackoffBase <= 0:
+		return fail("retry.backoff_base", "must be greater than 0")
+	case l.Retry.BackoffMax < l.Retry.BackoffBase:
+		return fail("retry.backoff_max", "must be at least retry.backoff_base")
+	}
+	if (l.Target.HTTP == nil) == (l.Target.NATS == nil) {
+		return fail("target", "exactly one target kind is required (http or nats)")
+	}
+	if n := l.Target.NATS; n != nil {
+		if n.Subject == "" || strings.ContainsAny(n.Subject, " \t*>") {
+			return fail("target.nats.subject", "%q is not a literal NATS subject", n.Subject)
+		}
+		if n.Timeout <= 0 {
+			return fail("target.nats.timeout", "must be greater than 0")
+		}
+		return nil
 	}
 	h := l.Target.HTTP
 	u, err := url.Parse(h.URL)
@@ -331,6 +423,11 @@ func (l *Lane) validate(p string) error {
 	}
 	if h.Timeout <= 0 {
 		return fail("target.http.timeout", "must be greater than 0")
+	}
+	for i, sec := range h.SigningSecrets {
+		if len(strings.TrimPrefix(sec, "whsec_")) < 16 {
+			return fail(fmt.Sprintf("target.http.signing_secrets[%d]", i), "is too short: use whsec_ followed by at least 24 base64 characters")
+		}
 	}
 	return nil
 }

@@ -68,6 +68,8 @@ type LaneStatus struct {
 	InFlight int `json:"in_flight"`
 	// Delivered: jobs this instance delivered since it started.
 	Delivered uint64 `json:"delivered"`
+	// Dead: jobs in the lane's dead-letter stream.
+	Dead uint64 `json:"dead"`
 	// Paused: the lane's drain cannot reserve slots (state store away) or a
 	// downstream asked it to wait.
 	Paused      bool   `json:"paused"`
@@ -83,8 +85,10 @@ type Config struct {
 	Admitter  Admitter
 	Publisher Publisher
 	Lanes     Directory
-	Ready     Ready
-	Metrics   *metrics.Metrics
+	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
+	DeadLetters DeadLetters
+	Ready       Ready
+	Metrics     *metrics.Metrics
 	// MetricsHandler serves /metrics.
 	MetricsHandler http.Handler
 	Logger         *slog.Logger
@@ -113,6 +117,7 @@ func New(cfg Config) (*Handler, error) {
 		io.WriteString(w, "ok\n")
 	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
+	h.routeAdmin()
 	if cfg.MetricsHandler != nil {
 		h.mux.Handle("GET /metrics", cfg.MetricsHandler)
 	}
@@ -203,6 +208,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		Admitted:    dec.State == admission.Admitted,
 	})
 	if err != nil {
+		if errors.Is(err, queue.ErrFull) {
+			reject(Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
+				Detail: fmt.Sprintf("lane %s's queue storage is full; nothing was stored", name)}, "storage_full", 5*time.Second)
+			return
+		}
 		if errors.Is(err, queue.ErrBacklogFull) {
 			reject(Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
 				Detail: fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)},

@@ -33,6 +33,7 @@ const (
 	ProblemNotFound      = "urn:throttler:problem:not-found"
 	ProblemBadBody       = "urn:throttler:problem:invalid-body"
 	ProblemShuttingDown  = "urn:throttler:problem:shutting-down"
+	ProblemStorageFull   = "urn:throttler:problem:storage-full"
 	problemContentType   = "application/problem+json"
 	maxRetryAfterSeconds = 24 * 3600
 )

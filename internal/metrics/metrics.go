@@ -32,6 +32,8 @@ type Metrics struct {
 	PacerUp *prometheus.GaugeVec
 	// LanePaused counts pauses a downstream asked for.
 	LanePaused *prometheus.CounterVec
+	// DeadLettered counts jobs moved to the dead-letter stream.
+	DeadLettered *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg.
@@ -70,8 +72,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		LanePaused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_lane_pauses_total", Help: "Pauses a downstream asked for (Retry-After, RateLimit).",
 		}, lane),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "throttler_jobs_dead_lettered_total", Help: "Jobs moved to the dead-letter stream, by lane.",
+		}, lane),
 	}
-	reg.MustRegister(m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
+	reg.MustRegister(m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
 		m.Inflight, m.SlotsReserved, m.PacerCalls, m.PacerUp, m.LanePaused)
 	return m
 }

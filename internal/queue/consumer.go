@@ -25,10 +25,11 @@ type Msg struct {
 // Job is the stored job.
 func (m *Msg) Job() Job { return m.job }
 
-// Attempt is 1 for the first delivery, 2 for the second, and so on.
-func (m *Msg) Attempt() int { return int(m.meta.NumDelivered) }
+// Attempt is this delivery's attempt number: 1 for the first. Deliveries
+// that a rate limit or a stop cut short do not count.
+func (m *Msg) Attempt() int { return m.job.Attempts + 1 }
 
-// EnqueuedAt is when JetStream stored the job.
+// EnqueuedAt is when JetStream stored this copy of the job.
 func (m *Msg) EnqueuedAt() time.Time { return m.meta.Timestamp }
 
 // Admitted implements leaky.Item: admission's slot covers the first delivery
@@ -38,15 +39,36 @@ func (m *Msg) Admitted() bool { return m.job.Admitted && m.meta.NumDelivered == 
 // Ack marks the job done; JetStream removes it.
 func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
 
-// Retry hands the job back to be delivered again after delay.
-func (m *Msg) Retry(delay time.Duration) error { m.c.settle(m); return m.m.NakWithDelay(delay) }
+// Wait hands the job back to be delivered again after delay, in its place and
+// without counting an attempt (a rate limit, a paused lane).
+func (m *Msg) Wait(delay time.Duration) error { m.c.settle(m); return m.m.NakWithDelay(delay) }
 
 // Release hands the job back at once, unstarted.
 func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 
+// Retry counts a failed attempt and queues the job again behind the lane's
+// backlog, to start no earlier than delay from now. The copy carries the
+// same job id; the original is acked only after the copy is stored, so a
+// crash in between can only duplicate the job, never lose it. When the copy
+// cannot be stored the job waits in place instead.
+func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
+	defer m.c.settle(m)
+	job := m.job
+	job.Admitted = false
+	job.Attempts++
+	job.NotBefore = time.Now().Add(delay)
+	job.MsgID = fmt.Sprintf("%s#attempt-%d", job.ID, job.Attempts)
+	if _, err := m.c.q.publish(ctx, Subject(job.Lane, job.Key), jobMsg(job)); err != nil {
+		_ = m.m.NakWithDelay(delay)
+		return fmt.Errorf("queue: requeue %s: %w", job.ID, err)
+	}
+	return m.m.Ack()
+}
+
 // Consumer reads one lane's jobs in stream order. It satisfies leaky.Source.
 // It is used by one drain goroutine at a time.
 type Consumer struct {
+	q       *Queue
 	lane    string
 	cons    jetstream.Consumer
 	batch   jetstream.MessageBatch
@@ -66,7 +88,7 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{lane: lane, cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+	return &Consumer{q: q, lane: lane, cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
 		outstanding: map[*Msg]time.Time{}}, nil
 }
 
@@ -94,7 +116,9 @@ func (c *Consumer) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 				}
 				continue
 			}
-			out = append(out, c.wrap(m))
+			if msg := c.wrap(m); msg != nil {
+				out = append(out, msg)
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -107,7 +131,9 @@ func (c *Consumer) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 				c.batch = nil
 				break
 			}
-			out = append(out, c.wrap(m))
+			if msg := c.wrap(m); msg != nil {
+				out = append(out, msg)
+			}
 			continue
 		default:
 		}
@@ -116,12 +142,23 @@ func (c *Consumer) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 	return out, nil
 }
 
+// notBeforeSlack lets a retry that is due within this much start now.
+const notBeforeSlack = 5 * time.Millisecond
+
+// wrap decodes a fetched message and tracks it until it is settled. It
+// returns nil for a retry that is not due yet (handed back at once).
 func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	meta, err := m.Metadata()
 	if err != nil {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c}
+	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
+		// A retry that is not due yet: back to the queue until it is,
+		// without a slot and without counting an attempt.
+		_ = m.NakWithDelay(wait)
+		return nil
+	}
 	c.mu.Lock()
 	c.outstanding[msg] = time.Now()
 	c.mu.Unlock()

@@ -36,6 +36,14 @@ const (
 	HeaderAdmitted = "Throttler-Admitted"
 	// HeaderContentType carries the payload's media type.
 	HeaderContentType = "Content-Type"
+	// HeaderJobID carries the job id through retries and replays, whose
+	// copies need Nats-Msg-Id values of their own.
+	HeaderJobID = "Throttler-Job-Id"
+	// HeaderAttempts counts the delivery attempts that failed before this
+	// copy of the job was stored. Rate-limit waits do not count.
+	HeaderAttempts = "Throttler-Attempts"
+	// HeaderNotBefore holds the earliest start of a retry, in Unix ms.
+	HeaderNotBefore = "Throttler-Not-Before"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -47,6 +55,9 @@ var (
 	// ErrUnavailable: JetStream did not confirm the write; the job may not
 	// be stored and the caller must not report success.
 	ErrUnavailable = errors.New("queue: JetStream unavailable")
+	// ErrFull: the lane's stream reached its max_bytes, or JetStream's
+	// storage is full; nothing was stored.
+	ErrFull = errors.New("queue: storage full")
 	// ErrUnknownLane: no stream was set up for the lane.
 	ErrUnknownLane = errors.New("queue: unknown lane")
 )
@@ -71,8 +82,11 @@ type LaneSpec struct {
 	Prefetch int
 	// AckWait is how long a fetched job may stay unanswered before JetStream
 	// hands it out again.
-	AckWait     time.Duration
-	MaxBody     int64
+	AckWait time.Duration
+	MaxBody int64
+	// MaxBytes bounds the lane's stream on disk; a full stream refuses new
+	// jobs (ErrFull) instead of filling the disk.
+	MaxBytes    int64
 	DedupWindow time.Duration
 	// Replicas for a clustered JetStream; 0 means 1.
 	Replicas int
@@ -87,6 +101,12 @@ type Job struct {
 	Payload     []byte
 	// Admitted is true when admission took a slot for the job.
 	Admitted bool
+	// Attempts is how many delivery attempts already failed.
+	Attempts int
+	// NotBefore delays a retry; zero for none.
+	NotBefore time.Time
+	// MsgID overrides the de-duplication id (default: ID).
+	MsgID string
 }
 
 // PubResult is JetStream's answer to a publish.
@@ -104,6 +124,7 @@ type Queue struct {
 
 	mu    sync.Mutex
 	lanes map[string]*laneState
+	dead  jetstream.Stream
 }
 
 type laneState struct {
@@ -149,6 +170,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		MaxMsgs:     spec.MaxBacklog,
+		MaxBytes:    maxBytes(spec.MaxBytes),
 		Discard:     jetstream.DiscardNew,
 		MaxMsgSize:  maxMsgSize,
 		Duplicates:  spec.DedupWindow,
@@ -178,6 +200,13 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	return nil
 }
 
+func maxBytes(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
 func (q *Queue) lane(name string) (*laneState, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -195,30 +224,9 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	if err != nil {
 		return PubResult{}, err
 	}
-	msg := nats.NewMsg(Subject(job.Lane, job.Key))
-	msg.Data = job.Payload
-	if job.ContentType != "" {
-		msg.Header.Set(HeaderContentType, job.ContentType)
-	}
-	if job.Admitted {
-		msg.Header.Set(HeaderAdmitted, "1")
-	}
-	opts := []jetstream.PublishOpt{}
-	if job.ID != "" {
-		opts = append(opts, jetstream.WithMsgID(job.ID))
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	ack, err := q.js.PublishMsg(ctx, msg, opts...)
+	ack, err := q.publish(ctx, Subject(job.Lane, job.Key), jobMsg(job))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum messages") {
-			return PubResult{}, fmt.Errorf("%w: lane %s: %v", ErrBacklogFull, job.Lane, err)
-		}
-		return PubResult{}, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, job.Lane, err)
+		return PubResult{}, fmt.Errorf("lane %s: %w", job.Lane, err)
 	}
 	if !ack.Duplicate {
 		ls.mu.Lock()
@@ -226,6 +234,59 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 		ls.mu.Unlock()
 	}
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// jobMsg encodes a job as a message of the lane stream.
+func jobMsg(job Job) *nats.Msg {
+	msg := nats.NewMsg(Subject(job.Lane, job.Key))
+	msg.Data = job.Payload
+	if job.ContentType != "" {
+		msg.Header.Set(HeaderContentType, job.ContentType)
+	}
+	if job.ID != "" {
+		msg.Header.Set(HeaderJobID, job.ID)
+		id := job.MsgID
+		if id == "" {
+			id = job.ID
+		}
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	if job.Admitted {
+		msg.Header.Set(HeaderAdmitted, "1")
+	}
+	if job.Attempts > 0 {
+		msg.Header.Set(HeaderAttempts, strconv.Itoa(job.Attempts))
+	}
+	if !job.NotBefore.IsZero() {
+		msg.Header.Set(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
+	}
+	return msg
+}
+
+// publish stores msg on subject and classifies the failure: a lane at its
+// max_backlog (ErrBacklogFull), a stream or server out of space (ErrFull),
+// anything else (ErrUnavailable). A missing deadline gets 5 s.
+func (q *Queue) publish(ctx context.Context, subject string, msg *nats.Msg) (*jetstream.PubAck, error) {
+	msg.Subject = subject
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	ack, err := q.js.PublishMsg(ctx, msg)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) {
+			switch d := apiErr.Description; {
+			case strings.Contains(d, "maximum messages"):
+				return nil, fmt.Errorf("%w: %v", ErrBacklogFull, err)
+			case strings.Contains(d, "maximum bytes"), strings.Contains(d, "insufficient resources"), strings.Contains(d, "storage"):
+				return nil, fmt.Errorf("%w: %v", ErrFull, err)
+			}
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return ack, nil
 }
 
 // Backlog estimates the jobs of lane that are stored and not yet done
@@ -287,13 +348,16 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 // Nats-Msg-Id gets a stable id from its stream sequence.
 func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
 	h := m.Headers()
-	id := h.Get(jetstream.MsgIDHeader)
+	id := h.Get(HeaderJobID)
+	if id == "" {
+		id = h.Get(jetstream.MsgIDHeader)
+	}
 	if id == "" {
 		id = lane + "-" + strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	key := strings.TrimPrefix(m.Subject(), Subject(lane, ""))
 	key = strings.TrimPrefix(key, ".")
-	return Job{
+	job := Job{
 		ID:          id,
 		Lane:        lane,
 		Key:         key,
@@ -301,4 +365,11 @@ func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
 		Payload:     m.Data(),
 		Admitted:    h.Get(HeaderAdmitted) == "1",
 	}
+	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 {
+		job.Attempts = n
+	}
+	if ms, err := strconv.ParseInt(h.Get(HeaderNotBefore), 10, 64); err == nil && ms > 0 {
+		job.NotBefore = time.UnixMilli(ms)
+	}
+	return job
 }

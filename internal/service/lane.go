@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
@@ -21,6 +23,7 @@ import (
 
 type laneDeps struct {
 	cfg         config.Lane
+	nc          *nats.Conn
 	dedup       time.Duration
 	queue       *queue.Queue
 	store       bucket.Store
@@ -47,25 +50,16 @@ type lane struct {
 }
 
 func newLane(ctx context.Context, d laneDeps) (*lane, error) {
-	l := &lane{laneDeps: d, backoff: dispatch.Backoff{Base: time.Second, Max: 5 * time.Minute}}
+	l := &lane{laneDeps: d, backoff: dispatch.Backoff{Base: d.cfg.Retry.BackoffBase.D(), Max: d.cfg.Retry.BackoffMax.D()}}
 	lim := bucket.Limit{Rate: d.cfg.Rate, Burst: d.cfg.Burst}
 	if err := lim.Validate(); err != nil {
 		return nil, err
 	}
 	l.limit.Store(&lim)
 
-	h := d.cfg.Target.HTTP
-	if h == nil {
-		return nil, errNoTarget
+	if err := l.openTarget(ctx); err != nil {
+		return nil, err
 	}
-	if err := d.guard.CheckURL(ctx, h.URL); err != nil {
-		return nil, fmt.Errorf("target.http.url: %w", err)
-	}
-	tgt, err := dispatch.NewHTTP(dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D()}, d.guard)
-	if err != nil {
-		return nil, fmt.Errorf("target.http: %w", err)
-	}
-	l.target, l.closeTgt = tgt, tgt.Close
 
 	batch := leaky.BatchFor(lim.Rate, d.cfg.MaxInflight)
 	ackWait := d.cfg.AckWait.D()
@@ -77,10 +71,11 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	}
 	if err := d.queue.EnsureLane(ctx, queue.LaneSpec{
 		Name: d.cfg.Name, MaxBacklog: d.cfg.MaxBacklog, MaxInflight: d.cfg.MaxInflight, Prefetch: batch,
-		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), DedupWindow: d.dedup,
+		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), MaxBytes: int64(d.cfg.MaxBytes), DedupWindow: d.dedup,
 	}); err != nil {
 		return nil, err
 	}
+	var err error
 	if l.consumer, err = d.queue.Consumer(d.cfg.Name); err != nil {
 		return nil, err
 	}
@@ -99,6 +94,39 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	}
 	d.metrics.PacerUp.WithLabelValues(d.cfg.Name).Set(1)
 	return l, nil
+}
+
+// openTarget builds the lane's target from its config.
+func (l *lane) openTarget(ctx context.Context) error {
+	switch t := l.cfg.Target; {
+	case t.HTTP != nil:
+		h := t.HTTP
+		if err := l.guard.CheckURL(ctx, h.URL); err != nil {
+			return fmt.Errorf("target.http.url: %w", err)
+		}
+		hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}
+		if len(h.SigningSecrets) > 0 {
+			signer, err := dispatch.NewSigner(h.SigningSecrets, time.Now)
+			if err != nil {
+				return fmt.Errorf("target.http.signing_secrets: %w", err)
+			}
+			hc.Signing = signer
+		}
+		tgt, err := dispatch.NewHTTP(hc, l.guard)
+		if err != nil {
+			return fmt.Errorf("target.http: %w", err)
+		}
+		l.target, l.closeTgt = tgt, tgt.Close
+	case t.NATS != nil:
+		tgt, err := dispatch.NewNATS(l.nc, dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream})
+		if err != nil {
+			return fmt.Errorf("target.nats: %w", err)
+		}
+		l.target = tgt
+	default:
+		return errNoTarget
+	}
+	return nil
 }
 
 func (l *lane) run(ctx context.Context) {
@@ -135,22 +163,60 @@ func (l *lane) start(_ context.Context, it leaky.Item, done func()) {
 		if res.PauseLane > 0 {
 			l.pause(res.PauseLane)
 		}
-		switch res.Verdict {
-		case dispatch.Done:
-			l.delivered.Add(1)
-			if err := msg.Ack(); err != nil {
-				l.log.Warn("ack failed; the job may be delivered again", "id", job.ID, "err", err)
-			}
-		default:
-			delay := res.RetryAfter
-			if delay <= 0 {
-				delay = l.backoff.Delay(msg.Attempt(), rand.Float64)
-			}
-			l.log.Warn("delivery failed, retrying later", "id", job.ID, "attempt", msg.Attempt(),
-				"verdict", res.Verdict.String(), "status", res.Status, "err", errString(res.Err), "retry_in", delay.String())
-			_ = msg.Retry(delay)
-		}
+		l.settle(msg, res)
 	}()
+}
+
+// settle acks, retries or dead-letters the message by the delivery's result.
+// A rate-limit answer (429, or 503 with a wait) puts the job back in its
+// place without counting an attempt; other failures count, and the last
+// allowed attempt's failure dead-letters the job.
+func (l *lane) settle(msg *queue.Msg, res dispatch.Result) {
+	job := msg.Job()
+	// Settling must outlive a cancelled dispatch context: the job has to go
+	// somewhere.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.dispatchCtx), 5*time.Second)
+	defer cancel()
+	log := l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
+	switch {
+	case res.Verdict == dispatch.Done:
+		l.delivered.Add(1)
+		if err := msg.Ack(); err != nil {
+			log.Warn("ack failed; the job may be delivered again", "ack_err", err)
+		}
+	case l.dispatchCtx.Err() != nil:
+		// Cancelled by shutdown, not the target's fault.
+		_ = msg.Release()
+	case res.Verdict == dispatch.Retry && rateLimited(res):
+		wait := max(res.RetryAfter, res.PauseLane, time.Second)
+		log.Info("target rate-limited the job; it waits without using an attempt", "wait", wait.String())
+		_ = msg.Wait(wait)
+	case res.Verdict == dispatch.Retry && msg.Attempt() < l.cfg.Retry.MaxAttempts:
+		delay := res.RetryAfter
+		if delay <= 0 {
+			delay = l.backoff.Delay(msg.Attempt(), rand.Float64)
+		}
+		log.Warn("delivery failed, retrying later", "retry_in", delay.String())
+		if err := msg.Retry(ctx, delay); err != nil {
+			log.Warn("requeue failed; the job waits in place", "requeue_err", err)
+		}
+	default:
+		reason := "rejected by target"
+		if res.Verdict == dispatch.Retry {
+			reason = fmt.Sprintf("failed %d attempts", msg.Attempt())
+		}
+		l.metrics.DeadLettered.WithLabelValues(l.cfg.Name).Inc()
+		log.Error("job dead-lettered", "reason", reason)
+		if err := msg.Dead(ctx, queue.DeadInfo{Reason: reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
+			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
+		}
+	}
+}
+
+// rateLimited reports an answer that asks the lane to slow down rather
+// than saying the job failed.
+func rateLimited(res dispatch.Result) bool {
+	return res.Status == http.StatusTooManyRequests || (res.Status == http.StatusServiceUnavailable && res.PauseLane > 0)
 }
 
 func errString(err error) string {
@@ -179,7 +245,7 @@ func (l *lane) pause(d time.Duration) {
 
 func (l *lane) intake() ingest.Lane {
 	return ingest.Lane{
-		Admission: admission.Lane{Name: l.cfg.Name, Limit: *l.limit.Load(), MaxBacklog: l.cfg.MaxBacklog},
+		Admission: admission.Lane{Name: l.cfg.Name, Limit: *l.limit.Load(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()},
 		MaxBody:   int64(l.cfg.MaxBody),
 	}
 }
@@ -190,8 +256,11 @@ func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 		Name: l.cfg.Name, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(),
 	}
-	if h := l.cfg.Target.HTTP; h != nil {
-		st.Target = h.Method + " " + h.URL
+	switch t := l.cfg.Target; {
+	case t.HTTP != nil:
+		st.Target = t.HTTP.Method + " " + t.HTTP.URL
+	case t.NATS != nil:
+		st.Target = "nats " + t.NATS.Subject
 	}
 	l.mu.Lock()
 	switch {
@@ -207,6 +276,9 @@ func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 		return st
 	}
 	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
+	if n, err := l.queue.CountDead(ctx, l.cfg.Name); err == nil {
+		st.Dead = n
+	}
 	return st
 }
 

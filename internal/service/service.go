@@ -112,11 +112,14 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	dispatchCtx, cancelDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDispatch()
 
+	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes)}); err != nil {
+		return err
+	}
 	lanes := &directory{lanes: map[string]*lane{}}
 	for i := range s.cfg.Lanes {
 		lc := s.cfg.Lanes[i]
 		l, err := newLane(ctx, laneDeps{
-			cfg: lc, dedup: s.cfg.NATS.DedupWindow.D(), queue: q, store: countingStore{store, m, lc.Name},
+			cfg: lc, nc: nc, dedup: s.cfg.NATS.DedupWindow.D(), queue: q, store: countingStore{store, m, lc.Name},
 			guard: guard, metrics: m, log: s.log.With("component", "lane", "lane", lc.Name), dispatchCtx: dispatchCtx,
 		})
 		if err != nil {
@@ -132,7 +135,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	api, err := ingest.New(ingest.Config{
-		Admitter: adm, Publisher: q, Lanes: lanes, Metrics: m,
+		Admitter: adm, Publisher: q, Lanes: lanes, Metrics: m, DeadLetters: q,
 		MetricsHandler: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
 		Logger:         s.log.With("component", "ingest"),
 		Ready: func(context.Context) error {

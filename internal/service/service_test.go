@@ -82,6 +82,7 @@ func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) c
 		Name: "demo", Rate: rate, Burst: burst, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20,
 		Target: config.Target{HTTP: &config.HTTPTarget{URL: target, Method: "POST", Timeout: config.Duration(5 * time.Second)}},
 	}}
+	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,189 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// DeadLetters is the dead-letter store the admin endpoints work on.
+type DeadLetters interface {
+	ListDead(ctx context.Context, lane string, after uint64, limit int) ([]queue.DeadLetter, error)
+	GetDead(ctx context.Context, lane string, seq uint64) (queue.DeadLetter, error)
+	ReplayDead(ctx context.Context, lane string, seq uint64) (queue.DeadLetter, error)
+	ReplayAllDead(ctx context.Context, lane string, max int) (int, error)
+	DeleteDead(ctx context.Context, lane string, seq uint64) error
+	PurgeDead(ctx context.Context, lane string) error
+}
+
+// Bounds of the dead-letter listing and of one replay-all call.
+const (
+	defaultDeadPage = 100
+	maxDeadPage     = 1000
+	maxReplayAll    = 100_000
+)
+
+// ProblemBadQuery is the problem type for a bad query or path parameter.
+const ProblemBadQuery = "urn:throttler:problem:invalid-parameter"
+
+func (h *Handler) routeAdmin() {
+	if h.cfg.DeadLetters == nil {
+		return
+	}
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead", h.admin(h.listDead))
+	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead", h.admin(h.purgeDead))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/replay", h.admin(h.replayAll))
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead/{seq}", h.admin(h.getDead))
+	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead/{seq}", h.admin(h.deleteDead))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/{seq}/replay", h.admin(h.replayOne))
+}
+
+// admin checks the lane and turns a returned problem into a response.
+func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane string) *Problem) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		lane := r.PathValue("lane")
+		if _, ok := h.cfg.Lanes.Lane(lane); !ok {
+			writeProblem(w, r, Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane", Lane: lane,
+				Detail: fmt.Sprintf("no lane named %q is configured", lane)}, 0)
+			return
+		}
+		if p := f(w, r, lane); p != nil {
+			p.Lane = lane
+			retry := time.Duration(0)
+			if p.Status == http.StatusServiceUnavailable {
+				retry = time.Second
+			}
+			writeProblem(w, r, *p, retry)
+		}
+	}
+}
+
+func storeProblem(err error) *Problem {
+	if errors.Is(err, queue.ErrNotFound) {
+		return &Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "seq", Detail: err.Error()}
+	}
+	if errors.Is(err, queue.ErrBacklogFull) {
+		return &Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog", Detail: err.Error()}
+	}
+	return &Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}
+}
+
+func seqParam(r *http.Request) (uint64, *Problem) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "seq",
+			Detail: fmt.Sprintf("%q is not a dead-letter sequence number", r.PathValue("seq"))}
+	}
+	return seq, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	q := r.URL.Query()
+	limit := defaultDeadPage
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxDeadPage {
+			return &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "limit",
+				Detail: fmt.Sprintf("limit must be a whole number from 1 to %d", maxDeadPage)}
+		}
+		limit = n
+	}
+	var after uint64
+	if s := q.Get("after"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "after",
+				Detail: "after must be a dead-letter sequence number"}
+		}
+		after = n
+	}
+	list, err := h.cfg.DeadLetters.ListDead(r.Context(), lane, after, limit)
+	if err != nil {
+		return storeProblem(err)
+	}
+	out := struct {
+		Dead      []queue.DeadLetter `json:"dead"`
+		NextAfter uint64             `json:"next_after,omitempty"`
+	}{Dead: list}
+	if out.Dead == nil {
+		out.Dead = []queue.DeadLetter{}
+	}
+	if len(list) == limit {
+		out.NextAfter = list[len(list)-1].Seq
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	seq, p := seqParam(r)
+	if p != nil {
+		return p
+	}
+	d, err := h.cfg.DeadLetters.GetDead(r.Context(), lane, seq)
+	if err != nil {
+		return storeProblem(err)
+	}
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	seq, p := seqParam(r)
+	if p != nil {
+		return p
+	}
+	d, err := h.cfg.DeadLetters.ReplayDead(r.Context(), lane, seq)
+	if err != nil {
+		return storeProblem(err)
+	}
+	h.cfg.Logger.Info("dead letter replayed", "caller", callerOf(r), "lane", lane, "seq", seq, "id", d.ID)
+	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "id": d.ID})
+	return nil
+}
+
+func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, maxReplayAll)
+	if err != nil {
+		p := storeProblem(err)
+		p.Detail = fmt.Sprintf("replayed %d, then: %v", n, err)
+		return p
+	}
+	h.cfg.Logger.Info("dead letters replayed", "caller", callerOf(r), "lane", lane, "count", n)
+	writeJSON(w, http.StatusOK, map[string]any{"replayed": n})
+	return nil
+}
+
+func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	seq, p := seqParam(r)
+	if p != nil {
+		return p
+	}
+	if err := h.cfg.DeadLetters.DeleteDead(r.Context(), lane, seq); err != nil {
+		return storeProblem(err)
+	}
+	h.cfg.Logger.Info("dead letter deleted", "caller", callerOf(r), "lane", lane, "seq", seq)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	if err := h.cfg.DeadLetters.PurgeDead(r.Context(), lane); err != nil {
+		return storeProblem(err)
+	}
+	h.cfg.Logger.Info("dead letters purged", "caller", callerOf(r), "lane", lane)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

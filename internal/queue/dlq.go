@@ -1,0 +1,274 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Dead letters: jobs that used up their attempts or that a target refused for
+// good. They live in one stream, THROTTLE_DEAD, subject throttle_dead.<lane>,
+// with the reason and the last outcome in headers, until they are replayed,
+// deleted, purged or age out.
+const (
+	DeadStream        = "THROTTLE_DEAD"
+	DeadSubjectPrefix = "throttle_dead"
+
+	HeaderDeadReason = "Throttler-Dead-Reason"
+	HeaderLastStatus = "Throttler-Last-Status"
+	HeaderLastError  = "Throttler-Last-Error"
+	HeaderDeadAt     = "Throttler-Dead-At"
+	HeaderLane       = "Throttler-Lane"
+	HeaderKey        = "Throttler-Key"
+)
+
+// ErrNotFound: no dead letter with that sequence in that lane.
+var ErrNotFound = errors.New("queue: dead letter not found")
+
+// DeadSubject is the subject of a lane's dead letters.
+func DeadSubject(lane string) string { return DeadSubjectPrefix + "." + lane }
+
+// DeadConfig bounds the dead-letter stream.
+type DeadConfig struct {
+	// MaxAge drops dead letters older than this; 0 keeps them.
+	MaxAge time.Duration
+	// MaxBytes bounds the stream on disk; the oldest go first.
+	MaxBytes int64
+	Replicas int
+}
+
+// EnsureDeadLetters creates or updates the dead-letter stream.
+func (q *Queue) EnsureDeadLetters(ctx context.Context, cfg DeadConfig) error {
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        DeadStream,
+		Description: "throttler dead letters",
+		Subjects:    []string{DeadSubjectPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    maxBytes(cfg.MaxBytes),
+		Discard:     jetstream.DiscardOld,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("queue: dead-letter stream: %w", err)
+	}
+	q.mu.Lock()
+	q.dead = st
+	q.mu.Unlock()
+	return nil
+}
+
+// DeadInfo is why a job died.
+type DeadInfo struct {
+	Reason     string
+	LastStatus int
+	LastError  string
+}
+
+// Dead moves the job to the dead-letter stream and acks it in the lane. When
+// the dead letter cannot be stored, the job is retried after delay instead:
+// it is never dropped.
+func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) error {
+	defer m.c.settle(m)
+	job := m.job
+	msg := nats.NewMsg(DeadSubject(job.Lane))
+	msg.Data = job.Payload
+	h := msg.Header
+	h.Set(HeaderJobID, job.ID)
+	h.Set(HeaderLane, job.Lane)
+	if job.Key != "" {
+		h.Set(HeaderKey, job.Key)
+	}
+	if job.ContentType != "" {
+		h.Set(HeaderContentType, job.ContentType)
+	}
+	h.Set(HeaderAttempts, strconv.Itoa(job.Attempts+1))
+	h.Set(HeaderDeadReason, info.Reason)
+	if info.LastStatus != 0 {
+		h.Set(HeaderLastStatus, strconv.Itoa(info.LastStatus))
+	}
+	if info.LastError != "" {
+		h.Set(HeaderLastError, info.LastError)
+	}
+	h.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
+	// De-duplicate a repeat after a crash between store and ack.
+	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s#dead-%d", job.ID, m.meta.Sequence.Stream))
+	if _, err := m.c.q.publish(ctx, msg.Subject, msg); err != nil {
+		_ = m.m.NakWithDelay(delay)
+		return fmt.Errorf("queue: dead-letter %s: %w", job.ID, err)
+	}
+	return m.m.Ack()
+}
+
+// DeadLetter is one stored dead letter.
+type DeadLetter struct {
+	Seq         uint64    `json:"seq"`
+	ID          string    `json:"id"`
+	Lane        string    `json:"lane"`
+	Key         string    `json:"key,omitempty"`
+	Reason      string    `json:"reason"`
+	Attempts    int       `json:"attempts"`
+	LastStatus  int       `json:"last_status,omitempty"`
+	LastError   string    `json:"last_error,omitempty"`
+	DeadAt      time.Time `json:"dead_at"`
+	ContentType string    `json:"content_type,omitempty"`
+	Size        int       `json:"size"`
+	Payload     []byte    `json:"payload,omitempty"`
+}
+
+func deadFromRaw(raw *jetstream.RawStreamMsg) DeadLetter {
+	h := raw.Header
+	d := DeadLetter{
+		Seq: raw.Sequence, ID: h.Get(HeaderJobID), Lane: h.Get(HeaderLane), Key: h.Get(HeaderKey),
+		Reason: h.Get(HeaderDeadReason), LastError: h.Get(HeaderLastError),
+		ContentType: h.Get(HeaderContentType), Size: len(raw.Data), Payload: raw.Data,
+	}
+	d.Attempts, _ = strconv.Atoi(h.Get(HeaderAttempts))
+	d.LastStatus, _ = strconv.Atoi(h.Get(HeaderLastStatus))
+	d.DeadAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderDeadAt))
+	return d
+}
+
+func (q *Queue) deadStream() (jetstream.Stream, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead == nil {
+		return nil, errors.New("queue: dead-letter stream not set up")
+	}
+	return q.dead, nil
+}
+
+// ListDead returns up to limit dead letters of lane with a sequence above
+// after, oldest first, without payloads.
+func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit int) ([]DeadLetter, error) {
+	st, err := q.deadStream()
+	if err != nil {
+		return nil, err
+	}
+	var out []DeadLetter
+	seq := after + 1
+	for len(out) < limit {
+		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(DeadSubject(lane)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return out, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
+		}
+		d := deadFromRaw(raw)
+		d.Payload = nil
+		out = append(out, d)
+		seq = raw.Sequence + 1
+	}
+	return out, nil
+}
+
+// GetDead returns one dead letter of lane with its payload.
+func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (DeadLetter, error) {
+	st, err := q.deadStream()
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	raw, err := st.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && raw.Subject != DeadSubject(lane)) {
+		return DeadLetter{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
+	}
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
+	}
+	return deadFromRaw(raw), nil
+}
+
+// ReplayDead puts one dead letter back into its lane, behind the current
+// backlog, with its attempts reset, then deletes the dead letter. The job
+// keeps its id.
+func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (DeadLetter, error) {
+	d, err := q.GetDead(ctx, lane, seq)
+	if err != nil {
+		return d, err
+	}
+	if _, err := q.Publish(ctx, Job{
+		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload,
+		MsgID: fmt.Sprintf("%s#replay-%d", d.ID, seq),
+	}); err != nil {
+		return d, err
+	}
+	return d, q.DeleteDead(ctx, lane, seq)
+}
+
+// ReplayAllDead replays every dead letter of lane, oldest first, up to max;
+// it returns how many it replayed.
+func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+	n := 0
+	var after uint64
+	for n < max {
+		page, err := q.ListDead(ctx, lane, after, min(256, max-n))
+		if err != nil {
+			return n, err
+		}
+		if len(page) == 0 {
+			return n, nil
+		}
+		for _, d := range page {
+			if _, err := q.ReplayDead(ctx, lane, d.Seq); err != nil {
+				return n, err
+			}
+			n++
+			after = d.Seq
+		}
+	}
+	return n, nil
+}
+
+// DeleteDead removes one dead letter.
+func (q *Queue) DeleteDead(ctx context.Context, lane string, seq uint64) error {
+	st, err := q.deadStream()
+	if err != nil {
+		return err
+	}
+	if _, err := q.GetDead(ctx, lane, seq); err != nil {
+		return err
+	}
+	if err := st.DeleteMsg(ctx, seq); err != nil {
+		return fmt.Errorf("%w: delete dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
+	}
+	return nil
+}
+
+// PurgeDead removes every dead letter of lane.
+func (q *Queue) PurgeDead(ctx context.Context, lane string) error {
+	st, err := q.deadStream()
+	if err != nil {
+		return err
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(DeadSubject(lane))); err != nil {
+		return fmt.Errorf("%w: purge dead letters of %s: %v", ErrUnavailable, lane, err)
+	}
+	return nil
+}
+
+// CountDead is how many dead letters lane holds.
+func (q *Queue) CountDead(ctx context.Context, lane string) (uint64, error) {
+	st, err := q.deadStream()
+	if err != nil {
+		return 0, err
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(DeadSubject(lane)))
+	if err != nil {
+		return 0, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}

@@ -1,0 +1,281 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// scripted answers each request with the next status of its script (the
+// last one repeats) and counts requests per job id.
+type scripted struct {
+	mu     sync.Mutex
+	script []int
+	hdr    map[int]http.Header
+	n      int
+	byID   map[string]int
+	url    string
+}
+
+func newScripted(t *testing.T, script ...int) *scripted {
+	s := &scripted{script: script, byID: map[string]int{}, hdr: map[int]http.Header{}}
+	rec := newRecorder(t)
+	rec.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		s.mu.Lock()
+		st := s.script[min(s.n, len(s.script)-1)]
+		for k, v := range s.hdr[s.n] {
+			w.Header()[k] = v
+		}
+		s.n++
+		s.byID[r.Header.Get("Idempotency-Key")]++
+		s.mu.Unlock()
+		w.WriteHeader(st)
+	})
+	s.url = rec.srv.URL
+	return s
+}
+
+func (s *scripted) set(script ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script, s.n = script, 0
+}
+
+func (s *scripted) count(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+func retryConfig(t *testing.T, url string, maxAttempts int) config.Config {
+	cfg := testConfig(t, t.TempDir(), url, 100, 10)
+	cfg.Lanes[0].Retry = config.Retry{MaxAttempts: maxAttempts, BackoffBase: config.Duration(20 * time.Millisecond), BackoffMax: config.Duration(100 * time.Millisecond)}
+	return cfg
+}
+
+func deadList(t *testing.T, addr string) []queue.DeadLetter {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/v1/lanes/demo/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Dead []queue.DeadLetter `json:"dead"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Dead
+}
+
+func TestRetriesThenDelivered(t *testing.T) {
+	tgt := newScripted(t, 500, 500, 500, 200)
+	svc, _ := start(t, retryConfig(t, tgt.url, 5))
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	if code, _, _ := submit(t, client, svc.Addr(), "demo", "flaky-1", "x"); code != http.StatusAccepted {
+		t.Fatalf("status %d", code)
+	}
+	waitFor(t, 10*time.Second, "delivery on attempt 4", func() bool {
+		l := getLanes(t, svc.Addr())
+		return l.Lanes[0].Delivered == 1
+	})
+	if n := tgt.count("flaky-1"); n != 4 {
+		t.Fatalf("target saw %d requests for the job, want 4 (3 failures, then 200)", n)
+	}
+	if d := deadList(t, svc.Addr()); len(d) != 0 {
+		t.Fatalf("dead letters: %+v", d)
+	}
+}
+
+func TestDeadLetterAndReplay(t *testing.T) {
+	tgt := newScripted(t, 500)
+	svc, _ := start(t, retryConfig(t, tgt.url, 3))
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	submit(t, client, svc.Addr(), "demo", "doomed-1", "payload-1")
+	var dead []queue.DeadLetter
+	waitFor(t, 10*time.Second, "a dead letter", func() bool {
+		dead = deadList(t, svc.Addr())
+		return len(dead) == 1
+	})
+	d := dead[0]
+	if d.ID != "doomed-1" || d.Attempts != 3 || d.LastStatus != 500 || !strings.Contains(d.Reason, "3 attempts") || d.Size != len("payload-1") {
+		t.Fatalf("dead letter %+v", d)
+	}
+	if n := tgt.count("doomed-1"); n != 3 {
+		t.Fatalf("target saw %d attempts, want 3", n)
+	}
+	// Inspect it with its payload.
+	resp, err := http.Get(fmt.Sprintf("http://%s/v1/lanes/demo/dead/%d", svc.Addr(), d.Seq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one queue.DeadLetter
+	json.NewDecoder(resp.Body).Decode(&one)
+	resp.Body.Close()
+	if string(one.Payload) != "payload-1" || one.ContentType != "text/plain" {
+		t.Fatalf("inspected %+v", one)
+	}
+	// Fix the target, replay: delivered once, dead letter gone.
+	tgt.set(200)
+	resp, err = client.Post(fmt.Sprintf("http://%s/v1/lanes/demo/dead/%d/replay", svc.Addr(), d.Seq), "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("replay: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	waitFor(t, 5*time.Second, "the replayed job", func() bool { return tgt.count("doomed-1") == 4 })
+	time.Sleep(100 * time.Millisecond)
+	if n := tgt.count("doomed-1"); n != 4 {
+		t.Fatalf("replay delivered %d times", n-3)
+	}
+	if d := deadList(t, svc.Addr()); len(d) != 0 {
+		t.Fatalf("dead letters after replay: %+v", d)
+	}
+	// Bad parameters are problems that name the field.
+	for _, path := range []string{"/v1/lanes/demo/dead/abc", "/v1/lanes/demo/dead?limit=0"} {
+		resp, _ := http.Get("http://" + svc.Addr() + path)
+		var p problem
+		json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || p.Field == "" {
+			t.Errorf("%s: %d %+v", path, resp.StatusCode, p)
+		}
+	}
+}
+
+func TestRejectedJobIsDeadAtOnceAndPurge(t *testing.T) {
+	tgt := newScripted(t, 404)
+	svc, _ := start(t, retryConfig(t, tgt.url, 5))
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 3; i++ {
+		submit(t, client, svc.Addr(), "demo", fmt.Sprintf("gone-%d", i), "x")
+	}
+	waitFor(t, 5*time.Second, "3 dead letters", func() bool { return len(deadList(t, svc.Addr())) == 3 })
+	if d := deadList(t, svc.Addr())[0]; d.Attempts != 1 || d.LastStatus != 404 || d.Reason != "rejected by target" {
+		t.Fatalf("dead letter %+v", d)
+	}
+	req, _ := http.NewRequest("DELETE", "http://"+svc.Addr()+"/v1/lanes/demo/dead", nil)
+	resp, err := client.Do(req)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("purge: %v %v", resp, err)
+	}
+	if d := deadList(t, svc.Addr()); len(d) != 0 {
+		t.Fatalf("after purge: %+v", d)
+	}
+}
+
+// TestRateLimitWaitsDoNotCountAsAttempts: with max_attempts 1, two 429s
+// followed by a 200 still deliver the job.
+func TestRateLimitWaitsDoNotCountAsAttempts(t *testing.T) {
+	tgt := newScripted(t, 429, 429, 200)
+	tgt.hdr[0] = http.Header{"Retry-After": {"1"}}
+	tgt.hdr[1] = http.Header{"Retry-After": {"1"}}
+	svc, _ := start(t, retryConfig(t, tgt.url, 1))
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	submit(t, client, svc.Addr(), "demo", "limited-1", "x")
+	waitFor(t, 10*time.Second, "delivery after two 429s", func() bool { return getLanes(t, svc.Addr()).Lanes[0].Delivered == 1 })
+	if n := tgt.count("limited-1"); n != 3 {
+		t.Fatalf("target saw %d requests, want 3", n)
+	}
+	if d := deadList(t, svc.Addr()); len(d) != 0 {
+		t.Fatalf("dead-lettered: %+v", d)
+	}
+}
+
+func TestDuplicateSubmissionDeliveredOnce(t *testing.T) {
+	tgt := newScripted(t, 200)
+	svc, _ := start(t, retryConfig(t, tgt.url, 3))
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	var bodies []string
+	for i := 0; i < 3; i++ {
+		req, _ := http.NewRequest("POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", strings.NewReader("same"))
+		req.Header.Set("Idempotency-Key", "dup-1")
+		resp, err := client.Do(req)
+		if err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submission %d: %v %v", i, resp, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		bodies = append(bodies, string(b))
+	}
+	if !strings.Contains(bodies[1], `"id":"dup-1"`) || !strings.Contains(bodies[1], `"duplicate":true`) || strings.Contains(bodies[0], "duplicate") {
+		t.Fatalf("answers %q", bodies)
+	}
+	waitFor(t, 5*time.Second, "one delivery", func() bool { return tgt.count("dup-1") >= 1 })
+	time.Sleep(300 * time.Millisecond)
+	if n := tgt.count("dup-1"); n != 1 {
+		t.Fatalf("delivered %d times", n)
+	}
+}
+
+// TestStopHandsBackHeldJobsAtOnce: jobs an instance holds when it stops are
+// back on the queue for other instances at once, not after ack_wait.
+func TestStopHandsBackHeldJobsAtOnce(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	var got atomic.Int64
+	rec := newRecorder(t)
+	rec.srv.Config.Handler = http.HandlerFunc(func(http.ResponseWriter, *http.Request) { got.Add(1) })
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 2, 1)
+	cfg.NATS.URL = srv.ClientURL()
+	cfg.Lanes[0].MaxInflight = 4
+	svc, stop := start(t, cfg)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 20; i++ {
+		submit(t, client, svc.Addr(), "demo", fmt.Sprintf("held-%d", i), "x")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cons, err := js.Consumer(context.Background(), queue.StreamName("demo"), queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the drain to hold a job", func() bool {
+		ci, err := cons.Info(context.Background())
+		return err == nil && ci.NumAckPending > ci.NumRedelivered && got.Load() >= 1
+	})
+	stop()
+	stopped := time.Now()
+	// Another instance (here a plain fetch on the shared consumer) gets the
+	// job the stopped one held at once: a redelivery, long before ack_wait.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m jetstream.Msg
+	for msg := range batch.Messages() {
+		m = msg
+	}
+	if m == nil {
+		t.Fatalf("no job within 1 s of the stop (ack_wait is %v)", config.DefaultAckWait)
+	}
+	meta, _ := m.Metadata()
+	if meta.NumDelivered != 2 {
+		t.Fatalf("first job after the stop was delivered %d times, want the held one (2)", meta.NumDelivered)
+	}
+	m.Nak()
+	t.Logf("the held job was redelivered %v after the stop", time.Since(stopped).Round(time.Millisecond))
+}
