@@ -119,6 +119,7 @@ type PubResult struct {
 
 // Queue publishes jobs and hands out consumers. Safe for concurrent use.
 type Queue struct {
+	nc  *nats.Conn
 	js  jetstream.JetStream
 	log *slog.Logger
 
@@ -147,7 +148,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{js: js, log: logger, lanes: map[string]*laneState{}}, nil
+	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}}, nil
 }
 
 // JetStream exposes the underlying context for tools and tests.
@@ -263,14 +264,22 @@ func jobMsg(job Job) *nats.Msg {
 	return msg
 }
 
+// publishTimeout bounds a publish whose context has no deadline.
+const publishTimeout = 3 * time.Second
+
 // publish stores msg on subject and classifies the failure: a lane at its
 // max_backlog (ErrBacklogFull), a stream or server out of space (ErrFull),
-// anything else (ErrUnavailable). A missing deadline gets 5 s.
+// anything else (ErrUnavailable). A missing deadline gets publishTimeout.
 func (q *Queue) publish(ctx context.Context, subject string, msg *nats.Msg) (*jetstream.PubAck, error) {
 	msg.Subject = subject
+	if !q.nc.IsConnected() {
+		// The client would buffer the publish until it reconnects; the
+		// caller must hear now that nothing was stored.
+		return nil, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
 	}
 	ack, err := q.js.PublishMsg(ctx, msg)
@@ -305,6 +314,11 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 	if fresh {
 		return n, nil
 	}
+	if !q.nc.IsConnected() {
+		return n, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	info, err := ls.stream.Info(ctx)
 	if err != nil {
 		return n, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
