@@ -96,9 +96,23 @@ type Lane struct {
 	MaxBody ByteSize `yaml:"max_body"`
 	// AckWait is how long a fetched job may stay unanswered before the queue
 	// hands it to another instance; zero derives it from rate and timeout.
-	AckWait Duration `yaml:"ack_wait"`
-	Retry   Retry    `yaml:"retry"`
-	Target  Target   `yaml:"target"`
+	AckWait  Duration `yaml:"ack_wait"`
+	Retry    Retry    `yaml:"retry"`
+	Adaptive Adaptive `yaml:"adaptive"`
+	Target   Target   `yaml:"target"`
+}
+
+// Adaptive turns on AIMD: the lane slows down when its target answers 429
+// and recovers slowly, never above rate.
+type Adaptive struct {
+	Enabled bool `yaml:"enabled"`
+	// Decrease multiplies the rate on a rate-limit answer (0.5 halves it).
+	Decrease float64 `yaml:"decrease"`
+	// Increase is the share of rate added back every Interval without one.
+	Increase float64 `yaml:"increase"`
+	// Min is the lowest share of rate the lane slows down to.
+	Min      float64  `yaml:"min"`
+	Interval Duration `yaml:"interval"`
 }
 
 // Retry is a lane's retry policy: exponential backoff with full jitter.
@@ -269,6 +283,20 @@ func (l *Lane) applyDefaults() {
 	if l.Retry.BackoffMax == 0 {
 		l.Retry.BackoffMax = Duration(DefaultBackoffMax)
 	}
+	if a := &l.Adaptive; a.Enabled {
+		if a.Decrease == 0 {
+			a.Decrease = 0.5
+		}
+		if a.Increase == 0 {
+			a.Increase = 0.05
+		}
+		if a.Min == 0 {
+			a.Min = 0.1
+		}
+		if a.Interval == 0 {
+			a.Interval = Duration(5 * time.Second)
+		}
+	}
 	if n := l.Target.NATS; n != nil && n.Timeout == 0 {
 		n.Timeout = Duration(DefaultTimeout)
 	}
@@ -398,6 +426,18 @@ func (l *Lane) validate(p string) error {
 		return fail("retry.backoff_base", "must be greater than 0")
 	case l.Retry.BackoffMax < l.Retry.BackoffBase:
 		return fail("retry.backoff_max", "must be at least retry.backoff_base")
+	}
+	if a := l.Adaptive; a.Enabled {
+		switch {
+		case !(a.Decrease > 0 && a.Decrease < 1):
+			return fail("adaptive.decrease", "must be between 0 and 1 (exclusive), got %v", a.Decrease)
+		case !(a.Increase > 0 && a.Increase <= 1):
+			return fail("adaptive.increase", "must be in (0, 1], got %v", a.Increase)
+		case !(a.Min > 0 && a.Min <= 1):
+			return fail("adaptive.min", "must be in (0, 1], got %v", a.Min)
+		case a.Interval <= 0:
+			return fail("adaptive.interval", "must be greater than 0")
+		}
 	}
 	if (l.Target.HTTP == nil) == (l.Target.NATS == nil) {
 		return fail("target", "exactly one target kind is required (http or nats)")

@@ -53,12 +53,15 @@ type Directory interface {
 
 // LaneStatus is one lane in GET /v1/lanes.
 type LaneStatus struct {
-	Name        string  `json:"name"`
-	Rate        float64 `json:"rate"`
-	Burst       int     `json:"burst"`
-	MaxInflight int     `json:"max_inflight"`
-	MaxBacklog  int64   `json:"max_backlog"`
-	Target      string  `json:"target"`
+	Name string  `json:"name"`
+	Rate float64 `json:"rate"`
+	// EffectiveRate is the rate the lane drains at now: rate, or less while
+	// adaptive mode has slowed it down.
+	EffectiveRate float64 `json:"effective_rate"`
+	Burst         int     `json:"burst"`
+	MaxInflight   int     `json:"max_inflight"`
+	MaxBacklog    int64   `json:"max_backlog"`
+	Target        string  `json:"target"`
 	// Backlog: jobs stored and not yet done (waiting or in flight), all
 	// instances.
 	Backlog uint64 `json:"backlog"`
@@ -70,6 +73,8 @@ type LaneStatus struct {
 	Delivered uint64 `json:"delivered"`
 	// Dead: jobs in the lane's dead-letter stream.
 	Dead uint64 `json:"dead"`
+	// Retrying: failed jobs waiting for their next attempt.
+	Retrying uint64 `json:"retrying"`
 	// Paused: the lane's drain cannot reserve slots (state store away) or a
 	// downstream asked it to wait.
 	Paused      bool   `json:"paused"`

@@ -46,25 +46,6 @@ func (m *Msg) Wait(delay time.Duration) error { m.c.settle(m); return m.m.NakWit
 // Release hands the job back at once, unstarted.
 func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 
-// Retry counts a failed attempt and queues the job again behind the lane's
-// backlog, to start no earlier than delay from now. The copy carries the
-// same job id; the original is acked only after the copy is stored, so a
-// crash in between can only duplicate the job, never lose it. When the copy
-// cannot be stored the job waits in place instead.
-func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
-	defer m.c.settle(m)
-	job := m.job
-	job.Admitted = false
-	job.Attempts++
-	job.NotBefore = time.Now().Add(delay)
-	job.MsgID = fmt.Sprintf("%s#attempt-%d", job.ID, job.Attempts)
-	if _, err := m.c.q.publish(ctx, Subject(job.Lane, job.Key), jobMsg(job)); err != nil {
-		_ = m.m.NakWithDelay(delay)
-		return fmt.Errorf("queue: requeue %s: %w", job.ID, err)
-	}
-	return m.m.Ack()
-}
-
 // Consumer reads one lane's jobs in stream order. It satisfies leaky.Source.
 // It is used by one drain goroutine at a time.
 type Consumer struct {

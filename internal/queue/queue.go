@@ -126,12 +126,14 @@ type Queue struct {
 	mu    sync.Mutex
 	lanes map[string]*laneState
 	dead  jetstream.Stream
+	retry jetstream.Stream
 }
 
 type laneState struct {
 	spec     LaneSpec
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
+	retry    jetstream.Consumer // the lane's retry mover
 
 	mu        sync.Mutex
 	backlog   int64 // from the last stream info
@@ -186,17 +188,22 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       spec.AckWait,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		// Fetched-but-unstarted jobs count too: in flight plus what every
-		// instance holds ahead.
-		MaxAckPending: spec.MaxInflight + spec.Prefetch,
+		// Every fetched job counts, waiting for its slot or delivering, on
+		// any instance: max_inflight is a global bound. Retries wait in
+		// their own stream, so they do not take places here.
+		MaxAckPending: spec.MaxInflight,
 		MaxDeliver:    -1,
 		Replicas:      spec.Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("queue: consumer for lane %s: %w", spec.Name, err)
 	}
+	retry, err := q.ensureRetryConsumer(ctx, spec)
+	if err != nil {
+		return err
+	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, consumer: cons}
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, consumer: cons, retry: retry}
 	q.mu.Unlock()
 	return nil
 }

@@ -27,11 +27,12 @@ type problem struct {
 
 type laneList struct {
 	Lanes []struct {
-		Name      string `json:"name"`
-		Backlog   uint64 `json:"backlog"`
-		Delivered uint64 `json:"delivered"`
-		InFlight  int    `json:"in_flight"`
-		Paused    bool   `json:"paused"`
+		Name          string  `json:"name"`
+		EffectiveRate float64 `json:"effective_rate"`
+		Backlog       uint64  `json:"backlog"`
+		Delivered     uint64  `json:"delivered"`
+		InFlight      int     `json:"in_flight"`
+		Paused        bool    `json:"paused"`
 	} `json:"lanes"`
 }
 

@@ -44,10 +44,17 @@ type lane struct {
 	backoff  dispatch.Backoff
 
 	delivered atomic.Uint64
+	aimd      *leaky.AIMD // nil unless adaptive.enabled
+	control   *nats.Subscription
+
 	mu        sync.Mutex
 	pacerDown bool
 	pauseTill time.Time
 }
+
+// controlSubject carries a lane's pause and slow-down decisions to every
+// instance (core NATS, outside the lane streams' throttle.> space).
+func controlSubject(lane string) string { return "throttler.control." + lane }
 
 func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	l := &lane{laneDeps: d, backoff: dispatch.Backoff{Base: d.cfg.Retry.BackoffBase.D(), Max: d.cfg.Retry.BackoffMax.D()}}
@@ -60,6 +67,14 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	if err := l.openTarget(ctx); err != nil {
 		return nil, err
 	}
+	if a := d.cfg.Adaptive; a.Enabled {
+		l.aimd = &leaky.AIMD{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
+	}
+	sub, err := d.nc.Subscribe(controlSubject(d.cfg.Name), l.onControl)
+	if err != nil {
+		return nil, fmt.Errorf("control subscription: %w", err)
+	}
+	l.control = sub
 
 	batch := leaky.BatchFor(lim.Rate, d.cfg.MaxInflight)
 	ackWait := d.cfg.AckWait.D()
@@ -75,14 +90,13 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	}); err != nil {
 		return nil, err
 	}
-	var err error
 	if l.consumer, err = d.queue.Consumer(d.cfg.Name); err != nil {
 		return nil, err
 	}
 	l.drain, err = leaky.New(leaky.Config{
-		Source: l.consumer,
-		Pacer: leaky.StorePacer{Store: d.store, Key: bucket.Key{Lane: d.cfg.Name},
-			Limit: func() bucket.Limit { return *l.limit.Load() }},
+		Source:      l.consumer,
+		Pacer:       leaky.StorePacer{Store: d.store, Key: bucket.Key{Lane: d.cfg.Name}, Limit: l.effectiveLimit},
+		PausedUntil: l.pausedUntil,
 		Start:       l.start,
 		MaxInflight: d.cfg.MaxInflight,
 		Batch:       batch,
@@ -131,15 +145,20 @@ func (l *lane) openTarget(ctx context.Context) error {
 
 func (l *lane) run(ctx context.Context) {
 	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
-	kept := make(chan struct{})
-	go func() { defer close(kept); l.consumer.KeepAlive(keepCtx) }()
+	var helpers sync.WaitGroup
+	helpers.Add(2)
+	go func() { defer helpers.Done(); l.consumer.KeepAlive(keepCtx) }()
+	go func() { defer helpers.Done(); l.queue.MoveRetries(ctx, l.cfg.Name, l.log) }()
 	_ = l.drain.Run(ctx)
 	l.consumer.Close()
 	stopKeep()
-	<-kept
+	helpers.Wait()
 }
 
 func (l *lane) close() {
+	if l.control != nil {
+		_ = l.control.Unsubscribe()
+	}
 	if l.closeTgt != nil {
 		l.closeTgt()
 	}
@@ -188,6 +207,7 @@ func (l *lane) settle(msg *queue.Msg, res dispatch.Result) {
 		// Cancelled by shutdown, not the target's fault.
 		_ = msg.Release()
 	case res.Verdict == dispatch.Retry && rateLimited(res):
+		l.slowDown()
 		wait := max(res.RetryAfter, res.PauseLane, time.Second)
 		log.Info("target rate-limited the job; it waits without using an attempt", "wait", wait.String())
 		_ = msg.Wait(wait)
@@ -226,34 +246,88 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// pause holds every slot of the lane for d, cluster-wide through the store.
-func (l *lane) pause(d time.Duration) {
-	l.metrics.LanePaused.WithLabelValues(l.cfg.Name).Inc()
+// effectiveLimit is the configured limit, slowed down by AIMD when it is on.
+func (l *lane) effectiveLimit() bucket.Limit {
+	lim := *l.limit.Load()
+	if l.aimd != nil {
+		lim.Rate *= l.aimd.Factor(time.Now())
+	}
+	return lim
+}
+
+func (l *lane) pausedUntil() time.Time {
 	l.mu.Lock()
-	if until := time.Now().Add(d); until.After(l.pauseTill) {
+	defer l.mu.Unlock()
+	return l.pauseTill
+}
+
+// holdUntil records a pause locally; it never shortens one.
+func (l *lane) holdUntil(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until.After(l.pauseTill) {
 		l.pauseTill = until
 	}
-	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(l.dispatchCtx, time.Second)
+}
+
+// control messages: "pause <ms>" or "factor <f>".
+func (l *lane) onControl(m *nats.Msg) {
+	var ms int64
+	var f float64
+	switch {
+	case scan(string(m.Data), "pause %d", &ms):
+		l.holdUntil(time.Now().Add(time.Duration(ms) * time.Millisecond))
+	case scan(string(m.Data), "factor %g", &f) && l.aimd != nil:
+		l.aimd.Adopt(f, time.Now())
+	}
+}
+
+func scan(s, format string, arg any) bool {
+	n, err := fmt.Sscanf(s, format, arg)
+	return err == nil && n == 1
+}
+
+// pause holds every dispatch of the lane for d on every instance: the shared
+// state is pushed past the pause (no slot is granted inside it) and a control
+// message makes every drain give up the slots it already holds.
+func (l *lane) pause(d time.Duration) {
+	l.metrics.LanePaused.WithLabelValues(l.cfg.Name).Inc()
+	l.holdUntil(time.Now().Add(d))
+	_ = l.nc.Publish(controlSubject(l.cfg.Name), fmt.Appendf(nil, "pause %d", d.Milliseconds()))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.dispatchCtx), time.Second)
 	defer cancel()
-	if err := l.store.Pause(ctx, bucket.Key{Lane: l.cfg.Name}, *l.limit.Load(), d); err != nil {
-		l.log.Warn("pausing the lane failed", "for", d.String(), "err", err)
+	if err := l.store.Pause(ctx, bucket.Key{Lane: l.cfg.Name}, l.effectiveLimit(), d); err != nil {
+		l.log.Warn("pausing the lane in the shared state failed", "for", d.String(), "err", err)
 		return
 	}
 	l.log.Info("downstream asked the lane to wait", "for", d.String())
 }
 
+// slowDown applies AIMD's decrease for a rate-limit answer and tells the
+// other instances.
+func (l *lane) slowDown() {
+	if l.aimd == nil {
+		return
+	}
+	f, changed := l.aimd.Limited(time.Now())
+	if !changed {
+		return
+	}
+	_ = l.nc.Publish(controlSubject(l.cfg.Name), fmt.Appendf(nil, "factor %g", f))
+	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate*f)
+}
+
 func (l *lane) intake() ingest.Lane {
 	return ingest.Lane{
-		Admission: admission.Lane{Name: l.cfg.Name, Limit: *l.limit.Load(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()},
+		Admission: admission.Lane{Name: l.cfg.Name, Limit: l.effectiveLimit(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()},
 		MaxBody:   int64(l.cfg.MaxBody),
 	}
 }
 
 func (l *lane) status(ctx context.Context) ingest.LaneStatus {
-	lim := *l.limit.Load()
+	lim := l.effectiveLimit()
 	st := ingest.LaneStatus{
-		Name: l.cfg.Name, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
+		Name: l.cfg.Name, Rate: l.cfg.Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(),
 	}
 	switch t := l.cfg.Target; {
@@ -278,6 +352,9 @@ func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
 	if n, err := l.queue.CountDead(ctx, l.cfg.Name); err == nil {
 		st.Dead = n
+	}
+	if n, err := l.queue.RetriesWaiting(ctx, l.cfg.Name); err == nil {
+		st.Retrying = n
 	}
 	return st
 }

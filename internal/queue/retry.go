@@ -1,0 +1,168 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Retries wait outside their lane. A failed job's copy is stored in
+// THROTTLE_RETRY (subject throttle_retry.<lane>) with its Not-Before time; a
+// mover per lane puts each copy at the tail of the lane when it is due. So a
+// waiting retry holds no place in the lane consumer's MaxAckPending, which
+// can then be exactly max_inflight: a global bound on the jobs of a lane in
+// flight across every instance.
+const (
+	RetryStream        = "THROTTLE_RETRY"
+	RetrySubjectPrefix = "throttle_retry"
+)
+
+// RetrySubject is the subject of a lane's waiting retries.
+func RetrySubject(lane string) string { return RetrySubjectPrefix + "." + lane }
+
+func retryConsumerName(lane string) string { return "retry-" + lane }
+
+// EnsureRetries creates or updates the retry stream. Call it before EnsureLane.
+func (q *Queue) EnsureRetries(ctx context.Context, replicas int) error {
+	if replicas == 0 {
+		replicas = 1
+	}
+	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        RetryStream,
+		Description: "throttler retries waiting for their time",
+		Subjects:    []string{RetrySubjectPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.WorkQueuePolicy,
+		Duplicates:  2 * time.Minute,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("queue: retry stream: %w", err)
+	}
+	q.mu.Lock()
+	q.retry = st
+	q.mu.Unlock()
+	return nil
+}
+
+// ensureRetryConsumer creates the lane's mover consumer on the retry stream.
+func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstream.Consumer, error) {
+	q.mu.Lock()
+	st := q.retry
+	q.mu.Unlock()
+	if st == nil {
+		return nil, errors.New("queue: EnsureRetries must run before EnsureLane")
+	}
+	c, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       retryConsumerName(spec.Name),
+		Description:   "throttler retry mover of lane " + spec.Name,
+		FilterSubject: RetrySubject(spec.Name),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 100_000,
+		MaxDeliver:    -1,
+		Replicas:      spec.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: retry consumer for lane %s: %w", spec.Name, err)
+	}
+	return c, nil
+}
+
+// Retry counts a failed attempt and stores a copy of the job to be queued
+// again, behind the lane's backlog, no earlier than delay from now. The copy
+// carries the same job id; the original is acked only after the copy is
+// stored, so a crash in between can only duplicate the job, never lose it.
+// When the copy cannot be stored the job waits in place instead.
+func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
+	defer m.c.settle(m)
+	job := m.job
+	job.Admitted = false
+	job.Attempts++
+	job.NotBefore = time.Now().Add(delay)
+	job.MsgID = fmt.Sprintf("%s#attempt-%d", job.ID, job.Attempts)
+	msg := jobMsg(job)
+	if job.Key != "" {
+		msg.Header.Set(HeaderKey, job.Key)
+	}
+	if _, err := m.c.q.publish(ctx, RetrySubject(job.Lane), msg); err != nil {
+		_ = m.m.NakWithDelay(delay)
+		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
+	}
+	return m.m.Ack()
+}
+
+// MoveRetries puts the lane's retries into the lane as they fall due, until
+// ctx ends. Every instance runs one; the shared consumer hands each retry to
+// one of them, and the lane's de-duplication absorbs a move repeated after a
+// crash.
+func (q *Queue) MoveRetries(ctx context.Context, lane string, log *slog.Logger) {
+	ls, err := q.lane(lane)
+	if err != nil || ls.retry == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		batch, err := ls.retry.Fetch(64, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Debug("retry fetch failed", "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		for m := range batch.Messages() {
+			q.moveOne(ctx, lane, m, log)
+		}
+	}
+}
+
+func (q *Queue) moveOne(ctx context.Context, lane string, m jetstream.Msg, log *slog.Logger) {
+	meta, err := m.Metadata()
+	if err != nil {
+		_ = m.Term()
+		return
+	}
+	job := jobFromMsg(lane, m, meta)
+	if wait := time.Until(job.NotBefore); wait > notBeforeSlack {
+		_ = m.NakWithDelay(wait)
+		return
+	}
+	job.Key = m.Headers().Get(HeaderKey)
+	job.MsgID = m.Headers().Get(jetstream.MsgIDHeader)
+	job.NotBefore = time.Time{}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	defer cancel()
+	if _, err := q.publish(pctx, Subject(lane, job.Key), jobMsg(job)); err != nil {
+		log.Warn("moving a due retry into its lane failed; trying again in 1s", "id", job.ID, "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	_ = m.Ack()
+}
+
+// RetriesWaiting counts the lane's retries not yet due.
+func (q *Queue) RetriesWaiting(ctx context.Context, lane string) (uint64, error) {
+	ls, err := q.lane(lane)
+	if err != nil || ls.retry == nil {
+		return 0, err
+	}
+	ci, err := ls.retry.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%w: retry consumer %s: %v", ErrUnavailable, lane, err)
+	}
+	return ci.NumPending + uint64(ci.NumAckPending), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+

@@ -1,0 +1,167 @@
+package service_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// TestPauseHoldsEveryInstance: two instances share a lane; the target answers
+// the first job 429 + Retry-After: 2. For those 2 s no request of the lane
+// reaches the target from either instance, then the drain resumes.
+func TestPauseHoldsEveryInstance(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	var at []time.Time
+	var limitedAt time.Time
+	rec := newRecorder(t)
+	rec.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		if limitedAt.IsZero() && len(at) == 5 {
+			limitedAt = now
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		at = append(at, now)
+	})
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 20, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Redis.URL = redis.URL()
+	a, _ := start(t, cfg)
+	cfg2 := cfg
+	cfg2.NATS.DataDir = t.TempDir()
+	b, _ := start(t, cfg2)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 40; i++ {
+		addr := a.Addr()
+		if i%2 == 1 {
+			addr = b.Addr()
+		}
+		if code, _, _ := submit(t, client, addr, "demo", fmt.Sprintf("p-%02d", i), "x"); code != http.StatusAccepted {
+			t.Fatalf("job %d: %d", i, code)
+		}
+	}
+	waitFor(t, 15*time.Second, "all 40 delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(at) >= 40
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var after []time.Duration
+	for _, ts := range at {
+		if d := ts.Sub(limitedAt); d > 0 {
+			after = append(after, d)
+		}
+	}
+	if len(after) == 0 || after[0] < 1950*time.Millisecond {
+		t.Fatalf("a request reached the target %v after the 429 asked for 2 s", after[0])
+	}
+	if after[0] > 2500*time.Millisecond {
+		t.Fatalf("the drain resumed only %v after the 429 (Retry-After: 2)", after[0])
+	}
+	t.Logf("first request after the 429 came %v later", after[0].Round(time.Millisecond))
+}
+
+// TestWorkerPoolNeverOverrun: a pool of 4 NATS workers behind a lane with
+// max_inflight 4, drained by two instances: the workers never see more
+// than 4 jobs at once, and all 200 are done.
+func TestWorkerPoolNeverOverrun(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	nc, err := nats.Connect(natsSrv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var running, peak, done atomic.Int64
+	seen := sync.Map{}
+	for w := 0; w < 4; w++ {
+		wc, err := nats.Connect(natsSrv.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wc.Close()
+		// Each worker handles requests concurrently, as a pool member with
+		// its own goroutines would: the bound must come from the throttler.
+		wc.QueueSubscribe("work.jobs", "pool", func(m *nats.Msg) {
+			go func() {
+				n := running.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(15 * time.Millisecond)
+				running.Add(-1)
+				if _, dup := seen.LoadOrStore(m.Header.Get("Idempotency-Key"), true); !dup {
+					done.Add(1)
+				}
+				m.Respond(nil)
+			}()
+		})
+		wc.Flush()
+	}
+	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/unused", 1000, 50)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Redis.URL = redis.URL()
+	cfg.Lanes[0].MaxInflight = 4
+	cfg.Lanes[0].Target = config.Target{NATS: &config.NATSTarget{Subject: "work.jobs", Timeout: config.Duration(5 * time.Second)}}
+	cfg.ApplyDefaults()
+	a, _ := start(t, cfg)
+	cfg2 := cfg
+	cfg2.NATS.DataDir = t.TempDir()
+	b, _ := start(t, cfg2)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 200; i++ {
+		addr := a.Addr()
+		if i%2 == 1 {
+			addr = b.Addr()
+		}
+		if code, _, _ := submit(t, client, addr, "demo", fmt.Sprintf("w-%03d", i), "x"); code != http.StatusAccepted {
+			t.Fatalf("job %d: %d", i, code)
+		}
+	}
+	waitFor(t, 30*time.Second, "200 jobs done", func() bool { return done.Load() == 200 })
+	if p := peak.Load(); p > 4 {
+		t.Fatalf("workers saw %d jobs at once, max_inflight is 4", p)
+	} else if p < 2 {
+		t.Fatalf("peak concurrency %d: the pool was never used in parallel, the test proves nothing", p)
+	}
+	t.Logf("peak concurrency %d of 4", peak.Load())
+}
+
+// TestAdaptiveSlowsDownAndRecovers: a 429 without Retry-After halves the
+// lane's effective rate; it climbs back to the configured rate, not above.
+func TestAdaptiveSlowsDownAndRecovers(t *testing.T) {
+	var n atomic.Int64
+	rec := newRecorder(t)
+	rec.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	})
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 100, 5)
+	cfg.Lanes[0].Adaptive = config.Adaptive{Enabled: true, Decrease: 0.5, Increase: 0.25, Min: 0.1, Interval: config.Duration(300 * time.Millisecond)}
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	submit(t, client, svc.Addr(), "demo", "a-1", "x")
+	rate := func() float64 { return getLanes(t, svc.Addr()).Lanes[0].EffectiveRate }
+	waitFor(t, 5*time.Second, "the rate to halve", func() bool { return rate() == 50 })
+	waitFor(t, 5*time.Second, "the rate to recover", func() bool { return rate() == 100 })
+	time.Sleep(700 * time.Millisecond)
+	if r := rate(); r != 100 {
+		t.Fatalf("effective rate %v after recovery, want the configured 100", r)
+	}
+}
