@@ -50,7 +50,6 @@ func TestAIMD(t *testing.T) {
 	}
 }
 
-
 // TestDrainHonoursPause: a pause that begins after slots were reserved stops
 // every start inside it; the jobs start after it on fresh slots, in order.
 func TestDrainHonoursPause(t *testing.T) {

@@ -34,6 +34,12 @@ type Metrics struct {
 	LanePaused *prometheus.CounterVec
 	// DeadLettered counts jobs moved to the dead-letter stream.
 	DeadLettered *prometheus.CounterVec
+	// EffectiveRate is the rate a lane drains at now (jobs/s): its configured
+	// rate, or less while adaptive mode slows it down.
+	EffectiveRate *prometheus.GaugeVec
+	// PausedSeconds is how long the lane still waits for a downstream's
+	// Retry-After or rate-limit reset; 0 when not paused.
+	PausedSeconds *prometheus.GaugeVec
 }
 
 // New creates the collectors and registers them on reg.
@@ -75,8 +81,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_jobs_dead_lettered_total", Help: "Jobs moved to the dead-letter stream, by lane.",
 		}, lane),
+		EffectiveRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "throttler_lane_effective_rate", Help: "Rate the lane drains at now, jobs per second.",
+		}, lane),
+		PausedSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "throttler_lane_paused_seconds", Help: "Seconds the lane still waits for its downstream; 0 when not paused.",
+		}, lane),
 	}
-	reg.MustRegister(m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
+	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
 		m.Inflight, m.SlotsReserved, m.PacerCalls, m.PacerUp, m.LanePaused)
 	return m
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
@@ -45,6 +46,7 @@ type lane struct {
 
 	delivered atomic.Uint64
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
+	rateGauge prometheus.Gauge
 	control   *nats.Subscription
 
 	mu        sync.Mutex
@@ -67,6 +69,8 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	if err := l.openTarget(ctx); err != nil {
 		return nil, err
 	}
+	l.rateGauge = d.metrics.EffectiveRate.WithLabelValues(d.cfg.Name)
+	d.metrics.PausedSeconds.WithLabelValues(d.cfg.Name).Set(0)
 	if a := d.cfg.Adaptive; a.Enabled {
 		l.aimd = &leaky.AIMD{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
 	}
@@ -252,6 +256,7 @@ func (l *lane) effectiveLimit() bucket.Limit {
 	if l.aimd != nil {
 		lim.Rate *= l.aimd.Factor(time.Now())
 	}
+	l.rateGauge.Set(lim.Rate)
 	return lim
 }
 
@@ -293,6 +298,8 @@ func scan(s, format string, arg any) bool {
 func (l *lane) pause(d time.Duration) {
 	l.metrics.LanePaused.WithLabelValues(l.cfg.Name).Inc()
 	l.holdUntil(time.Now().Add(d))
+	l.metrics.PausedSeconds.WithLabelValues(l.cfg.Name).Set(d.Seconds())
+	time.AfterFunc(d, func() { l.metrics.PausedSeconds.WithLabelValues(l.cfg.Name).Set(0) })
 	_ = l.nc.Publish(controlSubject(l.cfg.Name), fmt.Appendf(nil, "pause %d", d.Milliseconds()))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.dispatchCtx), time.Second)
 	defer cancel()
