@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/throttler/throttler/internal/queue"
@@ -185,5 +186,49 @@ func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string)
 	}
 	h.cfg.Logger.Info("dead letters purged", "caller", callerOf(r), "lane", lane)
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// limitChange is the body of PATCH /v1/lanes/{lane}; absent fields keep
+// their value.
+type limitChange struct {
+	Rate  *float64 `json:"rate"`
+	Burst *int     `json:"burst"`
+}
+
+func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+	bad := func(field, detail string) *Problem {
+		return &Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
+	}
+	var c limitChange
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return bad("body", "the body must be a JSON object with rate and/or burst: "+err.Error())
+	}
+	cur, _ := h.cfg.Lanes.Lane(lane)
+	lim := cur.Admission.Limit
+	if c.Rate != nil {
+		lim.Rate = *c.Rate
+	}
+	if c.Burst != nil {
+		lim.Burst = *c.Burst
+	}
+	if c.Rate == nil && c.Burst == nil {
+		return bad("body", "nothing to change: give rate and/or burst")
+	}
+	if err := lim.Validate(); err != nil {
+		field := "rate"
+		if c.Burst != nil && (lim.Burst < 1 || strings.Contains(err.Error(), "burst")) {
+			field = "burst"
+		}
+		return bad(field, err.Error())
+	}
+	st, err := h.cfg.Lanes.SetLimit(r.Context(), lane, lim.Rate, lim.Burst)
+	if err != nil {
+		return storeProblem(err)
+	}
+	h.cfg.Logger.Info("lane limit changed", "caller", callerOf(r), "lane", lane, "rate", lim.Rate, "burst", lim.Burst)
+	writeJSON(w, http.StatusOK, st)
 	return nil
 }

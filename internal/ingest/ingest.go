@@ -45,10 +45,13 @@ type Lane struct {
 	MaxBody   int64
 }
 
-// Directory finds lanes and reports their live state.
+// Directory finds lanes, reports their live state and changes their limits.
 type Directory interface {
 	Lane(name string) (Lane, bool)
 	Status(ctx context.Context) []LaneStatus
+	// SetLimit changes a lane's rate and burst on every instance until they
+	// restart (the config file holds the lasting values).
+	SetLimit(ctx context.Context, name string, rate float64, burst int) (LaneStatus, error)
 }
 
 // LaneStatus is one lane in GET /v1/lanes.
@@ -117,6 +120,7 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
 	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.submit)
 	h.mux.HandleFunc("GET /v1/lanes", h.lanes)
+	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.admin(h.setLimit))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")

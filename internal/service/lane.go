@@ -275,10 +275,18 @@ func (l *lane) holdUntil(until time.Time) {
 	}
 }
 
-// control messages: "pause <ms>" or "factor <f>".
+// control messages: "pause <ms>", "factor <f>" or "limit <rate> <burst>".
 func (l *lane) onControl(m *nats.Msg) {
 	var ms int64
 	var f float64
+	var lim bucket.Limit
+	if n, err := fmt.Sscanf(string(m.Data), "limit %g %d", &lim.Rate, &lim.Burst); err == nil && n == 2 {
+		if lim.Validate() == nil {
+			l.limit.Store(&lim)
+			l.log.Info("lane limit changed", "rate", lim.Rate, "burst", lim.Burst)
+		}
+		return
+	}
 	switch {
 	case scan(string(m.Data), "pause %d", &ms):
 		l.holdUntil(time.Now().Add(time.Duration(ms) * time.Millisecond))
@@ -290,6 +298,19 @@ func (l *lane) onControl(m *nats.Msg) {
 func scan(s, format string, arg any) bool {
 	n, err := fmt.Sscanf(s, format, arg)
 	return err == nil && n == 1
+}
+
+// setLimit changes the lane's limit here at once and on every other instance
+// through the control subject. It lasts until the instances restart.
+func (l *lane) setLimit(lim bucket.Limit) error {
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	l.limit.Store(&lim)
+	if err := l.nc.Publish(controlSubject(l.cfg.Name), fmt.Appendf(nil, "limit %g %d", lim.Rate, lim.Burst)); err != nil {
+		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	return nil
 }
 
 // pause holds every dispatch of the lane for d on every instance: the shared
@@ -334,7 +355,7 @@ func (l *lane) intake() ingest.Lane {
 func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 	lim := l.effectiveLimit()
 	st := ingest.LaneStatus{
-		Name: l.cfg.Name, Rate: l.cfg.Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
+		Name: l.cfg.Name, Rate: l.limit.Load().Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(),
 	}
 	switch t := l.cfg.Target; {

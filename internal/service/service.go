@@ -41,6 +41,9 @@ type Service struct {
 
 	ready chan struct{}
 	addr  string // set before ready closes
+
+	// guardTiming is the instance guard's (singleton.go); zero: defaults.
+	guardTiming guardTiming
 }
 
 // New returns a service for cfg. It starts nothing. reg may be nil (a fresh
@@ -87,6 +90,20 @@ func (s *Service) Run(ctx context.Context) (err error) {
 			srv.WaitForShutdown()
 		}
 	})
+
+	// Misconfiguration guard (singleton.go): one in-memory pacer per
+	// JetStream, and none next to instances that share Redis. Losing the
+	// claim later cancels ctx; Run then stops and returns why.
+	ctx, claim, err := s.claimPacer(ctx, nc)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, claim.release)
+	defer func() {
+		if lost := claim.lostErr(); lost != nil && err == nil {
+			err = lost
+		}
+	}()
 
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -318,6 +335,17 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 		return ingest.Lane{}, false
 	}
 	return l.intake(), true
+}
+
+func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (ingest.LaneStatus, error) {
+	l, ok := d.lanes[name]
+	if !ok {
+		return ingest.LaneStatus{}, fmt.Errorf("no lane %q", name)
+	}
+	if err := l.setLimit(bucket.Limit{Rate: rate, Burst: burst}); err != nil {
+		return ingest.LaneStatus{}, err
+	}
+	return l.status(ctx), nil
 }
 
 func (d *directory) Status(ctx context.Context) []ingest.LaneStatus {

@@ -1,8 +1,10 @@
 package service_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,4 +166,50 @@ func TestAdaptiveSlowsDownAndRecovers(t *testing.T) {
 	if r := rate(); r != 100 {
 		t.Fatalf("effective rate %v after recovery, want the configured 100", r)
 	}
+}
+
+// TestRuntimeLimitChange: PATCH /v1/lanes/{lane} on one instance changes the
+// lane's limit on every instance; bad values are refused naming the field.
+func TestRuntimeLimitChange(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 20, 10)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Redis.URL = redis.URL()
+	a, _ := start(t, cfg)
+	cfg2 := cfg
+	cfg2.NATS.DataDir = t.TempDir()
+	b, _ := start(t, cfg2)
+	patch := func(body string) (int, problem) {
+		req, _ := http.NewRequest("PATCH", "http://"+a.Addr()+"/v1/lanes/demo", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p problem
+		if resp.StatusCode >= 400 {
+			json.NewDecoder(resp.Body).Decode(&p)
+		}
+		return resp.StatusCode, p
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"rate": 0}`, "rate"},
+		{`{"rate": -5}`, "rate"},
+		{`{"burst": 0}`, "burst"},
+		{`{"rait": 5}`, "body"},
+		{`{}`, "body"},
+	} {
+		if code, p := patch(tc.body); code != 400 || p.Field != tc.field {
+			t.Errorf("PATCH %s: %d %+v, want 400 naming %s", tc.body, code, p, tc.field)
+		}
+	}
+	if code, p := patch(`{"rate": 7.5, "burst": 3}`); code != 200 {
+		t.Fatalf("PATCH: %d %+v", code, p)
+	}
+	waitFor(t, 2*time.Second, "the other instance to take the new limit", func() bool {
+		l := getLanes(t, b.Addr()).Lanes[0]
+		return l.EffectiveRate == 7.5
+	})
 }
