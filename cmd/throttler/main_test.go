@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -94,39 +93,8 @@ func freePort(t *testing.T) string {
 // TestServeAndSIGTERM starts the real binary on its embedded default, checks
 // /healthz, /readyz and /metrics, then stops it with SIGTERM.
 func TestServeAndSIGTERM(t *testing.T) {
-	dir := t.TempDir()
-	addr := freePort(t)
-	cfg := filepath.Join(dir, "t.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: %s
-nats: {data_dir: %s}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-  - name: demo
-    rate: 5
-    burst: 2
-    target: {http: {url: "http://127.0.0.1:1/never"}}
-`, addr, filepath.Join(dir, "data"))), 0o644)
-	cmd := exec.Command(binary, "serve", "--config", cfg)
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready in 20s; logs:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	path, addr := procConfig(t, t.TempDir(), "", "", laneYAML{rate: 5, burst: 2, target: "http://127.0.0.1:1/never"})
+	p := startProc(t, path, addr)
 	for _, path := range []string{"/healthz", "/metrics", "/v1/lanes"} {
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil || resp.StatusCode != 200 {
@@ -135,19 +103,9 @@ lanes:
 		resp.Body.Close()
 	}
 	start := time.Now()
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v; logs:\n%s", err, logs.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("still running 10 s after SIGTERM; logs:\n%s", logs.String())
-	}
+	p.stop()
 	t.Logf("stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond))
-	if !strings.Contains(logs.String(), `"msg":"stopped"`) {
-		t.Fatalf("no clean-stop log line:\n%s", logs.String())
+	if !strings.Contains(p.logs.String(), `"msg":"stopped"`) {
+		t.Fatalf("no clean-stop log line:\n%s", p.logs.String())
 	}
 }

@@ -12,8 +12,19 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
+
+// twoInstances starts two services sharing one nats-server and one Redis,
+// each with its own data directory.
+func twoInstances(t *testing.T, cfg config.Config) (a, b *service.Service) {
+	t.Helper()
+	a, _ = start(t, cfg)
+	cfg.NATS.DataDir = t.TempDir()
+	b, _ = start(t, cfg)
+	return a, b
+}
 
 // TestPauseHoldsEveryInstance: two instances share a lane; the target answers
 // the first job 429 + Retry-After: 2. For those 2 s no request of the lane
@@ -40,10 +51,7 @@ func TestPauseHoldsEveryInstance(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 20, 1)
 	cfg.NATS.URL = natsSrv.ClientURL()
 	cfg.Redis.URL = redis.URL()
-	a, _ := start(t, cfg)
-	cfg2 := cfg
-	cfg2.NATS.DataDir = t.TempDir()
-	b, _ := start(t, cfg2)
+	a, b := twoInstances(t, cfg)
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := 0; i < 40; i++ {
@@ -119,10 +127,7 @@ func TestWorkerPoolNeverOverrun(t *testing.T) {
 	cfg.Lanes[0].MaxInflight = 4
 	cfg.Lanes[0].Target = config.Target{NATS: &config.NATSTarget{Subject: "work.jobs", Timeout: config.Duration(5 * time.Second)}}
 	cfg.ApplyDefaults()
-	a, _ := start(t, cfg)
-	cfg2 := cfg
-	cfg2.NATS.DataDir = t.TempDir()
-	b, _ := start(t, cfg2)
+	a, b := twoInstances(t, cfg)
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := 0; i < 200; i++ {
@@ -177,10 +182,7 @@ func TestRuntimeLimitChange(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 20, 10)
 	cfg.NATS.URL = natsSrv.ClientURL()
 	cfg.Redis.URL = redis.URL()
-	a, _ := start(t, cfg)
-	cfg2 := cfg
-	cfg2.NATS.DataDir = t.TempDir()
-	b, _ := start(t, cfg2)
+	a, b := twoInstances(t, cfg)
 	patch := func(body string) (int, problem) {
 		req, _ := http.NewRequest("PATCH", "http://"+a.Addr()+"/v1/lanes/demo", strings.NewReader(body))
 		resp, err := http.DefaultClient.Do(req)
