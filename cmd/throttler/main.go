@@ -20,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/sink"
@@ -60,6 +61,7 @@ var errUsage = errors.New("usage")
 const usage = `usage:
   throttler serve --config FILE     run the service
   throttler sink [--listen ADDR]    run a target that logs what arrives (default 127.0.0.1:9000)
+  throttler bench [--smoke]         measure against the goals and peer libraries (docs/BENCHMARKS.md)
   throttler version                 print the version
 `
 
@@ -73,6 +75,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, args[1:], getenv, stderr)
 	case "sink":
 		return runSink(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return runBench(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "throttler", buildVersion())
 		return nil
@@ -96,8 +100,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	logger := newLogger(stderr, cfg.Log.Level)
+	// go-redis logs through a process-wide logger; route it into ours.
+	redis.SetLogger(redisLogger{logger.With("component", "redis")})
 	logger.Info("starting", "version", buildVersion(), "config", *path)
-	return service.New(cfg, logger, prometheus.NewRegistry()).Run(ctx)
+	err = service.New(cfg, logger, prometheus.NewRegistry()).Run(ctx)
+	var ce *config.Error
+	if errors.As(err, &ce) && ce.File == "" {
+		ce.File = *path // a setting the running system refused: name its file
+	}
+	return err
 }
 
 func runSink(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -115,6 +126,13 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// redisLogger adapts slog to go-redis's logger.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...))
 }
 
 func buildVersion() string {

@@ -109,3 +109,22 @@ func TestServeAndSIGTERM(t *testing.T) {
 		t.Fatalf("no clean-stop log line:\n%s", p.logs.String())
 	}
 }
+
+// TestRefusedTargetNamesFileAndField: a target that resolves to a
+// forbidden address fails the start with the file and the field named.
+func TestRefusedTargetNamesFileAndField(t *testing.T) {
+	dir := t.TempDir()
+	path, _ := procConfig(t, dir, "", "", laneYAML{rate: 5, burst: 1, target: "http://169.254.169.254/latest/meta-data"})
+	cmd := exec.Command(binary, "serve", "--config", path)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want code 1; stderr:\n%s", err, stderr.String())
+	}
+	msg := stderr.String()
+	if !strings.Contains(msg, path+": lanes[0]: target.http.url") || !strings.Contains(msg, "169.254.169.254") {
+		t.Fatalf("stderr does not name the file, field and address:\n%s", msg)
+	}
+}

@@ -6,6 +6,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/throttler/throttler/internal/bucket"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -55,6 +57,9 @@ type NATS struct {
 	Listen string `yaml:"listen"`
 	// DedupWindow is how long a job id is remembered for de-duplication.
 	DedupWindow Duration `yaml:"dedup_window"`
+	// Replicas of every stream and consumer on a JetStream cluster (1, 3 or
+	// 5); the embedded server takes 1.
+	Replicas int `yaml:"replicas"`
 }
 
 // Redis says where the shared lane state lives.
@@ -94,8 +99,9 @@ type Lane struct {
 	MaxBytes ByteSize `yaml:"max_bytes"`
 	// MaxBody is the largest accepted payload in bytes.
 	MaxBody ByteSize `yaml:"max_body"`
-	// AckWait is how long a fetched job may stay unanswered before the queue
-	// hands it to another instance; zero derives it from rate and timeout.
+	// AckWait is how long the jobs a crashed instance held stay invisible to
+	// the others; live instances keep their jobs alive with in-progress acks.
+	// Zero means DefaultAckWait.
 	AckWait  Duration `yaml:"ack_wait"`
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
@@ -158,7 +164,7 @@ func Default() Config {
 	return Config{
 		Listen:          "127.0.0.1:8080",
 		ShutdownTimeout: Duration(15 * time.Second),
-		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute)},
+		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute), Replicas: 1},
 		DeadLetters:     DeadLetters{MaxAge: Duration(14 * 24 * time.Hour), MaxBytes: 1 << 30},
 		Log:             Log{Level: "info"},
 	}
@@ -233,6 +239,10 @@ var sections = strings.NewReplacer(
 	"in type config.Lane", "in a lane",
 	"in type config.Target", "in a lane's target",
 	"in type config.HTTPTarget", "in target.http",
+	"in type config.NATSTarget", "in target.nats",
+	"in type config.Retry", "in a lane's retry",
+	"in type config.Adaptive", "in a lane's adaptive",
+	"in type config.DeadLetters", "in dead_letters",
 )
 
 // yamlMessage turns a decoder error into one line per problem, each with its
@@ -353,6 +363,14 @@ func (c *Config) Validate() error {
 	if c.NATS.DedupWindow <= 0 {
 		return fail("nats.dedup_window", "must be greater than 0")
 	}
+	switch c.NATS.Replicas {
+	case 1, 3, 5:
+	default:
+		return fail("nats.replicas", "must be 1, 3 or 5, got %d", c.NATS.Replicas)
+	}
+	if c.NATS.URL == "" && c.NATS.Replicas != 1 {
+		return fail("nats.replicas", "the embedded server is a single node: replicas must be 1")
+	}
 	if c.Redis.URL != "" {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 			return fail("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
@@ -402,10 +420,10 @@ func (l *Lane) validate(p string) error {
 	switch {
 	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
 		return fail("rate", "must be a number greater than 0 (jobs per second), got %v", l.Rate)
-	case l.Rate > 1_000_000:
-		return fail("rate", "must be at most 1000000, got %v", l.Rate)
-	case l.Burst < 1 || l.Burst > 1_000_000:
-		return fail("burst", "must be between 1 and 1000000, got %d", l.Burst)
+	case l.Rate < bucket.MinRate || l.Rate > bucket.MaxRate:
+		return fail("rate", "must be between %g and %d jobs per second, got %v", bucket.MinRate, bucket.MaxRate, l.Rate)
+	case l.Burst < 1 || l.Burst > bucket.MaxBurst:
+		return fail("burst", "must be between 1 and %d, got %d", bucket.MaxBurst, l.Burst)
 	case l.MaxInflight < 1 || l.MaxInflight > 100_000:
 		return fail("max_inflight", "must be between 1 and 100000, got %d", l.MaxInflight)
 	case l.MaxBacklog < 1:
@@ -414,6 +432,9 @@ func (l *Lane) validate(p string) error {
 		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
 	case l.AckWait < 0:
 		return fail("ack_wait", "must not be negative")
+	}
+	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
+		return fail("burst", "%v", err)
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -443,8 +464,8 @@ func (l *Lane) validate(p string) error {
 		return fail("target", "exactly one target kind is required (http or nats)")
 	}
 	if n := l.Target.NATS; n != nil {
-		if n.Subject == "" || strings.ContainsAny(n.Subject, " \t*>") {
-			return fail("target.nats.subject", "%q is not a literal NATS subject", n.Subject)
+		if !literalSubject(n.Subject) {
+			return fail("target.nats.subject", "%q is not a literal NATS subject (tokens separated by '.', no spaces or wildcards)", n.Subject)
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
@@ -464,12 +485,52 @@ func (l *Lane) validate(p string) error {
 	if h.Timeout <= 0 {
 		return fail("target.http.timeout", "must be greater than 0")
 	}
+	for name := range h.Headers {
+		if !httpToken(name) {
+			return fail("target.http.headers", "%q is not a valid header name", name)
+		}
+	}
 	for i, sec := range h.SigningSecrets {
-		if len(strings.TrimPrefix(sec, "whsec_")) < 16 {
-			return fail(fmt.Sprintf("target.http.signing_secrets[%d]", i), "is too short: use whsec_ followed by at least 24 base64 characters")
+		field := fmt.Sprintf("target.http.signing_secrets[%d]", i)
+		key := []byte(sec)
+		if b64, ok := strings.CutPrefix(sec, "whsec_"); ok {
+			var err error
+			if key, err = base64.StdEncoding.DecodeString(b64); err != nil {
+				return fail(field, "the part after whsec_ is not standard base64")
+			}
+		}
+		if len(key) < 16 {
+			return fail(field, "is %d bytes; a signing key needs at least 16 (whsec_ followed by the base64 of 16+ random bytes, or the raw key)", len(key))
 		}
 	}
 	return nil
+}
+
+// literalSubject: non-empty tokens of visible characters, no wildcards.
+func literalSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
+			return false
+		}
+	}
+	return true
+}
+
+// httpToken reports whether s is an RFC 9110 token (a header name).
+func httpToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Duration is a time.Duration written as "10s" or "1m30s" in YAML.

@@ -70,6 +70,16 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"BadRedis", good + "redis:\n  url: http://x\n", "t.yaml: redis.url:"},
 		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
 		{"BadLevel", good + "log:\n  level: loud\n", "t.yaml: log.level:"},
+		{"TinyRate", strings.Replace(good, "rate: 20", "rate: 0.0000001", 1), "t.yaml: lanes[0].rate: must be between"},
+		{"EndlessRefill", strings.Replace(good, "rate: 20\n    burst: 10", "rate: 0.00001\n    burst: 100000", 1), "t.yaml: lanes[0].burst:"},
+		{"BadHeaderName", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        headers: {\"Bad Header\": x}", 1), "t.yaml: lanes[0].target.http.headers:"},
+		{"BadSecret", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        signing_secrets: [whsec_!!!notbase64]", 1), "t.yaml: lanes[0].target.http.signing_secrets[0]: the part after whsec_"},
+		{"ShortSecret", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        signing_secrets: [whsec_c2hvcnQ=]", 1), "t.yaml: lanes[0].target.http.signing_secrets[0]: is 5 bytes"},
+		{"EmptySubjectToken", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: a..b}", 1), "t.yaml: lanes[0].target.nats.subject:"},
+		{"TwoTargets", strings.Replace(good, "      http:", "      nats: {subject: work}\n      http:", 1), "t.yaml: lanes[0].target: exactly one"},
+		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
+		{"BadReplicas", good + "nats:\n  url: nats://x:4222\n  replicas: 2\n", "t.yaml: nats.replicas: must be 1, 3 or 5"},
+		{"RetryTypo", strings.Replace(good, "burst: 10", "burst: 10\n    retry: {max_atempts: 3}", 1), "field max_atempts not found in a lane's retry"},
 		{"TinyBody", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: 0B", 1), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -152,7 +152,10 @@ type Accepted struct {
 	Duplicate bool   `json:"duplicate,omitempty"`
 }
 
-const maxIdempotencyKey = 255
+const (
+	maxIdempotencyKey = 255
+	maxContentType    = 1024
+)
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
@@ -183,6 +186,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 	} else {
 		id = nuid.Next()
+	}
+	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
+		reject(Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
+			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
+		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
 	if err != nil {
@@ -244,7 +252,6 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		out.State, out.ETAMillis = string(admission.Queued), 0
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Location", "/v1/lanes/"+name+"/jobs/"+id)
 	w.WriteHeader(http.StatusAccepted)
 	_ = json.NewEncoder(w).Encode(out)
 }

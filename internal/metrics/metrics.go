@@ -10,8 +10,9 @@ import (
 
 // Metrics holds the collectors. Safe for concurrent use.
 type Metrics struct {
-	// Submitted counts accepted jobs by lane and state (admitted, queued,
-	// duplicate) and source (http, nats).
+	// Submitted counts jobs accepted over HTTP by lane and state (admitted,
+	// queued, duplicate). Jobs published straight to NATS never pass intake;
+	// they show in Dispatched.
 	Submitted *prometheus.CounterVec
 	// Rejected counts refused submissions by lane and reason.
 	Rejected *prometheus.CounterVec
@@ -21,7 +22,7 @@ type Metrics struct {
 	DispatchSeconds *prometheus.HistogramVec
 	// StartLateness is how late a dispatch started relative to its slot.
 	StartLateness *prometheus.HistogramVec
-	// Inflight is dispatches holding a permit, per lane.
+	// Inflight is deliveries running now on this instance, per lane.
 	Inflight *prometheus.GaugeVec
 	// SlotsReserved counts dispatch slots reserved from the lane state.
 	SlotsReserved *prometheus.CounterVec
@@ -64,7 +65,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
 		}, lane),
 		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "throttler_dispatches_inflight", Help: "Dispatches holding an in-flight permit.",
+			Name: "throttler_dispatches_inflight", Help: "Deliveries running now on this instance.",
 		}, lane),
 		SlotsReserved: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_slots_reserved_total", Help: "Dispatch slots reserved from the lane state.",
@@ -85,7 +86,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "throttler_lane_effective_rate", Help: "Rate the lane drains at now, jobs per second.",
 		}, lane),
 		PausedSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "throttler_lane_paused_seconds", Help: "Seconds the lane still waits for its downstream; 0 when not paused.",
+			Name: "throttler_lane_paused_seconds", Help: "Length of the pause a downstream asked of this instance, while it lasts; 0 when not paused.",
 		}, lane),
 	}
 	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,

@@ -18,7 +18,9 @@ type EmbeddedConfig struct {
 	// Listen is the client address ("127.0.0.1:4222"); empty opens no port,
 	// and only this process can reach the server.
 	Listen string
-	Logger *slog.Logger
+	// MaxPayload is the largest message the server takes (0: 1 MiB + HeaderRoom).
+	MaxPayload int32
+	Logger     *slog.Logger
 }
 
 // StartEmbedded starts an in-process nats-server with JetStream on DataDir and
@@ -30,6 +32,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		StoreDir:   cfg.DataDir,
 		NoSigs:     true,
 		NoLog:      true,
+		MaxPayload: cfg.MaxPayload,
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = 1<<20 + HeaderRoom
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true

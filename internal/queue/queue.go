@@ -62,6 +62,11 @@ var (
 	ErrUnknownLane = errors.New("queue: unknown lane")
 )
 
+// HeaderRoom is the room a stored job needs for its headers beyond the
+// payload: ids of at most 255 bytes, a Content-Type of at most 1 KiB, and
+// the throttler's own headers.
+const HeaderRoom = 4 << 10
+
 // Subject returns the subject of a lane, or of one key of it.
 func Subject(lane, key string) string {
 	if key == "" {
@@ -165,7 +170,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	if spec.Prefetch < 1 {
 		spec.Prefetch = 1
 	}
-	maxMsgSize := int32(spec.MaxBody + 64<<10) // payload plus headers
+	maxMsgSize := int32(spec.MaxBody + HeaderRoom)
 	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        StreamName(spec.Name),
 		Description: "throttler lane " + spec.Name,

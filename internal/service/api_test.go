@@ -226,3 +226,21 @@ func TestStopFinishesInflightDispatches(t *testing.T) {
 		t.Fatalf("backlog %d after restart, want 0", l.Lanes[0].Backlog)
 	}
 }
+
+// TestLargestBodyIsStored: a body of exactly max_body (1 MiB by default) is
+// stored and delivered whole on the embedded default.
+func TestLargestBodyIsStored(t *testing.T) {
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	body := strings.Repeat("x", 1<<20)
+	if code, _, _ := submit(t, client, svc.Addr(), "demo", "big-1", body); code != http.StatusAccepted {
+		t.Fatalf("1 MiB body: status %d", code)
+	}
+	waitFor(t, 5*time.Second, "the big job", func() bool { return len(rec.snapshot()) == 1 })
+	if got := len(rec.snapshot()[0].body); got != 1<<20 {
+		t.Fatalf("delivered %d bytes, want %d", got, 1<<20)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 
 type laneDeps struct {
 	cfg         config.Lane
+	replicas    int
 	nc          *nats.Conn
 	dedup       time.Duration
 	queue       *queue.Queue
@@ -70,6 +72,7 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 		return nil, err
 	}
 	l.rateGauge = d.metrics.EffectiveRate.WithLabelValues(d.cfg.Name)
+	l.rateGauge.Set(lim.Rate)
 	d.metrics.PausedSeconds.WithLabelValues(d.cfg.Name).Set(0)
 	if a := d.cfg.Adaptive; a.Enabled {
 		l.aimd = &leaky.AIMD{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
@@ -90,7 +93,7 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	}
 	if err := d.queue.EnsureLane(ctx, queue.LaneSpec{
 		Name: d.cfg.Name, MaxBacklog: d.cfg.MaxBacklog, MaxInflight: d.cfg.MaxInflight, Prefetch: batch,
-		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), MaxBytes: int64(d.cfg.MaxBytes), DedupWindow: d.dedup,
+		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), MaxBytes: int64(d.cfg.MaxBytes), DedupWindow: d.dedup, Replicas: d.replicas,
 	}); err != nil {
 		return nil, err
 	}
@@ -243,6 +246,20 @@ func rateLimited(res dispatch.Result) bool {
 	return res.Status == http.StatusTooManyRequests || (res.Status == http.StatusServiceUnavailable && res.PauseLane > 0)
 }
 
+// redactURL drops credentials and the query (often an API key) from a URL
+// that is shown to API clients.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	u.User = nil
+	if u.RawQuery != "" {
+		u.RawQuery = "…"
+	}
+	return u.String()
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""
@@ -360,7 +377,7 @@ func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 	}
 	switch t := l.cfg.Target; {
 	case t.HTTP != nil:
-		st.Target = t.HTTP.Method + " " + t.HTTP.URL
+		st.Target = t.HTTP.Method + " " + redactURL(t.HTTP.URL)
 	case t.NATS != nil:
 		st.Target = "nats " + t.NATS.Subject
 	}

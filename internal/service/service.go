@@ -129,21 +129,22 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	dispatchCtx, cancelDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDispatch()
 
-	if err := q.EnsureRetries(ctx, 0); err != nil {
+	if err := q.EnsureRetries(ctx, s.cfg.NATS.Replicas); err != nil {
 		return err
 	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes)}); err != nil {
+	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
 		return err
 	}
 	lanes := &directory{lanes: map[string]*lane{}}
 	for i := range s.cfg.Lanes {
 		lc := s.cfg.Lanes[i]
 		l, err := newLane(ctx, laneDeps{
-			cfg: lc, nc: nc, dedup: s.cfg.NATS.DedupWindow.D(), queue: q, store: countingStore{store, m, lc.Name},
+			cfg: lc, nc: nc, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m, lc.Name},
 			guard: guard, metrics: m, log: s.log.With("component", "lane", "lane", lc.Name), dispatchCtx: dispatchCtx,
 		})
 		if err != nil {
-			return fmt.Errorf("lanes[%d] (%s): %w", i, lc.Name, err)
+			// Named like a config error: the field is where to look.
+			return &config.Error{Field: fmt.Sprintf("lanes[%d]", i), Msg: err.Error()}
 		}
 		closers = append(closers, l.close)
 		lanes.lanes[lc.Name] = l
@@ -239,7 +240,10 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		nats.Name("throttler"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if err == nil || c.IsClosed() || c.IsDraining() {
+				return // our own close at shutdown
+			}
 			s.log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
@@ -251,9 +255,11 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("nats.url %s: %w", s.cfg.NATS.URL, err)
 		}
+		s.fitBodies(nc)
 		return nc, nil, nil
 	}
-	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: s.cfg.NATS.DataDir, Listen: s.cfg.NATS.Listen, Logger: s.log.With("component", "nats")})
+	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: s.cfg.NATS.DataDir, Listen: s.cfg.NATS.Listen,
+		MaxPayload: s.maxMessage(), Logger: s.log.With("component", "nats")})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -263,6 +269,30 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		return nil, nil, err
 	}
 	return nc, srv, nil
+}
+
+// maxMessage is the largest message a lane can store: its max_body plus
+// room for the headers.
+func (s *Service) maxMessage() int32 {
+	var m int64
+	for _, l := range s.cfg.Lanes {
+		m = max(m, int64(l.MaxBody))
+	}
+	return int32(m + queue.HeaderRoom)
+}
+
+// fitBodies lowers a lane's max_body, with a warning, where its largest job
+// could not pass the NATS server's max_payload: such a body then gets a 413
+// that names max_body instead of a 503 from a publish that cannot succeed.
+func (s *Service) fitBodies(nc *nats.Conn) {
+	limit := config.ByteSize(nc.MaxPayload() - queue.HeaderRoom)
+	for i := range s.cfg.Lanes {
+		if l := &s.cfg.Lanes[i]; l.MaxBody > limit {
+			s.log.Warn("max_body lowered to fit the NATS server's max_payload", "lane", l.Name,
+				"field", fmt.Sprintf("lanes[%d].max_body", i), "configured", int64(l.MaxBody), "effective", int64(limit), "max_payload", nc.MaxPayload())
+			l.MaxBody = limit
+		}
+	}
 }
 
 // openStore returns the lane state store: Redis when configured, else memory.
