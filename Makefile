@@ -38,11 +38,17 @@ staticcheck:
 
 check: fmt vet staticcheck race
 
+# The Go benchmarks, then the end-to-end load tool: one table pairing each of
+# our figures with a reference measured in the same run (docs/BENCHMARKS.md).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler bench
 
+# What CI runs so that the benchmarks never rot: every Go benchmark 100 times
+# and every scenario of the load tool with tiny counts (no goal enforced).
 bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 100x -timeout 10m $(PKGS)
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler bench --smoke
 
 clean:
 	rm -rf bin data

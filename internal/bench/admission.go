@@ -1,0 +1,137 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/redisbucket"
+)
+
+// admissionGoroutines is the number of concurrent deciders on each side.
+const admissionGoroutines = 64
+
+// noBacklog is an empty backlog: in the service the count comes from a
+// JetStream figure cached for 250 ms, so it costs nothing per decision.
+type noBacklog struct{}
+
+func (noBacklog) Backlog(context.Context, string, time.Duration) (int64, error) { return 0, nil }
+
+// runAdmission: admission decisions/s (admission.Admitter over the Redis
+// store, on the autopipelined client the service uses) against
+// go-redis/redis_rate Allow on a plain client to the same Redis, 64
+// goroutines on 64 keys each, with limits so high that every decision
+// admits; and redis_rate on the autopipeliner too, for the record.
+func runAdmission(ctx context.Context, e *env) ([]Result, error) {
+	const goal = "≥ 1.50×"
+	name := fmt.Sprintf("admission decisions/s, Redis store, %d goroutines (vs redis_rate Allow)", admissionGoroutines)
+	url, skip, err := e.redis(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if skip != "" {
+		return []Result{skipRow(Admission, name, goal, skip)}, nil
+	}
+	client := func() (*redis.Client, error) {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, err
+		}
+		// The service's options, with a pool as large as the callers so
+		// that the figure is Redis and not pool waits.
+		opt.ContextTimeoutEnabled = true
+		opt.PoolSize = admissionGoroutines
+		return redis.NewClient(opt), nil
+	}
+	c1, err := client()
+	if err != nil {
+		return nil, err
+	}
+	defer c1.Close()
+	c2, err := client()
+	if err != nil {
+		return nil, err
+	}
+	defer c2.Close()
+	// The store as the service builds it: go-redis's autopipeliner over the
+	// client, so that concurrent calls share round trips.
+	pipe, err := c1.AutoPipeline()
+	if err != nil {
+		return nil, fmt.Errorf("bench: redis: %w", err)
+	}
+	defer pipe.Close()
+	adm, err := admission.New(admission.Config{Store: redisbucket.New(pipe, redisbucket.DefaultConfig()), Backlog: noBacklog{}})
+	if err != nil {
+		return nil, err
+	}
+	lim := bucket.Limit{Rate: bucket.MaxRate, Burst: bucket.MaxBurst}
+	lanes := make([]admission.Lane, admissionGoroutines)
+	keys := make([]string, admissionGoroutines)
+	for i := range lanes {
+		lanes[i] = admission.Lane{Name: "bench-" + e.run + "-adm-" + strconv.Itoa(i), Limit: lim, MaxBacklog: 1 << 40}
+		keys[i] = "bench-" + e.run + "-rr-" + strconv.Itoa(i)
+	}
+	rl := redis_rate.NewLimiter(c2)
+	rlim := redis_rate.Limit{Rate: bucket.MaxRate, Burst: bucket.MaxBurst, Period: time.Second}
+
+	decide := func(ctx context.Context, w, _ int) error {
+		d, err := adm.Decide(ctx, lanes[w], "")
+		if err == nil && d.Degraded {
+			err = fmt.Errorf("decision degraded (store unavailable)")
+		}
+		return err
+	}
+	allow := func(ctx context.Context, w, _ int) error {
+		_, err := rl.Allow(ctx, keys[w], rlim)
+		return err
+	}
+	maxOps := 10_000_000
+	closedLoop(ctx, admissionGoroutines, min(e.dur/5, time.Second), maxOps, e.prog, "warm-up", decide)
+	closedLoop(ctx, admissionGoroutines, min(e.dur/5, time.Second), maxOps, e.prog, "warm-up redis_rate", allow)
+	rounds := 3
+	if e.cfg.Smoke {
+		rounds = 1
+	}
+	var bestOurs, bestRef loadResult
+	for r := range rounds {
+		o := closedLoop(ctx, admissionGoroutines, e.dur, maxOps, e.prog, fmt.Sprintf("ours round %d/%d", r+1, rounds), decide)
+		if o.Err != nil {
+			return nil, fmt.Errorf("bench: admission: %w", o.Err)
+		}
+		if o.Rate() > bestOurs.Rate() {
+			bestOurs = o
+		}
+		f := closedLoop(ctx, admissionGoroutines, e.dur, maxOps, e.prog, fmt.Sprintf("redis_rate round %d/%d", r+1, rounds), allow)
+		if f.Err != nil {
+			return nil, fmt.Errorf("bench: admission reference: %w", f.Err)
+		}
+		if f.Rate() > bestRef.Rate() {
+			bestRef = f
+		}
+	}
+	// The same library on the autopipeliner, to tell what the client gives
+	// from what the scripts give.
+	rlp := redis_rate.NewLimiter(pipe)
+	piped := closedLoop(ctx, admissionGoroutines, e.dur, maxOps, e.prog, "redis_rate on the autopipeliner", func(ctx context.Context, w, _ int) error {
+		_, err := rlp.Allow(ctx, keys[w], rlim)
+		return err
+	})
+	if piped.Err != nil {
+		return nil, fmt.Errorf("bench: admission reference on the autopipeliner: %w", piped.Err)
+	}
+	return []Result{{
+		ID: Admission, Scenario: name,
+		Ours:      fmt.Sprintf("%s (%s)", fmtRate(bestOurs.Rate()), fmtLat(bestOurs.Lat)),
+		Reference: fmt.Sprintf("%s (%s)", fmtRate(bestRef.Rate()), fmtLat(bestRef.Lat)),
+		Ratio:     fmtRatio(bestOurs.Rate(), bestRef.Rate()),
+		Goal:      goal,
+		Verdict:   verdict(bestOurs.Rate() >= 1.5*bestRef.Rate()),
+		Note: fmt.Sprintf("ours runs on go-redis's autopipeliner as in the service, redis_rate on a plain client with a pool of %d as its docs show; "+
+			"redis_rate on the same autopipeliner makes %s (%s)", admissionGoroutines, fmtRate(piped.Rate()), fmtLat(piped.Lat)),
+	}}, nil
+}

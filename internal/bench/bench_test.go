@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// net/http keeps idle client connections' loops briefly after a run.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+func TestPercentile(t *testing.T) {
+	ms := func(n ...int) []time.Duration {
+		var out []time.Duration
+		for _, v := range n {
+			out = append(out, time.Duration(v)*time.Millisecond)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		in   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{nil, 50, 0},
+		{ms(7), 99, 7 * time.Millisecond},
+		{ms(5, 1, 4, 2, 3), 50, 3 * time.Millisecond},
+		{ms(5, 1, 4, 2, 3), 100, 5 * time.Millisecond},
+		{ms(5, 1, 4, 2, 3), 0, 1 * time.Millisecond},
+		{ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10 * time.Millisecond},
+		{ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 90, 9 * time.Millisecond},
+	} {
+		if got := percentile(tc.in, tc.p); got != tc.want {
+			t.Errorf("percentile(%v, %v) = %v, want %v", tc.in, tc.p, got, tc.want)
+		}
+	}
+}
+
+func TestPacingOf(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms ...int) []time.Time {
+		var out []time.Time
+		for _, v := range ms {
+			out = append(out, t0.Add(time.Duration(v)*time.Millisecond))
+		}
+		return out
+	}
+	t.Run("even", func(t *testing.T) {
+		var ms []int
+		for i := range 21 {
+			ms = append(ms, i*100)
+		}
+		p := pacingOf(at(ms...), 100*time.Millisecond)
+		if p.Dev.Max != 0 || p.MaxPerSecond != 10 || p.Achieved != 10 || p.N != 21 {
+			t.Fatalf("got %+v, want no deviation, 10 per second, 10/s", p)
+		}
+	})
+	t.Run("clump", func(t *testing.T) {
+		// Unsorted on purpose: a clump of three at 1000 ms.
+		p := pacingOf(at(1000, 0, 100, 1000, 1000, 200), 100*time.Millisecond)
+		if p.MaxPerSecond != 5 { // [100, 1100) holds 100, 200 and the clump
+			t.Fatalf("MaxPerSecond = %d, want 5", p.MaxPerSecond)
+		}
+		if p.Dev.Max != 700*time.Millisecond {
+			t.Fatalf("Dev.Max = %v, want 700ms (gap 800ms)", p.Dev.Max)
+		}
+		if p.Span != time.Second || p.Achieved != 5 {
+			t.Fatalf("Span %v Achieved %v, want 1s and 5/s", p.Span, p.Achieved)
+		}
+	})
+	t.Run("window is half-open", func(t *testing.T) {
+		if got := maxInWindow(at(0, 999, 1000, 1999), time.Second); got != 2 {
+			t.Fatalf("maxInWindow = %d, want 2", got)
+		}
+	})
+}
+
+func TestFormat(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{fmtInt(0), "0"},
+		{fmtInt(999), "999"},
+		{fmtInt(1000), "1,000"},
+		{fmtInt(-1234567), "-1,234,567"},
+		{fmtRate(97.34), "97.3/s"},
+		{fmtRate(12345.6), "12,346/s"},
+		{fmtDur(850 * time.Microsecond), "850 µs"},
+		{fmtDur(4120 * time.Microsecond), "4.12 ms"},
+		{fmtDur(15 * time.Millisecond), "15.0 ms"},
+		{fmtDur(2500 * time.Millisecond), "2.50 s"},
+		{fmtRatio(3, 2), "1.50×"},
+		{fmtRatio(3, 0), "—"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
+
+func TestConfigRefusesNonLoopback(t *testing.T) {
+	for _, c := range []Config{
+		{RedisURL: "redis://10.0.0.5:6379/0"},
+		{RedisURL: "redis://redis.example.com:6379"},
+		{NATSURL: "nats://192.168.1.2:4222"},
+		{NATSURL: "http://127.0.0.1:4222"},
+		{Only: []string{"everything"}},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+	for _, c := range []Config{
+		{RedisURL: "redis://127.0.0.1:6379/0", NATSURL: "nats://localhost:4222"},
+		{NATSURL: "nats://[::1]:4222", Only: []string{Pacing}},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("Validate(%+v) = %v, want nil", c, err)
+		}
+	}
+}
+
+// TestSmoke runs the smoke mode of two scenarios end to end against the
+// real service and checks that they produce their rows and a table.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	rows, err := Run(ctx, Config{Smoke: true, Only: []string{Pacing, Latency}, Duration: 200 * time.Millisecond,
+		Progress: &progress, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{Pacing: 2 * len(pacingRates), Latency: 1}
+	got := map[string]int{}
+	for _, r := range rows {
+		if r.Verdict == Failed {
+			t.Errorf("%s: %s", r.Scenario, r.Note)
+		}
+		if r.Ours == "" || r.Goal == "" {
+			t.Errorf("row %+v lacks a figure or a goal", r)
+		}
+		got[r.ID]++
+	}
+	for id, n := range want {
+		if got[id] != n {
+			t.Errorf("%d rows for %s, want %d", got[id], id, n)
+		}
+	}
+	var table bytes.Buffer
+	PrintTable(&table, rows)
+	if !strings.Contains(table.String(), "| scenario") || !strings.Contains(table.String(), "pacing @10,000/s") {
+		t.Errorf("table:\n%s", table.String())
+	}
+	if !strings.Contains(progress.String(), "[1/2] pacing") {
+		t.Errorf("progress:\n%s", progress.String())
+	}
+}

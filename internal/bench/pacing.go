@@ -1,0 +1,147 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"go.uber.org/ratelimit"
+)
+
+// pacingRates are the lane rates the pacing scenario measures.
+var pacingRates = []int{100, 1000, 10_000}
+
+// pacingInflight is max_inflight of the pacing lanes: enough that delivery
+// time never holds a slot back at 10,000/s.
+const pacingInflight = 256
+
+// runPacing: for each rate, a lane with burst 1 drains a prefilled backlog
+// of rate × duration jobs into the sink, and the arrival times there are
+// compared with go.uber.org/ratelimit (default options) driving the same
+// number of POSTs to the same sink at the same rate: |gap − period|
+// p50/p99/max, the busiest 1-s window, and the rate achieved.
+func runPacing(ctx context.Context, e *env) ([]Result, error) {
+	sk, err := startSink()
+	if err != nil {
+		return nil, err
+	}
+	defer sk.close()
+	var rows []Result
+	for _, r := range pacingRates {
+		rr, err := e.pacingAt(ctx, sk, r)
+		rows = append(rows, rr...)
+		if err != nil {
+			return rows, err
+		}
+	}
+	return rows, nil
+}
+
+func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, error) {
+	n := max(int(float64(perSecond)*e.dur.Seconds()), 20)
+	lim := bucket.Limit{Rate: float64(perSecond), Burst: 1}
+	period := lim.Period()
+	timeout := 2*time.Duration(n)*period + 10*time.Second
+
+	// Reference: uber's limiter, the same count, the same rate, each Take()
+	// followed by a POST of the job to the same sink on its own goroutine
+	// (at most pacingInflight at once), as a user of the library would
+	// deliver; arrivals are measured at the sink like ours. The times Take()
+	// returned are kept too: the limiter alone, without delivery.
+	takes := make([]time.Time, 0, n)
+	client := newClient(pacingInflight)
+	defer client.CloseIdleConnections()
+	sem := make(chan struct{}, pacingInflight)
+	rl := ratelimit.New(perSecond)
+	deadline := time.Now().Add(timeout)
+	phase := fmt.Sprintf("ratelimit.Take+POST @%s", fmtRate(float64(perSecond)))
+	sk.reset(n)
+	for i := range n {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		rl.Take()
+		// Take returns the slot it computed, not when it returned.
+		takes = append(takes, time.Now())
+		select {
+		case sem <- struct{}{}:
+		case <-time.After(time.Until(deadline)):
+		}
+		go func() {
+			defer func() { <-sem }()
+			_, _ = post(ctx, client, sk.URL, drainPayload, 200)
+		}()
+		if i%max(perSecond/10, 1) == 0 {
+			e.prog.set(phase, i, n)
+		}
+	}
+	for range pacingInflight { // every POST has returned
+		sem <- struct{}{}
+	}
+	if err := sk.wait(ctx, n, time.Until(deadline)+time.Second, e.prog, phase); err != nil {
+		return nil, err
+	}
+	refArrivals, _ := sk.snapshot()
+	ref := pacingOf(refArrivals, period)
+	take := pacingOf(takes, period)
+
+	lane := e.lane(fmt.Sprintf("pace%d", perSecond))
+	lo := laneOpts{rate: lim.Rate, burst: lim.Burst, inflight: pacingInflight, backlog: int64(4 * n)}
+	cfg, err := e.serviceConfig(svcOpts{dataDir: e.dir("pacing"), target: sk.URL, lanes: map[string]laneOpts{lane: lo}})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.prefill(ctx, cfg, map[string]int{lane: n}, drainPayload, nil); err != nil {
+		return nil, err
+	}
+	sk.reset(n)
+	svc, err := e.startService(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	werr := sk.wait(ctx, n, timeout, e.prog, fmt.Sprintf("lane @%s", fmtRate(float64(perSecond))))
+	calls := svc.counter("throttler_pacer_calls_total", map[string]string{"lane": lane})
+	svc.stop()
+	if werr != nil {
+		return nil, werr
+	}
+	arrivals, _ := sk.snapshot()
+	ours := pacingOf(arrivals, period)
+
+	rateName := fmtInt(int64(perSecond)) + "/s"
+	devCell := func(p pacing) string {
+		return fmt.Sprintf("%s / %s / %s", fmtDur(p.Dev.P50), fmtDur(p.Dev.P99), fmtDur(p.Dev.Max))
+	}
+	winCell := func(p pacing) string {
+		return fmt.Sprintf("%s in 1 s, %s achieved", fmtInt(int64(p.MaxPerSecond)), fmtRate(p.Achieved))
+	}
+	// G1: at most burst + rate·W in any window W (W = 1 s, taken as closed
+	// at both ends, hence the +1).
+	bound := lim.Burst + perSecond
+	reached := ours.Achieved >= 0.99*float64(perSecond)
+	winGoal := fmt.Sprintf("≤ %s in 1 s (G1), ≥ 99%% of rate", fmtInt(int64(bound)))
+	if perSecond >= 10_000 {
+		winGoal = fmt.Sprintf("≤ %s in 1 s (G1), %s reached", fmtInt(int64(bound)), rateName)
+	}
+	return []Result{
+		{
+			ID: Pacing, Scenario: fmt.Sprintf("pacing @%s: |gap − period| p50 / p99 / max at the sink (vs uber ratelimit + POST)", rateName),
+			Ours: devCell(ours), Reference: devCell(ref),
+			Ratio:   "p99 " + fmtRatio(float64(ours.Dev.P99), float64(ref.Dev.P99)),
+			Goal:    "p99 ≤ ratelimit's",
+			Verdict: verdict(ours.Dev.P99 <= ref.Dev.P99),
+			Note: fmt.Sprintf("ratelimit's Take() return times alone (no delivery): %s; %s",
+				devCell(take), winCell(take)),
+		},
+		{
+			ID: Pacing, Scenario: fmt.Sprintf("pacing @%s: busiest 1-s window, rate achieved (%s jobs)", rateName, fmtInt(int64(n))),
+			Ours: winCell(ours), Reference: winCell(ref),
+			Ratio:   "rate " + fmtRatio(ours.Achieved, ref.Achieved),
+			Goal:    winGoal,
+			Verdict: verdict(ours.MaxPerSecond <= bound && reached),
+			Note: fmt.Sprintf("ours reserved its slots in %s pacer calls (%.1f jobs per call, batch up to %d)",
+				fmtInt(int64(calls)), float64(n)/max(calls, 1), min(512, int(float64(perSecond)*0.020), pacingInflight)),
+		},
+	}, nil
+}
