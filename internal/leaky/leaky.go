@@ -4,16 +4,22 @@
 //
 // A Drain repeats three steps: take up to Batch queued items from its Source,
 // take an in-flight permit for each (at most MaxInflight dispatches run at
-// once), reserve one slot per item in a single call to the Pacer, and start
-// each item when its slot comes. Permits are taken before slots are reserved,
-// so a slow target never makes reserved slots pile up and fire in a clump.
+// once), and start each item at a slot, reserving Batch slots in one call to
+// the Pacer whenever the slots left from the last call do not cover the items
+// held. Permits are taken before items are started, and a slot is never used
+// more than MaxLate after its time, so a slow target never makes reserved
+// slots pile up and fire in a clump: they are given up instead.
 // Items that admission already let through (Item.Admitted) hold their slot and
-// start at once.
+// start at once, unless they reach the drain too late for it (see MaxLate).
 //
 // When the period is shorter than a timer can sleep, the drain wakes late and
 // starts every item whose slot has passed: a micro-batch. Starts are never
-// earlier than their slots, so the lane's bound (burst + rate·W in any window
-// W) holds whatever the timer does.
+// earlier than their slots, and never later than MaxLate after them: a slot
+// that has passed by more (the process stalled: GC, scheduler, a loaded
+// machine) is given up as lost capacity and its item takes the next slot,
+// instead of starting in a clump with the ones after it. The slots keep the
+// lane's bound (burst + rate·W in any window W); the starts keep it with W
+// widened by the MaxLate of the slots they started in.
 //
 // The package is pure: it knows nothing of NATS, Redis or HTTP. Those come in
 // through the small interfaces below.
@@ -24,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
@@ -116,9 +123,19 @@ type Config struct {
 	// GiveBackAfter: while the Pacer keeps failing for this long, held items
 	// go back to the queue so that another instance may take them.
 	GiveBackAfter time.Duration
-	Clock         Clock
-	Logger        *slog.Logger
-	Observer      Observer
+	// PausedUntil, when set, tells until when the lane must not start any
+	// job (a downstream asked it to wait). It is read before every start, so
+	// slots reserved before a pause are given up rather than used during it.
+	PausedUntil func() time.Time
+	// MaxLate bounds how long after its slot an item may start; a slot
+	// missed by more is given up (lost capacity, never a clump). The bound
+	// used is the larger of MaxLate and the lane's period, so that below
+	// 1/MaxLate jobs/s a timer waking late never costs a slot. Zero means
+	// DefaultMaxLate.
+	MaxLate  time.Duration
+	Clock    Clock
+	Logger   *slog.Logger
+	Observer Observer
 }
 
 // BatchFor returns the slots to reserve per call at rate: about 20 ms worth
@@ -138,6 +155,19 @@ func BatchFor(rate float64, maxInflight int) int {
 	return n
 }
 
+// errPaused: startBatch stopped for a downstream pause; the rest must get
+// fresh slots.
+var errPaused = errors.New("leaky: lane paused")
+
+// errLate: startBatch gave up every slot it had left because the drain woke
+// too late for them; the rest must get fresh slots.
+var errLate = errors.New("leaky: slots missed")
+
+// DefaultMaxLate is Config.MaxLate's default: a few timer wake-ups at the
+// ~1 ms granularity of an idle Go timer. At 10,000 jobs/s a start may then
+// come with at most 20 others that were due before it.
+const DefaultMaxLate = 2 * time.Millisecond
+
 // Drain paces one lane. Create it with New; Run it once.
 type Drain struct {
 	cfg     Config
@@ -145,6 +175,11 @@ type Drain struct {
 	// downSince is when the Pacer started failing; zero while it works.
 	// Only Run's goroutine touches it.
 	downSince time.Time
+	// slots are the due times of slots reserved and not yet used, in
+	// order, and period their spacing; only Run's goroutine touches them.
+	slots  []time.Time
+	period time.Duration
+	missed atomic.Uint64
 }
 
 // New checks cfg and returns a Drain. It starts nothing.
@@ -171,6 +206,9 @@ func New(cfg Config) (*Drain, error) {
 	if cfg.GiveBackAfter <= 0 {
 		cfg.GiveBackAfter = 5 * time.Second
 	}
+	if cfg.MaxLate <= 0 {
+		cfg.MaxLate = DefaultMaxLate
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = RealClock
 	}
@@ -186,6 +224,11 @@ func New(cfg Config) (*Drain, error) {
 // Inflight reports how many dispatches hold a permit now (waiting for their
 // slot or running).
 func (d *Drain) Inflight() int { return len(d.permits) }
+
+// Missed reports how many reserved slots were given up because no item
+// could start in them within MaxLate (the drain woke late, no job or permit
+// was there in time, an admitted job came late). Safe for concurrent use.
+func (d *Drain) Missed() uint64 { return d.missed.Load() }
 
 // Run drains until ctx ends, then waits for every dispatch it started to call
 // done and returns ctx's error. Items it holds unstarted go back to the Source.
@@ -237,6 +280,15 @@ func (d *Drain) Run(ctx context.Context) error {
 		}
 		batch := held[:n]
 		rest, err := d.startBatch(ctx, batch)
+		if errors.Is(err, errPaused) || errors.Is(err, errLate) {
+			// The pause is over, or the slots were missed: reserve fresh
+			// slots for the rest.
+			for range rest {
+				<-d.permits
+			}
+			held = append(rest, held[n:]...)
+			continue
+		}
 		if err != nil {
 			// ctx ended or the pacer stayed down: rest holds unstarted items.
 			for range rest {
@@ -258,35 +310,70 @@ func (d *Drain) Run(ctx context.Context) error {
 // every item at its slot. Each item holds a permit. On error it returns the
 // items it did not start (their permits still held).
 func (d *Drain) startBatch(ctx context.Context, batch []Item) ([]Item, error) {
+	// Admitted items start at once, unless they reach the drain too long
+	// after admission took their slot (see storedAt).
+	now, late := d.cfg.Clock.Now(), d.cfg.MaxLate
+	if p, ok := d.cfg.Pacer.(interface{ Period() time.Duration }); ok {
+		late = max(late, p.Period())
+	}
+	atOnce := make([]bool, len(batch))
 	need := 0
-	for _, it := range batch {
-		if !it.Admitted() {
+	for i, it := range batch {
+		if atOnce[i] = d.admittedInTime(it, now, late); !atOnce[i] {
 			need++
 		}
 	}
-	var res bucket.Reservation
-	var t0 time.Time
-	if need > 0 {
-		var err error
-		res, t0, err = d.reserve(ctx, need)
+	if need > 0 && need+d.cfg.Batch/2 > len(d.slots) {
+		// Reserve a whole batch, not just what is held, and before the slots
+		// in hand run out: a queue that hands out jobs a few at a time then
+		// still costs one call per Batch jobs, the jobs fetched next take
+		// the slots left over, and the state's tat stays ahead of now, so no
+		// time is lost between batches. Slots nobody takes in time are given
+		// up below: capacity lost, never overshoot.
+		res, t0, err := d.reserve(ctx, max(need, d.cfg.Batch))
 		if err != nil {
 			return batch, err
 		}
+		for j := range res.N {
+			d.slots = append(d.slots, t0.Add(res.Delay(j)))
+		}
+		d.period = res.Period
 	}
-	slot := 0
+	maxLate := max(d.cfg.MaxLate, d.period)
 	for i, it := range batch {
 		var due time.Time
-		if it.Admitted() {
+		if atOnce[i] {
 			due = d.cfg.Clock.Now()
-		} else {
-			due = t0.Add(res.Delay(slot))
-			slot++
 		}
-		if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
-			if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
-				// Reserved slots of unstarted items are lost capacity, never
-				// overshoot.
-				return batch[i:], err
+		for !atOnce[i] {
+			if len(d.slots) == 0 {
+				// Every slot left was missed.
+				return batch[i:], errLate
+			}
+			due = d.slots[0]
+			d.slots = d.slots[1:]
+			if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
+				if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
+					// Reserved slots of unstarted items are lost capacity,
+					// never overshoot.
+					return batch[i:], err
+				}
+			}
+			if d.cfg.Clock.Now().Sub(due) <= maxLate {
+				break
+			}
+			// Woke too late for this slot: starting now would clump with
+			// the slots after it. Give it up; the item takes the next one.
+			d.missed.Add(1)
+		}
+		if d.cfg.PausedUntil != nil {
+			if until := d.cfg.PausedUntil(); until.After(d.cfg.Clock.Now()) {
+				// Give up the reserved slots; wait out the pause.
+				d.slots = nil
+				if err := d.cfg.Clock.Sleep(ctx, until.Sub(d.cfg.Clock.Now())); err != nil {
+					return batch[i:], err
+				}
+				return batch[i:], errPaused
 			}
 		}
 		d.cfg.Observer.Started(d.cfg.Clock.Now().Sub(due))
@@ -296,6 +383,28 @@ func (d *Drain) startBatch(ctx context.Context, batch []Item) ([]Item, error) {
 }
 
 func (d *Drain) done() { <-d.permits }
+
+// storedAt is implemented by items that know when they were queued
+// (queue.Msg: EnqueuedAt, the queue server's clock). Admission took an
+// admitted item's slot just before the item was stored; an item that reaches
+// the drain more than MaxLate (or a period) after that has missed its slot
+// like a drain that woke late, and waits for a fresh one instead of starting
+// in a clump with the slots after it: a slot lost, never an overshoot.
+type storedAt interface {
+	EnqueuedAt() time.Time
+}
+
+// admittedInTime reports whether it may start at once on admission's slot.
+func (d *Drain) admittedInTime(it Item, now time.Time, late time.Duration) bool {
+	if !it.Admitted() {
+		return false
+	}
+	if s, ok := it.(storedAt); ok && now.Sub(s.EnqueuedAt()) > late {
+		d.missed.Add(1)
+		return false
+	}
+	return true
+}
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the
@@ -345,4 +454,10 @@ type StorePacer struct {
 // Reserve implements Pacer.
 func (p StorePacer) Reserve(ctx context.Context, n int) (bucket.Reservation, error) {
 	return p.Store.Reserve(ctx, p.Key, p.Limit(), n)
+}
+
+// Period is the current limit's period; the drain uses it to bound how late
+// an admitted item may start.
+func (p StorePacer) Period() time.Duration {
+	return p.Limit().Period()
 }

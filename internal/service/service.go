@@ -318,7 +318,9 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 		_ = client.Close()
 		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
-	store := redisbucket.New(pipe, redisbucket.DefaultConfig())
+	rcfg := redisbucket.DefaultConfig()
+	rcfg.Logger = s.log.With("component", "redisbucket")
+	store := redisbucket.New(pipe, rcfg)
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {

@@ -22,9 +22,25 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[3]  tolerance τ in ns (bucket.Limit.Tolerance)
 //	ARGV[4]  the operation's argument (n slots, or a pause in ns)
 //	ARGV[5]  extra TTL in ms (0 unless a test injects its own clock)
+//	ARGV[6]  the caller's floor: the latest tat it has seen for the key, in
+//	         the state format, or "" (see "Lost state" below)
 //
+// Every script replies with an array whose last two elements are the tat
+// after the call in the state format ("" when the bucket is full) and a
+// restored flag (1 when the script restored a lost state from the floor).
 // Numbers leave a script as strings ("%.0f"): a Lua number returned as such
 // is truncated to an integer reply and would overflow silently.
+//
+// Lost state: a key that expired had its tat at or before now (its TTL is at
+// least tat − now), so a missing key is normally a full bucket. When Redis
+// loses its data instead (a restart without persistence, a failover to a
+// replica that lagged, FLUSHALL), a missing key may hide a bucket that is
+// empty, or a pause a downstream asked for, and a fresh burst would break the
+// lane's limit. Each instance remembers the latest tat it saw per key and
+// sends it as the floor. A missing key whose floor is still ahead of now was
+// lost, not expired: the script restores it with tat = max(floor, now + τ +
+// T), an empty bucket (after admissions alone tat is never beyond now + τ +
+// T), and writes it back so that instances with older floors see it too.
 const prelude = `
 local function parse(v)
   local us, ns = string.match(v, '^(%-?%d+)%.(%d%d%d)$')
@@ -51,8 +67,10 @@ local tau = tonumber(ARGV[3])
 local arg = tonumber(ARGV[4])
 local extra_ttl = tonumber(ARGV[5])
 
--- rel is tat - now in ns; a missing key is a full bucket (tat <= now).
+-- rel is tat - now in ns; a missing key is a full bucket (tat <= now),
+-- unless the caller's floor says the state was lost (see above).
 local rel = 0
+local restored = 0
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local us, ns = parse(cur)
@@ -60,6 +78,29 @@ if cur then
     return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[1])
   end
   rel = (us - now_us) * 1000 + (ns - now_ns)
+elseif ARGV[6] ~= '' then
+  local us, ns = parse(ARGV[6])
+  if not us then
+    return redis.error_reply('ERR redisbucket: bad floor argument ' .. ARGV[6])
+  end
+  local f = (us - now_us) * 1000 + (ns - now_ns)
+  if f > 0 then
+    rel = math.max(f, tau + period)
+    restored = 1
+  end
+end
+
+-- state formats now + r (ns) in the state format; it remembers its last
+-- answer, since a script formats the tat it stores again for its reply.
+local last_r, last_state
+local function state(r)
+  if r == last_r then return last_state end
+  local x = now_ns + r
+  local frac = math.fmod(x, 1000)
+  if frac < 0 then frac = frac + 1000 end
+  local us = now_us + (x - frac) / 1000
+  last_r, last_state = r, string.format('%.0f.%03d', us, frac)
+  return last_state
 end
 
 -- store writes tat = now + r (ns) with a TTL of at least the time until the
@@ -70,55 +111,65 @@ local function store(r)
     redis.call('DEL', KEYS[1])
     return
   end
-  local x = now_ns + r
-  local frac = math.fmod(x, 1000)
-  if frac < 0 then frac = frac + 1000 end
-  local us = now_us + (x - frac) / 1000
+  -- A whole number of ms up to 1e15 converts to its plain digits (%.17g).
   local ttl = math.ceil(r / 1000000) + extra_ttl
   if ttl > 1e15 then ttl = 1e15 end
-  redis.call('SET', KEYS[1], string.format('%.0f.%03d', us, frac),
-    'PX', string.format('%.0f', ttl))
+  redis.call('SET', KEYS[1], state(r), 'PX', ttl)
+end
+
+if restored == 1 then
+  store(rel)
 end
 
 local function num(x)
   return string.format('%.0f', x)
 end
+
+-- tail is the common end of every reply: the tat for the caller's floor
+-- ("" when the bucket is full) and the restored flag.
+local function tail(r)
+  if r <= 0 then return '', restored end
+  return state(r), restored
+end
 `
 
 // admitScript takes one token if the bucket has one (bucket.Admit). It
-// returns {1, tat' - now} when allowed, {0, tat - now} when not (ns).
+// returns {1, tat' - now, tat', restored} when allowed, {0, tat - now, tat,
+// restored} when not (ns).
 var admitScript = redis.NewScript(prelude + `
 if rel < 0 then rel = 0 end
 if rel - tau > 0 then
-  return {0, num(rel)}
+  return {0, num(rel), tail(rel)}
 end
 rel = rel + period
 store(rel)
-return {1, num(rel)}
+return {1, num(rel), tail(rel)}
 `)
 
 // reserveScript reserves ARGV[4] slots (bucket.Reserve). It returns
-// max(tat, now) - now in ns, the base the slots are counted from.
+// {max(tat, now) - now, tat', restored}: the base the slots are counted from
+// (ns), and the state after the reservation.
 var reserveScript = redis.NewScript(prelude + `
 if rel < 0 then rel = 0 end
-store(rel + arg * period)
-return num(rel)
+local after = rel + arg * period
+store(after)
+return {num(rel), tail(after)}
 `)
 
-// peekScript reads the state without changing it (bucket.Peek). It returns
-// max(tat, now) - now in ns.
+// peekScript reads the state without changing it (bucket.Peek), unless it
+// restores a lost one. It returns {max(tat, now) - now, tat, restored}.
 var peekScript = redis.NewScript(prelude + `
 if rel < 0 then rel = 0 end
-return num(rel)
+return {num(rel), tail(rel)}
 `)
 
 // pauseScript raises tat to at least now + ARGV[4] + τ (bucket.Pause). It
-// returns the resulting tat - now in ns.
+// returns {tat' - now, tat', restored}.
 var pauseScript = redis.NewScript(prelude + `
 local p = arg + tau
 if rel < p then
   rel = p
   store(rel)
 end
-return num(rel)
+return {num(rel), tail(rel)}
 `)

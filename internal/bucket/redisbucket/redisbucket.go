@@ -16,6 +16,15 @@
 // in whole nanoseconds; results come back as the same bucket.Decision and
 // bucket.Reservation, relative to the script's reading of TIME.
 //
+// Redis losing its data (a restart without persistence, a failover to a
+// replica that lagged) must not hand a busy lane a fresh burst. Each Store
+// remembers the latest tat it saw per key (its floor) while that tat is
+// ahead, and sends it with every call; a script that finds the key missing
+// although the floor is still ahead restores the state as an empty bucket no
+// earlier than the floor (see Restored). What stays possible is the part of
+// the lost state no calling instance had seen yet: the slots other instances
+// reserved since, at most a batch each.
+//
 // Every error other than an invalid limit (bucket.ErrInvalidLimit) wraps
 // bucket.ErrUnavailable: Redis down or slow, a reply the store does not
 // understand, a foreign value under its key. The cause stays reachable with
@@ -26,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
@@ -38,8 +48,8 @@ import (
 )
 
 // rediser is what the store needs from a Redis client: the methods
-// redis.Script.Run may call. *redis.Client, *redis.ClusterClient and
-// *redis.Ring have them.
+// redis.Script.Run may call. *redis.Client, *redis.ClusterClient,
+// *redis.Ring and *redis.AutoPipeliner have them.
 type rediser interface {
 	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
 	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
@@ -53,6 +63,7 @@ var (
 	_ rediser = (*redis.Client)(nil)
 	_ rediser = (*redis.ClusterClient)(nil)
 	_ rediser = (*redis.Ring)(nil)
+	_ rediser = (*redis.AutoPipeliner)(nil)
 
 	_ bucket.Store = (*Store)(nil)
 )
@@ -89,6 +100,9 @@ type Config struct {
 	// a minute later than the bucket refills, since Redis still expires them
 	// by its own clock. Leave it nil in production: instances' clocks differ.
 	Now func() time.Time
+	// Logger receives a warning each time a lost state is restored (see
+	// Store.Restored); nil discards it.
+	Logger *slog.Logger
 }
 
 // DefaultConfig returns the production configuration: prefix "thr", a 500ms
@@ -118,10 +132,17 @@ type Store struct {
 	now     func() time.Time
 	ttlMs   int64 // extra TTL in ms, see nowTTLSlack
 	calls   atomic.Uint64
+	floors  floors
+	log     *slog.Logger
 }
 
 // New returns a store that keeps its states through client, a *redis.Client,
-// *redis.ClusterClient or *redis.Ring. It starts nothing and sends nothing.
+// *redis.ClusterClient, *redis.Ring or *redis.AutoPipeliner. It starts
+// nothing and sends nothing. Under concurrency the autopipeliner (go-redis's
+// client.AutoPipeline(), experimental) sends the calls of many goroutines
+// as one pipeline, a round trip and a pair of syscalls for many calls: more
+// than twice the admissions per second of a plain client at 64 goroutines
+// (docs/BENCHMARKS.md). Every call is still one script run on its own.
 // Zero fields of cfg take their defaults; call cfg.Validate first to catch a
 // bad prefix.
 //
@@ -140,7 +161,10 @@ func New(client rediser, cfg Config) *Store {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now, log: cfg.Logger}
 	if cfg.Now != nil {
 		s.ttlMs = nowTTLSlack.Milliseconds()
 	}
@@ -151,6 +175,11 @@ func New(client rediser, cfg Config) *Store {
 // not), for the throttler_redis_calls_total metric. A call that had to fall
 // back from EVALSHA to EVAL counts once.
 func (s *Store) Calls() uint64 { return s.calls.Load() }
+
+// Restored is the number of calls that found a key missing although this
+// store had seen its tat ahead of now: Redis had lost the state (see the
+// package doc), and the script restored it as an empty bucket.
+func (s *Store) Restored() uint64 { return s.floors.restored.Load() }
 
 // Key is the Redis key that holds k's state: "<prefix>:{<lane>}:gcra" for a
 // lane, "<prefix>:{<lane>}:k:<sub>" for one key of a keyed lane. Braces and
@@ -174,11 +203,15 @@ func (s *Store) Admit(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket
 	if err := checkLimit(l, 1); err != nil {
 		return bucket.Decision{}, err
 	}
-	reply, err := s.run(ctx, admitScript, "admit", k, l, 0)
+	key := s.Key(k)
+	reply, err := s.run(ctx, admitScript, "admit", k, key, l, 0)
 	if err != nil {
 		return bucket.Decision{}, err
 	}
 	allowed, rel, err := parseAdmit(reply)
+	if err == nil {
+		err = s.see(key, reply, rel)
+	}
 	if err != nil {
 		return bucket.Decision{}, s.fail("admit", k, err)
 	}
@@ -204,11 +237,15 @@ func (s *Store) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit, n int
 	if err := checkLimit(l, n); err != nil {
 		return bucket.Reservation{}, err
 	}
-	reply, err := s.run(ctx, reserveScript, "reserve", k, l, int64(n))
+	key := s.Key(k)
+	reply, err := s.run(ctx, reserveScript, "reserve", k, key, l, int64(n))
 	if err != nil {
 		return bucket.Reservation{}, err
 	}
-	base, err := parseDuration(reply)
+	base, err := parseFirst(reply)
+	if err == nil {
+		err = s.see(key, reply, base+time.Duration(n)*l.Period())
+	}
 	if err != nil {
 		return bucket.Reservation{}, s.fail("reserve", k, err)
 	}
@@ -221,11 +258,15 @@ func (s *Store) Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.
 	if err := checkLimit(l, 1); err != nil {
 		return bucket.Decision{}, err
 	}
-	reply, err := s.run(ctx, peekScript, "peek", k, l, 0)
+	key := s.Key(k)
+	reply, err := s.run(ctx, peekScript, "peek", k, key, l, 0)
 	if err != nil {
 		return bucket.Decision{}, err
 	}
-	tat, err := parseDuration(reply)
+	tat, err := parseFirst(reply)
+	if err == nil {
+		err = s.see(key, reply, tat)
+	}
 	if err != nil {
 		return bucket.Decision{}, s.fail("peek", k, err)
 	}
@@ -241,11 +282,16 @@ func (s *Store) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, d time.
 	if math.Abs(float64(d)) > maxSpan {
 		return fmt.Errorf("%w: pause %v is too long", bucket.ErrInvalidLimit, d)
 	}
-	reply, err := s.run(ctx, pauseScript, "pause", k, l, d.Nanoseconds())
+	key := s.Key(k)
+	reply, err := s.run(ctx, pauseScript, "pause", k, key, l, d.Nanoseconds())
 	if err != nil {
 		return err
 	}
-	if _, err := parseDuration(reply); err != nil {
+	tat, err := parseFirst(reply)
+	if err == nil {
+		err = s.see(key, reply, tat)
+	}
+	if err != nil {
 		return s.fail("pause", k, err)
 	}
 	return nil
@@ -269,7 +315,7 @@ func checkLimit(l bucket.Limit, n int) error {
 }
 
 // run runs one script on k's key with the common arguments.
-func (s *Store) run(ctx context.Context, script *redis.Script, op string, k bucket.Key, l bucket.Limit, arg int64) (any, error) {
+func (s *Store) run(ctx context.Context, script *redis.Script, op string, k bucket.Key, key string, l bucket.Limit, arg int64) (any, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
@@ -280,8 +326,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		now = formatNow(s.now())
 	}
 	s.calls.Add(1)
-	reply, err := script.Run(ctx, s.client, []string{s.Key(k)},
-		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs).Result()
+	reply, err := script.Run(ctx, s.client, []string{key},
+		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, s.floors.get(key)).Result()
 	if err != nil {
 		return nil, s.fail(op, k, err)
 	}
@@ -298,23 +344,24 @@ func (s *Store) fail(op string, k bucket.Key, err error) error {
 // formatNow writes t in the state format: microseconds since the Unix epoch
 // with three decimals of nanoseconds.
 func formatNow(t time.Time) string {
+	// UnixMicro already rounds down (the nanoseconds of a time.Time are
+	// never negative), which is what the format wants before 1970 too.
 	us := t.UnixMicro()
 	ns := t.Nanosecond() % 1000
-	if us < 0 && ns > 0 {
-		// UnixMicro rounds toward zero; the format wants floor.
-		us--
-	}
-	return strconv.FormatInt(us, 10) + "." + fmt.Sprintf("%03d", ns)
+	b := make([]byte, 0, 24)
+	b = strconv.AppendInt(b, us, 10)
+	return string(append(b, '.', byte('0'+ns/100), byte('0'+ns/10%10), byte('0'+ns%10)))
 }
 
 // errReply reports a reply of a shape the scripts never send.
 var errReply = errors.New("unexpected reply")
 
-// parseAdmit reads the admit script's {allowed, tat-now} reply.
+// parseAdmit reads the admit script's {allowed, tat-now, tat, restored}
+// reply; see also see.
 func parseAdmit(reply any) (bool, time.Duration, error) {
 	a, ok := reply.([]any)
-	if !ok || len(a) != 2 {
-		return false, 0, fmt.Errorf("%w %T %v, want a pair", errReply, reply, reply)
+	if !ok || len(a) != 4 {
+		return false, 0, fmt.Errorf("%w %T %v, want {allowed, tat-now, tat, restored}", errReply, reply, reply)
 	}
 	flag, ok := a[0].(int64)
 	if !ok || (flag != 0 && flag != 1) {
@@ -325,6 +372,45 @@ func parseAdmit(reply any) (bool, time.Duration, error) {
 		return false, 0, err
 	}
 	return flag == 1, d, nil
+}
+
+// parseFirst reads the {ns, tat, restored} reply of the other scripts and
+// returns its first element; see also see.
+func parseFirst(reply any) (time.Duration, error) {
+	a, ok := reply.([]any)
+	if !ok || len(a) != 3 {
+		return 0, fmt.Errorf("%w %T %v, want {ns, tat, restored}", errReply, reply, reply)
+	}
+	return parseDuration(a[0])
+}
+
+// see reads the common tail of a reply, {…, tat, restored}, and raises k's
+// floor to tat. rel is tat − now as the caller computed it, which bounds how
+// long the floor matters.
+func (s *Store) see(key string, reply any, rel time.Duration) error {
+	a, _ := reply.([]any) // the caller checked the shape
+	tat, ok := a[len(a)-2].(string)
+	if !ok {
+		return fmt.Errorf("%w %T %v as the tat, want a string", errReply, a[len(a)-2], a[len(a)-2])
+	}
+	flag, ok := a[len(a)-1].(int64)
+	if !ok || (flag != 0 && flag != 1) {
+		return fmt.Errorf("%w %T %v as the restored flag, want 0 or 1", errReply, a[len(a)-1], a[len(a)-1])
+	}
+	if flag == 1 {
+		s.floors.restored.Add(1)
+		s.log.Warn("lane state missing in Redis although this instance saw it ahead of now: Redis lost data "+
+			"(a restart without persistence, a failover?); restored as an empty bucket", "key", key, "tat", tat)
+	}
+	if tat == "" {
+		return nil
+	}
+	ns, ok := parseState(tat)
+	if !ok {
+		return fmt.Errorf("%w %q as the tat, want µs.nnn", errReply, tat)
+	}
+	s.floors.raise(key, ns, tat, rel)
+	return nil
 }
 
 // parseDuration reads a number of nanoseconds, sent as a decimal string (an

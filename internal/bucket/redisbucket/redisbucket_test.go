@@ -570,14 +570,21 @@ func TestUnexpectedRepliesAreErrors(t *testing.T) {
 	for _, reply := range []any{
 		nil, "x", int64(1), []any{}, []any{int64(1)}, []any{"1", "0"},
 		[]any{int64(2), "0"}, []any{int64(1), "NaN"}, []any{int64(1), 1.5},
-		[]any{int64(1), "0", "extra"},
+		[]any{int64(1), "0", "extra"}, []any{int64(1), "0", "", int64(0), "extra"},
+		[]any{"1", "0", "", int64(0)}, []any{int64(1), "0", int64(5), int64(0)},
+		[]any{int64(1), "0", "", int64(2)}, []any{int64(1), "0", "", "0"},
+		[]any{int64(1), "1000000000", "12x.000", int64(0)}, []any{int64(1), "1000000000", "12.0001", int64(0)},
 	} {
 		s := redisbucket.New(fakeClient{reply}, redisbucket.DefaultConfig())
 		if _, err := s.Admit(ctx, lane, l); !errors.Is(err, bucket.ErrUnavailable) {
 			t.Errorf("Admit with reply %#v: %v, want ErrUnavailable", reply, err)
 		}
 	}
-	for _, reply := range []any{nil, []any{"0"}, "abc", 2.5} {
+	for _, reply := range []any{
+		nil, []any{"0"}, "abc", 2.5, []any{"0", ""}, []any{"0", "", int64(0), ""},
+		[]any{"x", "", int64(0)}, []any{"0", int64(1), int64(0)}, []any{"0", "", int64(3)},
+		[]any{"1", "1.2.000", int64(0)},
+	} {
 		s := redisbucket.New(fakeClient{reply}, redisbucket.DefaultConfig())
 		if _, err := s.Reserve(ctx, lane, l, 1); !errors.Is(err, bucket.ErrUnavailable) {
 			t.Errorf("Reserve with reply %#v: %v, want ErrUnavailable", reply, err)
@@ -591,7 +598,7 @@ func TestUnexpectedRepliesAreErrors(t *testing.T) {
 	}
 	// The model and the script disagreeing is an error too: allowed, yet
 	// tat - now far beyond the tolerance.
-	s := redisbucket.New(fakeClient{[]any{int64(1), "9000000000"}}, redisbucket.DefaultConfig())
+	s := redisbucket.New(fakeClient{[]any{int64(1), "9000000000", "", int64(0)}}, redisbucket.DefaultConfig())
 	if _, err := s.Admit(ctx, lane, l); !errors.Is(err, bucket.ErrUnavailable) {
 		t.Errorf("Admit with an inconsistent reply: %v, want an error", err)
 	}

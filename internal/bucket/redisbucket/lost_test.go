@@ -1,0 +1,143 @@
+package redisbucket_test
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// TestLostStateIsRestored: Redis restarts without persistence right after a
+// lane spent its burst. Without the floors the empty Redis would grant a
+// second full burst at once (burst 10 at 1/s: 20 admissions within a second,
+// where the limit allows 11). With them, the first call after the restart
+// restores the state as an empty bucket, for this instance and for an
+// instance that never saw the lane.
+func TestLostStateIsRestored(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	var logs strings.Builder
+	cfg := redisbucket.DefaultConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s := redisbucket.New(newFailFastClient(t, srv.Addr), cfg)
+	l := bucket.Limit{Rate: 1, Burst: 10} // τ = 9s
+	for i := range l.Burst {
+		if d, err := s.Admit(ctx, lane, l); err != nil || !d.Allowed {
+			t.Fatalf("admit %d: %+v %v", i, d, err)
+		}
+	}
+	start := time.Now()
+	srv.Stop(t)
+	srv.Start(t)
+	var d bucket.Decision
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		// The pool's connections died with the server: the first call may
+		// fail, the next one dials again.
+		if d, err = s.Admit(ctx, lane, l); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || s.Restored() != 1 {
+		t.Fatalf("admit after the restart (%v after the burst): %+v, restored %d; want refused and the state restored once",
+			time.Since(start).Round(time.Millisecond), d, s.Restored())
+	}
+	if !strings.Contains(logs.String(), "restored as an empty bucket") || !strings.Contains(logs.String(), "thr:{demo}:gcra") {
+		t.Fatalf("no warning naming the key:\n%s", logs.String())
+	}
+	// The restored tat is max(floor, now + τ + T) = about 10 s from the
+	// burst: the next admission in about a second, not before.
+	if lo := time.Second - time.Since(start) - time.Millisecond; d.RetryAfter < lo || d.RetryAfter > time.Second+time.Millisecond {
+		t.Fatalf("RetryAfter %v, want in [%v, 1s]", d.RetryAfter, lo)
+	}
+	// Another instance, which never saw the lane, finds the restored state.
+	other := redisbucket.New(newClient(t, srv.Addr), redisbucket.DefaultConfig())
+	if d, err := other.Admit(ctx, lane, l); err != nil || d.Allowed {
+		t.Fatalf("admit by another instance after the restore: %+v %v, want refused", d, err)
+	}
+	if other.Restored() != 0 {
+		t.Fatalf("the other instance restored %d states; it has no floor", other.Restored())
+	}
+}
+
+// TestLostStateFloors covers the other operations with FLUSHALL standing in
+// for the loss, and the case that must stay as it was: a lane whose tat
+// passed is a full bucket, whatever happened to Redis.
+func TestLostStateFloors(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	client := newClient(t, srv.Addr)
+	s := redisbucket.New(client, redisbucket.DefaultConfig())
+	flush := func() {
+		t.Helper()
+		if err := client.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("PauseSurvives", func(t *testing.T) {
+		k := bucket.Key{Lane: "paused"}
+		l := bucket.Limit{Rate: 100, Burst: 5}
+		if err := s.Pause(ctx, k, l, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		flush()
+		r, err := s.Reserve(ctx, k, l, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The downstream asked for 30 s; the first slot is no earlier.
+		if r.First < 29*time.Second || r.First > 30*time.Second {
+			t.Fatalf("first slot after the loss in %v, want about 30s", r.First)
+		}
+	})
+
+	t.Run("ReservationsSurvive", func(t *testing.T) {
+		k := bucket.Key{Lane: "backlog"}
+		l := bucket.Limit{Rate: 10, Burst: 2} // T = 100ms, τ = 100ms
+		if _, err := s.Reserve(ctx, k, l, 20); err != nil {
+			t.Fatal(err)
+		}
+		before := s.Restored()
+		flush()
+		r, err := s.Reserve(ctx, k, l, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 20 slots were handed out: the 21st comes 1.9 s after the first.
+		if r.First < 1800*time.Millisecond || r.First > 1900*time.Millisecond {
+			t.Fatalf("slot 21 after the loss in %v, want about 1.9s", r.First)
+		}
+		if s.Restored() != before+1 {
+			t.Fatalf("restored %d, want %d", s.Restored(), before+1)
+		}
+		// Peek sees the restored state too and does not restore it again.
+		if d, err := s.Peek(ctx, k, l); err != nil || d.Allowed || s.Restored() != before+1 {
+			t.Fatalf("peek after the restore: %+v %v (restored %d)", d, err, s.Restored())
+		}
+	})
+
+	t.Run("IdleLaneBurstsAsBefore", func(t *testing.T) {
+		k := bucket.Key{Lane: "idle"}
+		l := bucket.Limit{Rate: 1000, Burst: 5} // refills in 5 ms
+		for range l.Burst {
+			if _, err := s.Admit(ctx, k, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+		before := s.Restored()
+		flush()
+		d, err := s.Admit(ctx, k, l)
+		if err != nil || !d.Allowed || d.Remaining != l.Burst-1 || s.Restored() != before {
+			t.Fatalf("admit on a refilled lane after the loss: %+v %v (restored %d → %d), want a full bucket",
+				d, err, before, s.Restored())
+		}
+	})
+}

@@ -1,0 +1,423 @@
+package service
+
+// The misconfiguration guard: an in-memory pacer is correct for one instance
+// only. Two instances sharing a JetStream, each with its own in-memory lane
+// state, would each drain every lane at its full rate (behind a load
+// balancer, N instances multiply the limit by N), and an instance without
+// Redis next to instances with Redis would add its own rate to theirs. Every
+// instance therefore announces itself in a JetStream key-value bucket, and
+// refuses to start next to a live instance of the other kind:
+//
+//   - an instance with the in-memory pacer claims the key "memory-pacer"
+//     (atomic create); one with Redis puts "redis.<id>";
+//   - an in-memory instance refuses while another holds the claim or any
+//     Redis instance is registered; a Redis instance refuses while the claim
+//     is held;
+//   - entries are refreshed every claimRefresh and expire claimTTL after the
+//     last refresh (the bucket's max age), so a crashed instance's entry goes
+//     away by itself; a clean stop deletes it at once.
+//
+// An entry found at start may belong to a live instance or to a crashed one.
+// The guard tells them apart by waiting: a live instance refreshes its entry
+// (a new revision) within claimRefresh, a crashed one's entry expires within
+// claimTTL. So a second instance is refused within about claimRefresh, and
+// an instance restarted after a kill -9 starts within about claimTTL, saying
+// so in the log. The bucket lives in memory on the NATS server: a restarted
+// server holds no stale entries, and live instances put theirs back at their
+// next refresh.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+)
+
+const (
+	// instancesBucket is the key-value bucket of the guard.
+	instancesBucket = "THROTTLER_INSTANCES"
+	// memoryPacerKey is the claim of the one in-memory instance.
+	memoryPacerKey = "memory-pacer"
+	// redisKeyPrefix starts the entry of each instance that uses Redis.
+	redisKeyPrefix = "redis."
+)
+
+// ErrPacerConflict is matched (errors.Is) by the error of an instance that
+// refuses to start, or stops, because another instance shares its JetStream
+// with a different lane-state store.
+var ErrPacerConflict = errors.New("pacer conflict")
+
+// guardTiming is the guard's clock: how long an entry lives without a
+// refresh, how often it is refreshed, how often a waiting start looks again.
+type guardTiming struct {
+	TTL, Refresh, Poll time.Duration
+}
+
+// defaultGuardTiming: a refresh may fail twice (NATS reconnecting) before an
+// entry expires.
+var defaultGuardTiming = guardTiming{TTL: 10 * time.Second, Refresh: 3 * time.Second, Poll: 250 * time.Millisecond}
+
+// instanceInfo is the value of an entry: who holds it.
+type instanceInfo struct {
+	ID      string    `json:"id"`
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Listen  string    `json:"listen"`
+	Pacer   string    `json:"pacer"`
+	Started time.Time `json:"started"`
+}
+
+func (i instanceInfo) String() string {
+	return fmt.Sprintf("id %s, host %s, pid %d, listen %s", i.ID, i.Host, i.PID, i.Listen)
+}
+
+// pacerClaim is this instance's entry, held from claimPacer until release.
+type pacerClaim struct {
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	key    string
+	self   instanceInfo
+	timing guardTiming
+	log    *slog.Logger
+
+	mu  sync.Mutex
+	rev uint64
+
+	stop    context.CancelFunc
+	stopped chan struct{}
+	lost    error // set before the service's context is cancelled
+}
+
+// claimPacer registers this instance in the guard's bucket and refuses (an
+// error matching ErrPacerConflict) when a live instance of the other kind
+// shares the JetStream. On success the entry is refreshed until release is
+// called, and the returned context is cancelled if the entry is lost to
+// another instance, so that Run stops; lostErr then says why.
+func (s *Service) claimPacer(ctx context.Context, nc *nats.Conn) (context.Context, *pacerClaim, error) {
+	timing := s.guardTiming
+	if timing == (guardTiming{}) {
+		timing = defaultGuardTiming
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("instance guard: %w", err)
+	}
+	host, _ := os.Hostname()
+	c := &pacerClaim{
+		js: js, timing: timing, log: s.log.With("component", "guard"),
+		self: instanceInfo{ID: nuid.Next(), Host: host, PID: os.Getpid(), Listen: s.cfg.Listen, Pacer: pacerKind(s.cfg), Started: time.Now().UTC()},
+	}
+	if err := c.ensureBucket(ctx); err != nil {
+		return nil, nil, err
+	}
+	if c.self.Pacer == "memory" {
+		c.key = memoryPacerKey
+		err = c.claimMemory(ctx)
+	} else {
+		c.key = redisKeyPrefix + c.self.ID
+		err = c.registerRedis(ctx)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	svcCtx, cancelSvc := context.WithCancel(ctx)
+	refreshCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stop, c.stopped = stop, make(chan struct{})
+	go func() {
+		defer close(c.stopped)
+		c.refreshLoop(refreshCtx, cancelSvc)
+	}()
+	c.log.Info("instance registered", "key", c.key, "id", c.self.ID, "pacer", c.self.Pacer)
+	return svcCtx, c, nil
+}
+
+// ensureBucket creates the guard's bucket, or updates it to this
+// instance's TTL. It is in memory: after a NATS restart it is made again.
+func (c *pacerClaim) ensureBucket(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      instancesBucket,
+		Description: "throttler instances and the in-memory pacer claim (misconfiguration guard)",
+		TTL:         c.timing.TTL,
+		History:     1,
+		Storage:     jetstream.MemoryStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("instance guard: key-value bucket %s: %w", instancesBucket, err)
+	}
+	c.kv = kv
+	return nil
+}
+
+// claimMemory takes the memory-pacer claim, waiting out a claim left by a
+// crashed instance, then checks that no instance uses Redis.
+func (c *pacerClaim) claimMemory(ctx context.Context) error {
+	value := c.value()
+	deadline := time.Now().Add(c.timing.TTL + 2*c.timing.Refresh)
+	var waitedFor string
+	for {
+		rev, err := c.kv.Create(ctx, memoryPacerKey, value)
+		if err == nil {
+			c.rev = rev
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("instance guard: claim %s: %w", memoryPacerKey, err)
+		}
+		holder, live, err := c.watch(ctx, []string{memoryPacerKey}, deadline, &waitedFor)
+		if err != nil {
+			return err
+		}
+		if live {
+			return fmt.Errorf("%w: another throttler instance (%s) already uses this JetStream with the in-memory pacer; "+
+				"configure redis.url on every instance to share one limit", ErrPacerConflict, holder)
+		}
+		// The claim expired or was released: take it.
+	}
+	keys, err := c.redisKeys(ctx)
+	if err == nil && len(keys) > 0 {
+		var holder instanceInfo
+		var live bool
+		holder, live, err = c.watch(ctx, keys, time.Now().Add(c.timing.TTL+2*c.timing.Refresh), &waitedFor)
+		if err == nil && live {
+			err = fmt.Errorf("%w: throttler instances using Redis share this JetStream (one of them: %s); "+
+				"this instance has no redis.url and its in-memory pacer would add its own rate to theirs: configure the same redis.url here",
+				ErrPacerConflict, holder)
+		}
+	}
+	if err != nil {
+		c.delete()
+		return err
+	}
+	return nil
+}
+
+// registerRedis puts this instance's entry, then checks that no live
+// instance holds the memory-pacer claim. Registering first closes the race
+// with an in-memory instance starting at the same moment: of the two, at
+// least one sees the other.
+func (c *pacerClaim) registerRedis(ctx context.Context) error {
+	rev, err := c.kv.Put(ctx, c.key, c.value())
+	if err != nil {
+		return fmt.Errorf("instance guard: register %s: %w", c.key, err)
+	}
+	c.rev = rev
+	var waitedFor string
+	_, err = c.kv.Get(ctx, memoryPacerKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err == nil {
+		var holder instanceInfo
+		var live bool
+		holder, live, err = c.watch(ctx, []string{memoryPacerKey}, time.Now().Add(c.timing.TTL+2*c.timing.Refresh), &waitedFor)
+		if err == nil && live {
+			err = fmt.Errorf("%w: a throttler instance (%s) uses this JetStream with the in-memory pacer; "+
+				"its rate would add to the shared limit: configure the same redis.url on every instance", ErrPacerConflict, holder)
+		}
+	}
+	if err != nil {
+		c.delete()
+		return err
+	}
+	return nil
+}
+
+// watch decides whether the instances holding keys are alive: it returns
+// live=true with one holder as soon as an entry is refreshed (a new
+// revision), live=false once every entry is gone (expired or deleted), and
+// live=true when neither happened by deadline. It logs once why the start
+// waits (*waited remembers what it logged about).
+func (c *pacerClaim) watch(ctx context.Context, keys []string, deadline time.Time, waited *string) (instanceInfo, bool, error) {
+	revs := map[string]uint64{}
+	var holder instanceInfo
+	for {
+		gone := 0
+		for _, k := range keys {
+			e, err := c.kv.Get(ctx, k)
+			switch {
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				gone++
+				continue
+			case err != nil:
+				return holder, false, fmt.Errorf("instance guard: read %s: %w", k, err)
+			}
+			var info instanceInfo
+			_ = json.Unmarshal(e.Value(), &info) // a foreign value still counts as an entry
+			if info.ID == "" {
+				info.ID = "unknown"
+			}
+			holder = info
+			if rev, seen := revs[k]; seen && rev != e.Revision() {
+				return info, true, nil
+			}
+			revs[k] = e.Revision()
+		}
+		if gone == len(keys) {
+			return holder, false, nil
+		}
+		if what := strings.Join(keys, ","); *waited != what {
+			*waited = what
+			c.log.Warn("another instance's entry exists; waiting for it to be refreshed (a live instance: refuse to start) "+
+				"or to expire (a crashed one: start)", "keys", what, "holder", holder.String(), "wait_at_most", time.Until(deadline).Round(time.Second).String())
+		}
+		if time.Now().After(deadline) {
+			return holder, true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return holder, false, ctx.Err()
+		case <-time.After(c.timing.Poll):
+		}
+	}
+}
+
+// redisKeys lists the entries of instances that use Redis.
+func (c *pacerClaim) redisKeys(ctx context.Context) ([]string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := c.kv.ListKeysFiltered(cctx, redisKeyPrefix+">")
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("instance guard: list instances: %w", err)
+	}
+	defer l.Stop()
+	var keys []string
+	for k := range l.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// refreshLoop refreshes the entry every Refresh until ctx ends. Losing the
+// memory-pacer claim to another instance cancels the service.
+func (c *pacerClaim) refreshLoop(ctx context.Context, cancelSvc context.CancelFunc) {
+	t := time.NewTicker(c.timing.Refresh)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.refresh(ctx)
+		switch {
+		case errors.Is(err, ErrPacerConflict):
+			c.mu.Lock()
+			c.lost = err
+			c.mu.Unlock()
+			c.log.Error("stopping: "+err.Error(), "key", c.key)
+			cancelSvc()
+			return
+		case err != nil && !failing:
+			failing = true
+			c.log.Warn("refreshing the instance entry failed; retrying", "key", c.key, "err", err)
+		case err == nil && failing:
+			failing = false
+			c.log.Info("instance entry refreshed again", "key", c.key)
+		}
+	}
+}
+
+// refresh renews the entry once.
+func (c *pacerClaim) refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timing.Refresh)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.key != memoryPacerKey {
+		rev, err := c.kv.Put(ctx, c.key, c.value())
+		if err != nil {
+			// The bucket may be gone with a NATS restart.
+			if err := c.ensureBucket(ctx); err != nil {
+				return err
+			}
+			rev, err = c.kv.Put(ctx, c.key, c.value())
+		}
+		if err == nil {
+			c.rev = rev
+		}
+		return err
+	}
+	rev, err := c.kv.Update(ctx, c.key, c.value(), c.rev)
+	if err == nil {
+		c.rev = rev
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		// The bucket may be gone with a NATS restart; then the claim is
+		// free and the create below takes it again.
+		if err := c.ensureBucket(ctx); err != nil {
+			return err
+		}
+	}
+	// Our revision is gone: the claim expired (NATS restarted, or the
+	// refreshes failed for a whole TTL) and may have been taken.
+	if rev, err := c.kv.Create(ctx, c.key, c.value()); err == nil {
+		c.rev = rev
+		c.log.Warn("the in-memory pacer claim had expired; claimed it again", "key", c.key)
+		return nil
+	}
+	e, err := c.kv.Get(ctx, c.key)
+	if err != nil {
+		return err
+	}
+	var holder instanceInfo
+	_ = json.Unmarshal(e.Value(), &holder)
+	if holder.ID == c.self.ID {
+		c.rev = e.Revision()
+		return nil
+	}
+	return fmt.Errorf("%w: the in-memory pacer claim was taken by another throttler instance (%s) while this one could not refresh it; "+
+		"two in-memory pacers must not share a JetStream: configure redis.url on every instance", ErrPacerConflict, holder)
+}
+
+// lostErr is the reason the claim cancelled the service, or nil.
+func (c *pacerClaim) lostErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lost
+}
+
+// release stops the refreshes and deletes the entry, if still ours, so that
+// another instance may start at once. Bounded by a few seconds.
+func (c *pacerClaim) release() {
+	c.stop()
+	<-c.stopped
+	if c.lostErr() == nil {
+		c.delete()
+	}
+}
+
+// delete removes the entry; the memory-pacer claim only at our revision.
+func (c *pacerClaim) delete() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var opts []jetstream.KVDeleteOpt
+	if c.key == memoryPacerKey {
+		opts = append(opts, jetstream.LastRevision(c.rev))
+	}
+	if err := c.kv.Delete(ctx, c.key, opts...); err != nil {
+		c.log.Warn("deleting the instance entry failed; it expires by itself", "key", c.key, "expires_in", c.timing.TTL.String(), "err", err)
+	}
+}
+
+func (c *pacerClaim) value() []byte {
+	b, _ := json.Marshal(c.self) // plain strings and numbers: cannot fail
+	return b
+}

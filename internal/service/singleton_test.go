@@ -1,0 +1,273 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// fastGuard makes the guard's waits short enough for tests: a live entry is
+// refreshed every 200 ms, a dead one expires after 1.5 s.
+var fastGuard = guardTiming{TTL: 1500 * time.Millisecond, Refresh: 200 * time.Millisecond, Poll: 50 * time.Millisecond}
+
+// guardConfig is a one-lane config on the nats-server at natsURL, with the
+// Redis at redisURL ("" for the in-memory pacer).
+func guardConfig(t *testing.T, natsURL, redisURL string) config.Config {
+	t.Helper()
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 10
+    burst: 1
+    target: {http: {url: "http://127.0.0.1:1/never"}}
+`, natsURL, t.TempDir(), redisURL)
+	cfg, err := config.Parse("guard.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// logBuffer collects a service's log lines for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type instance struct {
+	svc  *Service
+	logs *logBuffer
+	errc chan error
+	stop context.CancelFunc
+}
+
+// launch runs a service with the fast guard. It does not wait for it.
+func launch(t *testing.T, cfg config.Config) *instance {
+	t.Helper()
+	in := &instance{logs: &logBuffer{}, errc: make(chan error, 1)}
+	in.svc = New(cfg, slog.New(slog.NewTextHandler(in.logs, nil)), nil)
+	in.svc.guardTiming = fastGuard
+	ctx, cancel := context.WithCancel(context.Background())
+	in.stop = cancel
+	go func() { in.errc <- in.svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-in.errc:
+		case <-time.After(20 * time.Second):
+			t.Error("service still running 20 s after cancel")
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", in.logs.String())
+		}
+	})
+	return in
+}
+
+// ready waits until the instance serves, failing t if it exits first.
+func (in *instance) ready(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-in.svc.Ready():
+	case err := <-in.errc:
+		in.errc <- err
+		t.Fatalf("instance exited instead of starting: %v\n%s", err, in.logs.String())
+	case <-time.After(within):
+		t.Fatalf("instance not ready after %v:\n%s", within, in.logs.String())
+	}
+}
+
+// refused waits for the instance to exit with a pacer conflict naming want.
+func (in *instance) refused(t *testing.T, within time.Duration, want ...string) error {
+	t.Helper()
+	select {
+	case <-in.svc.Ready():
+		t.Fatalf("instance started; want it refused:\n%s", in.logs.String())
+	case err := <-in.errc:
+		in.errc <- err
+		if !errors.Is(err, ErrPacerConflict) {
+			t.Fatalf("exit error %v, want ErrPacerConflict", err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Fatalf("error %q does not say %q", err, w)
+			}
+		}
+		return err
+	case <-time.After(within):
+		t.Fatalf("instance neither refused nor started after %v:\n%s", within, in.logs.String())
+	}
+	return nil
+}
+
+func kvOf(t *testing.T, url string) jetstream.KeyValue {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instancesBucket, TTL: fastGuard.TTL, History: 1, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+func holderID(t *testing.T, kv jetstream.KeyValue) string {
+	t.Helper()
+	e, err := kv.Get(context.Background(), memoryPacerKey)
+	if err != nil {
+		return ""
+	}
+	var info instanceInfo
+	if err := json.Unmarshal(e.Value(), &info); err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
+}
+
+// TestSecondMemoryInstanceIsRefused: two instances without Redis on one
+// JetStream would each drain at the full rate. The second refuses to start,
+// naming the first, and starts once the first has stopped cleanly.
+func TestSecondMemoryInstanceIsRefused(t *testing.T) {
+	url := testenv.StartNATS(t).ClientURL()
+	kv := kvOf(t, url)
+	a := launch(t, guardConfig(t, url, ""))
+	a.ready(t, 10*time.Second)
+	id := holderID(t, kv)
+	if id == "" {
+		t.Fatal("the first instance holds no claim")
+	}
+
+	start := time.Now()
+	b := launch(t, guardConfig(t, url, ""))
+	err := b.refused(t, 5*time.Second, "another throttler instance", "id "+id, "already uses this JetStream with the in-memory pacer",
+		"configure redis.url on every instance to share one limit")
+	t.Logf("refused after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if holderID(t, kv) != id {
+		t.Fatal("the refused instance touched the first one's claim")
+	}
+
+	// A clean stop releases the claim: the next instance starts at once.
+	a.stop()
+	if err := <-a.errc; err != nil {
+		t.Fatalf("first instance: %v", err)
+	}
+	a.errc <- nil
+	start = time.Now()
+	c := launch(t, guardConfig(t, url, ""))
+	c.ready(t, 10*time.Second)
+	if waited := time.Since(start); waited > fastGuard.TTL {
+		t.Fatalf("start after a clean stop took %v; the claim was not released", waited)
+	}
+}
+
+// TestInstancesWithRedisShareJetStream: with Redis every instance shares one
+// limit, so any number start; an instance without Redis next to them is
+// refused, and so is a Redis instance next to an in-memory one.
+func TestInstancesWithRedisShareJetStream(t *testing.T) {
+	url := testenv.StartNATS(t).ClientURL()
+	redisURL := testenv.StartRedis(t).URL()
+	a := launch(t, guardConfig(t, url, redisURL))
+	b := launch(t, guardConfig(t, url, redisURL))
+	a.ready(t, 10*time.Second)
+	b.ready(t, 10*time.Second)
+
+	m := launch(t, guardConfig(t, url, ""))
+	m.refused(t, 5*time.Second, "instances using Redis share this JetStream", "configure the same redis.url")
+
+	// The other way round, on a fresh JetStream.
+	url2 := testenv.StartNATS(t).ClientURL()
+	mem := launch(t, guardConfig(t, url2, ""))
+	mem.ready(t, 10*time.Second)
+	r := launch(t, guardConfig(t, url2, redisURL))
+	r.refused(t, 5*time.Second, "uses this JetStream with the in-memory pacer", "configure the same redis.url on every instance")
+}
+
+// TestCrashedInstanceClaimExpires: a claim left by an instance that died
+// (kill -9: nobody refreshes or deletes it) holds a new instance back until
+// it expires, with a log line that says why; then the new instance starts.
+func TestCrashedInstanceClaimExpires(t *testing.T) {
+	url := testenv.StartNATS(t).ClientURL()
+	kv := kvOf(t, url)
+	dead, _ := json.Marshal(instanceInfo{ID: "crashed", Host: "gone", PID: 1})
+	if _, err := kv.Create(context.Background(), memoryPacerKey, dead); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	in := launch(t, guardConfig(t, url, ""))
+	in.ready(t, fastGuard.TTL+5*time.Second)
+	waited := time.Since(start)
+	t.Logf("started %v after a crashed instance's claim was left", waited.Round(time.Millisecond))
+	if waited < fastGuard.TTL/2 {
+		t.Fatalf("started after %v, before the stale claim could have expired", waited)
+	}
+	if logs := in.logs.String(); !strings.Contains(logs, "waiting for it to be refreshed") || !strings.Contains(logs, "crashed") {
+		t.Fatalf("no log line about the wait:\n%s", logs)
+	}
+	if id := holderID(t, kv); id == "" || id == "crashed" {
+		t.Fatalf("claim held by %q after the start", id)
+	}
+}
+
+// TestLostClaimStopsTheInstance: if another instance takes the claim while
+// this one could not refresh it (here: it is overwritten), the instance
+// stops and Run returns why, instead of pacing beside another in-memory
+// pacer.
+func TestLostClaimStopsTheInstance(t *testing.T) {
+	url := testenv.StartNATS(t).ClientURL()
+	kv := kvOf(t, url)
+	in := launch(t, guardConfig(t, url, ""))
+	in.ready(t, 10*time.Second)
+	other, _ := json.Marshal(instanceInfo{ID: "usurper", Host: "elsewhere", PID: 2})
+	if _, err := kv.Put(context.Background(), memoryPacerKey, other); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-in.errc:
+		in.errc <- err
+		if !errors.Is(err, ErrPacerConflict) || !strings.Contains(err.Error(), "usurper") {
+			t.Fatalf("Run returned %v, want a conflict naming the other instance", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("instance still running 5 s after losing its claim")
+	}
+	if id := holderID(t, kv); id != "usurper" {
+		t.Fatalf("the stopping instance deleted the other's claim (holder %q)", id)
+	}
+}
