@@ -41,12 +41,26 @@ type Metrics struct {
 	// PausedSeconds is how long the lane still waits for a downstream's
 	// Retry-After or rate-limit reset; 0 when not paused.
 	PausedSeconds *prometheus.GaugeVec
+
+	reg prometheus.Registerer
+}
+
+// WatchMissed exposes a lane's given-up slots (leaky.Drain.Missed) as
+// throttler_slots_missed_total{lane}: slots reserved but not used within
+// their lateness bound, capacity lost to stalls or idle fetches.
+func (m *Metrics) WatchMissed(lane string, missed func() uint64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "throttler_slots_missed_total",
+		Help:        "Dispatch slots given up because no job could start in them in time.",
+		ConstLabels: prometheus.Labels{"lane": lane},
+	}, func() float64 { return float64(missed()) }))
 }
 
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	lane := []string{"lane"}
 	m := &Metrics{
+		reg: reg,
 		Submitted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_jobs_submitted_total", Help: "Jobs accepted, by lane, state and source.",
 		}, []string{"lane", "state", "source"}),

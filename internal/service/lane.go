@@ -114,6 +114,7 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 		return nil, err
 	}
 	d.metrics.PacerUp.WithLabelValues(d.cfg.Name).Set(1)
+	d.metrics.WatchMissed(d.cfg.Name, l.drain.Missed)
 	return l, nil
 }
 

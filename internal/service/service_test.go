@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,24 +158,45 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 
-	states := map[string]int{}
+	// "At once": the first 11 jobs go concurrently, so the 10 tokens are
+	// taken within milliseconds even on a loaded machine (sent one by one they
+	// may take longer than a period, and a refilled token would admit an
+	// 11th). Once a job is queued the drain holds the next slot and keeps the
+	// bucket empty, so the other 89 can go one by one, in a known order.
 	ids := make([]string, 100)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("job-%03d", i)
-		code, a, h := submit(t, client, svc.Addr(), "demo", ids[i], fmt.Sprintf("payload %d", i))
+	}
+	answers := make([]accepted, 100)
+	check := func(i int, code int, a accepted, h http.Header) {
 		if code != http.StatusAccepted || a.ID != ids[i] || a.Lane != "demo" {
-			t.Fatalf("job %d: status %d, %+v", i, code, a)
+			t.Errorf("job %d: status %d, %+v", i, code, a)
 		}
 		if h.Get("X-RateLimit-Limit") != "10" || h.Get("RateLimit-Policy") == "" {
-			t.Fatalf("job %d: rate-limit headers missing: %v", i, h)
+			t.Errorf("job %d: rate-limit headers missing: %v", i, h)
 		}
-		states[a.State]++
-		if i < 10 && a.State != "admitted" {
-			t.Fatalf("job %d: state %s, want admitted", i, a.State)
-		}
-		if i >= 10 && (a.State != "queued" || a.ETA <= 0) {
+		answers[i] = a
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 11; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, a, h := submit(t, client, svc.Addr(), "demo", ids[i], fmt.Sprintf("payload %d", i))
+			check(i, code, a, h)
+		}()
+	}
+	wg.Wait()
+	for i := 11; i < 100; i++ {
+		code, a, h := submit(t, client, svc.Addr(), "demo", ids[i], fmt.Sprintf("payload %d", i))
+		check(i, code, a, h)
+		if a.State != "queued" || a.ETA <= 0 {
 			t.Fatalf("job %d: %+v, want queued with an ETA", i, a)
 		}
+	}
+	states := map[string]int{}
+	for _, a := range answers {
+		states[a.State]++
 	}
 	if states["admitted"] != 10 || states["queued"] != 90 {
 		t.Fatalf("states %v, want 10 admitted and 90 queued", states)
@@ -192,19 +214,14 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 		}
 		seen[a.id] = true
 	}
-	// Order: the 10 admitted (dispatched together, so they may race each
-	// other on the wire) come first; the 90 queued follow in submit order.
+	// Order: the 11 jobs sent together have no order among themselves (and
+	// the 10 admitted are dispatched together, racing on the wire): they
+	// arrive first, in any order; jobs 11..99 follow in submit order.
 	for i, a := range got {
-		if i < 10 {
-			if a.id >= "job-010" {
-				t.Fatalf("arrival %d is %s, want one of the 10 admitted", i, a.id)
-			}
-			continue
+		if n := idIndex(a.id); i < 11 && n >= 11 || i >= 11 && n != i {
+			t.Fatalf("arrival %d is %s, want %s", i, a.id, map[bool]string{true: "one of job-000..job-010", false: ids[i]}[i < 11])
 		}
-		if a.id != ids[i] {
-			t.Fatalf("arrival %d is %s, want %s", i, a.id, ids[i])
-		}
-		if want := fmt.Sprintf("payload %d", i); a.body != want || a.ct != "text/plain" {
+		if want := fmt.Sprintf("payload %d", idIndex(a.id)); a.body != want || a.ct != "text/plain" {
 			t.Fatalf("arrival %d body %q type %q, want %q text/plain", i, a.body, a.ct, want)
 		}
 	}
@@ -222,13 +239,40 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 	for i, a := range got {
 		rel[i] = a.at.Sub(got[0].at)
 	}
-	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 20, Burst: 10}, 5*time.Millisecond)
+	// Admitted jobs take their token at admission and reach the target a few
+	// ms later (store, fetch, POST), so measured at the target the burst sits
+	// up to that much closer to the first queued slot: 15 ms of tolerance.
+	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 20, Burst: 10}, 15*time.Millisecond)
 	// The 90 queued drain at exactly 20/s: 4.5 s after the burst, ± 3%.
 	span := got[99].at.Sub(got[0].at)
 	if span < 4365*time.Millisecond || span > 4635*time.Millisecond {
 		t.Fatalf("the burst took %v to drain, want 4.5s ± 3%%", span)
 	}
 	t.Logf("100 jobs: 10 admitted, 90 queued, drained in %v", span)
+	resp, err := http.Get("http://" + svc.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`throttler_dispatches_total{lane="demo",outcome="done"} 100`,
+		`throttler_jobs_submitted_total{lane="demo",source="http",state="admitted"} 10`,
+		`throttler_jobs_submitted_total{lane="demo",source="http",state="queued"} 90`,
+		`throttler_slots_missed_total{lane="demo"}`,
+		`throttler_lane_effective_rate{lane="demo"} 20`,
+		`throttler_pacer_up{lane="demo"} 1`,
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func idIndex(id string) int {
+	var n int
+	fmt.Sscanf(id, "job-%d", &n)
+	return n
 }
 
 // TestRestartMidDrainLosesNothing stops the service while 50 jobs wait and
