@@ -134,6 +134,9 @@ type Retry struct {
 type Target struct {
 	HTTP *HTTPTarget `yaml:"http"`
 	NATS *NATSTarget `yaml:"nats"`
+	// Handler names an in-process Go handler registered with
+	// service.Service.Handle (library use).
+	Handler string `yaml:"handler"`
 }
 
 // NATSTarget delivers a job to a worker pool over NATS.
@@ -460,8 +463,17 @@ func (l *Lane) validate(p string) error {
 			return fail("adaptive.interval", "must be greater than 0")
 		}
 	}
-	if (l.Target.HTTP == nil) == (l.Target.NATS == nil) {
-		return fail("target", "exactly one target kind is required (http or nats)")
+	kinds := 0
+	for _, set := range []bool{l.Target.HTTP != nil, l.Target.NATS != nil, l.Target.Handler != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return fail("target", "exactly one target kind is required (http, nats or handler)")
+	}
+	if l.Target.Handler != "" {
+		return nil
 	}
 	if n := l.Target.NATS; n != nil {
 		if !literalSubject(n.Subject) {

@@ -102,7 +102,7 @@ func TestRealClockTenThousandPerSecond(t *testing.T) {
 	// tiny batches (max_inflight 16: 1.6 ms) lose a few % to timer lateness.
 	const maxInflight = 256
 	best := 0.0
-	for run := 1; run <= 3 && best < 0.97*l.Rate; run++ {
+	for run := 1; run <= 3 && best < 0.97*l.Rate && !(raceEnabled && run > 1); run++ {
 		at, missed := runRealClock(t, l, maxInflight, n)
 		span := at[n-1]
 		rate := float64(n-l.Burst) / span.Seconds()
@@ -115,7 +115,12 @@ func TestRealClockTenThousandPerSecond(t *testing.T) {
 		checkWindowsUpTo(t, at, l, 200*time.Millisecond, leaky.DefaultMaxLate+time.Millisecond)
 		best = max(best, rate)
 	}
-	if best < 0.97*l.Rate {
+	switch {
+	case raceEnabled:
+		// The race detector's instrumentation, not the pacer, bounds the
+		// rate here; G1 was still checked on every run. make test checks it.
+		t.Logf("race detector on: rate %.0f jobs/s reported, not checked", best)
+	case best < 0.97*l.Rate:
 		t.Errorf("best of three runs %.0f jobs/s, want %v within 3%%", best, l.Rate)
 	}
 }

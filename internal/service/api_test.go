@@ -8,11 +8,15 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -242,5 +246,46 @@ func TestLargestBodyIsStored(t *testing.T) {
 	waitFor(t, 5*time.Second, "the big job", func() bool { return len(rec.snapshot()) == 1 })
 	if got := len(rec.snapshot()[0].body); got != 1<<20 {
 		t.Fatalf("delivered %d bytes, want %d", got, 1<<20)
+	}
+}
+
+// TestGoHandlerTarget: a program embedding the throttler receives a lane's
+// jobs in a Go handler, paced like any other target; an unregistered
+// handler name fails the start naming the field.
+func TestGoHandlerTarget(t *testing.T) {
+	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/", 50, 2)
+	cfg.Lanes[0].Target = config.Target{Handler: "mine"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	svc := service.New(cfg, nil, nil)
+	svc.Handle("mine", dispatch.Handler(func(_ context.Context, j dispatch.Job) dispatch.Result {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, j.ID+":"+string(j.Payload))
+		return dispatch.Result{Verdict: dispatch.Done}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- svc.Run(ctx) }()
+	defer func() { cancel(); <-errc }()
+	<-svc.Ready()
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 5; i++ {
+		submit(t, client, svc.Addr(), "demo", fmt.Sprintf("h-%d", i), fmt.Sprint(i))
+	}
+	waitFor(t, 5*time.Second, "5 jobs in the handler", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 5 })
+	if got[4] != "h-4:4" {
+		t.Fatalf("handler got %v", got)
+	}
+
+	cfg.NATS.DataDir = t.TempDir()
+	cfg.Lanes[0].Target = config.Target{Handler: "missing"}
+	err := service.New(cfg, nil, nil).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `lanes[0]: target.handler: no handler "missing"`) {
+		t.Fatalf("start with a missing handler: %v", err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 type laneDeps struct {
 	cfg         config.Lane
+	handlers    map[string]dispatch.Target
 	replicas    int
 	nc          *nats.Conn
 	dedup       time.Duration
@@ -145,6 +146,12 @@ func (l *lane) openTarget(ctx context.Context) error {
 			return fmt.Errorf("target.nats: %w", err)
 		}
 		l.target = tgt
+	case t.Handler != "":
+		h, ok := l.handlers[t.Handler]
+		if !ok {
+			return fmt.Errorf("target.handler: no handler %q is registered (service.Handle)", t.Handler)
+		}
+		l.target = h
 	default:
 		return errNoTarget
 	}
@@ -381,6 +388,8 @@ func (l *lane) status(ctx context.Context) ingest.LaneStatus {
 		st.Target = t.HTTP.Method + " " + redactURL(t.HTTP.URL)
 	case t.NATS != nil:
 		st.Target = "nats " + t.NATS.Subject
+	case t.Handler != "":
+		st.Target = "handler " + t.Handler
 	}
 	l.mu.Lock()
 	switch {

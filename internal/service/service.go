@@ -44,6 +44,18 @@ type Service struct {
 
 	// guardTiming is the instance guard's (singleton.go); zero: defaults.
 	guardTiming guardTiming
+
+	handlers map[string]dispatch.Target
+}
+
+// Handle registers an in-process target under name, for lanes whose config
+// says target: {handler: name}. Call it before Run. It lets a Go program
+// embed the throttler and receive its jobs without a network hop.
+func (s *Service) Handle(name string, t dispatch.Target) {
+	if s.handlers == nil {
+		s.handlers = map[string]dispatch.Target{}
+	}
+	s.handlers[name] = t
 }
 
 // New returns a service for cfg. It starts nothing. reg may be nil (a fresh
@@ -139,7 +151,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	for i := range s.cfg.Lanes {
 		lc := s.cfg.Lanes[i]
 		l, err := newLane(ctx, laneDeps{
-			cfg: lc, nc: nc, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m, lc.Name},
+			cfg: lc, nc: nc, handlers: s.handlers, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m, lc.Name},
 			guard: guard, metrics: m, log: s.log.With("component", "lane", "lane", lc.Name), dispatchCtx: dispatchCtx,
 		})
 		if err != nil {

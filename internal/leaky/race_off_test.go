@@ -1,0 +1,5 @@
+//go:build !race
+
+package leaky_test
+
+const raceEnabled = false
