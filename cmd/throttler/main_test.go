@@ -67,17 +67,24 @@ func TestUsageErrors(t *testing.T) {
 func TestBadConfigExitsNonZero(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(path, []byte("lanes:\n  - name: demo\n    rate: -3\n    target: {http: {url: http://127.0.0.1:1/}}\n"), 0o644)
+	if msg := serveFails(t, path); !strings.Contains(msg, path) || !strings.Contains(msg, "lanes[0].rate") {
+		t.Fatalf("stderr %q does not name the file and the field", msg)
+	}
+}
+
+// serveFails runs `throttler serve --config path`, expects exit code 1 and
+// returns what it wrote to stderr.
+func serveFails(t *testing.T, path string) string {
+	t.Helper()
 	cmd := exec.Command(binary, "serve", "--config", path)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("exit: %v, want code 1", err)
+		t.Fatalf("exit: %v, want code 1; stderr:\n%s", err, stderr.String())
 	}
-	if msg := stderr.String(); !strings.Contains(msg, path) || !strings.Contains(msg, "lanes[0].rate") {
-		t.Fatalf("stderr %q does not name the file and the field", msg)
-	}
+	return stderr.String()
 }
 
 func freePort(t *testing.T) string {
@@ -115,15 +122,7 @@ func TestServeAndSIGTERM(t *testing.T) {
 func TestRefusedTargetNamesFileAndField(t *testing.T) {
 	dir := t.TempDir()
 	path, _ := procConfig(t, dir, "", "", laneYAML{rate: 5, burst: 1, target: "http://169.254.169.254/latest/meta-data"})
-	cmd := exec.Command(binary, "serve", "--config", path)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("exit: %v, want code 1; stderr:\n%s", err, stderr.String())
-	}
-	msg := stderr.String()
+	msg := serveFails(t, path)
 	if !strings.Contains(msg, path+": lanes[0]: target.http.url") || !strings.Contains(msg, "169.254.169.254") {
 		t.Fatalf("stderr does not name the file, field and address:\n%s", msg)
 	}

@@ -26,6 +26,22 @@ func twoInstances(t *testing.T, cfg config.Config) (a, b *service.Service) {
 	return a, b
 }
 
+// submitAlternately posts n jobs named prefix-i, alternating between a and b.
+func submitAlternately(t *testing.T, a, b *service.Service, prefix string, n int) {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < n; i++ {
+		addr := a.Addr()
+		if i%2 == 1 {
+			addr = b.Addr()
+		}
+		if code, _, _ := submit(t, client, addr, "demo", fmt.Sprintf("%s-%03d", prefix, i), "x"); code != http.StatusAccepted {
+			t.Fatalf("job %d: %d", i, code)
+		}
+	}
+}
+
 // TestPauseHoldsEveryInstance: two instances share a lane; the target answers
 // the first job 429 + Retry-After: 2. For those 2 s no request of the lane
 // reaches the target from either instance, then the drain resumes.
@@ -52,17 +68,7 @@ func TestPauseHoldsEveryInstance(t *testing.T) {
 	cfg.NATS.URL = natsSrv.ClientURL()
 	cfg.Redis.URL = redis.URL()
 	a, b := twoInstances(t, cfg)
-	client := &http.Client{Timeout: 5 * time.Second}
-	defer client.CloseIdleConnections()
-	for i := 0; i < 40; i++ {
-		addr := a.Addr()
-		if i%2 == 1 {
-			addr = b.Addr()
-		}
-		if code, _, _ := submit(t, client, addr, "demo", fmt.Sprintf("p-%02d", i), "x"); code != http.StatusAccepted {
-			t.Fatalf("job %d: %d", i, code)
-		}
-	}
+	submitAlternately(t, a, b, "p", 40)
 	waitFor(t, 15*time.Second, "all 40 delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -128,17 +134,7 @@ func TestWorkerPoolNeverOverrun(t *testing.T) {
 	cfg.Lanes[0].Target = config.Target{NATS: &config.NATSTarget{Subject: "work.jobs", Timeout: config.Duration(5 * time.Second)}}
 	cfg.ApplyDefaults()
 	a, b := twoInstances(t, cfg)
-	client := &http.Client{Timeout: 5 * time.Second}
-	defer client.CloseIdleConnections()
-	for i := 0; i < 200; i++ {
-		addr := a.Addr()
-		if i%2 == 1 {
-			addr = b.Addr()
-		}
-		if code, _, _ := submit(t, client, addr, "demo", fmt.Sprintf("w-%03d", i), "x"); code != http.StatusAccepted {
-			t.Fatalf("job %d: %d", i, code)
-		}
-	}
+	submitAlternately(t, a, b, "w", 200)
 	waitFor(t, 30*time.Second, "200 jobs done", func() bool { return done.Load() == 200 })
 	if p := peak.Load(); p > 4 {
 		t.Fatalf("workers saw %d jobs at once, max_inflight is 4", p)

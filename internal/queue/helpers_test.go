@@ -1,0 +1,5 @@
+package queue_test
+
+import "log/slog"
+
+func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
