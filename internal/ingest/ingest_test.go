@@ -1,0 +1,76 @@
+package ingest
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/bucket"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValidKey(t *testing.T) {
+	for _, tc := range []struct {
+		key string
+		ok  bool
+	}{
+		{"order-1", true},
+		{strings.Repeat("k", 255), true},
+		{strings.Repeat("k", 256), false},
+		{"has space", false},
+		{"tab\there", false},
+		{"ünicode", false},
+	} {
+		if err := validKey(tc.key); (err == nil) != tc.ok {
+			t.Errorf("validKey(%q) = %v, want ok=%v", tc.key, err, tc.ok)
+		}
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want int64
+	}{
+		{0, 1}, {time.Millisecond, 1}, {time.Second, 1}, {1001 * time.Millisecond, 2},
+		{1000 * time.Second, 1000}, {100 * time.Hour, 24 * 3600},
+	} {
+		if got := retryAfterSeconds(tc.d); got != tc.want {
+			t.Errorf("retryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+}
+
+func TestRateHeaders(t *testing.T) {
+	h := http.Header{}
+	setRateHeaders(h, "demo", admission.Decision{Limit: bucket.Limit{Rate: 20, Burst: 10}, Remaining: 3, Reset: 1500 * time.Millisecond})
+	want := map[string]string{
+		"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "2",
+		"RateLimit-Policy": `"demo";q=10;w=1`, "RateLimit": `"demo";r=3;t=2`,
+	}
+	for k, v := range want {
+		if got := h.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+}
+
+func TestProblemBody(t *testing.T) {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/v1/lanes/x/jobs", nil)
+	writeProblem(rec, req, Problem{Type: ProblemBacklogFull, Status: 429, Field: "max_backlog"}, 2500*time.Millisecond)
+	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/problem+json" || rec.Header().Get("Retry-After") != "3" {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+	body := rec.Body.String()
+	for _, want := range []string{`"type":"urn:throttler:problem:backlog-full"`, `"title":"Too Many Requests"`, `"status":429`, `"field":"max_backlog"`, `"instance":"/v1/lanes/x/jobs"`, `"retry_after_seconds":3`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("body %s lacks %s", body, want)
+		}
+	}
+}
