@@ -3,7 +3,6 @@ package redisbucket_test
 import (
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,48 +48,7 @@ func TestAutoPipelineConcurrentExactness(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
 	cfg.Now = fixedClock()
-	s := redisbucket.New(newAutoPipeline(t, srv.Addr), cfg)
-	l := bucket.Limit{Rate: 1, Burst: 100}
-	const workers, each = 32, 50
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		allowed int
-		firsts  = map[time.Duration]int{}
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range each {
-				d, err := s.Admit(ctx, lane, l)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				r, err := s.Reserve(ctx, bucket.Key{Lane: "demo", Sub: "drain"}, l, 2)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				if d.Allowed {
-					allowed++
-				}
-				firsts[r.First]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if allowed != l.Burst {
-		t.Fatalf("%d admitted, want exactly the burst %d", allowed, l.Burst)
-	}
-	for i := range workers * each {
-		if slot := time.Duration(2*i)*l.Period() - l.Tolerance(); firsts[slot] != 1 {
-			t.Fatalf("reservation %d (first slot at %v) made %d times, want once", i, slot, firsts[slot])
-		}
-	}
+	checkConcurrentExactness(t, redisbucket.New(newAutoPipeline(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
 }
 
 // TestAutoPipelineOutage: with Redis away every call fails at once with

@@ -439,10 +439,14 @@ func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
 	cfg.Now = fixedClock() // no time passes: nothing refills
-	s := redisbucket.New(newClient(t, srv.Addr), cfg)
-	l := bucket.Limit{Rate: 1, Burst: 50}
+	checkConcurrentExactness(t, redisbucket.New(newClient(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
+}
 
-	const workers, each = 8, 100
+// checkConcurrentExactness runs workers×each Admit calls on one key at a
+// fixed time (exactly the burst may be admitted) and as many Reserve calls
+// of n slots on a second key (no slot may be handed out twice).
+func checkConcurrentExactness(t *testing.T, s *redisbucket.Store, l bucket.Limit, workers, each, n int) {
+	t.Helper()
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -459,9 +463,7 @@ func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				// Each worker also reserves slots on a second key: no two
-				// reservations may get the same slot.
-				r, err := s.Reserve(ctx, bucket.Key{Lane: "demo", Sub: "drain"}, l, 1)
+				r, err := s.Reserve(ctx, bucket.Key{Lane: "demo", Sub: "drain"}, l, n)
 				if err != nil {
 					t.Error(err)
 					return
@@ -480,9 +482,8 @@ func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
 		t.Fatalf("%d admitted by %d concurrent workers at a fixed time, want exactly the burst %d", allowed, workers, l.Burst)
 	}
 	for i := range workers * each {
-		slot := time.Duration(i)*l.Period() - l.Tolerance()
-		if firsts[slot] != 1 {
-			t.Fatalf("slot %d (at %v) reserved %d times, want once", i, slot, firsts[slot])
+		if slot := time.Duration(n*i)*l.Period() - l.Tolerance(); firsts[slot] != 1 {
+			t.Fatalf("reservation %d (first slot at %v) made %d times, want once", i, slot, firsts[slot])
 		}
 	}
 }
