@@ -32,6 +32,15 @@ type cluster struct {
 	procs  []*proc
 }
 
+// addrs lists the instances' HTTP addresses.
+func (c *cluster) addrs() []string {
+	out := make([]string, len(c.procs))
+	for i, p := range c.procs {
+		out[i] = p.addr
+	}
+	return out
+}
+
 func startCluster(t *testing.T, n int, l bucket.Limit, maxInflight int) *cluster {
 	t.Helper()
 	natsURL := testenv.StartNATS(t).ClientURL()
@@ -190,10 +199,7 @@ func TestThreeInstancesShareOneLimit(t *testing.T) {
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs = 1000
 	c := startCluster(t, 3, l, 16)
-	addrs := make([]string, len(c.procs))
-	for i, p := range c.procs {
-		addrs[i] = p.addr
-	}
+	addrs := c.addrs()
 	ids := make([]string, jobs)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("fleet-%04d", i)
@@ -262,10 +268,7 @@ func TestRedisOutageMidDrain(t *testing.T) {
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs, during = 300, 15
 	c := startCluster(t, 3, l, 16)
-	addrs := make([]string, len(c.procs))
-	for i, p := range c.procs {
-		addrs[i] = p.addr
-	}
+	addrs := c.addrs()
 	ids := make([]string, jobs)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("out-%03d", i)
