@@ -65,8 +65,13 @@ type NATS struct {
 // Redis says where the shared lane state lives.
 type Redis struct {
 	// URL of Redis (redis://host:port/db); empty uses the in-memory pacer,
-	// which is only correct for a single instance.
+	// which is only correct for a single instance. For mode cluster, more
+	// nodes go in addr= query parameters; for mode sentinel, the URL names a
+	// sentinel, master_name= the master, addr= more sentinels.
 	URL string `yaml:"url"`
+	// Mode is single (default), cluster (Redis Cluster; a lane's keys share
+	// one slot through the {lane} hash tag) or sentinel (failover).
+	Mode string `yaml:"mode"`
 }
 
 // Dispatch holds settings shared by every target.
@@ -373,6 +378,14 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.URL == "" && c.NATS.Replicas != 1 {
 		return fail("nats.replicas", "the embedded server is a single node: replicas must be 1")
+	}
+	switch c.Redis.Mode {
+	case "", "single", "cluster", "sentinel":
+	default:
+		return fail("redis.mode", "%q is not one of single, cluster, sentinel", c.Redis.Mode)
+	}
+	if c.Redis.Mode == "sentinel" && c.Redis.URL != "" && !strings.Contains(c.Redis.URL, "master_name=") {
+		return fail("redis.url", "mode sentinel needs master_name= in the URL")
 	}
 	if c.Redis.URL != "" {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {

@@ -312,17 +312,10 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		return &bucket.Memory{}, func() {}, nil
 	}
-	opt, err := redis.ParseURL(s.cfg.Redis.URL)
+	client, err := redisClient(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, fmt.Errorf("redis.url: %w", err)
+		return nil, nil, err
 	}
-	// Fail fast while Redis is away: one dial attempt, no command retries,
-	// deadlines honoured, so the drain pauses and admission queues at once.
-	opt.ContextTimeoutEnabled = true
-	opt.DialerRetries = 1
-	opt.MaxRetries = -1
-	opt.DialTimeout = 500 * time.Millisecond
-	client := redis.NewClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
 	// for many calls (docs/BENCHMARKS.md).
 	pipe, err := client.AutoPipeline()
@@ -339,6 +332,43 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", err)
 	}
 	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
+}
+
+// redisAPI is what the service needs of a go-redis client, whichever kind.
+type redisAPI interface {
+	AutoPipeline() (*redis.AutoPipeliner, error)
+	Ping(ctx context.Context) *redis.StatusCmd
+	Close() error
+}
+
+// redisClient builds the client for redis.mode. Every kind fails fast while
+// Redis is away: one dial attempt, no command retries, deadlines honoured,
+// so the drain pauses and admission queues at once.
+func redisClient(cfg config.Redis) (redisAPI, error) {
+	const dial = 500 * time.Millisecond
+	switch cfg.Mode {
+	case "cluster":
+		opt, err := redis.ParseClusterURL(cfg.URL)
+		if err != nil {
+			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+		}
+		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
+		return redis.NewClusterClient(opt), nil
+	case "sentinel":
+		opt, err := redis.ParseFailoverURL(cfg.URL)
+		if err != nil {
+			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+		}
+		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
+		return redis.NewFailoverClient(opt), nil
+	default:
+		opt, err := redis.ParseURL(cfg.URL)
+		if err != nil {
+			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+		}
+		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
+		return redis.NewClient(opt), nil
+	}
 }
 
 // countingStore counts calls to the state store per lane and operation.

@@ -40,8 +40,9 @@ type Redis struct {
 	// Stop and Start.
 	Addr string
 
-	bin string // path of redis-server
-	dir string // --dir and log file location
+	bin   string   // path of redis-server
+	dir   string   // --dir and log file location
+	extra []string // more redis-server arguments (e.g. --cluster-enabled yes)
 
 	mu   sync.Mutex
 	proc *process // nil while stopped
@@ -56,20 +57,21 @@ type process struct {
 	waitErr error         // valid after exited is closed
 }
 
-// StartRedis starts a redis-server on a free 127.0.0.1 port for the duration
+// StartRedis starts a redis-server (with extraArgs appended to its command
+// line) on a free 127.0.0.1 port for the duration
 // of t and waits until it answers PING. The server keeps nothing on disk
 // (--save "" --appendonly no) and works in t.TempDir(). It is killed, and
 // waited for, in t.Cleanup.
 //
 // When redis-server is not on PATH, StartRedis fails t (it never skips).
-func StartRedis(t testing.TB) *Redis {
+func StartRedis(t testing.TB, extraArgs ...string) *Redis {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("testenv: redis-server not found on PATH (%v); the Redis integration tests need it: "+
 			"install it with `apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS)", err)
 	}
-	r := &Redis{bin: bin, dir: t.TempDir()}
+	r := &Redis{bin: bin, dir: t.TempDir(), extra: extraArgs}
 	t.Cleanup(r.kill)
 
 	var lastErr error
@@ -161,14 +163,14 @@ func (r *Redis) start() error {
 		return err
 	}
 	defer logFile.Close() // the child has its own descriptor
-	cmd := exec.Command(r.bin,
+	cmd := exec.Command(r.bin, append([]string{
 		"--port", port,
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", r.dir,
 		"--daemonize", "no",
-	)
+	}, r.extra...)...)
 	cmd.Dir = r.dir
 	dieWithParent(cmd)
 	cmd.Stdout = logFile

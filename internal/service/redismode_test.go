@@ -1,0 +1,47 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// TestRedisClusterMode runs a lane against a Redis Cluster (one node owning
+// every slot): the {lane} hash tag keeps each script's keys on one slot, and
+// jobs flow as with a single Redis.
+func TestRedisClusterMode(t *testing.T) {
+	node := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	c := redis.NewClient(&redis.Options{Addr: node.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the cluster to be ok", func() bool {
+		info, err := c.ClusterInfo(ctx).Result()
+		return err == nil && len(info) > 0 && strings.Contains(info, "cluster_state:ok")
+	})
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 100, 5)
+	cfg.Redis.URL = "redis://" + node.Addr
+	cfg.Redis.Mode = "cluster"
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := 0; i < 20; i++ {
+		if code, _, _ := submit(t, client, svc.Addr(), "demo", fmt.Sprintf("cl-%02d", i), "x"); code != http.StatusAccepted {
+			t.Fatalf("job %d: %d", i, code)
+		}
+	}
+	waitFor(t, 10*time.Second, "20 deliveries", func() bool { return len(rec.snapshot()) == 20 })
+	keys, err := c.Keys(ctx, "thr:{demo}:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("no lane state in the cluster: %v %v", keys, err)
+	}
+}
