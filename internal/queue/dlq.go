@@ -47,7 +47,7 @@ func (q *Queue) EnsureDeadLetters(ctx context.Context, cfg DeadConfig) error {
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
-	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "throttler dead letters",
 		Subjects:    []string{DeadSubjectPrefix + ".>"},

@@ -171,7 +171,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		spec.Prefetch = 1
 	}
 	maxMsgSize := int32(spec.MaxBody + HeaderRoom)
-	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        StreamName(spec.Name),
 		Description: "throttler lane " + spec.Name,
 		Subjects:    []string{Subject(spec.Name, ""), Subject(spec.Name, ">")},
@@ -187,7 +187,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	if err != nil {
 		return fmt.Errorf("queue: stream for lane %s: %w", spec.Name, err)
 	}
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	cons, err := ensureConsumer(ctx, st, jetstream.ConsumerConfig{
 		Durable:       ConsumerName,
 		Description:   "throttler drain of lane " + spec.Name,
 		AckPolicy:     jetstream.AckExplicitPolicy,

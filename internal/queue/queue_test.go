@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 	"go.uber.org/goleak"
@@ -73,6 +74,32 @@ func TestPublishDedupAndBacklogBound(t *testing.T) {
 	}
 	if _, err := q.Publish(ctx, queue.Job{ID: "x", Lane: "nope"}); !errors.Is(err, queue.ErrUnknownLane) {
 		t.Fatalf("unknown lane: %v", err)
+	}
+}
+
+// TestEnsureLaneUpdatesAChangedLane: an upgrade or a config change needs no
+// manual step: the stream and consumer take the new limits at start.
+func TestEnsureLaneUpdatesAChangedLane(t *testing.T) {
+	q, nc := newQueue(t, spec())
+	changed := spec()
+	changed.MaxBacklog, changed.MaxInflight = 7, 5
+	if err := q.EnsureLane(context.Background(), changed); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(context.Background(), queue.StreamName("demo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CachedInfo().Config.MaxMsgs != 7 {
+		t.Fatalf("MaxMsgs %d, want 7", st.CachedInfo().Config.MaxMsgs)
+	}
+	c, err := st.Consumer(context.Background(), queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.MaxAckPending; got != 5 {
+		t.Fatalf("MaxAckPending %d, want 5", got)
 	}
 }
 

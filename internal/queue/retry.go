@@ -31,7 +31,7 @@ func (q *Queue) EnsureRetries(ctx context.Context, replicas int) error {
 	if replicas == 0 {
 		replicas = 1
 	}
-	st, err := q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        RetryStream,
 		Description: "throttler retries waiting for their time",
 		Subjects:    []string{RetrySubjectPrefix + ".>"},
@@ -57,7 +57,7 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 	if st == nil {
 		return nil, errors.New("queue: EnsureRetries must run before EnsureLane")
 	}
-	c, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	c, err := ensureConsumer(ctx, st, jetstream.ConsumerConfig{
 		Durable:       retryConsumerName(spec.Name),
 		Description:   "throttler retry mover of lane " + spec.Name,
 		FilterSubject: RetrySubject(spec.Name),

@@ -1,0 +1,28 @@
+package queue
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ensureStream creates the stream, or updates it only when its config
+// differs: several instances starting at once then send no update for an
+// unchanged stream (an update also briefly stalls the stream's consumers).
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.UpdateStream(ctx, cfg)
+	}
+	return st, err
+}
+
+// ensureConsumer is ensureStream for a durable consumer.
+func ensureConsumer(ctx context.Context, st jetstream.Stream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := st.CreateConsumer(ctx, cfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		return st.UpdateConsumer(ctx, cfg)
+	}
+	return c, err
+}
