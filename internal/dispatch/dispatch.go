@@ -77,5 +77,18 @@ type Target interface {
 // Handler adapts a function to a Target, for use as a library.
 type Handler func(ctx context.Context, job Job) Result
 
-// Deliver implements Target.
-func (h Handler) Deliver(ctx context.Context, job Job) Result { return h(ctx, job) }
+// Deliver implements Target; it fills Result.Took when the function left it
+// zero.
+func (h Handler) Deliver(ctx context.Context, job Job) Result {
+	return timed(func() Result { return h(ctx, job) })
+}
+
+// timed runs deliver and records how long it took, unless deliver did.
+func timed(deliver func() Result) Result {
+	start := time.Now()
+	res := deliver()
+	if res.Took == 0 {
+		res.Took = time.Since(start)
+	}
+	return res
+}

@@ -204,10 +204,7 @@ func (h *HTTP) Close() { h.transport.CloseIdleConnections() }
 // job.ID, the static headers and, with signing, the Standard Webhooks
 // headers. The attempt is bounded by the configured Timeout and by ctx.
 func (h *HTTP) Deliver(ctx context.Context, job Job) Result {
-	start := time.Now()
-	res := h.deliver(ctx, job)
-	res.Took = time.Since(start)
-	return res
+	return timed(func() Result { return h.deliver(ctx, job) })
 }
 
 func (h *HTTP) deliver(ctx context.Context, job Job) Result {

@@ -114,10 +114,7 @@ func NewNATS(nc *nats.Conn, cfg NATSConfig) (*NATS, error) {
 // Deliver sends job to the subject and waits for the worker's reply (or
 // the stream's ack), bounded by the configured Timeout and by ctx.
 func (n *NATS) Deliver(ctx context.Context, job Job) Result {
-	start := time.Now()
-	res := n.deliver(ctx, job)
-	res.Took = time.Since(start)
-	return res
+	return timed(func() Result { return n.deliver(ctx, job) })
 }
 
 func (n *NATS) deliver(ctx context.Context, job Job) Result {
