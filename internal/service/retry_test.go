@@ -91,14 +91,19 @@ func TestRetriesThenDelivered(t *testing.T) {
 	if code, _, _ := submit(t, client, svc.Addr(), "demo", "flaky-1", "x"); code != http.StatusAccepted {
 		t.Fatalf("status %d", code)
 	}
-	waitFor(t, 10*time.Second, "delivery on attempt 4", func() bool {
-		l := getLanes(t, svc.Addr())
-		return l.Lanes[0].Delivered == 1
-	})
-	if n := tgt.count("flaky-1"); n != 4 {
-		t.Fatalf("target saw %d requests for the job, want 4 (3 failures, then 200)", n)
+	// 3 failures, then 200.
+	expectDelivered(t, svc.Addr(), tgt, "flaky-1", 4)
+}
+
+// expectDelivered waits until the lane delivered one job, then checks that
+// the target saw id exactly requests times and that nothing was dead-lettered.
+func expectDelivered(t *testing.T, addr string, tgt *scripted, id string, requests int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the delivery of "+id, func() bool { return getLanes(t, addr).Lanes[0].Delivered == 1 })
+	if n := tgt.count(id); n != requests {
+		t.Fatalf("target saw %d requests for %s, want %d", n, id, requests)
 	}
-	if d := deadList(t, svc.Addr()); len(d) != 0 {
+	if d := deadList(t, addr); len(d) != 0 {
 		t.Fatalf("dead letters: %+v", d)
 	}
 }
@@ -191,13 +196,7 @@ func TestRateLimitWaitsDoNotCountAsAttempts(t *testing.T) {
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	submit(t, client, svc.Addr(), "demo", "limited-1", "x")
-	waitFor(t, 10*time.Second, "delivery after two 429s", func() bool { return getLanes(t, svc.Addr()).Lanes[0].Delivered == 1 })
-	if n := tgt.count("limited-1"); n != 3 {
-		t.Fatalf("target saw %d requests, want 3", n)
-	}
-	if d := deadList(t, svc.Addr()); len(d) != 0 {
-		t.Fatalf("dead-lettered: %+v", d)
-	}
+	expectDelivered(t, svc.Addr(), tgt, "limited-1", 3) // two 429s, then 200
 }
 
 func TestDuplicateSubmissionDeliveredOnce(t *testing.T) {
