@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -287,5 +288,69 @@ func TestGoHandlerTarget(t *testing.T) {
 	err := service.New(cfg, nil, nil).Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), `lanes[0]: target.handler: no handler "missing"`) {
 		t.Fatalf("start with a missing handler: %v", err)
+	}
+}
+
+// TestFullStreamAnswers503: a lane whose stream reached max_bytes refuses
+// with 503 + Retry-After naming max_bytes, and stores nothing more.
+func TestFullStreamAnswers503(t *testing.T) {
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 0.001, 1)
+	cfg.Lanes[0].MaxBytes = 1 << 20
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	body := strings.Repeat("x", 400<<10)
+	for i := 0; i < 3; i++ { // the first is admitted and leaves; two wait
+		if code, _, _ := submit(t, client, svc.Addr(), "demo", fmt.Sprintf("fat-%d", i), body); code != http.StatusAccepted {
+			t.Fatalf("job %d: %d", i, code)
+		}
+		if i == 0 {
+			waitFor(t, 5*time.Second, "the admitted job to leave", func() bool { return getLanes(t, svc.Addr()).Lanes[0].Delivered == 1 })
+		}
+	}
+	req, _ := http.NewRequest("POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", strings.NewReader(body))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p problem
+	json.NewDecoder(resp.Body).Decode(&p)
+	if resp.StatusCode != http.StatusServiceUnavailable || p.Field != "max_bytes" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("full stream: %d %+v Retry-After %q", resp.StatusCode, p, resp.Header.Get("Retry-After"))
+	}
+	if b := getLanes(t, svc.Addr()).Lanes[0].Backlog; b != 2 {
+		t.Fatalf("backlog %d after the refusal, want 2", b)
+	}
+}
+
+// TestEmbeddedListenTakesOutsidePublishers: with nats.listen set, a
+// producer outside the process publishes to throttle.<lane> on the
+// embedded server and the job is delivered.
+func TestEmbeddedListenTakesOutsidePublishers(t *testing.T) {
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 50, 5)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NATS.Listen = ln.Addr().String()
+	ln.Close()
+	start(t, cfg)
+	nc, err := nats.Connect("nats://" + cfg.NATS.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msg := nats.NewMsg("throttle.demo")
+	msg.Data = []byte("from outside")
+	msg.Header.Set("Nats-Msg-Id", "outside-1")
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the published job", func() bool { return len(rec.snapshot()) == 1 })
+	if a := rec.snapshot()[0]; a.id != "outside-1" || a.body != "from outside" {
+		t.Fatalf("delivered %+v", a)
 	}
 }
