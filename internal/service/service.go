@@ -151,7 +151,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	for i := range s.cfg.Lanes {
 		lc := s.cfg.Lanes[i]
 		l, err := newLane(ctx, laneDeps{
-			cfg: lc, nc: nc, handlers: s.handlers, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m, lc.Name},
+			cfg: lc, nc: nc, handlers: s.handlers, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m},
 			guard: guard, metrics: m, log: s.log.With("component", "lane", "lane", lc.Name), dispatchCtx: dispatchCtx,
 		})
 		if err != nil {
@@ -163,7 +163,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		lanes.order = append(lanes.order, l)
 	}
 
-	adm, err := admission.New(admission.Config{Store: countingStore{store, m, ""}, Backlog: q, Logger: s.log.With("component", "admission")})
+	adm, err := admission.New(admission.Config{Store: countingStore{store, m}, Backlog: q, Logger: s.log.With("component", "admission")})
 	if err != nil {
 		return err
 	}
@@ -374,8 +374,7 @@ func redisClient(cfg config.Redis) (redisAPI, error) {
 // countingStore counts calls to the state store per lane and operation.
 type countingStore struct {
 	bucket.Store
-	m    *metrics.Metrics
-	lane string // "" : label from the key
+	m *metrics.Metrics
 }
 
 func (c countingStore) count(k bucket.Key, op string) {
