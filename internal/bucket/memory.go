@@ -3,6 +3,8 @@ package bucket
 import (
 	"context"
 	"sync"
+
+	"github.com/throttler/throttler/internal/clock"
 	"time"
 )
 
@@ -14,8 +16,9 @@ import (
 // Memory must not be shared by several throttler instances behind one queue:
 // each would grant the full rate and the lane would run N times too fast.
 type Memory struct {
-	// Clock is the time source; nil means SystemClock. Set it before first use.
-	Clock Clock
+	// Clock is the time source (only Now is used); nil means clock.Real.
+	// Set it before first use.
+	Clock clock.Clock
 
 	mu     sync.Mutex
 	states map[Key]time.Time
@@ -29,7 +32,7 @@ const sweepEvery = 4096
 
 func (m *Memory) now() time.Time {
 	if m.Clock == nil {
-		return SystemClock.Now()
+		return clock.Real.Now()
 	}
 	return m.Clock.Now()
 }

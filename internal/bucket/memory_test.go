@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"go.uber.org/goleak"
 )
@@ -11,7 +12,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestMemoryConformance(t *testing.T) {
-	buckettest.Run(t, func(t *testing.T, c *buckettest.Clock) bucket.Store {
+	buckettest.Run(t, func(t *testing.T, c *clock.Manual) bucket.Store {
 		return &bucket.Memory{Clock: c}
 	}, buckettest.Options{})
 }

@@ -43,15 +43,3 @@ type Store interface {
 	// Pause keeps every slot of k from starting for d from now (see Pause).
 	Pause(ctx context.Context, k Key, l Limit, d time.Duration) error
 }
-
-// Clock tells the time. The zero value of a store uses the system clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-// SystemClock is the wall clock (monotonic readings).
-var SystemClock Clock = systemClock{}

@@ -9,41 +9,22 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 )
 
-// Clock is a manual clock shared by a test and the store under test.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// NewClock returns a clock set to a fixed instant.
-func NewClock() *Clock {
-	return &Clock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-// Now implements bucket.Clock.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+// NewClock returns a manual clock set to a fixed instant, shared by a test
+// and the store under test.
+func NewClock() *clock.Manual {
+	return clock.NewManual(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 }
 
 // Factory makes a fresh, empty store that reads its time from clock. Stores
 // that keep time at a coarser resolution report it as Resolution.
-type Factory func(t *testing.T, clock *Clock) bucket.Store
+type Factory func(t *testing.T, c *clock.Manual) bucket.Store
 
 // Options tune the suite to one implementation.
 type Options struct {

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/testenv"
@@ -31,7 +32,7 @@ func newAutoPipeline(t testing.TB, addr string) *redis.AutoPipeliner {
 func TestAutoPipelineConformance(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	ap := newAutoPipeline(t, srv.Addr)
-	buckettest.Run(t, func(t *testing.T, clock *buckettest.Clock) bucket.Store {
+	buckettest.Run(t, func(t *testing.T, clock *clock.Manual) bucket.Store {
 		if err := ap.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}

@@ -24,6 +24,8 @@ type job struct{}
 
 func (job) Admitted() bool { return false }
 
+func (job) StoredAt() time.Time { return time.Time{} }
+
 func (s *backlog) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 	s.mu.Lock()
 	n := min(max, s.left)
@@ -83,7 +85,7 @@ func BenchmarkDrainRedisCalls(b *testing.B) {
 			defer cancel()
 			var started int
 			var first, last time.Time
-			d, err := leaky.New(leaky.Config{
+			d, err := leaky.New(leaky.Config[leaky.Item]{
 				Source:      &backlog{left: b.N},
 				Pacer:       leaky.StorePacer{Store: s, Key: k, Limit: func() bucket.Limit { return l }},
 				MaxInflight: maxInflight,

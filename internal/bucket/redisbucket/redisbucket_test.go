@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/testenv"
@@ -54,7 +55,7 @@ func fixedClock() func() time.Time {
 func TestConformance(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	client := newClient(t, srv.Addr)
-	buckettest.Run(t, func(t *testing.T, clock *buckettest.Clock) bucket.Store {
+	buckettest.Run(t, func(t *testing.T, clock *clock.Manual) bucket.Store {
 		if err := client.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
