@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/throttler/throttler/api"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,9 +16,9 @@ import (
 
 // DeadLetters is the dead-letter store the admin endpoints work on.
 type DeadLetters interface {
-	ListDead(ctx context.Context, lane string, after uint64, limit int) ([]queue.DeadLetter, error)
-	GetDead(ctx context.Context, lane string, seq uint64) (queue.DeadLetter, error)
-	ReplayDead(ctx context.Context, lane string, seq uint64) (queue.DeadLetter, error)
+	ListDead(ctx context.Context, lane string, after uint64, limit int) ([]api.DeadLetter, error)
+	GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
+	ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
 	ReplayAllDead(ctx context.Context, lane string, max int) (int, error)
 	DeleteDead(ctx context.Context, lane string, seq uint64) error
 	PurgeDead(ctx context.Context, lane string) error
@@ -46,11 +47,11 @@ func (h *Handler) routeAdmin() {
 }
 
 // admin checks the lane and turns a returned problem into a response.
-func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane string) *Problem) http.HandlerFunc {
+func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane string) *api.Problem) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		lane := r.PathValue("lane")
 		if _, ok := h.cfg.Lanes.Lane(lane); !ok {
-			writeProblem(w, r, Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane", Lane: lane,
+			writeProblem(w, r, api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane", Lane: lane,
 				Detail: fmt.Sprintf("no lane named %q is configured", lane)}, 0)
 			return
 		}
@@ -65,20 +66,20 @@ func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane stri
 	}
 }
 
-func storeProblem(err error) *Problem {
+func storeProblem(err error) *api.Problem {
 	if errors.Is(err, queue.ErrNotFound) {
-		return &Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "seq", Detail: err.Error()}
+		return &api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "seq", Detail: err.Error()}
 	}
 	if errors.Is(err, queue.ErrBacklogFull) {
-		return &Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog", Detail: err.Error()}
+		return &api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog", Detail: err.Error()}
 	}
-	return &Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}
+	return &api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}
 }
 
-func seqParam(r *http.Request) (uint64, *Problem) {
+func seqParam(r *http.Request) (uint64, *api.Problem) {
 	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
 	if err != nil || seq == 0 {
-		return 0, &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "seq",
+		return 0, &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "seq",
 			Detail: fmt.Sprintf("%q is not a dead-letter sequence number", r.PathValue("seq"))}
 	}
 	return seq, nil
@@ -90,13 +91,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	q := r.URL.Query()
 	limit := defaultDeadPage
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxDeadPage {
-			return &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "limit",
+			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "limit",
 				Detail: fmt.Sprintf("limit must be a whole number from 1 to %d", maxDeadPage)}
 		}
 		limit = n
@@ -105,7 +106,7 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	if s := q.Get("after"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			return &Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "after",
+			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "after",
 				Detail: "after must be a dead-letter sequence number"}
 		}
 		after = n
@@ -114,12 +115,9 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	if err != nil {
 		return storeProblem(err)
 	}
-	out := struct {
-		Dead      []queue.DeadLetter `json:"dead"`
-		NextAfter uint64             `json:"next_after,omitempty"`
-	}{Dead: list}
+	out := api.DeadLetters{Dead: list}
 	if out.Dead == nil {
-		out.Dead = []queue.DeadLetter{}
+		out.Dead = []api.DeadLetter{}
 	}
 	if len(list) == limit {
 		out.NextAfter = list[len(list)-1].Seq
@@ -128,7 +126,7 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	return nil
 }
 
-func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	seq, p := seqParam(r)
 	if p != nil {
 		return p
@@ -141,7 +139,7 @@ func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) *
 	return nil
 }
 
-func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	seq, p := seqParam(r)
 	if p != nil {
 		return p
@@ -155,7 +153,7 @@ func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string)
 	return nil
 }
 
-func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, maxReplayAll)
 	if err != nil {
 		p := storeProblem(err)
@@ -167,7 +165,7 @@ func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string)
 	return nil
 }
 
-func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	seq, p := seqParam(r)
 	if p != nil {
 		return p
@@ -180,7 +178,7 @@ func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string
 	return nil
 }
 
-func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string) *Problem {
+func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
 	if err := h.cfg.DeadLetters.PurgeDead(r.Context(), lane); err != nil {
 		return storeProblem(err)
 	}
@@ -196,9 +194,9 @@ type limitChange struct {
 	Burst *int     `json:"burst"`
 }
 
-func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) *Problem {
-	bad := func(field, detail string) *Problem {
-		return &Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
+func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+	bad := func(field, detail string) *api.Problem {
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
 	}
 	var c limitChange
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))

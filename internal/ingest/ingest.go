@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nuid"
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
@@ -48,41 +49,10 @@ type Lane struct {
 // Directory finds lanes, reports their live state and changes their limits.
 type Directory interface {
 	Lane(name string) (Lane, bool)
-	Status(ctx context.Context) []LaneStatus
+	Status(ctx context.Context) []api.LaneStatus
 	// SetLimit changes a lane's rate and burst on every instance until they
 	// restart (the config file holds the lasting values).
-	SetLimit(ctx context.Context, name string, rate float64, burst int) (LaneStatus, error)
-}
-
-// LaneStatus is one lane in GET /v1/lanes.
-type LaneStatus struct {
-	Name string  `json:"name"`
-	Rate float64 `json:"rate"`
-	// EffectiveRate is the rate the lane drains at now: rate, or less while
-	// adaptive mode has slowed it down.
-	EffectiveRate float64 `json:"effective_rate"`
-	Burst         int     `json:"burst"`
-	MaxInflight   int     `json:"max_inflight"`
-	MaxBacklog    int64   `json:"max_backlog"`
-	Target        string  `json:"target"`
-	// Backlog: jobs stored and not yet done (waiting or in flight), all
-	// instances.
-	Backlog uint64 `json:"backlog"`
-	// Waiting: jobs no instance has fetched yet.
-	Waiting uint64 `json:"waiting"`
-	// InFlight: jobs fetched by some instance and not yet answered.
-	InFlight int `json:"in_flight"`
-	// Delivered: jobs this instance delivered since it started.
-	Delivered uint64 `json:"delivered"`
-	// Dead: jobs in the lane's dead-letter stream.
-	Dead uint64 `json:"dead"`
-	// Retrying: failed jobs waiting for their next attempt.
-	Retrying uint64 `json:"retrying"`
-	// Paused: the lane's drain cannot reserve slots (state store away) or a
-	// downstream asked it to wait.
-	Paused      bool   `json:"paused"`
-	PauseReason string `json:"pause_reason,omitempty"`
-	Error       string `json:"error,omitempty"`
+	SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error)
 }
 
 // Ready reports whether the service can take jobs; nil means ready.
@@ -131,7 +101,7 @@ func New(cfg Config) (*Handler, error) {
 		h.mux.Handle("GET /metrics", cfg.MetricsHandler)
 	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
+		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
 			Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}, 0)
 	})
 	return h, nil
@@ -143,15 +113,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.Serv
 // StopIntake makes every later submission answer 503 (shutdown begins).
 func (h *Handler) StopIntake() { h.draining.Store(true) }
 
-// Accepted is the 202 body of a submission.
-type Accepted struct {
-	ID        string `json:"id"`
-	Lane      string `json:"lane"`
-	State     string `json:"state"`
-	ETAMillis int64  `json:"eta_ms"`
-	Duplicate bool   `json:"duplicate,omitempty"`
-}
-
 const (
 	maxIdempotencyKey = 255
 	maxContentType    = 1024
@@ -160,27 +121,27 @@ const (
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
 	caller := callerOf(r)
-	reject := func(p Problem, reason string, retry time.Duration) {
+	reject := func(p api.Problem, reason string, retry time.Duration) {
 		p.Lane = name
 		h.cfg.Logger.Info("job rejected", "caller", caller, "lane", name, "reason", reason, "status", p.Status, "detail", p.Detail)
 		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
 		writeProblem(w, r, p, retry)
 	}
 	if h.draining.Load() {
-		reject(Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
+		reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
 			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
 		return
 	}
 	lane, ok := h.cfg.Lanes.Lane(name)
 	if !ok {
-		reject(Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
+		reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
 			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
 		return
 	}
 	id := r.Header.Get("Idempotency-Key")
 	if id != "" {
 		if err := validKey(id); err != nil {
-			reject(Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
 				Detail: err.Error()}, "invalid_idempotency_key", 0)
 			return
 		}
@@ -188,7 +149,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		id = nuid.Next()
 	}
 	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
-		reject(Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
+		reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
 		return
 	}
@@ -196,11 +157,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			reject(Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+			reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 				Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
 			return
 		}
-		reject(Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+		reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
 			Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
 		return
 	}
@@ -208,12 +169,12 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {
-			reject(Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
+			reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
 				Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)},
 				"backlog_full", rej.RetryAfter)
 			return
 		}
-		reject(Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+		reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
@@ -226,17 +187,17 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		if errors.Is(err, queue.ErrFull) {
-			reject(Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
+			reject(api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
 				Detail: fmt.Sprintf("lane %s's queue storage is full; nothing was stored", name)}, "storage_full", 5*time.Second)
 			return
 		}
 		if errors.Is(err, queue.ErrBacklogFull) {
-			reject(Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
+			reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
 				Detail: fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)},
 				"backlog_full", lane.Admission.Limit.Period())
 			return
 		}
-		reject(Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+		reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable", time.Second)
 		h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		return
@@ -247,7 +208,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
 	setRateHeaders(w.Header(), name, dec)
-	out := Accepted{ID: id, Lane: name, State: string(dec.State), ETAMillis: dec.ETA.Milliseconds(), Duplicate: res.Duplicate}
+	out := api.Accepted{ID: id, Lane: name, State: string(dec.State), ETAMillis: dec.ETA.Milliseconds(), Duplicate: res.Duplicate}
 	if res.Duplicate {
 		out.State, out.ETAMillis = string(admission.Queued), 0
 	}
@@ -301,21 +262,19 @@ func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(struct {
-		Lanes []LaneStatus `json:"lanes"`
-	}{h.cfg.Lanes.Status(ctx)})
+	_ = json.NewEncoder(w).Encode(api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)})
 }
 
 func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
 	if h.draining.Load() {
-		writeProblem(w, r, Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable, Detail: "shutting down"}, time.Second)
+		writeProblem(w, r, api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable, Detail: "shutting down"}, time.Second)
 		return
 	}
 	if h.cfg.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := h.cfg.Ready(ctx); err != nil {
-			writeProblem(w, r, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}, time.Second)
+			writeProblem(w, r, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}, time.Second)
 			return
 		}
 	}

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"github.com/throttler/throttler/api"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -63,7 +64,7 @@ func TestRateHeaders(t *testing.T) {
 func TestProblemBody(t *testing.T) {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("POST", "/v1/lanes/x/jobs", nil)
-	writeProblem(rec, req, Problem{Type: ProblemBacklogFull, Status: 429, Field: "max_backlog"}, 2500*time.Millisecond)
+	writeProblem(rec, req, api.Problem{Type: ProblemBacklogFull, Status: 429, Field: "max_backlog"}, 2500*time.Millisecond)
 	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/problem+json" || rec.Header().Get("Retry-After") != "3" {
 		t.Fatalf("%d %v", rec.Code, rec.Header())
 	}

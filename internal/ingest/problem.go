@@ -2,26 +2,12 @@ package ingest
 
 import (
 	"encoding/json"
+	"github.com/throttler/throttler/api"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
 )
-
-// Problem is an RFC 9457 problem details body. Field names the request part
-// that was wrong (a path parameter, a header, the body), Lane the lane.
-type Problem struct {
-	Type     string `json:"type"`
-	Title    string `json:"title"`
-	Status   int    `json:"status"`
-	Detail   string `json:"detail,omitempty"`
-	Instance string `json:"instance,omitempty"`
-	Field    string `json:"field,omitempty"`
-	Lane     string `json:"lane,omitempty"`
-	// RetryAfterSeconds mirrors the Retry-After header for clients that only
-	// read bodies.
-	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
-}
 
 // Problem types; each is documented in docs/API.md under its anchor.
 const (
@@ -38,7 +24,7 @@ const (
 	maxRetryAfterSeconds = 24 * 3600
 )
 
-func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, retryAfter time.Duration) {
+func writeProblem(w http.ResponseWriter, r *http.Request, p api.Problem, retryAfter time.Duration) {
 	if p.Instance == "" {
 		p.Instance = r.URL.Path
 	}

@@ -71,13 +71,15 @@ func (a *AIMD) Limited(now time.Time) (float64, bool) {
 }
 
 // Adopt takes a lower factor that another instance decided, so that every
-// instance slows down together.
-func (a *AIMD) Adopt(factor float64, now time.Time) {
+// instance slows down together. It reports whether the factor changed.
+func (a *AIMD) Adopt(factor float64, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.settle(now)
-	if factor < a.factor {
-		a.factor = max(a.Min, factor)
-		a.lastDecrease, a.lastStep = now, now
+	if factor >= a.factor {
+		return false
 	}
+	a.factor = max(a.Min, factor)
+	a.lastDecrease, a.lastStep = now, now
+	return true
 }

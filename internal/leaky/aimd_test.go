@@ -53,7 +53,7 @@ func TestAIMD(t *testing.T) {
 // TestDrainHonoursPause: a pause that begins after slots were reserved stops
 // every start inside it; the jobs start after it on fresh slots, in order.
 func TestDrainHonoursPause(t *testing.T) {
-	clock := fakeClock{buckettest.NewClock()}
+	clock := buckettest.NewClock()
 	t0 := clock.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -61,7 +61,7 @@ func TestDrainHonoursPause(t *testing.T) {
 	l := bucket.Limit{Rate: 10, Burst: 1}
 	pauseFrom, pauseTo := t0.Add(250*time.Millisecond), t0.Add(1250*time.Millisecond)
 	var starts []start
-	d, _ := leaky.New(leaky.Config{
+	d, _ := leaky.New(leaky.Config[leaky.Item]{
 		Source: src, MaxInflight: 4, Batch: 4, Clock: clock,
 		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		PausedUntil: func() time.Time {

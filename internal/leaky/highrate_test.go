@@ -9,6 +9,7 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/leaky"
 )
 
@@ -51,7 +52,7 @@ func runRealClock(t *testing.T, l bucket.Limit, maxInflight, n int) ([]time.Dura
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	at := make([]time.Time, 0, n)
-	d, err := leaky.New(leaky.Config{
+	d, err := leaky.New(leaky.Config[leaky.Item]{
 		Source:      &chanSource{left: n},
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "fast"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: maxInflight,
@@ -146,7 +147,7 @@ type storedItem struct {
 	at time.Time
 }
 
-func (s storedItem) EnqueuedAt() time.Time { return s.at }
+func (s storedItem) StoredAt() time.Time { return s.at }
 
 // TestLateAdmittedItemWaitsForASlot: admission took a slot for each of two
 // jobs, one just now and one a second ago. The fresh one starts at once; the
@@ -155,7 +156,7 @@ func (s storedItem) EnqueuedAt() time.Time { return s.at }
 // and two at once would exceed burst 1.
 func TestLateAdmittedItemWaitsForASlot(t *testing.T) {
 	l := bucket.Limit{Rate: 10, Burst: 1}
-	clock := fakeClock{buckettest.NewClock()}
+	clock := buckettest.NewClock()
 	store := &bucket.Memory{Clock: clock}
 	k := bucket.Key{Lane: "l"}
 	admit := func() time.Time {
@@ -174,7 +175,7 @@ func TestLateAdmittedItemWaitsForASlot(t *testing.T) {
 	defer cancel()
 	src := &sliceSource{items: []leaky.Item{fresh, old}, cancel: cancel}
 	var starts []time.Duration
-	d, err := leaky.New(leaky.Config{
+	d, err := leaky.New(leaky.Config[leaky.Item]{
 		Source: src, Clock: clock, MaxInflight: 2, Batch: 2,
 		Pacer: leaky.StorePacer{Store: store, Key: k, Limit: func() bucket.Limit { return l }},
 		Start: func(_ context.Context, _ leaky.Item, done func()) {
@@ -194,10 +195,10 @@ func TestLateAdmittedItemWaitsForASlot(t *testing.T) {
 	}
 }
 
-// stallClock is fakeClock with one stall: the sleep that ends after stallAt
+// stallClock is a manual clock with one stall: the sleep that ends after stallAt
 // wakes stall late, as a process paused by GC or the scheduler does.
 type stallClock struct {
-	fakeClock
+	*clock.Manual
 	stallAt, stall time.Duration
 	t0             time.Time
 	stalled        bool
@@ -221,14 +222,14 @@ func (c *stallClock) Sleep(ctx context.Context, d time.Duration) error {
 // burst + rate·(W + MaxLate) starts. Every job still starts once, in order.
 func TestStallDoesNotClump(t *testing.T) {
 	l := bucket.Limit{Rate: 1000, Burst: 1}
-	clock := &stallClock{fakeClock: fakeClock{buckettest.NewClock()}, stallAt: 50 * time.Millisecond, stall: 20 * time.Millisecond}
+	clock := &stallClock{Manual: buckettest.NewClock(), stallAt: 50 * time.Millisecond, stall: 20 * time.Millisecond}
 	clock.t0 = clock.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	src := &sliceSource{items: items(200), cancel: cancel}
 	var starts []time.Duration
 	var order []int
-	d, err := leaky.New(leaky.Config{
+	d, err := leaky.New(leaky.Config[leaky.Item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: 64,
@@ -279,7 +280,7 @@ func TestStallDoesNotClump(t *testing.T) {
 // fetch: a call reserves a whole batch and the next fetches use the rest.
 func TestPartialFetchesShareOneCall(t *testing.T) {
 	l := bucket.Limit{Rate: 1000, Burst: 1}
-	clock := fakeClock{buckettest.NewClock()}
+	clock := buckettest.NewClock()
 	t0 := clock.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -287,12 +288,12 @@ func TestPartialFetchesShareOneCall(t *testing.T) {
 	calls := 0
 	var starts []time.Duration
 	store := &bucket.Memory{Clock: clock}
-	d, err := leaky.New(leaky.Config{
+	d, err := leaky.New(leaky.Config[leaky.Item]{
 		Source: src, Clock: clock, MaxInflight: 64, Batch: leaky.BatchFor(l.Rate, 64), // 20
-		Pacer: pacerFunc(func(ctx context.Context, n int) (bucket.Reservation, error) {
+		Pacer: pacerFunc{period: l.Period(), reserve: func(ctx context.Context, n int) (bucket.Reservation, error) {
 			calls++
 			return store.Reserve(ctx, bucket.Key{Lane: "l"}, l, n)
-		}),
+		}},
 		Start: func(_ context.Context, _ leaky.Item, done func()) {
 			starts = append(starts, clock.Now().Sub(t0))
 			done()
@@ -327,6 +328,14 @@ func (s *trickleSource) Next(ctx context.Context, max int) ([]leaky.Item, error)
 	return s.sliceSource.Next(ctx, min(max, s.per))
 }
 
-type pacerFunc func(ctx context.Context, n int) (bucket.Reservation, error)
+// pacerFunc is a leaky.Pacer made of a function and a fixed period.
+type pacerFunc struct {
+	period  time.Duration
+	reserve func(ctx context.Context, n int) (bucket.Reservation, error)
+}
 
-func (f pacerFunc) Reserve(ctx context.Context, n int) (bucket.Reservation, error) { return f(ctx, n) }
+func (f pacerFunc) Reserve(ctx context.Context, n int) (bucket.Reservation, error) {
+	return f.reserve(ctx, n)
+}
+
+func (f pacerFunc) Period() time.Duration { return f.period }

@@ -34,60 +34,42 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // Item is one queued job as the drain sees it.
 type Item interface {
 	// Admitted reports that admission already took this job's slot.
 	Admitted() bool
+	// StoredAt is when the queue stored the job (the queue server's clock);
+	// the zero time means unknown. An admitted item that reaches the drain
+	// more than MaxLate (or a period) after it has missed its slot, like a
+	// drain that woke late, and waits for a fresh one instead of starting in
+	// a clump.
+	StoredAt() time.Time
 }
 
 // Source yields queued items in queue order.
-type Source interface {
+type Source[T Item] interface {
 	// Next blocks until at least one item is available (or ctx ends), then
 	// returns up to max items that are available without waiting further.
-	Next(ctx context.Context, max int) ([]Item, error)
+	Next(ctx context.Context, max int) ([]T, error)
 	// Release gives items back to the queue unstarted (shutdown, no slot).
-	Release(items []Item)
+	Release(items []T)
 }
 
 // Pacer reserves dispatch slots of one lane (or key).
 type Pacer interface {
 	Reserve(ctx context.Context, n int) (bucket.Reservation, error)
+	// Period is the current spacing of slots; it bounds how late an
+	// admitted item may start.
+	Period() time.Duration
 }
 
 // Starter starts one item's dispatch. It must not block for the dispatch: it
 // runs it on its own and calls done exactly once when the dispatch finished,
 // whatever the outcome.
-type Starter func(ctx context.Context, it Item, done func())
-
-// Clock is the time source of a drain: Now, and a cancellable sleep.
-type Clock interface {
-	Now() time.Time
-	// Sleep waits for d or until ctx ends, and reports ctx's error if it ended.
-	Sleep(ctx context.Context, d time.Duration) error
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
-func (realClock) Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// RealClock is the system clock.
-var RealClock Clock = realClock{}
+type Starter[T Item] func(ctx context.Context, it T, done func())
 
 // Observer receives the drain's events; every method must be cheap. The zero
 // Config uses a no-op observer.
@@ -108,11 +90,11 @@ func (nopObserver) Started(time.Duration) {}
 func (nopObserver) Reserved(int)          {}
 func (nopObserver) PacerDown(bool, error) {}
 
-// Config configures a Drain.
-type Config struct {
-	Source Source
+// Config configures a Drain of items of type T.
+type Config[T Item] struct {
+	Source Source[T]
 	Pacer  Pacer
-	Start  Starter
+	Start  Starter[T]
 	// MaxInflight bounds concurrent dispatches; at least 1.
 	MaxInflight int
 	// Batch bounds the slots reserved in one Pacer call; at least 1. See
@@ -132,8 +114,9 @@ type Config struct {
 	// used is the larger of MaxLate and the lane's period, so that below
 	// 1/MaxLate jobs/s a timer waking late never costs a slot. Zero means
 	// DefaultMaxLate.
-	MaxLate  time.Duration
-	Clock    Clock
+	MaxLate time.Duration
+	// Clock is the time source; nil means clock.Real.
+	Clock    clock.Clock
 	Logger   *slog.Logger
 	Observer Observer
 }
@@ -169,8 +152,8 @@ var errLate = errors.New("leaky: slots missed")
 const DefaultMaxLate = 2 * time.Millisecond
 
 // Drain paces one lane. Create it with New; Run it once.
-type Drain struct {
-	cfg     Config
+type Drain[T Item] struct {
+	cfg     Config[T]
 	permits chan struct{}
 	// downSince is when the Pacer started failing; zero while it works.
 	// Only Run's goroutine touches it.
@@ -183,7 +166,7 @@ type Drain struct {
 }
 
 // New checks cfg and returns a Drain. It starts nothing.
-func New(cfg Config) (*Drain, error) {
+func New[T Item](cfg Config[T]) (*Drain[T], error) {
 	switch {
 	case cfg.Source == nil:
 		return nil, errors.New("leaky: Config.Source is nil")
@@ -210,7 +193,7 @@ func New(cfg Config) (*Drain, error) {
 		cfg.MaxLate = DefaultMaxLate
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = RealClock
+		cfg.Clock = clock.Real
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -218,22 +201,22 @@ func New(cfg Config) (*Drain, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
-	return &Drain{cfg: cfg, permits: make(chan struct{}, cfg.MaxInflight)}, nil
+	return &Drain[T]{cfg: cfg, permits: make(chan struct{}, cfg.MaxInflight)}, nil
 }
 
 // Inflight reports how many dispatches hold a permit now (waiting for their
 // slot or running).
-func (d *Drain) Inflight() int { return len(d.permits) }
+func (d *Drain[T]) Inflight() int { return len(d.permits) }
 
 // Missed reports how many reserved slots were given up because no item
 // could start in them within MaxLate (the drain woke late, no job or permit
 // was there in time, an admitted job came late). Safe for concurrent use.
-func (d *Drain) Missed() uint64 { return d.missed.Load() }
+func (d *Drain[T]) Missed() uint64 { return d.missed.Load() }
 
 // Run drains until ctx ends, then waits for every dispatch it started to call
 // done and returns ctx's error. Items it holds unstarted go back to the Source.
-func (d *Drain) Run(ctx context.Context) error {
-	var held []Item
+func (d *Drain[T]) Run(ctx context.Context) error {
+	var held []T
 	defer func() {
 		if len(held) > 0 {
 			d.cfg.Source.Release(held)
@@ -309,13 +292,10 @@ func (d *Drain) Run(ctx context.Context) error {
 // startBatch reserves slots for the items of batch that need one and starts
 // every item at its slot. Each item holds a permit. On error it returns the
 // items it did not start (their permits still held).
-func (d *Drain) startBatch(ctx context.Context, batch []Item) ([]Item, error) {
+func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 	// Admitted items start at once, unless they reach the drain too long
-	// after admission took their slot (see storedAt).
-	now, late := d.cfg.Clock.Now(), d.cfg.MaxLate
-	if p, ok := d.cfg.Pacer.(interface{ Period() time.Duration }); ok {
-		late = max(late, p.Period())
-	}
+	// after admission took their slot (see admittedInTime).
+	now, late := d.cfg.Clock.Now(), max(d.cfg.MaxLate, d.cfg.Pacer.Period())
 	atOnce := make([]bool, len(batch))
 	need := 0
 	for i, it := range batch {
@@ -382,24 +362,17 @@ func (d *Drain) startBatch(ctx context.Context, batch []Item) ([]Item, error) {
 	return nil, nil
 }
 
-func (d *Drain) done() { <-d.permits }
+func (d *Drain[T]) done() { <-d.permits }
 
-// storedAt is implemented by items that know when they were queued
-// (queue.Msg: EnqueuedAt, the queue server's clock). Admission took an
-// admitted item's slot just before the item was stored; an item that reaches
-// the drain more than MaxLate (or a period) after that has missed its slot
-// like a drain that woke late, and waits for a fresh one instead of starting
-// in a clump with the slots after it: a slot lost, never an overshoot.
-type storedAt interface {
-	EnqueuedAt() time.Time
-}
-
-// admittedInTime reports whether it may start at once on admission's slot.
-func (d *Drain) admittedInTime(it Item, now time.Time, late time.Duration) bool {
+// admittedInTime reports whether it may start at once on admission's slot:
+// admission took the slot just before the item was stored, so an item that
+// reaches the drain more than late after that has missed its slot and waits
+// for a fresh one (a slot lost, never an overshoot).
+func (d *Drain[T]) admittedInTime(it T, now time.Time, late time.Duration) bool {
 	if !it.Admitted() {
 		return false
 	}
-	if s, ok := it.(storedAt); ok && now.Sub(s.EnqueuedAt()) > late {
+	if at := it.StoredAt(); !at.IsZero() && now.Sub(at) > late {
 		d.missed.Add(1)
 		return false
 	}
@@ -409,7 +382,7 @@ func (d *Drain) admittedInTime(it Item, now time.Time, late time.Duration) bool 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the
 // moment the call returned, so latency only delays slots.
-func (d *Drain) reserve(ctx context.Context, n int) (bucket.Reservation, time.Time, error) {
+func (d *Drain[T]) reserve(ctx context.Context, n int) (bucket.Reservation, time.Time, error) {
 	var firstFail time.Time
 	for {
 		res, err := d.cfg.Pacer.Reserve(ctx, n)

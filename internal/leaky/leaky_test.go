@@ -9,22 +9,13 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/leaky"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock's Sleep advances time at once: a drain under it runs in virtual
-// time, single-threaded.
-type fakeClock struct{ *buckettest.Clock }
-
-func (c fakeClock) Sleep(ctx context.Context, d time.Duration) error {
-	if d > 0 {
-		c.Advance(d)
-	}
-	return ctx.Err()
-}
 
 type item struct {
 	n        int
@@ -32,6 +23,10 @@ type item struct {
 }
 
 func (it item) Admitted() bool { return it.admitted }
+
+// StoredAt: items of these tests reach the drain the moment they are stored,
+// except storedItem's.
+func (it item) StoredAt() time.Time { return time.Time{} }
 
 // sliceSource hands out its items in order and cancels the run when empty.
 type sliceSource struct {
@@ -65,9 +60,9 @@ type start struct {
 	at time.Duration
 }
 
-func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Item, store func(*buckettest.Clock) bucket.Store) []start {
+func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Item, store func(*clock.Manual) bucket.Store) []start {
 	t.Helper()
-	clock := fakeClock{buckettest.NewClock()}
+	clock := buckettest.NewClock()
 	t0 := clock.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -75,9 +70,9 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Ite
 	var starts []start
 	var st bucket.Store = &bucket.Memory{Clock: clock}
 	if store != nil {
-		st = store(clock.Clock)
+		st = store(clock)
 	}
-	d, err := leaky.New(leaky.Config{
+	d, err := leaky.New(leaky.Config[leaky.Item]{
 		Source: src,
 		Pacer:  leaky.StorePacer{Store: st, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		Start: func(_ context.Context, it leaky.Item, done func()) {
@@ -172,6 +167,8 @@ func (f *flakyPacer) Reserve(ctx context.Context, n int) (bucket.Reservation, er
 	return f.p.Reserve(ctx, n)
 }
 
+func (f *flakyPacer) Period() time.Duration { return f.p.Period() }
+
 type countObserver struct {
 	mu           sync.Mutex
 	downs, backs int
@@ -202,7 +199,7 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 		{"LongOutageGivesBack", 1_000_000, 0, 3, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := fakeClock{buckettest.NewClock()}
+			clock := buckettest.NewClock()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			src := &sliceSource{items: items(3), cancel: cancel}
@@ -210,7 +207,7 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 			pacer := &flakyPacer{failures: tc.failures, p: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}}
 			obs := &countObserver{}
 			started := 0
-			d, _ := leaky.New(leaky.Config{
+			d, _ := leaky.New(leaky.Config[leaky.Item]{
 				Source: src, Pacer: pacer, MaxInflight: 1, Clock: clock, Observer: obs,
 				GiveBackAfter: time.Second, RetryBackoff: 100 * time.Millisecond,
 				Start: func(_ context.Context, it leaky.Item, done func()) {
@@ -238,7 +235,7 @@ func TestMaxInflightBoundsConcurrentDispatches(t *testing.T) {
 	var mu sync.Mutex
 	running, peak, finished := 0, 0, 0
 	var wg sync.WaitGroup
-	d, _ := leaky.New(leaky.Config{
+	d, _ := leaky.New(leaky.Config[leaky.Item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return bucket.Limit{Rate: 100_000, Burst: 100} }},
 		MaxInflight: limit,
@@ -308,7 +305,7 @@ func TestRealClockSpacing(t *testing.T) {
 		src.ch <- it
 	}
 	var at []time.Time
-	d, _ := leaky.New(leaky.Config{
+	d, _ := leaky.New(leaky.Config[leaky.Item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return bucket.Limit{Rate: 100, Burst: 1} }},
 		MaxInflight: 4,

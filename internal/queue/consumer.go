@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/throttler/throttler/internal/leaky"
 )
 
 // Msg is one fetched job. Exactly one of Ack, Retry or Release must be called.
@@ -29,11 +28,11 @@ func (m *Msg) Job() Job { return m.job }
 // that a rate limit or a stop cut short do not count.
 func (m *Msg) Attempt() int { return m.job.Attempts + 1 }
 
-// EnqueuedAt is when JetStream stored this copy of the job.
-func (m *Msg) EnqueuedAt() time.Time { return m.meta.Timestamp }
+// StoredAt is when JetStream stored this copy of the job.
+func (m *Msg) StoredAt() time.Time { return m.meta.Timestamp }
 
-// Admitted implements leaky.Item: admission's slot covers the first delivery
-// only; a redelivered job waits for a slot like any other.
+// Admitted reports that admission took a slot for this job. Its slot covers
+// the first delivery only; a redelivered job waits for a slot like any other.
 func (m *Msg) Admitted() bool { return m.job.Admitted && m.meta.NumDelivered == 1 }
 
 // Ack marks the job done; JetStream removes it.
@@ -46,8 +45,8 @@ func (m *Msg) Wait(delay time.Duration) error { m.c.settle(m); return m.m.NakWit
 // Release hands the job back at once, unstarted.
 func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 
-// Consumer reads one lane's jobs in stream order. It satisfies leaky.Source.
-// It is used by one drain goroutine at a time.
+// Consumer reads one lane's jobs in stream order, for one drain goroutine at
+// a time.
 type Consumer struct {
 	q       *Queue
 	lane    string
@@ -61,8 +60,6 @@ type Consumer struct {
 	outstanding map[*Msg]time.Time // fetched, not yet settled → last touched
 }
 
-var _ leaky.Source = (*Consumer)(nil)
-
 // Consumer returns the reader of lane's jobs.
 func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	ls, err := q.lane(lane)
@@ -73,9 +70,10 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 		outstanding: map[*Msg]time.Time{}}, nil
 }
 
-// Next implements leaky.Source.
-func (c *Consumer) Next(ctx context.Context, max int) ([]leaky.Item, error) {
-	var out []leaky.Item
+// Next blocks until at least one job is available (or ctx ends), then
+// returns up to max jobs that are available without waiting further.
+func (c *Consumer) Next(ctx context.Context, max int) ([]*Msg, error) {
+	var out []*Msg
 	for len(out) == 0 {
 		if c.batch == nil {
 			b, err := c.cons.Fetch(max, jetstream.FetchMaxWait(c.FetchWait))
@@ -190,12 +188,10 @@ func (c *Consumer) KeepAlive(ctx context.Context) {
 	}
 }
 
-// Release implements leaky.Source: the items go back to the queue at once.
-func (c *Consumer) Release(items []leaky.Item) {
-	for _, it := range items {
-		if m, ok := it.(*Msg); ok {
-			_ = m.Release()
-		}
+// Release hands msgs back to the queue at once, unstarted.
+func (c *Consumer) Release(msgs []*Msg) {
+	for _, m := range msgs {
+		_ = m.Release()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/throttler/throttler/api"
 	"strconv"
 	"time"
 
@@ -109,25 +110,9 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	return m.m.Ack()
 }
 
-// DeadLetter is one stored dead letter.
-type DeadLetter struct {
-	Seq         uint64    `json:"seq"`
-	ID          string    `json:"id"`
-	Lane        string    `json:"lane"`
-	Key         string    `json:"key,omitempty"`
-	Reason      string    `json:"reason"`
-	Attempts    int       `json:"attempts"`
-	LastStatus  int       `json:"last_status,omitempty"`
-	LastError   string    `json:"last_error,omitempty"`
-	DeadAt      time.Time `json:"dead_at"`
-	ContentType string    `json:"content_type,omitempty"`
-	Size        int       `json:"size"`
-	Payload     []byte    `json:"payload,omitempty"`
-}
-
-func deadFromRaw(raw *jetstream.RawStreamMsg) DeadLetter {
+func deadFromRaw(raw *jetstream.RawStreamMsg) api.DeadLetter {
 	h := raw.Header
-	d := DeadLetter{
+	d := api.DeadLetter{
 		Seq: raw.Sequence, ID: h.Get(HeaderJobID), Lane: h.Get(HeaderLane), Key: h.Get(HeaderKey),
 		Reason: h.Get(HeaderDeadReason), LastError: h.Get(HeaderLastError),
 		ContentType: h.Get(HeaderContentType), Size: len(raw.Data), Payload: raw.Data,
@@ -149,12 +134,12 @@ func (q *Queue) deadStream() (jetstream.Stream, error) {
 
 // ListDead returns up to limit dead letters of lane with a sequence above
 // after, oldest first, without payloads.
-func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit int) ([]DeadLetter, error) {
+func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit int) ([]api.DeadLetter, error) {
 	st, err := q.deadStream()
 	if err != nil {
 		return nil, err
 	}
-	var out []DeadLetter
+	var out []api.DeadLetter
 	seq := after + 1
 	for len(out) < limit {
 		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(DeadSubject(lane)))
@@ -173,17 +158,17 @@ func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit i
 }
 
 // GetDead returns one dead letter of lane with its payload.
-func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (DeadLetter, error) {
+func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	st, err := q.deadStream()
 	if err != nil {
-		return DeadLetter{}, err
+		return api.DeadLetter{}, err
 	}
 	raw, err := st.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && raw.Subject != DeadSubject(lane)) {
-		return DeadLetter{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
+		return api.DeadLetter{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
+		return api.DeadLetter{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
 	}
 	return deadFromRaw(raw), nil
 }
@@ -191,7 +176,7 @@ func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (DeadLette
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
 // keeps its id.
-func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (DeadLetter, error) {
+func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	d, err := q.GetDead(ctx, lane, seq)
 	if err != nil {
 		return d, err

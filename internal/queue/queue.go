@@ -1,7 +1,7 @@
 // Package queue keeps every job durably on NATS JetStream between intake and
 // dispatch. It is the JetStream adapter of the throttler: ingest publishes
-// through it, and a lane's drain reads through its Consumer, which satisfies
-// leaky.Source.
+// through it, and a lane's drain reads through its Consumer. It knows nothing
+// of pacing.
 //
 // Layout: one stream per lane, THROTTLE_<lane>, file storage, work-queue
 // retention (a job leaves the stream when it is acked), subjects
@@ -296,18 +296,59 @@ func (q *Queue) publish(ctx context.Context, subject string, msg *nats.Msg) (*je
 	}
 	ack, err := q.js.PublishMsg(ctx, msg)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) {
-			switch d := apiErr.Description; {
-			case strings.Contains(d, "maximum messages"):
-				return nil, fmt.Errorf("%w: %v", ErrBacklogFull, err)
-			case strings.Contains(d, "maximum bytes"), strings.Contains(d, "insufficient resources"), strings.Contains(d, "storage"):
-				return nil, fmt.Errorf("%w: %v", ErrFull, err)
-			}
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, q.classify(ctx, msg.Subject, err)
 	}
 	return ack, nil
+}
+
+// JetStream error codes the publish path tells apart (nats-server's
+// errors.json). A store refused by a stream limit comes back as
+// codeStoreFailed whichever limit it was; the stream's state says which.
+const (
+	codeStoreFailed            jetstream.ErrorCode = 10077 // JSStreamStoreFailedF
+	codeInsufficientResources  jetstream.ErrorCode = 10023 // JSInsufficientResourcesErr
+	codeStorageResourcesExceed jetstream.ErrorCode = 10047 // JSStorageResourcesExceededErr
+	codeMemoryResourcesExceed  jetstream.ErrorCode = 10028 // JSMemoryResourcesExceededErr
+	codeAccountResourcesExceed jetstream.ErrorCode = 10002 // JSAccountResourcesExceededErr
+	codeMessageExceedsMaximum  jetstream.ErrorCode = jetstream.JSErrCodeStreamMessageExceedsMaximum
+)
+
+// classify turns a failed publish into ErrBacklogFull (the stream holds
+// MaxMsgs), ErrFull (MaxBytes, or the server out of storage) or
+// ErrUnavailable (anything else: the job may not be stored), by the error
+// code JetStream answered, never by its text.
+func (q *Queue) classify(ctx context.Context, subject string, err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	switch apiErr.ErrorCode {
+	case codeStoreFailed:
+		if q.atMaxMsgs(ctx, subject) {
+			return fmt.Errorf("%w: %v", ErrBacklogFull, err)
+		}
+		return fmt.Errorf("%w: %v", ErrFull, err)
+	case codeInsufficientResources, codeStorageResourcesExceed, codeMemoryResourcesExceed, codeAccountResourcesExceed, codeMessageExceedsMaximum:
+		return fmt.Errorf("%w: %v", ErrFull, err)
+	}
+	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+}
+
+// atMaxMsgs reports whether the stream that takes subject holds its MaxMsgs.
+// Only the failure path asks: a refused store names no limit in its code.
+func (q *Queue) atMaxMsgs(ctx context.Context, subject string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	name, err := q.js.StreamNameBySubject(ctx, subject)
+	if err != nil {
+		return false
+	}
+	st, err := q.js.Stream(ctx, name)
+	if err != nil {
+		return false
+	}
+	info := st.CachedInfo()
+	return info.Config.MaxMsgs > 0 && int64(info.State.Msgs) >= info.Config.MaxMsgs
 }
 
 // Backlog estimates the jobs of lane that are stored and not yet done

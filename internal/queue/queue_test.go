@@ -125,7 +125,7 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 		}
 		items = append(items, more...)
 	}
-	m1, m2 := items[0].(*queue.Msg), items[1].(*queue.Msg)
+	m1, m2 := items[0], items[1]
 	if j := m1.Job(); j.ID != "j1" || j.ContentType != "text/plain" || string(j.Payload) != "one" || !m1.Admitted() || m1.Attempt() != 1 {
 		t.Fatalf("first job %+v admitted=%v attempt=%d", j, m1.Admitted(), m1.Attempt())
 	}
@@ -158,7 +158,7 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 	if err != nil || len(next) != 1 {
 		t.Fatalf("retry: %v %v", next, err)
 	}
-	r := next[0].(*queue.Msg)
+	r := next[0]
 	if r.Job().ID != "j1" || r.Attempt() != 2 || r.Admitted() {
 		t.Fatalf("retry came as %+v attempt %d admitted %v", r.Job(), r.Attempt(), r.Admitted())
 	}
@@ -168,10 +168,10 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	next, err = c.Next(ctx, 1)
-	if err != nil || next[0].(*queue.Msg).Job().ID != "demo-2" || string(next[0].(*queue.Msg).Job().Payload) != "two" {
+	if err != nil || next[0].Job().ID != "demo-2" || string(next[0].Job().Payload) != "two" {
 		t.Fatalf("replayed: %v %v", next, err)
 	}
-	next[0].(*queue.Msg).Ack()
+	next[0].Ack()
 	if n, _ := q.CountDead(ctx, "demo"); n != 0 {
 		t.Fatalf("%d dead letters after replay", n)
 	}

@@ -1,0 +1,104 @@
+// Package api holds the wire types of the throttler's HTTP API: what the
+// server writes and a client reads, in one place so that the two cannot
+// drift apart. It has no behaviour and no dependencies; docs/API.md and
+// docs/openapi.yaml describe the same shapes.
+package api
+
+import "time"
+
+// Job states in an Accepted answer.
+const (
+	// StateAdmitted: the job started at once.
+	StateAdmitted = "admitted"
+	// StateQueued: the job waits its turn; ETAMillis estimates the wait.
+	StateQueued = "queued"
+)
+
+// Accepted is the 202 body of a job submission: the job is stored durably.
+type Accepted struct {
+	ID    string `json:"id"`
+	Lane  string `json:"lane"`
+	State string `json:"state"`
+	// ETAMillis estimates the wait until the job starts; 0 when admitted.
+	ETAMillis int64 `json:"eta_ms"`
+	// Duplicate: a job with the same id was already stored; nothing new
+	// was queued.
+	Duplicate bool `json:"duplicate,omitempty"`
+}
+
+// LaneStatus is one lane in GET /v1/lanes.
+type LaneStatus struct {
+	Name string  `json:"name"`
+	Rate float64 `json:"rate"`
+	// EffectiveRate is the rate the lane drains at now: rate, or less while
+	// adaptive mode has slowed it down.
+	EffectiveRate float64 `json:"effective_rate"`
+	Burst         int     `json:"burst"`
+	MaxInflight   int     `json:"max_inflight"`
+	MaxBacklog    int64   `json:"max_backlog"`
+	Target        string  `json:"target"`
+	// Backlog: jobs stored and not yet done (waiting or in flight), all
+	// instances.
+	Backlog uint64 `json:"backlog"`
+	// Waiting: jobs no instance has fetched yet.
+	Waiting uint64 `json:"waiting"`
+	// InFlight: jobs fetched by some instance and not yet answered.
+	InFlight int `json:"in_flight"`
+	// Delivered: jobs this instance delivered since it started.
+	Delivered uint64 `json:"delivered"`
+	// Dead: jobs in the lane's dead-letter stream.
+	Dead uint64 `json:"dead"`
+	// Retrying: failed jobs waiting for their next attempt.
+	Retrying uint64 `json:"retrying"`
+	// Paused: the lane's drain cannot reserve slots (state store away) or a
+	// downstream asked it to wait.
+	Paused      bool   `json:"paused"`
+	PauseReason string `json:"pause_reason,omitempty"`
+	// Error says why some live counts are missing (JetStream away).
+	Error string `json:"error,omitempty"`
+}
+
+// Lanes is the body of GET /v1/lanes.
+type Lanes struct {
+	Lanes []LaneStatus `json:"lanes"`
+}
+
+// DeadLetter is one stored dead letter.
+type DeadLetter struct {
+	Seq         uint64    `json:"seq"`
+	ID          string    `json:"id"`
+	Lane        string    `json:"lane"`
+	Key         string    `json:"key,omitempty"`
+	Reason      string    `json:"reason"`
+	Attempts    int       `json:"attempts"`
+	LastStatus  int       `json:"last_status,omitempty"`
+	LastError   string    `json:"last_error,omitempty"`
+	DeadAt      time.Time `json:"dead_at"`
+	ContentType string    `json:"content_type,omitempty"`
+	Size        int       `json:"size"`
+	// Payload is the job's body (base64 in JSON); only GET of one dead
+	// letter carries it.
+	Payload []byte `json:"payload,omitempty"`
+}
+
+// DeadLetters is one page of GET /v1/lanes/{lane}/dead.
+type DeadLetters struct {
+	Dead []DeadLetter `json:"dead"`
+	// NextAfter, when set, is the after= of the next page.
+	NextAfter uint64 `json:"next_after,omitempty"`
+}
+
+// Problem is an RFC 9457 problem details body. Field names the request part
+// that was wrong (a path parameter, a header, the body), Lane the lane.
+type Problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Field    string `json:"field,omitempty"`
+	Lane     string `json:"lane,omitempty"`
+	// RetryAfterSeconds mirrors the Retry-After header for clients that only
+	// read bodies.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+}
