@@ -292,6 +292,9 @@ func (l *Lane) applyDefaults() {
 	if l.MaxBytes == 0 {
 		l.MaxBytes = DefaultMaxBytes
 	}
+	if l.AckWait == 0 {
+		l.AckWait = Duration(DefaultAckWait)
+	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
 	}

@@ -1,7 +1,5 @@
-package service
-
-// The misconfiguration guard: an in-memory pacer is correct for one instance
-// only. Two instances sharing a JetStream, each with its own in-memory lane
+// Package instance is the misconfiguration guard of a throttler fleet. An
+// in-memory pacer is correct for one instance only. Two instances sharing a JetStream, each with its own in-memory lane
 // state, would each drain every lane at its full rate (behind a load
 // balancer, N instances multiply the limit by N), and an instance without
 // Redis next to instances with Redis would add its own rate to theirs. Every
@@ -13,18 +11,20 @@ package service
 //   - an in-memory instance refuses while another holds the claim or any
 //     Redis instance is registered; a Redis instance refuses while the claim
 //     is held;
-//   - entries are refreshed every claimRefresh and expire claimTTL after the
+//   - entries are refreshed every Timing.Refresh and expire Timing.TTL after the
 //     last refresh (the bucket's max age), so a crashed instance's entry goes
 //     away by itself; a clean stop deletes it at once.
 //
 // An entry found at start may belong to a live instance or to a crashed one.
 // The guard tells them apart by waiting: a live instance refreshes its entry
-// (a new revision) within claimRefresh, a crashed one's entry expires within
-// claimTTL. So a second instance is refused within about claimRefresh, and
-// an instance restarted after a kill -9 starts within about claimTTL, saying
+// (a new revision) within Timing.Refresh, a crashed one's entry expires
+// within Timing.TTL. So a second instance is refused within about a
+// refresh, and an instance restarted after a kill -9 starts within about a
+// TTL, saying
 // so in the log. The bucket lives in memory on the NATS server: a restarted
 // server holds no stale entries, and live instances put theirs back at their
 // next refresh.
+package instance
 
 import (
 	"context"
@@ -37,37 +37,43 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 )
 
 const (
-	// instancesBucket is the key-value bucket of the guard.
-	instancesBucket = "THROTTLER_INSTANCES"
-	// memoryPacerKey is the claim of the one in-memory instance.
-	memoryPacerKey = "memory-pacer"
+	// Bucket is the guard's key-value bucket; an operator can list it
+	// (nats kv ls THROTTLER_INSTANCES).
+	Bucket = "THROTTLER_INSTANCES"
+	// MemoryPacerKey is the claim of the one in-memory instance.
+	MemoryPacerKey = "memory-pacer"
 	// redisKeyPrefix starts the entry of each instance that uses Redis.
 	redisKeyPrefix = "redis."
 )
 
-// ErrPacerConflict is matched (errors.Is) by the error of an instance that
+// ErrConflict is matched (errors.Is) by the error of an instance that
 // refuses to start, or stops, because another instance shares its JetStream
 // with a different lane-state store.
-var ErrPacerConflict = errors.New("pacer conflict")
+var ErrConflict = errors.New("pacer conflict")
 
-// guardTiming is the guard's clock: how long an entry lives without a
-// refresh, how often it is refreshed, how often a waiting start looks again.
-type guardTiming struct {
+// Timing is the guard's clock: how long an entry lives without a refresh,
+// how often it is refreshed, how often a waiting start looks again.
+type Timing struct {
 	TTL, Refresh, Poll time.Duration
 }
 
-// defaultGuardTiming: a refresh may fail twice (NATS reconnecting) before an
+// DefaultTiming lets a refresh fail twice (NATS reconnecting) before an
 // entry expires.
-var defaultGuardTiming = guardTiming{TTL: 10 * time.Second, Refresh: 3 * time.Second, Poll: 250 * time.Millisecond}
+var DefaultTiming = Timing{TTL: 10 * time.Second, Refresh: 3 * time.Second, Poll: 250 * time.Millisecond}
 
-// instanceInfo is the value of an entry: who holds it.
-type instanceInfo struct {
+// Pacer kinds an instance announces.
+const (
+	PacerMemory = "memory"
+	PacerRedis  = "redis"
+)
+
+// Info is the value of an entry: who holds it.
+type Info struct {
 	ID      string    `json:"id"`
 	Host    string    `json:"host"`
 	PID     int       `json:"pid"`
@@ -76,17 +82,29 @@ type instanceInfo struct {
 	Started time.Time `json:"started"`
 }
 
-func (i instanceInfo) String() string {
+// String names the instance for error messages and logs.
+func (i Info) String() string {
 	return fmt.Sprintf("id %s, host %s, pid %d, listen %s", i.ID, i.Host, i.PID, i.Listen)
 }
 
-// pacerClaim is this instance's entry, held from claimPacer until release.
-type pacerClaim struct {
+// Config says who this instance is and where the guard keeps its entries.
+type Config struct {
+	JetStream jetstream.JetStream
+	// Self describes this instance; Self.Pacer is PacerMemory or
+	// PacerRedis, Self.ID is filled in when empty.
+	Self Info
+	// Timing: the zero value means DefaultTiming.
+	Timing Timing
+	Logger *slog.Logger
+}
+
+// Entry is this instance's entry, held from Claim until Release.
+type Entry struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	key    string
-	self   instanceInfo
-	timing guardTiming
+	self   Info
+	timing Timing
 	log    *slog.Logger
 
 	mu  sync.Mutex
@@ -97,30 +115,37 @@ type pacerClaim struct {
 	lost    error // set before the service's context is cancelled
 }
 
-// claimPacer registers this instance in the guard's bucket and refuses (an
-// error matching ErrPacerConflict) when a live instance of the other kind
-// shares the JetStream. On success the entry is refreshed until release is
-// called, and the returned context is cancelled if the entry is lost to
-// another instance, so that Run stops; lostErr then says why.
-func (s *Service) claimPacer(ctx context.Context, nc *nats.Conn) (context.Context, *pacerClaim, error) {
-	timing := s.guardTiming
-	if timing == (guardTiming{}) {
-		timing = defaultGuardTiming
+// Claim registers this instance in the guard's bucket and refuses (an
+// error matching ErrConflict) when a live instance of the other kind shares
+// the JetStream. On success the entry is refreshed until Release is called,
+// and the returned context is cancelled if the entry is lost to another
+// instance, so that the service stops; Lost then says why.
+func Claim(ctx context.Context, cfg Config) (context.Context, *Entry, error) {
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = DefaultTiming
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("instance guard: %w", err)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	host, _ := os.Hostname()
-	c := &pacerClaim{
-		js: js, timing: timing, log: s.log.With("component", "guard"),
-		self: instanceInfo{ID: nuid.Next(), Host: host, PID: os.Getpid(), Listen: s.cfg.Listen, Pacer: pacerKind(s.cfg), Started: time.Now().UTC()},
+	if cfg.Self.ID == "" {
+		cfg.Self.ID = nuid.Next()
 	}
+	if cfg.Self.Host == "" {
+		cfg.Self.Host, _ = os.Hostname()
+	}
+	if cfg.Self.PID == 0 {
+		cfg.Self.PID = os.Getpid()
+	}
+	if cfg.Self.Started.IsZero() {
+		cfg.Self.Started = time.Now().UTC()
+	}
+	c := &Entry{js: cfg.JetStream, timing: cfg.Timing, log: cfg.Logger.With("component", "guard"), self: cfg.Self}
 	if err := c.ensureBucket(ctx); err != nil {
 		return nil, nil, err
 	}
-	if c.self.Pacer == "memory" {
-		c.key = memoryPacerKey
+	var err error
+	if c.self.Pacer == PacerMemory {
+		c.key = MemoryPacerKey
 		err = c.claimMemory(ctx)
 	} else {
 		c.key = redisKeyPrefix + c.self.ID
@@ -142,18 +167,18 @@ func (s *Service) claimPacer(ctx context.Context, nc *nats.Conn) (context.Contex
 
 // ensureBucket creates the guard's bucket, or updates it to this
 // instance's TTL. It is in memory: after a NATS restart it is made again.
-func (c *pacerClaim) ensureBucket(ctx context.Context) error {
+func (c *Entry) ensureBucket(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      instancesBucket,
+		Bucket:      Bucket,
 		Description: "throttler instances and the in-memory pacer claim (misconfiguration guard)",
 		TTL:         c.timing.TTL,
 		History:     1,
 		Storage:     jetstream.MemoryStorage,
 	})
 	if err != nil {
-		return fmt.Errorf("instance guard: key-value bucket %s: %w", instancesBucket, err)
+		return fmt.Errorf("instance guard: key-value bucket %s: %w", Bucket, err)
 	}
 	c.kv = kv
 	return nil
@@ -161,38 +186,38 @@ func (c *pacerClaim) ensureBucket(ctx context.Context) error {
 
 // claimMemory takes the memory-pacer claim, waiting out a claim left by a
 // crashed instance, then checks that no instance uses Redis.
-func (c *pacerClaim) claimMemory(ctx context.Context) error {
+func (c *Entry) claimMemory(ctx context.Context) error {
 	value := c.value()
 	deadline := time.Now().Add(c.timing.TTL + 2*c.timing.Refresh)
 	var waitedFor string
 	for {
-		rev, err := c.kv.Create(ctx, memoryPacerKey, value)
+		rev, err := c.kv.Create(ctx, MemoryPacerKey, value)
 		if err == nil {
 			c.rev = rev
 			break
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return fmt.Errorf("instance guard: claim %s: %w", memoryPacerKey, err)
+			return fmt.Errorf("instance guard: claim %s: %w", MemoryPacerKey, err)
 		}
-		holder, live, err := c.watch(ctx, []string{memoryPacerKey}, deadline, &waitedFor)
+		holder, live, err := c.watch(ctx, []string{MemoryPacerKey}, deadline, &waitedFor)
 		if err != nil {
 			return err
 		}
 		if live {
 			return fmt.Errorf("%w: another throttler instance (%s) already uses this JetStream with the in-memory pacer; "+
-				"configure redis.url on every instance to share one limit", ErrPacerConflict, holder)
+				"configure redis.url on every instance to share one limit", ErrConflict, holder)
 		}
 		// The claim expired or was released: take it.
 	}
 	keys, err := c.redisKeys(ctx)
 	if err == nil && len(keys) > 0 {
-		var holder instanceInfo
+		var holder Info
 		var live bool
 		holder, live, err = c.watch(ctx, keys, time.Now().Add(c.timing.TTL+2*c.timing.Refresh), &waitedFor)
 		if err == nil && live {
 			err = fmt.Errorf("%w: throttler instances using Redis share this JetStream (one of them: %s); "+
 				"this instance has no redis.url and its in-memory pacer would add its own rate to theirs: configure the same redis.url here",
-				ErrPacerConflict, holder)
+				ErrConflict, holder)
 		}
 	}
 	if err != nil {
@@ -206,24 +231,24 @@ func (c *pacerClaim) claimMemory(ctx context.Context) error {
 // instance holds the memory-pacer claim. Registering first closes the race
 // with an in-memory instance starting at the same moment: of the two, at
 // least one sees the other.
-func (c *pacerClaim) registerRedis(ctx context.Context) error {
+func (c *Entry) registerRedis(ctx context.Context) error {
 	rev, err := c.kv.Put(ctx, c.key, c.value())
 	if err != nil {
 		return fmt.Errorf("instance guard: register %s: %w", c.key, err)
 	}
 	c.rev = rev
 	var waitedFor string
-	_, err = c.kv.Get(ctx, memoryPacerKey)
+	_, err = c.kv.Get(ctx, MemoryPacerKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
 	if err == nil {
-		var holder instanceInfo
+		var holder Info
 		var live bool
-		holder, live, err = c.watch(ctx, []string{memoryPacerKey}, time.Now().Add(c.timing.TTL+2*c.timing.Refresh), &waitedFor)
+		holder, live, err = c.watch(ctx, []string{MemoryPacerKey}, time.Now().Add(c.timing.TTL+2*c.timing.Refresh), &waitedFor)
 		if err == nil && live {
 			err = fmt.Errorf("%w: a throttler instance (%s) uses this JetStream with the in-memory pacer; "+
-				"its rate would add to the shared limit: configure the same redis.url on every instance", ErrPacerConflict, holder)
+				"its rate would add to the shared limit: configure the same redis.url on every instance", ErrConflict, holder)
 		}
 	}
 	if err != nil {
@@ -238,9 +263,9 @@ func (c *pacerClaim) registerRedis(ctx context.Context) error {
 // revision), live=false once every entry is gone (expired or deleted), and
 // live=true when neither happened by deadline. It logs once why the start
 // waits (*waited remembers what it logged about).
-func (c *pacerClaim) watch(ctx context.Context, keys []string, deadline time.Time, waited *string) (instanceInfo, bool, error) {
+func (c *Entry) watch(ctx context.Context, keys []string, deadline time.Time, waited *string) (Info, bool, error) {
 	revs := map[string]uint64{}
-	var holder instanceInfo
+	var holder Info
 	for {
 		gone := 0
 		for _, k := range keys {
@@ -252,7 +277,7 @@ func (c *pacerClaim) watch(ctx context.Context, keys []string, deadline time.Tim
 			case err != nil:
 				return holder, false, fmt.Errorf("instance guard: read %s: %w", k, err)
 			}
-			var info instanceInfo
+			var info Info
 			_ = json.Unmarshal(e.Value(), &info) // a foreign value still counts as an entry
 			if info.ID == "" {
 				info.ID = "unknown"
@@ -283,7 +308,7 @@ func (c *pacerClaim) watch(ctx context.Context, keys []string, deadline time.Tim
 }
 
 // redisKeys lists the entries of instances that use Redis.
-func (c *pacerClaim) redisKeys(ctx context.Context) ([]string, error) {
+func (c *Entry) redisKeys(ctx context.Context) ([]string, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	l, err := c.kv.ListKeysFiltered(cctx, redisKeyPrefix+">")
@@ -303,7 +328,7 @@ func (c *pacerClaim) redisKeys(ctx context.Context) ([]string, error) {
 
 // refreshLoop refreshes the entry every Refresh until ctx ends. Losing the
 // memory-pacer claim to another instance cancels the service.
-func (c *pacerClaim) refreshLoop(ctx context.Context, cancelSvc context.CancelFunc) {
+func (c *Entry) refreshLoop(ctx context.Context, cancelSvc context.CancelFunc) {
 	t := time.NewTicker(c.timing.Refresh)
 	defer t.Stop()
 	failing := false
@@ -315,7 +340,7 @@ func (c *pacerClaim) refreshLoop(ctx context.Context, cancelSvc context.CancelFu
 		}
 		err := c.refresh(ctx)
 		switch {
-		case errors.Is(err, ErrPacerConflict):
+		case errors.Is(err, ErrConflict):
 			c.mu.Lock()
 			c.lost = err
 			c.mu.Unlock()
@@ -333,12 +358,12 @@ func (c *pacerClaim) refreshLoop(ctx context.Context, cancelSvc context.CancelFu
 }
 
 // refresh renews the entry once.
-func (c *pacerClaim) refresh(ctx context.Context) error {
+func (c *Entry) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timing.Refresh)
 	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.key != memoryPacerKey {
+	if c.key != MemoryPacerKey {
 		rev, err := c.kv.Put(ctx, c.key, c.value())
 		if err != nil {
 			// The bucket may be gone with a NATS restart.
@@ -375,41 +400,44 @@ func (c *pacerClaim) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var holder instanceInfo
+	var holder Info
 	_ = json.Unmarshal(e.Value(), &holder)
 	if holder.ID == c.self.ID {
 		c.rev = e.Revision()
 		return nil
 	}
 	return fmt.Errorf("%w: the in-memory pacer claim was taken by another throttler instance (%s) while this one could not refresh it; "+
-		"two in-memory pacers must not share a JetStream: configure redis.url on every instance", ErrPacerConflict, holder)
+		"two in-memory pacers must not share a JetStream: configure redis.url on every instance", ErrConflict, holder)
 }
 
-// lostErr is the reason the claim cancelled the service, or nil.
-func (c *pacerClaim) lostErr() error {
+// ID is this instance's id.
+func (c *Entry) ID() string { return c.self.ID }
+
+// Lost is the reason the claim cancelled the service, or nil.
+func (c *Entry) Lost() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lost
 }
 
-// release stops the refreshes and deletes the entry, if still ours, so that
+// Release stops the refreshes and deletes the entry, if still ours, so that
 // another instance may start at once. Bounded by a few seconds.
-func (c *pacerClaim) release() {
+func (c *Entry) Release() {
 	c.stop()
 	<-c.stopped
-	if c.lostErr() == nil {
+	if c.Lost() == nil {
 		c.delete()
 	}
 }
 
 // delete removes the entry; the memory-pacer claim only at our revision.
-func (c *pacerClaim) delete() {
+func (c *Entry) delete() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var opts []jetstream.KVDeleteOpt
-	if c.key == memoryPacerKey {
+	if c.key == MemoryPacerKey {
 		opts = append(opts, jetstream.LastRevision(c.rev))
 	}
 	if err := c.kv.Delete(ctx, c.key, opts...); err != nil {
@@ -417,7 +445,7 @@ func (c *pacerClaim) delete() {
 	}
 }
 
-func (c *pacerClaim) value() []byte {
+func (c *Entry) value() []byte {
 	b, _ := json.Marshal(c.self) // plain strings and numbers: cannot fail
 	return b
 }

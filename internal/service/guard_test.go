@@ -16,12 +16,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/instance"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
 // fastGuard makes the guard's waits short enough for tests: a live entry is
 // refreshed every 200 ms, a dead one expires after 1.5 s.
-var fastGuard = guardTiming{TTL: 1500 * time.Millisecond, Refresh: 200 * time.Millisecond, Poll: 50 * time.Millisecond}
+var fastGuard = instance.Timing{TTL: 1500 * time.Millisecond, Refresh: 200 * time.Millisecond, Poll: 50 * time.Millisecond}
 
 // guardConfig is a one-lane config on the nats-server at natsURL, with the
 // Redis at redisURL ("" for the in-memory pacer).
@@ -62,7 +63,7 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-type instance struct {
+type running struct {
 	svc  *Service
 	logs *logBuffer
 	errc chan error
@@ -70,9 +71,9 @@ type instance struct {
 }
 
 // launch runs a service with the fast guard. It does not wait for it.
-func launch(t *testing.T, cfg config.Config) *instance {
+func launch(t *testing.T, cfg config.Config) *running {
 	t.Helper()
-	in := &instance{logs: &logBuffer{}, errc: make(chan error, 1)}
+	in := &running{logs: &logBuffer{}, errc: make(chan error, 1)}
 	in.svc = New(cfg, slog.New(slog.NewTextHandler(in.logs, nil)), nil)
 	in.svc.guardTiming = fastGuard
 	ctx, cancel := context.WithCancel(context.Background())
@@ -93,7 +94,7 @@ func launch(t *testing.T, cfg config.Config) *instance {
 }
 
 // ready waits until the instance serves, failing t if it exits first.
-func (in *instance) ready(t *testing.T, within time.Duration) {
+func (in *running) ready(t *testing.T, within time.Duration) {
 	t.Helper()
 	select {
 	case <-in.svc.Ready():
@@ -106,15 +107,15 @@ func (in *instance) ready(t *testing.T, within time.Duration) {
 }
 
 // refused waits for the instance to exit with a pacer conflict naming want.
-func (in *instance) refused(t *testing.T, within time.Duration, want ...string) error {
+func (in *running) refused(t *testing.T, within time.Duration, want ...string) error {
 	t.Helper()
 	select {
 	case <-in.svc.Ready():
 		t.Fatalf("instance started; want it refused:\n%s", in.logs.String())
 	case err := <-in.errc:
 		in.errc <- err
-		if !errors.Is(err, ErrPacerConflict) {
-			t.Fatalf("exit error %v, want ErrPacerConflict", err)
+		if !errors.Is(err, instance.ErrConflict) {
+			t.Fatalf("exit error %v, want instance.ErrConflict", err)
 		}
 		for _, w := range want {
 			if !strings.Contains(err.Error(), w) {
@@ -141,7 +142,7 @@ func kvOf(t *testing.T, url string) jetstream.KeyValue {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instancesBucket, TTL: fastGuard.TTL, History: 1, Storage: jetstream.MemoryStorage})
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instance.Bucket, TTL: fastGuard.TTL, History: 1, Storage: jetstream.MemoryStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +151,11 @@ func kvOf(t *testing.T, url string) jetstream.KeyValue {
 
 func holderID(t *testing.T, kv jetstream.KeyValue) string {
 	t.Helper()
-	e, err := kv.Get(context.Background(), memoryPacerKey)
+	e, err := kv.Get(context.Background(), instance.MemoryPacerKey)
 	if err != nil {
 		return ""
 	}
-	var info instanceInfo
+	var info instance.Info
 	if err := json.Unmarshal(e.Value(), &info); err != nil {
 		t.Fatal(err)
 	}
@@ -197,53 +198,7 @@ func TestSecondMemoryInstanceIsRefused(t *testing.T) {
 	}
 }
 
-// TestInstancesWithRedisShareJetStream: with Redis every instance shares one
-// limit, so any number start; an instance without Redis next to them is
-// refused, and so is a Redis instance next to an in-memory one.
-func TestInstancesWithRedisShareJetStream(t *testing.T) {
-	url := testenv.StartNATS(t).ClientURL()
-	redisURL := testenv.StartRedis(t).URL()
-	a := launch(t, guardConfig(t, url, redisURL))
-	b := launch(t, guardConfig(t, url, redisURL))
-	a.ready(t, 10*time.Second)
-	b.ready(t, 10*time.Second)
 
-	m := launch(t, guardConfig(t, url, ""))
-	m.refused(t, 5*time.Second, "instances using Redis share this JetStream", "configure the same redis.url")
-
-	// The other way round, on a fresh JetStream.
-	url2 := testenv.StartNATS(t).ClientURL()
-	mem := launch(t, guardConfig(t, url2, ""))
-	mem.ready(t, 10*time.Second)
-	r := launch(t, guardConfig(t, url2, redisURL))
-	r.refused(t, 5*time.Second, "uses this JetStream with the in-memory pacer", "configure the same redis.url on every instance")
-}
-
-// TestCrashedInstanceClaimExpires: a claim left by an instance that died
-// (kill -9: nobody refreshes or deletes it) holds a new instance back until
-// it expires, with a log line that says why; then the new instance starts.
-func TestCrashedInstanceClaimExpires(t *testing.T) {
-	url := testenv.StartNATS(t).ClientURL()
-	kv := kvOf(t, url)
-	dead, _ := json.Marshal(instanceInfo{ID: "crashed", Host: "gone", PID: 1})
-	if _, err := kv.Create(context.Background(), memoryPacerKey, dead); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	in := launch(t, guardConfig(t, url, ""))
-	in.ready(t, fastGuard.TTL+5*time.Second)
-	waited := time.Since(start)
-	t.Logf("started %v after a crashed instance's claim was left", waited.Round(time.Millisecond))
-	if waited < fastGuard.TTL/2 {
-		t.Fatalf("started after %v, before the stale claim could have expired", waited)
-	}
-	if logs := in.logs.String(); !strings.Contains(logs, "waiting for it to be refreshed") || !strings.Contains(logs, "crashed") {
-		t.Fatalf("no log line about the wait:\n%s", logs)
-	}
-	if id := holderID(t, kv); id == "" || id == "crashed" {
-		t.Fatalf("claim held by %q after the start", id)
-	}
-}
 
 // TestLostClaimStopsTheInstance: if another instance takes the claim while
 // this one could not refresh it (here: it is overwritten), the instance
@@ -254,14 +209,14 @@ func TestLostClaimStopsTheInstance(t *testing.T) {
 	kv := kvOf(t, url)
 	in := launch(t, guardConfig(t, url, ""))
 	in.ready(t, 10*time.Second)
-	other, _ := json.Marshal(instanceInfo{ID: "usurper", Host: "elsewhere", PID: 2})
-	if _, err := kv.Put(context.Background(), memoryPacerKey, other); err != nil {
+	other, _ := json.Marshal(instance.Info{ID: "usurper", Host: "elsewhere", PID: 2})
+	if _, err := kv.Put(context.Background(), instance.MemoryPacerKey, other); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-in.errc:
 		in.errc <- err
-		if !errors.Is(err, ErrPacerConflict) || !strings.Contains(err.Error(), "usurper") {
+		if !errors.Is(err, instance.ErrConflict) || !strings.Contains(err.Error(), "usurper") {
 			t.Fatalf("Run returned %v, want a conflict naming the other instance", err)
 		}
 	case <-time.After(5 * time.Second):

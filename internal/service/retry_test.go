@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/throttler/throttler/api"
 	"io"
 	"net/http"
 	"strings"
@@ -67,7 +68,7 @@ func retryConfig(t *testing.T, url string, maxAttempts int) config.Config {
 	return cfg
 }
 
-func deadList(t *testing.T, addr string) []queue.DeadLetter {
+func deadList(t *testing.T, addr string) []api.DeadLetter {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/v1/lanes/demo/dead")
 	if err != nil {
@@ -75,7 +76,7 @@ func deadList(t *testing.T, addr string) []queue.DeadLetter {
 	}
 	defer resp.Body.Close()
 	var out struct {
-		Dead []queue.DeadLetter `json:"dead"`
+		Dead []api.DeadLetter `json:"dead"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		t.Fatal(err)
@@ -114,7 +115,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	submit(t, client, svc.Addr(), "demo", "doomed-1", "payload-1")
-	var dead []queue.DeadLetter
+	var dead []api.DeadLetter
 	waitFor(t, 10*time.Second, "a dead letter", func() bool {
 		dead = deadList(t, svc.Addr())
 		return len(dead) == 1
@@ -131,7 +132,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var one queue.DeadLetter
+	var one api.DeadLetter
 	json.NewDecoder(resp.Body).Decode(&one)
 	resp.Body.Close()
 	if string(one.Payload) != "payload-1" || one.ContentType != "text/plain" {

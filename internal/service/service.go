@@ -1,14 +1,14 @@
-// Package service assembles the throttler from its parts: configuration in,
-// a running service out. It connects to (or embeds) NATS JetStream, picks
-// the lane state store (Redis, or in memory for a single instance), sets up
-// each lane's stream, drain and target, serves the HTTP API, and stops in
-// order: intake first, then the drains, then in-flight dispatches (bounded by
-// shutdown_timeout), then the clients.
+// Package service assembles the throttler from its parts and holds no lane
+// decision of its own: configuration in, a running service out. It connects
+// to (or embeds) NATS JetStream, registers the instance (package instance),
+// picks the lane state store (Redis, or in memory for a single instance),
+// starts each lane (package lane), serves the HTTP API (package ingest), and
+// stops in order: intake first, then the drains, then in-flight dispatches
+// (bounded by shutdown_timeout), then the clients.
 package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,16 +19,21 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/ingest"
+	"github.com/throttler/throttler/internal/instance"
+	"github.com/throttler/throttler/internal/lane"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -42,8 +47,8 @@ type Service struct {
 	ready chan struct{}
 	addr  string // set before ready closes
 
-	// guardTiming is the instance guard's (singleton.go); zero: defaults.
-	guardTiming guardTiming
+	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
+	guardTiming instance.Timing
 
 	handlers map[string]dispatch.Target
 }
@@ -86,33 +91,29 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		}
 	}()
 
-	// NATS: embedded or remote.
 	nc, srv, err := s.connectNATS()
 	if err != nil {
 		return err
 	}
-	closers = append(closers, func() {
-		_ = nc.Drain()
-		for nc.Status() == nats.DRAINING_SUBS || nc.Status() == nats.DRAINING_PUBS {
-			time.Sleep(5 * time.Millisecond)
-		}
-		nc.Close()
-		if srv != nil {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}
-	})
+	closers = append(closers, func() { closeNATS(nc, srv) })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
 
-	// Misconfiguration guard (singleton.go): one in-memory pacer per
-	// JetStream, and none next to instances that share Redis. Losing the
-	// claim later cancels ctx; Run then stops and returns why.
-	ctx, claim, err := s.claimPacer(ctx, nc)
+	// Misconfiguration guard: one in-memory pacer per JetStream, and none
+	// next to instances that share Redis. Losing the claim later cancels
+	// ctx; Run then stops and returns why.
+	ctx, claim, err := instance.Claim(ctx, instance.Config{
+		JetStream: js, Timing: s.guardTiming, Logger: s.log,
+		Self: instance.Info{Listen: s.cfg.Listen, Pacer: pacerKind(s.cfg)},
+	})
 	if err != nil {
 		return err
 	}
-	closers = append(closers, claim.release)
+	closers = append(closers, claim.Release)
 	defer func() {
-		if lost := claim.lostErr(); lost != nil && err == nil {
+		if lost := claim.Lost(); lost != nil && err == nil {
 			err = lost
 		}
 	}()
@@ -125,49 +126,45 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, closeStore)
+	store = countingStore{store, m}
 
 	q, err := queue.New(nc, s.log.With("component", "queue"))
 	if err != nil {
 		return err
 	}
-	var allow []netip.Prefix
-	for _, p := range s.cfg.Dispatch.AllowNetworks {
-		allow = append(allow, netip.MustParsePrefix(p)) // validated by config
-	}
-	guard := dispatch.NewGuard(allow)
-
-	// Dispatches get their own context: at shutdown they may finish within
-	// shutdown_timeout after the drains stopped starting new ones.
-	dispatchCtx, cancelDispatch := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelDispatch()
-
 	if err := q.EnsureRetries(ctx, s.cfg.NATS.Replicas); err != nil {
 		return err
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
 		return err
 	}
-	lanes := &directory{lanes: map[string]*lane{}}
-	for i := range s.cfg.Lanes {
-		lc := s.cfg.Lanes[i]
-		l, err := newLane(ctx, laneDeps{
-			cfg: lc, nc: nc, handlers: s.handlers, dedup: s.cfg.NATS.DedupWindow.D(), replicas: s.cfg.NATS.Replicas, queue: q, store: countingStore{store, m},
-			guard: guard, metrics: m, log: s.log.With("component", "lane", "lane", lc.Name), dispatchCtx: dispatchCtx,
-		})
+
+	// Dispatches get their own context: at shutdown they may finish within
+	// shutdown_timeout after the drains stopped starting new ones.
+	dispatchCtx, cancelDispatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDispatch()
+	deps := lane.Deps{
+		NATS: nc, Queue: q, Store: store, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
+		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(),
+	}
+	lanes := &directory{byName: map[string]*lane.Lane{}}
+	for i, lc := range s.cfg.Lanes {
+		l, err := lane.New(ctx, lc, deps)
 		if err != nil {
 			// Named like a config error: the field is where to look.
 			return &config.Error{Field: fmt.Sprintf("lanes[%d]", i), Msg: err.Error()}
 		}
-		closers = append(closers, l.close)
-		lanes.lanes[lc.Name] = l
+		closers = append(closers, l.Close)
+		lanes.byName[lc.Name] = l
 		lanes.order = append(lanes.order, l)
 	}
 
-	adm, err := admission.New(admission.Config{Store: countingStore{store, m}, Backlog: q, Logger: s.log.With("component", "admission")})
+	adm, err := admission.New(admission.Config{Store: store, Backlog: q, Logger: s.log.With("component", "admission")})
 	if err != nil {
 		return err
 	}
-	api, err := ingest.New(ingest.Config{
+	httpAPI, err := ingest.New(ingest.Config{
 		Admitter: adm, Publisher: q, Lanes: lanes, Metrics: m, DeadLetters: q,
 		MetricsHandler: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
 		Logger:         s.log.With("component", "ingest"),
@@ -185,7 +182,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	httpSrv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpSrv := &http.Server{Handler: httpAPI, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(ln) }()
 
@@ -193,11 +190,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer stopDrains()
 	var drains sync.WaitGroup
 	for _, l := range lanes.order {
-		drains.Add(1)
-		go func() {
-			defer drains.Done()
-			l.run(drainCtx)
-		}()
+		drains.Go(func() { l.Run(drainCtx) })
 	}
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
@@ -215,7 +208,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	start := time.Now()
 	timeout := s.cfg.ShutdownTimeout.D()
 	s.log.Info("stopping: intake closed, finishing in-flight dispatches", "timeout", timeout.String())
-	api.StopIntake()
+	httpAPI.StopIntake()
 	shCtx, cancel := context.WithTimeout(context.Background(), min(timeout, 5*time.Second))
 	_ = httpSrv.Shutdown(shCtx)
 	cancel()
@@ -233,6 +226,14 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	return nil
 }
 
+func (s *Service) allowNetworks() []netip.Prefix {
+	var allow []netip.Prefix
+	for _, p := range s.cfg.Dispatch.AllowNetworks {
+		allow = append(allow, netip.MustParsePrefix(p)) // validated by config
+	}
+	return allow
+}
+
 func natsWhere(cfg config.Config) string {
 	if cfg.NATS.URL == "" {
 		return "embedded"
@@ -242,9 +243,9 @@ func natsWhere(cfg config.Config) string {
 
 func pacerKind(cfg config.Config) string {
 	if cfg.Redis.URL == "" {
-		return "memory"
+		return instance.PacerMemory
 	}
-	return "redis"
+	return instance.PacerRedis
 }
 
 func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
@@ -283,6 +284,19 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 	return nc, srv, nil
 }
 
+// closeNATS drains the connection, then stops the embedded server if any.
+func closeNATS(nc *nats.Conn, srv *server.Server) {
+	_ = nc.Drain()
+	for nc.Status() == nats.DRAINING_SUBS || nc.Status() == nats.DRAINING_PUBS {
+		time.Sleep(5 * time.Millisecond)
+	}
+	nc.Close()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
 // maxMessage is the largest message a lane can store: its max_body plus
 // room for the headers.
 func (s *Service) maxMessage() int32 {
@@ -312,10 +326,11 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		return &bucket.Memory{}, func() {}, nil
 	}
-	client, err := redisClient(s.cfg.Redis)
+	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
 		return nil, nil, err
 	}
+	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
 	// for many calls (docs/BENCHMARKS.md).
 	pipe, err := client.AutoPipeline()
@@ -334,41 +349,36 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
 
-// redisAPI is what the service needs of a go-redis client, whichever kind.
-type redisAPI interface {
-	AutoPipeline() (*redis.AutoPipeliner, error)
-	Ping(ctx context.Context) *redis.StatusCmd
-	Close() error
-}
-
-// redisClient builds the client for redis.mode. Every kind fails fast while
-// Redis is away: one dial attempt, no command retries, deadlines honoured,
-// so the drain pauses and admission queues at once.
-func redisClient(cfg config.Redis) (redisAPI, error) {
-	const dial = 500 * time.Millisecond
+// redisOptions reads redis.url in the form of redis.mode and makes one set
+// of client options for every kind. Every kind fails fast while Redis is
+// away: one dial attempt, no command retries, deadlines honoured, so the
+// drain pauses and admission queues at once.
+func redisOptions(cfg config.Redis) (*redis.UniversalOptions, error) {
+	bad := func(err error) error { return &config.Error{Field: "redis.url", Msg: err.Error()} }
+	var u redis.UniversalOptions
 	switch cfg.Mode {
 	case "cluster":
-		opt, err := redis.ParseClusterURL(cfg.URL)
+		o, err := redis.ParseClusterURL(cfg.URL)
 		if err != nil {
-			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+			return nil, bad(err)
 		}
-		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
-		return redis.NewClusterClient(opt), nil
+		u = redis.UniversalOptions{Addrs: o.Addrs, IsClusterMode: true, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig}
 	case "sentinel":
-		opt, err := redis.ParseFailoverURL(cfg.URL)
+		o, err := redis.ParseFailoverURL(cfg.URL)
 		if err != nil {
-			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+			return nil, bad(err)
 		}
-		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
-		return redis.NewFailoverClient(opt), nil
+		u = redis.UniversalOptions{Addrs: o.SentinelAddrs, MasterName: o.MasterName, DB: o.DB, Username: o.Username, Password: o.Password,
+			SentinelUsername: o.SentinelUsername, SentinelPassword: o.SentinelPassword, TLSConfig: o.TLSConfig}
 	default:
-		opt, err := redis.ParseURL(cfg.URL)
+		o, err := redis.ParseURL(cfg.URL)
 		if err != nil {
-			return nil, &config.Error{Field: "redis.url", Msg: err.Error()}
+			return nil, bad(err)
 		}
-		opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries, opt.DialTimeout = true, 1, -1, dial
-		return redis.NewClient(opt), nil
+		u = redis.UniversalOptions{Addrs: []string{o.Addr}, DB: o.DB, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig}
 	}
+	u.ContextTimeoutEnabled, u.DialerRetries, u.MaxRetries, u.DialTimeout = true, 1, -1, 500*time.Millisecond
+	return &u, nil
 }
 
 // countingStore counts calls to the state store per lane and operation.
@@ -396,37 +406,35 @@ func (c countingStore) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, 
 	return c.Store.Pause(ctx, k, l, d)
 }
 
-// directory implements ingest.Directory.
+// directory implements ingest.Directory over the running lanes.
 type directory struct {
-	lanes map[string]*lane
-	order []*lane
+	byName map[string]*lane.Lane
+	order  []*lane.Lane
 }
 
 func (d *directory) Lane(name string) (ingest.Lane, bool) {
-	l, ok := d.lanes[name]
+	l, ok := d.byName[name]
 	if !ok {
 		return ingest.Lane{}, false
 	}
-	return l.intake(), true
+	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody()}, true
 }
 
-func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (ingest.LaneStatus, error) {
-	l, ok := d.lanes[name]
+func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {
+	l, ok := d.byName[name]
 	if !ok {
-		return ingest.LaneStatus{}, fmt.Errorf("no lane %q", name)
+		return api.LaneStatus{}, fmt.Errorf("no lane %q", name)
 	}
-	if err := l.setLimit(bucket.Limit{Rate: rate, Burst: burst}); err != nil {
-		return ingest.LaneStatus{}, err
+	if err := l.SetLimit(bucket.Limit{Rate: rate, Burst: burst}); err != nil {
+		return api.LaneStatus{}, err
 	}
-	return l.status(ctx), nil
+	return l.Status(ctx), nil
 }
 
-func (d *directory) Status(ctx context.Context) []ingest.LaneStatus {
-	out := make([]ingest.LaneStatus, 0, len(d.order))
+func (d *directory) Status(ctx context.Context) []api.LaneStatus {
+	out := make([]api.LaneStatus, 0, len(d.order))
 	for _, l := range d.order {
-		out = append(out, l.status(ctx))
+		out = append(out, l.Status(ctx))
 	}
 	return out
 }
-
-var errNoTarget = errors.New("no target configured")

@@ -1,0 +1,225 @@
+package instance_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/instance"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fast makes the guard's waits short: a live entry is refreshed every
+// 200 ms, a dead one expires after 1.5 s.
+var fast = instance.Timing{TTL: 1500 * time.Millisecond, Refresh: 200 * time.Millisecond, Poll: 50 * time.Millisecond}
+
+// logs collects log lines for assertions.
+type logs struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// jetStream connects to a fresh in-process nats-server.
+func jetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// claim registers an instance of pacer kind; it is released when the test
+// ends.
+func claim(t *testing.T, js jetstream.JetStream, pacer string, l *logs) (context.Context, *instance.Entry, error) {
+	t.Helper()
+	if l == nil {
+		l = &logs{}
+	}
+	ctx, e, err := instance.Claim(context.Background(), instance.Config{
+		JetStream: js, Timing: fast, Logger: slog.New(slog.NewTextHandler(l, nil)),
+		Self: instance.Info{Listen: "127.0.0.1:8080", Pacer: pacer},
+	})
+	if err == nil {
+		t.Cleanup(e.Release)
+	}
+	return ctx, e, err
+}
+
+func bucket(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instance.Bucket, TTL: fast.TTL, History: 1, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+func holder(t *testing.T, kv jetstream.KeyValue) string {
+	t.Helper()
+	e, err := kv.Get(context.Background(), instance.MemoryPacerKey)
+	if err != nil {
+		return ""
+	}
+	var info instance.Info
+	if err := json.Unmarshal(e.Value(), &info); err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
+}
+
+func wantConflict(t *testing.T, err error, says ...string) {
+	t.Helper()
+	if !errors.Is(err, instance.ErrConflict) {
+		t.Fatalf("Claim = %v, want ErrConflict", err)
+	}
+	for _, s := range says {
+		if !strings.Contains(err.Error(), s) {
+			t.Fatalf("error %q does not say %q", err, s)
+		}
+	}
+}
+
+// TestSecondMemoryPacerRefused: a second in-memory instance on one
+// JetStream is refused within about a refresh, naming the first, and
+// touches nothing of the first's claim; after a clean release the next one
+// claims at once.
+func TestSecondMemoryPacerRefused(t *testing.T) {
+	js := jetStream(t)
+	_, first, err := claim(t, js, instance.PacerMemory, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := bucket(t, js)
+	if holder(t, kv) != first.ID() {
+		t.Fatalf("claim held by %q, want %q", holder(t, kv), first.ID())
+	}
+	start := time.Now()
+	_, _, err = claim(t, js, instance.PacerMemory, nil)
+	wantConflict(t, err, "another throttler instance", "id "+first.ID(), "already uses this JetStream with the in-memory pacer",
+		"configure redis.url on every instance to share one limit")
+	if took := time.Since(start); took > fast.TTL {
+		t.Fatalf("refused after %v, want about a refresh (%v)", took, fast.Refresh)
+	}
+	if holder(t, kv) != first.ID() {
+		t.Fatal("the refused instance touched the first one's claim")
+	}
+	first.Release()
+	start = time.Now()
+	_, third, err := claim(t, js, instance.PacerMemory, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > fast.TTL {
+		t.Fatalf("claim after a clean release took %v; it was not released", took)
+	}
+	if holder(t, kv) != third.ID() {
+		t.Fatal("the new instance does not hold the claim")
+	}
+}
+
+// TestRedisInstancesShareButNotWithMemory: any number of Redis instances
+// share a JetStream; an in-memory one next to them is refused, and a Redis
+// one next to an in-memory one.
+func TestRedisInstancesShareButNotWithMemory(t *testing.T) {
+	js := jetStream(t)
+	for range 2 {
+		if _, _, err := claim(t, js, instance.PacerRedis, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := claim(t, js, instance.PacerMemory, nil)
+	wantConflict(t, err, "instances using Redis share this JetStream", "configure the same redis.url")
+
+	js2 := jetStream(t)
+	if _, _, err := claim(t, js2, instance.PacerMemory, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = claim(t, js2, instance.PacerRedis, nil)
+	wantConflict(t, err, "uses this JetStream with the in-memory pacer", "configure the same redis.url on every instance")
+}
+
+// TestCrashedClaimExpires: a claim nobody refreshes (its instance was
+// killed) holds a new instance back until it expires, with a log line that
+// says why; then the new instance claims.
+func TestCrashedClaimExpires(t *testing.T) {
+	js := jetStream(t)
+	kv := bucket(t, js)
+	dead, _ := json.Marshal(instance.Info{ID: "crashed", Host: "gone", PID: 1})
+	if _, err := kv.Create(context.Background(), instance.MemoryPacerKey, dead); err != nil {
+		t.Fatal(err)
+	}
+	l := &logs{}
+	start := time.Now()
+	_, e, err := claim(t, js, instance.PacerMemory, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < fast.TTL/2 {
+		t.Fatalf("claimed after %v, before the stale claim could have expired", waited)
+	}
+	if s := l.String(); !strings.Contains(s, "waiting for it to be refreshed") || !strings.Contains(s, "crashed") {
+		t.Fatalf("no log line about the wait:\n%s", s)
+	}
+	if holder(t, kv) != e.ID() {
+		t.Fatalf("claim held by %q after the start", holder(t, kv))
+	}
+}
+
+// TestLostClaimCancels: when another instance takes the claim, the context
+// Claim returned is cancelled and Lost says why; the usurper's claim stays.
+func TestLostClaimCancels(t *testing.T) {
+	js := jetStream(t)
+	ctx, e, err := claim(t, js, instance.PacerMemory, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := bucket(t, js)
+	other, _ := json.Marshal(instance.Info{ID: "usurper", Host: "elsewhere", PID: 2})
+	if _, err := kv.Put(context.Background(), instance.MemoryPacerKey, other); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("context still live 5 s after the claim was lost")
+	}
+	if err := e.Lost(); !errors.Is(err, instance.ErrConflict) || !strings.Contains(err.Error(), "usurper") {
+		t.Fatalf("Lost = %v, want a conflict naming the other instance", err)
+	}
+	e.Release()
+	if holder(t, kv) != "usurper" {
+		t.Fatal("releasing a lost claim deleted the other instance's")
+	}
+}

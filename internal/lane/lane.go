@@ -1,0 +1,490 @@
+// Package lane runs one lane: it opens the lane's target, wires its queue
+// consumer to a leaky drain paced by the lane's shared GCRA state, delivers
+// each started job, and settles it (ack, wait in place, retry behind the
+// backlog, dead letter) by the pure policy in Settle. It holds the lane's
+// runtime state: the limit (changed at runtime by PATCH), a downstream's
+// pause and adaptive mode's slow-down, shared with the other instances
+// through typed control messages (control.go), and reports the lane's
+// status.
+//
+// The package is where queue, leaky and dispatch meet: queue knows nothing
+// of pacing, leaky nothing of NATS, dispatch nothing of either.
+package lane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// The queue's consumer is the drain's source, its messages the drain's
+// items: queue knows nothing of leaky, and nothing is converted.
+var (
+	_ leaky.Source[*queue.Msg] = (*queue.Consumer)(nil)
+	_ leaky.Item               = (*queue.Msg)(nil)
+)
+
+// Deps are what every lane of an instance shares.
+type Deps struct {
+	// NATS carries control messages and NATS targets' requests.
+	NATS  *nats.Conn
+	Queue *queue.Queue
+	// Store holds the lanes' GCRA states (memory or Redis).
+	Store bucket.Store
+	Guard *dispatch.Guard
+	// Handlers are in-process targets by name (target: {handler: name}).
+	Handlers map[string]dispatch.Target
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+	// Clock is the time source; nil means clock.Real.
+	Clock clock.Clock
+	// DispatchCtx bounds deliveries. It outlives the drains: at a stop,
+	// deliveries in flight may finish after the drains stopped starting
+	// new ones; cancelling it cuts them short (they are released).
+	DispatchCtx context.Context
+	// DedupWindow and Replicas shape the lane's stream.
+	DedupWindow time.Duration
+	Replicas    int
+	// Instance names this instance in control messages.
+	Instance string
+}
+
+// Lane is one lane at run time. Create it with New, Run it once, Close it
+// after Run returned. Its methods are safe for concurrent use.
+type Lane struct {
+	cfg      config.Lane
+	d        Deps
+	log      *slog.Logger
+	target   dispatch.Target
+	closeTgt func()
+	consumer *queue.Consumer
+	drain    *leaky.Drain[*queue.Msg]
+	backoff  dispatch.Backoff
+	control  *nats.Subscription
+	bounds   controlBounds
+
+	limit     atomic.Pointer[bucket.Limit]
+	aimd      *leaky.AIMD // nil unless adaptive.enabled
+	delivered atomic.Uint64
+	rateGauge prometheus.Gauge
+
+	mu        sync.Mutex
+	pacerDown bool
+	pauseTill time.Time
+}
+
+// New sets up the lane's stream, consumer, target and drain. It starts
+// nothing.
+func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
+	if d.Clock == nil {
+		d.Clock = clock.Real
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	lim := bucket.Limit{Rate: cfg.Rate, Burst: cfg.Burst}
+	if err := lim.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Lane{
+		cfg: cfg, d: d, log: d.Logger.With("component", "lane", "lane", cfg.Name),
+		backoff: dispatch.Backoff{Base: cfg.Retry.BackoffBase.D(), Max: cfg.Retry.BackoffMax.D()},
+		bounds: controlBounds{MaxPause: dispatch.MaxPause, MinRate: bucket.MinRate, MaxRate: bucket.MaxRate,
+			MaxBurst: bucket.MaxBurst},
+	}
+	l.limit.Store(&lim)
+	if a := cfg.Adaptive; a.Enabled {
+		l.aimd = &leaky.AIMD{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
+		l.bounds.MinFactor = a.Min
+	}
+	if h := cfg.Target.Handler; h != "" && d.Handlers[h] == nil {
+		return nil, fmt.Errorf("target.handler: no handler %q is registered (service.Handle)", h)
+	}
+	var err error
+	if l.target, l.closeTgt, err = dispatch.Open(ctx, targetConfig(cfg.Target, d.Handlers), d.Guard, d.NATS); err != nil {
+		return nil, err
+	}
+	if err := l.setUp(ctx, lim); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// targetConfig turns the file's target into dispatch's.
+func targetConfig(t config.Target, handlers map[string]dispatch.Target) dispatch.TargetConfig {
+	switch {
+	case t.HTTP != nil:
+		h := t.HTTP
+		return dispatch.TargetConfig{SigningSecrets: h.SigningSecrets, HTTP: &dispatch.HTTPConfig{
+			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}}
+	case t.NATS != nil:
+		return dispatch.TargetConfig{NATS: &dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream}}
+	case t.Handler != "":
+		return dispatch.TargetConfig{Handler: handlers[t.Handler]}
+	}
+	return dispatch.TargetConfig{}
+}
+
+// setUp makes the stream and consumer, subscribes to control messages and
+// builds the drain.
+func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
+	m, name := l.d.Metrics, l.cfg.Name
+	l.rateGauge = m.EffectiveRate.WithLabelValues(name)
+	l.rateGauge.Set(lim.Rate)
+	m.PausedSeconds.WithLabelValues(name).Set(0)
+	sub, err := l.d.NATS.Subscribe(ControlSubject(name), l.onControl)
+	if err != nil {
+		return fmt.Errorf("control subscription: %w", err)
+	}
+	l.control = sub
+	batch := leaky.BatchFor(lim.Rate, l.cfg.MaxInflight)
+	if err := l.d.Queue.EnsureLane(ctx, queue.LaneSpec{
+		Name: name, MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight, Prefetch: batch,
+		AckWait: l.cfg.AckWait.D(), MaxBody: int64(l.cfg.MaxBody), MaxBytes: int64(l.cfg.MaxBytes),
+		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
+	}); err != nil {
+		return err
+	}
+	if l.consumer, err = l.d.Queue.Consumer(name); err != nil {
+		return err
+	}
+	l.drain, err = leaky.New(leaky.Config[*queue.Msg]{
+		Source:      l.consumer,
+		Pacer:       pacer{l},
+		PausedUntil: l.pausedUntil,
+		Start:       l.start,
+		MaxInflight: l.cfg.MaxInflight,
+		Batch:       batch,
+		Clock:       l.d.Clock,
+		Logger:      l.log,
+		Observer:    (*observer)(l),
+	})
+	if err != nil {
+		return err
+	}
+	m.PacerUp.WithLabelValues(name).Set(1)
+	m.WatchMissed(name, l.drain.Missed)
+	return nil
+}
+
+// Name is the lane's name.
+func (l *Lane) Name() string { return l.cfg.Name }
+
+// Run drains the lane until ctx ends, with the consumer's keep-alive and the
+// lane's retry mover beside it, then hands back what the drain holds and
+// waits for the deliveries it started (bounded by Deps.DispatchCtx).
+func (l *Lane) Run(ctx context.Context) {
+	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
+	var helpers sync.WaitGroup
+	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
+	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
+	_ = l.drain.Run(ctx)
+	l.consumer.Close()
+	stopKeep()
+	helpers.Wait()
+}
+
+// Close releases the lane's control subscription and target.
+func (l *Lane) Close() {
+	if l.control != nil {
+		_ = l.control.Unsubscribe()
+	}
+	l.closeTgt()
+}
+
+// start is the drain's Starter: it delivers the job on its own goroutine and
+// settles the message by the outcome.
+func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
+	inflight := l.d.Metrics.Inflight.WithLabelValues(l.cfg.Name)
+	inflight.Inc()
+	go func() {
+		defer done()
+		defer inflight.Dec()
+		job := msg.Job()
+		res := l.target.Deliver(l.d.DispatchCtx, dispatch.Job{
+			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
+			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(),
+		})
+		l.d.Metrics.DispatchSeconds.WithLabelValues(l.cfg.Name).Observe(res.Took.Seconds())
+		l.d.Metrics.Dispatched.WithLabelValues(l.cfg.Name, res.Verdict.String()).Inc()
+		if res.PauseLane > 0 {
+			l.pause(res.PauseLane)
+		}
+		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: l.d.DispatchCtx.Err() != nil},
+			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
+		l.apply(msg, res, act)
+	}()
+}
+
+// settleTimeout bounds the store calls of settling; they outlive a
+// cancelled dispatch context, since the job has to go somewhere.
+const settleTimeout = 5 * time.Second
+
+// apply carries out a settle action on msg.
+func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
+	defer cancel()
+	job := msg.Job()
+	log := l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
+	switch act.Kind {
+	case Ack:
+		l.delivered.Add(1)
+		if err := msg.Ack(); err != nil {
+			log.Warn("ack failed; the job may be delivered again", "ack_err", err)
+		}
+	case Release:
+		_ = msg.Release()
+	case Wait:
+		l.slowDown()
+		log.Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
+		_ = msg.Wait(act.Delay)
+	case Retry:
+		log.Warn("delivery failed, retrying later", "retry_in", act.Delay.String())
+		if err := msg.Retry(ctx, act.Delay); err != nil {
+			log.Warn("requeue failed; the job waits in place", "requeue_err", err)
+		}
+	case Dead:
+		l.d.Metrics.DeadLettered.WithLabelValues(l.cfg.Name).Inc()
+		log.Error("job dead-lettered", "reason", act.Reason)
+		if err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
+			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// pacer is the drain's Pacer: the lane's GCRA state at its effective limit,
+// read on every call so that runtime changes apply to the next reservation.
+type pacer struct{ l *Lane }
+
+func (p pacer) Reserve(ctx context.Context, n int) (bucket.Reservation, error) {
+	return p.l.d.Store.Reserve(ctx, bucket.Key{Lane: p.l.cfg.Name}, p.l.EffectiveLimit(), n)
+}
+
+func (p pacer) Period() time.Duration { return p.l.EffectiveLimit().Period() }
+
+// EffectiveLimit is the lane's limit now: the configured (or PATCHed) one,
+// slowed down by adaptive mode when it is on.
+func (l *Lane) EffectiveLimit() bucket.Limit {
+	lim := *l.limit.Load()
+	if l.aimd != nil {
+		lim.Rate *= l.aimd.Factor(l.d.Clock.Now())
+	}
+	l.rateGauge.Set(lim.Rate)
+	return lim
+}
+
+// Admission is what intake needs to decide on one of the lane's jobs.
+func (l *Lane) Admission() admission.Lane {
+	return admission.Lane{Name: l.cfg.Name, Limit: l.EffectiveLimit(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()}
+}
+
+// MaxBody is the largest payload the lane takes, in bytes.
+func (l *Lane) MaxBody() int64 { return int64(l.cfg.MaxBody) }
+
+func (l *Lane) pausedUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pauseTill
+}
+
+// holdUntil records a pause locally; it never shortens one.
+func (l *Lane) holdUntil(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until.After(l.pauseTill) {
+		l.pauseTill = until
+	}
+}
+
+// publish sends a control message to every instance (this one included).
+func (l *Lane) publish(c control) error {
+	c.From = l.d.Instance
+	return l.d.NATS.Publish(ControlSubject(l.cfg.Name), c.encode())
+}
+
+// onControl applies a control message from any instance (this one
+// included), after checking it against the lane's bounds, and logs what
+// changed.
+func (l *Lane) onControl(m *nats.Msg) {
+	c, err := parseControl(m.Data, l.bounds)
+	if errors.Is(err, errUnknownVersion) {
+		l.log.Warn("control message of another version ignored", "err", err, "subject", m.Subject)
+		return
+	}
+	if err != nil {
+		l.log.Warn("control message refused", "err", err, "from", c.From, "subject", m.Subject)
+		return
+	}
+	now := l.d.Clock.Now()
+	switch c.Kind {
+	case kindPause:
+		d := time.Duration(c.PauseMillis) * time.Millisecond
+		l.holdUntil(now.Add(d))
+		l.log.Info("control: lane paused", "for", d.String(), "from", c.From)
+	case kindFactor:
+		if l.aimd.Adopt(c.Factor, now) {
+			l.log.Info("control: lane slowed down", "factor", c.Factor, "rate", l.cfg.Rate*c.Factor, "from", c.From)
+		}
+	case kindLimit:
+		lim := bucket.Limit{Rate: c.Rate, Burst: c.Burst}
+		if old := l.limit.Swap(&lim); *old != lim {
+			l.log.Info("control: lane limit changed", "rate", lim.Rate, "burst", lim.Burst, "was", old.String(), "from", c.From)
+		}
+	}
+}
+
+// SetLimit changes the lane's limit here at once and on every other
+// instance through the control subject. It lasts until the instances
+// restart.
+func (l *Lane) SetLimit(lim bucket.Limit) error {
+	c := control{Kind: kindLimit, Rate: lim.Rate, Burst: lim.Burst}
+	if _, err := parseControl(c.encode(), l.bounds); err != nil {
+		return err
+	}
+	l.limit.Store(&lim)
+	if err := l.publish(c); err != nil {
+		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	return nil
+}
+
+// pause holds every dispatch of the lane for d on every instance: the shared
+// state is pushed past the pause (no slot is granted inside it) and a control
+// message makes every drain give up the slots it already holds.
+func (l *Lane) pause(d time.Duration) {
+	d = min(d, l.bounds.MaxPause)
+	name := l.cfg.Name
+	l.d.Metrics.LanePaused.WithLabelValues(name).Inc()
+	l.holdUntil(l.d.Clock.Now().Add(d))
+	l.d.Metrics.PausedSeconds.WithLabelValues(name).Set(d.Seconds())
+	time.AfterFunc(d, func() { l.d.Metrics.PausedSeconds.WithLabelValues(name).Set(0) })
+	_ = l.publish(control{Kind: kindPause, PauseMillis: max(d.Milliseconds(), 1)})
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Store.Pause(ctx, bucket.Key{Lane: name}, l.EffectiveLimit(), d); err != nil {
+		l.log.Warn("pausing the lane in the shared state failed", "for", d.String(), "err", err)
+		return
+	}
+	l.log.Info("downstream asked the lane to wait", "for", d.String())
+}
+
+// slowDown applies adaptive mode's decrease for a rate-limit answer and
+// tells the other instances.
+func (l *Lane) slowDown() {
+	if l.aimd == nil {
+		return
+	}
+	f, changed := l.aimd.Limited(l.d.Clock.Now())
+	if !changed {
+		return
+	}
+	_ = l.publish(control{Kind: kindFactor, Factor: f})
+	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate*f)
+}
+
+// Status reports the lane's limits and live state. Counts that need
+// JetStream are missing (and Error says why) while it is away.
+func (l *Lane) Status(ctx context.Context) api.LaneStatus {
+	lim := l.EffectiveLimit()
+	st := api.LaneStatus{
+		Name: l.cfg.Name, Rate: l.limit.Load().Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
+		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(), Target: describeTarget(l.cfg.Target),
+	}
+	l.mu.Lock()
+	switch {
+	case l.pacerDown:
+		st.Paused, st.PauseReason = true, "lane state store unavailable"
+	case l.d.Clock.Now().Before(l.pauseTill):
+		st.Paused, st.PauseReason = true, "downstream asked to wait until "+l.pauseTill.UTC().Format(time.RFC3339)
+	}
+	l.mu.Unlock()
+	stats, err := l.d.Queue.Stats(ctx, l.cfg.Name)
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
+	if n, err := l.d.Queue.CountDead(ctx, l.cfg.Name); err == nil {
+		st.Dead = n
+	}
+	if n, err := l.d.Queue.RetriesWaiting(ctx, l.cfg.Name); err == nil {
+		st.Retrying = n
+	}
+	return st
+}
+
+// describeTarget names a target for the lanes API, without secrets.
+func describeTarget(t config.Target) string {
+	switch {
+	case t.HTTP != nil:
+		return t.HTTP.Method + " " + redactURL(t.HTTP.URL)
+	case t.NATS != nil:
+		return "nats " + t.NATS.Subject
+	case t.Handler != "":
+		return "handler " + t.Handler
+	}
+	return ""
+}
+
+// redactURL drops credentials and the query (often an API key) from a URL
+// that is shown to API clients.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	u.User = nil
+	if u.RawQuery != "" {
+		u.RawQuery = "…"
+	}
+	return u.String()
+}
+
+// observer feeds the drain's events to metrics and the lane's state.
+type observer Lane
+
+func (o *observer) Started(late time.Duration) {
+	o.d.Metrics.StartLateness.WithLabelValues(o.cfg.Name).Observe(late.Seconds())
+}
+
+func (o *observer) Reserved(n int) {
+	o.d.Metrics.SlotsReserved.WithLabelValues(o.cfg.Name).Add(float64(n))
+}
+
+func (o *observer) PacerDown(down bool, _ error) {
+	o.mu.Lock()
+	o.pacerDown = down
+	o.mu.Unlock()
+	v := 1.0
+	if down {
+		v = 0
+	}
+	o.d.Metrics.PacerUp.WithLabelValues(o.cfg.Name).Set(v)
+}
