@@ -1,0 +1,106 @@
+package throttler_test
+
+// The house rules that a reader of the code relies on, checked on every
+// test run: imports run one way (ingest → admission → queue → leaky →
+// dispatch, with the lane where they meet), the pure packages stay pure,
+// and README.md's table of packages names every package.
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/throttler/throttler"
+
+// deps lists the packages pkg depends on, directly or not.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestImportRules(t *testing.T) {
+	t.Parallel()
+	internal := func(names ...string) []string {
+		var out []string
+		for _, n := range names {
+			out = append(out, module+"/internal/"+n)
+		}
+		return out
+	}
+	for _, rule := range []struct {
+		pkg    string
+		forbid []string
+		why    string
+	}{
+		{"internal/queue", internal("leaky", "lane", "dispatch", "ingest", "service", "admission"),
+			"the JetStream adapter knows nothing of pacing or delivery"},
+		{"internal/leaky", append(internal("queue", "dispatch", "service", "ingest", "lane", "admission", "config", "metrics"),
+			"github.com/nats-io/nats.go", "github.com/redis/go-redis/v9", "github.com/prometheus/client_golang/prometheus"),
+			"the pacer declares what it needs and imports no backend"},
+		{"internal/dispatch", internal("queue", "leaky", "lane", "service", "ingest", "admission", "bucket", "config", "metrics", "instance"),
+			"delivery depends on nothing above it"},
+		{"internal/bucket", append(internal("queue", "leaky", "lane", "dispatch", "service", "ingest", "admission", "config"),
+			"github.com/nats-io/nats.go", "github.com/redis/go-redis/v9", "github.com/prometheus/client_golang/prometheus"),
+			"the GCRA math and the memory store are pure"},
+		{"internal/admission", append(internal("queue", "leaky", "lane", "dispatch", "service", "ingest"),
+			"github.com/nats-io/nats.go", "github.com/redis/go-redis/v9", "github.com/prometheus/client_golang/prometheus"),
+			"the admission decision is pure; its stores come in through interfaces"},
+		{"internal/lane", internal("service", "ingest"),
+			"a lane knows nothing of the HTTP API or of the wiring"},
+		{"api", []string{module + "/internal/"},
+			"the public wire types depend on nothing of the service"},
+		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10"),
+			"the service binary links no load tool and no peer library"},
+	} {
+		if _, err := os.Stat(rule.pkg); err != nil {
+			t.Errorf("%s: %v", rule.pkg, err)
+			continue
+		}
+		for _, dep := range deps(t, "./"+rule.pkg) {
+			for _, f := range rule.forbid {
+				if dep == f || strings.HasPrefix(dep, f+"/") || (strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f)) {
+					t.Errorf("%s imports %s: %s", rule.pkg, dep, rule.why)
+				}
+			}
+		}
+	}
+}
+
+// TestReadmeListsEveryPackage: every directory under internal/ (and the
+// public packages) has its one-line job in README.md's layout table.
+func TestReadmeListsEveryPackage(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `([^`]+)`")
+	listed := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+		listed[strings.TrimSuffix(m[1], "/")] = true
+	}
+	var dirs []string
+	for _, glob := range []string{"internal/*", "internal/*/*", "cmd/*", "api", "client", "worker"} {
+		found, _ := filepath.Glob(glob)
+		dirs = append(dirs, found...)
+	}
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() || strings.Contains(d, "testdata") {
+			continue
+		}
+		if gos, _ := filepath.Glob(filepath.Join(d, "*.go")); len(gos) == 0 {
+			continue
+		}
+		if !listed[d] && !listed[filepath.Base(d)] {
+			t.Errorf("README.md's layout table does not list %s", d)
+		}
+	}
+}
