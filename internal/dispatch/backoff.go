@@ -20,10 +20,6 @@ type Backoff struct {
 	Max time.Duration
 }
 
-// DefaultBackoff returns the retry policy used when a lane sets none:
-// Base 1s, Max 5m.
-func DefaultBackoff() Backoff { return Backoff{Base: time.Second, Max: 5 * time.Minute} }
-
 // Delay returns the wait after the given failed attempt (1 for the first;
 // values below 1 count as 1). rnd returns a number in [0, 1) (values
 // outside are clamped to [0, 1]); nil means math/rand/v2's Float64.

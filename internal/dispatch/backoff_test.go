@@ -47,7 +47,7 @@ func TestBackoffDelay(t *testing.T) {
 }
 
 func TestBackoffDelayDefaultRandInRange(t *testing.T) {
-	b := DefaultBackoff()
+	b := Backoff{Base: time.Second, Max: 5 * time.Minute}
 	for attempt := 1; attempt <= 20; attempt++ {
 		ceil := min(b.Max, b.Base<<(attempt-1))
 		for range 50 {

@@ -170,7 +170,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	}
 	l.drain, err = leaky.New(leaky.Config[*queue.Msg]{
 		Source:      l.consumer,
-		Pacer:       pacer{l},
+		Pacer:       leaky.StorePacer{Store: l.d.Store, Key: bucket.Key{Lane: name}, Limit: l.EffectiveLimit},
 		PausedUntil: l.pausedUntil,
 		Start:       l.start,
 		MaxInflight: l.cfg.MaxInflight,
@@ -278,16 +278,6 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
-
-// pacer is the drain's Pacer: the lane's GCRA state at its effective limit,
-// read on every call so that runtime changes apply to the next reservation.
-type pacer struct{ l *Lane }
-
-func (p pacer) Reserve(ctx context.Context, n int) (bucket.Reservation, error) {
-	return p.l.d.Store.Reserve(ctx, bucket.Key{Lane: p.l.cfg.Name}, p.l.EffectiveLimit(), n)
-}
-
-func (p pacer) Period() time.Duration { return p.l.EffectiveLimit().Period() }
 
 // EffectiveLimit is the lane's limit now: the configured (or PATCHed) one,
 // slowed down by adaptive mode when it is on.

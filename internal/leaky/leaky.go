@@ -204,10 +204,6 @@ func New[T Item](cfg Config[T]) (*Drain[T], error) {
 	return &Drain[T]{cfg: cfg, permits: make(chan struct{}, cfg.MaxInflight)}, nil
 }
 
-// Inflight reports how many dispatches hold a permit now (waiting for their
-// slot or running).
-func (d *Drain[T]) Inflight() int { return len(d.permits) }
-
 // Missed reports how many reserved slots were given up because no item
 // could start in them within MaxLate (the drain woke late, no job or permit
 // was there in time, an admitted job came late). Safe for concurrent use.

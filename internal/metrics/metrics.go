@@ -56,6 +56,16 @@ func (m *Metrics) WatchMissed(lane string, missed func() uint64) {
 	}, func() float64 { return float64(missed()) }))
 }
 
+// WatchRestored exposes how many lane states the Redis store restored after
+// Redis had lost them (redisbucket.Store.Restored) as
+// throttler_pacer_states_restored_total.
+func (m *Metrics) WatchRestored(restored func() uint64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "throttler_pacer_states_restored_total",
+		Help: "Lane states the Redis store found missing although this instance had seen them ahead (Redis lost its data) and restored as empty buckets.",
+	}, func() float64 { return float64(restored()) }))
+}
+
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	lane := []string{"lane"}

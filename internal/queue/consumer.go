@@ -150,13 +150,6 @@ func (c *Consumer) settle(m *Msg) {
 	c.mu.Unlock()
 }
 
-// Outstanding is how many fetched jobs are not yet settled.
-func (c *Consumer) Outstanding() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.outstanding)
-}
-
 // KeepAlive sends an in-progress ack for every job held longer than a third
 // of AckWait (waiting for its slot, or delivering to a slow target), until
 // ctx ends. Run it beside the drain.

@@ -158,9 +158,6 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}}, nil
 }
 
-// JetStream exposes the underlying context for tools and tests.
-func (q *Queue) JetStream() jetstream.JetStream { return q.js }
-
 // EnsureLane creates or updates the lane's stream and consumer to match spec.
 // It is idempotent.
 func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {

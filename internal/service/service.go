@@ -121,7 +121,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, closeStore, err := s.openStore(ctx)
+	store, closeStore, err := s.openStore(ctx, m)
 	if err != nil {
 		return err
 	}
@@ -322,7 +322,7 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 }
 
 // openStore returns the lane state store: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Store, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		return &bucket.Memory{}, func() {}, nil
 	}
@@ -340,7 +340,11 @@ func (s *Service) openStore(ctx context.Context) (bucket.Store, func(), error) {
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
+	if err := rcfg.Validate(); err != nil {
+		return nil, nil, err
+	}
 	store := redisbucket.New(pipe, rcfg)
+	m.WatchRestored(store.Restored)
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {

@@ -171,11 +171,6 @@ func New(client rediser, cfg Config) *Store {
 	return s
 }
 
-// Calls is the number of script calls the store has made (successful or
-// not), for the throttler_redis_calls_total metric. A call that had to fall
-// back from EVALSHA to EVAL counts once.
-func (s *Store) Calls() uint64 { return s.calls.Load() }
-
 // Restored is the number of calls that found a key missing although this
 // store had seen its tat ahead of now: Redis had lost the state (see the
 // package doc), and the script restored it as an empty bucket.
