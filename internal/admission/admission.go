@@ -1,17 +1,22 @@
-// Package admission makes the intake decision for one job: admit it now
-// (the lane's token bucket has room), queue it (no room: it waits in the
-// lane's queue and is drained at the lane's rate), or reject it (the backlog
-// is over max_backlog or max_wait). An empty bucket is never a reason to
-// reject: that is what the queue is for.
+// Package admission makes the intake decision for one job: queue it (it
+// waits in the lane's queue and is drained at the lane's rate), possibly to
+// start at once, or reject it (the backlog is over max_backlog or
+// max_wait). An empty bucket is never a reason to reject: that is what the
+// queue is for.
 //
-// The bucket is the lane's GCRA state in a bucket.Store, the same state the
-// drain reserves its slots from. Because the drain reserves the slot of the
-// next queued job as soon as it holds it, a lane with a backlog keeps its
-// bucket empty and new arrivals queue behind the backlog (FIFO) without any
-// counter that could drift after a crash.
+// Admission only looks at the lane's GCRA state (Peek); it takes nothing.
+// The drain is the one place that takes slots, in queue order, so a job
+// starts at once exactly when the lane is idle with room in its bucket and
+// nothing waits ahead of it. Admission tells intake whether the bucket has
+// room now (then intake waits briefly to hear the slot the drain gives the
+// job, and answers "admitted" only for one due at once) and estimates the
+// wait otherwise. A job that admission decided on never costs a token: a
+// duplicate submission, or one the queue refuses, leaves the state as it
+// was.
 //
-// When the store is unreachable (Redis away) admission answers Queued: the
-// job is kept, and the drain starts it once slots can be reserved again.
+// When the store is unreachable (Redis away) admission answers as if the
+// bucket had no room: the job is kept, and the drain starts it once slots
+// can be reserved again.
 package admission
 
 import (
@@ -47,31 +52,33 @@ func (e *RejectError) Error() string {
 // Is makes errors.Is(err, ErrBacklogFull) true.
 func (e *RejectError) Is(target error) bool { return target == ErrBacklogFull }
 
-// State is the answer for an accepted job.
-type State string
-
-const (
-	// Admitted: the job took a token and is dispatched at once.
-	Admitted State = "admitted"
-	// Queued: the job waits and is drained at the lane's rate.
-	Queued State = "queued"
-)
-
 // Decision is the answer for an accepted job, with what the rate-limit
 // response headers need.
 type Decision struct {
-	State State
-	// ETA estimates the wait until dispatch.
-	ETA time.Duration
+	// Room: the lane's bucket has room now, so the job may start at once if
+	// the drain gives it the next slot; intake waits to hear.
+	Room bool
+	// SlotWait is how long until the lane's next free slot; zero with room.
+	SlotWait time.Duration
+	// Backlog is the lane's backlog count the decision saw.
+	Backlog int64
 	// Limit is the lane's bucket (burst and rate) for the headers.
 	Limit bucket.Limit
-	// Remaining is how many more jobs would be admitted at once.
+	// Remaining is how many more jobs the bucket has room for now.
 	Remaining int
 	// Reset is when the bucket is full again.
 	Reset time.Duration
-	// Degraded is true when the state store could not be asked and the job
-	// was queued as the safe answer.
+	// Degraded is true when the state store could not be asked; the job is
+	// queued as the safe answer.
 	Degraded bool
+}
+
+// ETA estimates the wait of a job with ahead jobs queued before it: the
+// wait for the lane's next free slot, then one period per job ahead. It
+// assumes the lane's rate is what holds the jobs back (not max_inflight or
+// a pause).
+func (d Decision) ETA(ahead int64) time.Duration {
+	return d.SlotWait + waitFor(ahead, d.Limit.Period())
 }
 
 // Lane is what admission needs to know of a lane.
@@ -93,16 +100,21 @@ type Backlog interface {
 // always decided on a fresh count.
 const BacklogMaxAge = 250 * time.Millisecond
 
+// Peeker reads a GCRA state without changing it (bucket.Store.Peek).
+type Peeker interface {
+	Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error)
+}
+
 // Config configures an Admitter.
 type Config struct {
-	Store   bucket.Store
+	Store   Peeker
 	Backlog Backlog
 	Logger  *slog.Logger
 }
 
 // Admitter decides. Safe for concurrent use.
 type Admitter struct {
-	store   bucket.Store
+	store   Peeker
 	backlog Backlog
 	log     *slog.Logger
 }
@@ -120,8 +132,8 @@ func New(cfg Config) (*Admitter, error) {
 
 // Decide returns the decision for one job of lane (key "" for the lane-wide
 // state), or a *RejectError when the lane is over its bounds. Other errors
-// never come back: an unreachable store or backlog counter degrades to
-// Queued, and the queue itself enforces max_backlog exactly.
+// never come back: an unreachable store or backlog counter degrades to "no
+// room", and the queue itself enforces max_backlog exactly.
 func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision, error) {
 	period := lane.Limit.Period()
 	n, berr := a.backlog.Backlog(ctx, lane.Name, BacklogMaxAge)
@@ -141,20 +153,24 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 		return Decision{}, &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: n,
 			RetryAfter: wait - lane.MaxWait}
 	}
-	k := bucket.Key{Lane: lane.Name, Sub: key}
-	d, err := a.store.Admit(ctx, k, lane.Limit)
+	d, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
 	if err != nil {
 		a.log.Warn("state store unavailable, queueing", "lane", lane.Name, "err", err)
-		return Decision{State: Queued, ETA: wait, Limit: lane.Limit, Reset: wait, Degraded: true}, nil
+		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true}, nil
 	}
-	out := Decision{Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter}
-	if d.Allowed {
-		out.State = Admitted
-		return out, nil
+	return Decision{Room: d.Allowed, SlotWait: d.RetryAfter, Backlog: n, Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter}, nil
+}
+
+// Refresh reads the lane's state again for d, which Decide made a while ago
+// (intake waited to hear a slot): the next free slot has moved since. An
+// unreachable store leaves d as it was.
+func (a *Admitter) Refresh(ctx context.Context, lane Lane, key string, d Decision) Decision {
+	p, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	if err != nil {
+		return d
 	}
-	out.State = Queued
-	out.ETA = max(d.RetryAfter, wait)
-	return out, nil
+	d.Room, d.SlotWait, d.Remaining, d.Reset = p.Allowed, p.RetryAfter, p.Remaining, p.ResetAfter
+	return d
 }
 
 // waitFor is the time n jobs take to drain at one per period.

@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,36 +24,43 @@ func (f *fixedBacklog) Backlog(context.Context, string, time.Duration) (int64, e
 	return f.n, f.err
 }
 
-type downStore struct{ bucket.Store }
+type downStore struct{}
 
-func (downStore) Admit(context.Context, bucket.Key, bucket.Limit) (bucket.Decision, error) {
+func (downStore) Peek(context.Context, bucket.Key, bucket.Limit) (bucket.Decision, error) {
 	return bucket.Decision{}, bucket.ErrUnavailable
 }
 
+// TestDecide: admission looks and takes nothing; the drain's reservations
+// are what empty the bucket.
 func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 10}, MaxBacklog: 100, MaxWait: 3 * time.Second}
 	clock := buckettest.NewClock()
+	store := &bucket.Memory{Clock: clock}
 	backlog := &fixedBacklog{}
-	a, err := admission.New(admission.Config{Store: &bucket.Memory{Clock: clock}, Backlog: backlog})
+	a, err := admission.New(admission.Config{Store: store, Backlog: backlog})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// t0: ten admitted, the eleventh queued with an ETA of one period.
-	for i := 0; i < 10; i++ {
+	// t0: an idle lane has room for its burst, however often it is asked.
+	for range 20 {
 		d, err := a.Decide(ctx, lane, "")
-		if err != nil || d.State != admission.Admitted || d.Remaining != 9-i {
-			t.Fatalf("job %d: %+v %v", i, d, err)
+		if err != nil || !d.Room || d.Remaining != 10 || d.SlotWait != 0 || d.ETA(0) != 0 {
+			t.Fatalf("idle lane: %+v %v", d, err)
 		}
 	}
-	d, err := a.Decide(ctx, lane, "")
-	if err != nil || d.State != admission.Queued || d.ETA != 50*time.Millisecond {
-		t.Fatalf("job 11: %+v %v, want queued with ETA 50ms", d, err)
+	// The drain reserves the burst: no room, the next free slot 50 ms away;
+	// a job with 3 ahead waits 3 periods more.
+	if _, err := store.Reserve(ctx, bucket.Key{Lane: "demo"}, lane.Limit, 10); err != nil {
+		t.Fatal(err)
 	}
-	// A backlog of 40 jobs: the ETA is their drain time.
-	backlog.n = 40
-	if d, _ := a.Decide(ctx, lane, ""); d.State != admission.Queued || d.ETA != 2*time.Second {
-		t.Fatalf("with 40 waiting: %+v, want queued, ETA 2s", d)
+	d, err := a.Decide(ctx, lane, "")
+	if err != nil || d.Room || d.Remaining != 0 || d.SlotWait != 50*time.Millisecond || d.ETA(3) != 200*time.Millisecond {
+		t.Fatalf("after the burst: %+v %v, want no room, slot in 50ms, ETA(3) 200ms", d, err)
+	}
+	clock.Advance(50 * time.Millisecond)
+	if d, _ := a.Decide(ctx, lane, ""); !d.Room || d.Remaining != 1 {
+		t.Fatalf("a period later: %+v, want room for one", d)
 	}
 	// 61 waiting: 3.05 s > max_wait 3 s.
 	backlog.n = 61
@@ -68,21 +76,38 @@ func TestDecide(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Field != "max_backlog" || rej.RetryAfter != 50*time.Millisecond {
 		t.Fatalf("at max_backlog: %v", err)
 	}
+	if !strings.Contains(rej.Error(), "backlog of 100 jobs is over max_backlog") {
+		t.Fatalf("error text %q", rej.Error())
+	}
+	// 99 waiting: still taken.
+	backlog.n = 99
+	if d, err := a.Decide(ctx, lane, ""); err != nil || d.Backlog != 99 {
+		t.Fatalf("below max_backlog: %+v %v", d, err)
+	}
 }
 
 func TestStoreDownQueues(t *testing.T) {
 	a, _ := admission.New(admission.Config{Store: downStore{}, Backlog: &fixedBacklog{n: 3}})
 	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 10, Burst: 5}, MaxBacklog: 10}
 	d, err := a.Decide(context.Background(), lane, "")
-	if err != nil || d.State != admission.Queued || !d.Degraded || d.ETA != 300*time.Millisecond {
-		t.Fatalf("store down: %+v %v, want degraded queued, ETA 300ms", d, err)
+	if err != nil || d.Room || !d.Degraded || d.ETA(3) != 300*time.Millisecond {
+		t.Fatalf("store down: %+v %v, want degraded without room, ETA(3) 300ms", d, err)
 	}
 }
 
 func TestBacklogUnknownStillDecides(t *testing.T) {
 	a, _ := admission.New(admission.Config{Store: &bucket.Memory{}, Backlog: &fixedBacklog{err: errors.New("nats away")}})
 	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 10, Burst: 1}, MaxBacklog: 10}
-	if d, err := a.Decide(context.Background(), lane, ""); err != nil || d.State != admission.Admitted {
+	if d, err := a.Decide(context.Background(), lane, ""); err != nil || !d.Room {
 		t.Fatalf("%+v %v", d, err)
+	}
+}
+
+func TestNewNeedsStoreAndBacklog(t *testing.T) {
+	if _, err := admission.New(admission.Config{Backlog: &fixedBacklog{}}); err == nil {
+		t.Fatal("no store accepted")
+	}
+	if _, err := admission.New(admission.Config{Store: &bucket.Memory{}}); err == nil {
+		t.Fatal("no backlog accepted")
 	}
 }

@@ -104,6 +104,11 @@ type Lane struct {
 	MaxBytes ByteSize `yaml:"max_bytes"`
 	// MaxBody is the largest accepted payload in bytes.
 	MaxBody ByteSize `yaml:"max_body"`
+	// AdmitWait bounds how long a submission whose lane has room waits to
+	// hear the slot the drain gives its job: "admitted" when the slot is due
+	// at once, else "queued" with that slot as its ETA. Zero means
+	// DefaultAdmitWait.
+	AdmitWait Duration `yaml:"admit_wait"`
 	// AckWait is how long the jobs a crashed instance held stay invisible to
 	// the others; live instances keep their jobs alive with in-progress acks.
 	// Zero means DefaultAckWait.
@@ -188,6 +193,9 @@ const (
 	DefaultMaxAttempts = 10
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = 5 * time.Minute
+	// DefaultAdmitWait: the drain usually gives a job of an idle lane its
+	// slot within a millisecond; this bounds a loaded machine's wait.
+	DefaultAdmitWait = 100 * time.Millisecond
 	// DefaultAckWait bounds how long the jobs a crashed instance held stay
 	// invisible to the others; live instances keep their jobs alive.
 	DefaultAckWait = 5 * time.Second
@@ -294,6 +302,9 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.AckWait == 0 {
 		l.AckWait = Duration(DefaultAckWait)
+	}
+	if l.AdmitWait == 0 {
+		l.AdmitWait = Duration(DefaultAdmitWait)
 	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
@@ -451,6 +462,8 @@ func (l *Lane) validate(p string) error {
 		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
 	case l.AckWait < 0:
 		return fail("ack_wait", "must not be negative")
+	case l.AdmitWait < 0 || l.AdmitWait > Duration(10*time.Second):
+		return fail("admit_wait", "must be between 0 and 10s, got %v", l.AdmitWait.D())
 	}
 	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
 		return fail("burst", "%v", err)

@@ -30,20 +30,34 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 )
 
-// Admitter decides on one job.
+// Admitter decides on one job, and reads the lane's state again after a
+// wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
 }
 
-// Publisher stores a job durably.
+// Publisher stores a job durably, and says how many jobs wait ahead of a
+// stored one.
 type Publisher interface {
 	Publish(ctx context.Context, job queue.Job) (queue.PubResult, error)
+	Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error)
+}
+
+// Slots hears the slot a drain gives a stored job (queue.Hub): Expect before
+// the job is stored with Address as its Notify, then wait.
+type Slots interface {
+	Address() string
+	Expect(lane, id string) (wait func(ctx context.Context, max time.Duration) (t queue.Told, ok bool), cancel func())
 }
 
 // Lane is what intake needs of a lane.
 type Lane struct {
 	Admission admission.Lane
 	MaxBody   int64
+	// AdmitWait bounds the wait to hear the slot of a job whose lane has
+	// room (config admit_wait).
+	AdmitWait time.Duration
 }
 
 // Directory finds lanes, reports their live state and changes their limits.
@@ -62,7 +76,10 @@ type Ready func(ctx context.Context) error
 type Config struct {
 	Admitter  Admitter
 	Publisher Publisher
-	Lanes     Directory
+	// Slots, when set, tells intake which jobs start at once; without it
+	// every job is answered "queued".
+	Slots Slots
+	Lanes Directory
 	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
 	DeadLetters DeadLetters
 	Ready       Ready
@@ -77,6 +94,7 @@ type Handler struct {
 	cfg      Config
 	mux      *http.ServeMux
 	draining atomic.Bool
+	answers  *answers
 }
 
 // New builds the handler.
@@ -87,7 +105,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), answers: newAnswers(answerMemory)}
 	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.submit)
 	h.mux.HandleFunc("GET /v1/lanes", h.lanes)
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.admin(h.setLimit))
@@ -178,13 +196,18 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	res, err := h.cfg.Publisher.Publish(r.Context(), queue.Job{
-		ID:          id,
-		Lane:        name,
-		ContentType: r.Header.Get("Content-Type"),
-		Payload:     body,
-		Admitted:    dec.State == admission.Admitted,
-	})
+	job := queue.Job{ID: id, Lane: name, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	var wait func(context.Context, time.Duration) (queue.Told, bool)
+	if dec.Room && h.cfg.Slots != nil {
+		// The lane has room: the job starts at once if the drain gives it
+		// the next slot. Listen before storing it; the drain may be quick.
+		var cancel func()
+		wait, cancel = h.cfg.Slots.Expect(name, id)
+		defer cancel()
+		job.Notify = h.cfg.Slots.Address()
+	}
+	res, err := h.cfg.Publisher.Publish(r.Context(), job)
+	stored := time.Now()
 	if err != nil {
 		if errors.Is(err, queue.ErrFull) {
 			reject(api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
@@ -202,19 +225,71 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		return
 	}
-	state := string(dec.State)
+	out := api.Accepted{ID: id, Lane: name, State: api.StateQueued}
+	switch {
+	case res.Duplicate:
+		// Nothing new was stored: the first answer stands.
+		out.Duplicate = true
+		if first, ok := h.answers.get(name, id); ok {
+			out.State = first
+		}
+		if out.State == api.StateQueued {
+			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+		}
+	case wait != nil:
+		slot, told := wait(r.Context(), lane.AdmitWait)
+		waited := time.Since(stored) + slot.In // from storing the job to its start
+		switch {
+		case told && slot.Free && slot.In <= atOnce && waited <= max(startsAtOnce, dec.Limit.Period()):
+			out.State = api.StateAdmitted
+			dec.Remaining = max(dec.Remaining-1, 0)
+		case told:
+			out.ETAMillis = max(slot.In, 0).Milliseconds()
+		default:
+			// No slot yet: jobs wait ahead of it. The decision is as old as
+			// the wait; the next free slot has moved since.
+			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, "", dec)
+			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+		}
+	default:
+		out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+	}
+	if !res.Duplicate {
+		h.answers.put(name, id, out.State)
+	}
+	state := out.State
 	if res.Duplicate {
 		state = "duplicate"
 	}
 	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
 	setRateHeaders(w.Header(), name, dec)
-	out := api.Accepted{ID: id, Lane: name, State: string(dec.State), ETAMillis: dec.ETA.Milliseconds(), Duplicate: res.Duplicate}
-	if res.Duplicate {
-		out.State, out.ETAMillis = string(admission.Queued), 0
-	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// A job is "admitted" when its slot was free (the lane had room) and it
+// starts at once: its slot is at most atOnce ahead (the drain's own
+// lateness bound for a start, leaky.DefaultMaxLate), and it starts within
+// startsAtOnce (or a period, if longer) of JetStream confirming it. A free
+// slot can also turn up later, after the drain lost slots to a stall; a job
+// that waited for one was queued.
+const (
+	atOnce       = 2 * time.Millisecond
+	startsAtOnce = 25 * time.Millisecond
+)
+
+// aheadMaxAge bounds how old the queue's position may be for an ETA.
+const aheadMaxAge = 250 * time.Millisecond
+
+// eta estimates the wait of the job stored at seq: the lane's next free
+// slot, then a period per job queued ahead of it.
+func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, seq uint64) time.Duration {
+	ahead, err := h.cfg.Publisher.Ahead(ctx, lane, seq, aheadMaxAge)
+	if err != nil {
+		ahead = dec.Backlog
+	}
+	return dec.ETA(ahead)
 }
 
 // setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the

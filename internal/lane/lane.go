@@ -40,7 +40,6 @@ import (
 // items: queue knows nothing of leaky, and nothing is converted.
 var (
 	_ leaky.Source[*queue.Msg] = (*queue.Consumer)(nil)
-	_ leaky.Item               = (*queue.Msg)(nil)
 )
 
 // Deps are what every lane of an instance shares.
@@ -66,6 +65,9 @@ type Deps struct {
 	Replicas    int
 	// Instance names this instance in control messages.
 	Instance string
+	// Hub carries each HTTP job's slot back to the instance that took it;
+	// nil tells nobody.
+	Hub *queue.Hub
 }
 
 // Lane is one lane at run time. Create it with New, Run it once, Close it
@@ -172,6 +174,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		Source:      l.consumer,
 		Pacer:       leaky.StorePacer{Store: l.d.Store, Key: bucket.Key{Lane: name}, Limit: l.EffectiveLimit},
 		PausedUntil: l.pausedUntil,
+		Assigned:    l.assigned,
 		Start:       l.start,
 		MaxInflight: l.cfg.MaxInflight,
 		Batch:       batch,
@@ -236,6 +239,14 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 	}()
 }
 
+// assigned tells the instance that took msg over HTTP the slot the drain
+// gave it (its intake answers "admitted" only for a free one, due at once).
+func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
+	if j := msg.Job(); j.Notify != "" && l.d.Hub != nil && msg.FirstDelivery() {
+		l.d.Hub.Tell(j.Notify, j.Lane, j.ID, s.Due.Sub(l.d.Clock.Now()), s.Free)
+	}
+}
+
 // settleTimeout bounds the store calls of settling; they outlive a
 // cancelled dispatch context, since the job has to go somewhere.
 const settleTimeout = 5 * time.Second
@@ -297,6 +308,9 @@ func (l *Lane) Admission() admission.Lane {
 
 // MaxBody is the largest payload the lane takes, in bytes.
 func (l *Lane) MaxBody() int64 { return int64(l.cfg.MaxBody) }
+
+// AdmitWait bounds how long intake waits to hear a job's slot.
+func (l *Lane) AdmitWait() time.Duration { return l.cfg.AdmitWait.D() }
 
 func (l *Lane) pausedUntil() time.Time {
 	l.mu.Lock()

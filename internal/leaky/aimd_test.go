@@ -61,7 +61,7 @@ func TestDrainHonoursPause(t *testing.T) {
 	l := bucket.Limit{Rate: 10, Burst: 1}
 	pauseFrom, pauseTo := t0.Add(250*time.Millisecond), t0.Add(1250*time.Millisecond)
 	var starts []start
-	d, _ := leaky.New(leaky.Config[leaky.Item]{
+	d, _ := leaky.New(leaky.Config[item]{
 		Source: src, MaxInflight: 4, Batch: 4, Clock: clock,
 		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		PausedUntil: func() time.Time {
@@ -70,8 +70,8 @@ func TestDrainHonoursPause(t *testing.T) {
 			}
 			return time.Time{}
 		},
-		Start: func(_ context.Context, it leaky.Item, done func()) {
-			starts = append(starts, start{it.(item).n, clock.Now().Sub(t0)})
+		Start: func(_ context.Context, it item, done func()) {
+			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
 			done()
 		},
 	})

@@ -2,7 +2,6 @@ package leaky_test
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,10 +20,10 @@ type chanSource struct {
 	next int
 }
 
-func (s *chanSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+func (s *chanSource) Next(ctx context.Context, max int) ([]item, error) {
 	s.mu.Lock()
 	n := min(max, s.left)
-	out := make([]leaky.Item, n)
+	out := make([]item, n)
 	for i := range out {
 		out[i] = item{n: s.next}
 		s.next++
@@ -38,7 +37,7 @@ func (s *chanSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 	return out, nil
 }
 
-func (s *chanSource) Release(items []leaky.Item) {
+func (s *chanSource) Release(items []item) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.left += len(items)
@@ -52,12 +51,12 @@ func runRealClock(t *testing.T, l bucket.Limit, maxInflight, n int) ([]time.Dura
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	at := make([]time.Time, 0, n)
-	d, err := leaky.New(leaky.Config[leaky.Item]{
+	d, err := leaky.New(leaky.Config[item]{
 		Source:      &chanSource{left: n},
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "fast"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: maxInflight,
 		Batch:       leaky.BatchFor(l.Rate, maxInflight),
-		Start: func(_ context.Context, _ leaky.Item, done func()) {
+		Start: func(_ context.Context, _ item, done func()) {
 			// Only the drain's goroutine calls Start.
 			at = append(at, time.Now())
 			if len(at) == n {
@@ -140,61 +139,6 @@ func checkWindowsUpTo(t *testing.T, at []time.Duration, l bucket.Limit, maxW, to
 	}
 }
 
-// storedItem is an admitted item that knows when it was queued, like
-// queue.Msg.
-type storedItem struct {
-	item
-	at time.Time
-}
-
-func (s storedItem) StoredAt() time.Time { return s.at }
-
-// TestLateAdmittedItemWaitsForASlot: admission took a slot for each of two
-// jobs, one just now and one a second ago. The fresh one starts at once; the
-// one that reaches the drain a second after its slot (say the drain was busy)
-// gets a fresh slot instead of starting beside the other: G1 counts starts,
-// and two at once would exceed burst 1.
-func TestLateAdmittedItemWaitsForASlot(t *testing.T) {
-	l := bucket.Limit{Rate: 10, Burst: 1}
-	clock := buckettest.NewClock()
-	store := &bucket.Memory{Clock: clock}
-	k := bucket.Key{Lane: "l"}
-	admit := func() time.Time {
-		t.Helper()
-		if d, _ := store.Admit(context.Background(), k, l); !d.Allowed {
-			t.Fatal("admission refused")
-		}
-		return clock.Now()
-	}
-	old := storedItem{item{0, true}, admit()}
-	clock.Advance(time.Second)
-	fresh := storedItem{item{1, true}, admit()}
-	t1 := clock.Now()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	src := &sliceSource{items: []leaky.Item{fresh, old}, cancel: cancel}
-	var starts []time.Duration
-	d, err := leaky.New(leaky.Config[leaky.Item]{
-		Source: src, Clock: clock, MaxInflight: 2, Batch: 2,
-		Pacer: leaky.StorePacer{Store: store, Key: k, Limit: func() bucket.Limit { return l }},
-		Start: func(_ context.Context, _ leaky.Item, done func()) {
-			starts = append(starts, clock.Now().Sub(t1))
-			done()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Run(ctx)
-	if want := []time.Duration{0, l.Period()}; !slices.Equal(starts, want) {
-		t.Fatalf("starts at %v, want %v (the late one on a fresh slot)", starts, want)
-	}
-	if d.Missed() != 1 {
-		t.Fatalf("missed %d, want the late admitted item's slot", d.Missed())
-	}
-}
-
 // stallClock is a manual clock with one stall: the sleep that ends after stallAt
 // wakes stall late, as a process paused by GC or the scheduler does.
 type stallClock struct {
@@ -229,15 +173,15 @@ func TestStallDoesNotClump(t *testing.T) {
 	src := &sliceSource{items: items(200), cancel: cancel}
 	var starts []time.Duration
 	var order []int
-	d, err := leaky.New(leaky.Config[leaky.Item]{
+	d, err := leaky.New(leaky.Config[item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: 64,
 		Batch:       leaky.BatchFor(l.Rate, 64), // 20 slots
 		Clock:       clock,
-		Start: func(_ context.Context, it leaky.Item, done func()) {
+		Start: func(_ context.Context, it item, done func()) {
 			starts = append(starts, clock.Now().Sub(clock.t0))
-			order = append(order, it.(item).n)
+			order = append(order, it.n)
 			done()
 		},
 	})
@@ -288,13 +232,13 @@ func TestPartialFetchesShareOneCall(t *testing.T) {
 	calls := 0
 	var starts []time.Duration
 	store := &bucket.Memory{Clock: clock}
-	d, err := leaky.New(leaky.Config[leaky.Item]{
+	d, err := leaky.New(leaky.Config[item]{
 		Source: src, Clock: clock, MaxInflight: 64, Batch: leaky.BatchFor(l.Rate, 64), // 20
 		Pacer: pacerFunc{period: l.Period(), reserve: func(ctx context.Context, n int) (bucket.Reservation, error) {
 			calls++
 			return store.Reserve(ctx, bucket.Key{Lane: "l"}, l, n)
 		}},
-		Start: func(_ context.Context, _ leaky.Item, done func()) {
+		Start: func(_ context.Context, _ item, done func()) {
 			starts = append(starts, clock.Now().Sub(t0))
 			done()
 		},
@@ -324,7 +268,7 @@ type trickleSource struct {
 	per int
 }
 
-func (s *trickleSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+func (s *trickleSource) Next(ctx context.Context, max int) ([]item, error) {
 	return s.sliceSource.Next(ctx, min(max, s.per))
 }
 

@@ -9,8 +9,11 @@
 // held. Permits are taken before items are started, and a slot is never used
 // more than MaxLate after its time, so a slow target never makes reserved
 // slots pile up and fire in a clump: they are given up instead.
-// Items that admission already let through (Item.Admitted) hold their slot and
-// start at once, unless they reach the drain too late for it (see MaxLate).
+//
+// The drain is the only place that takes slots from a lane's state: an item
+// whose slot is due at once (an idle lane with room in its bucket) starts at
+// once, and Config.Assigned tells the caller so (intake answers "admitted"
+// only then). Admission itself only looks at the state.
 //
 // When the period is shorter than a timer can sleep, the drain wakes late and
 // starts every item whose slot has passed: a micro-batch. Starts are never
@@ -37,20 +40,8 @@ import (
 	"github.com/throttler/throttler/internal/clock"
 )
 
-// Item is one queued job as the drain sees it.
-type Item interface {
-	// Admitted reports that admission already took this job's slot.
-	Admitted() bool
-	// StoredAt is when the queue stored the job (the queue server's clock);
-	// the zero time means unknown. An admitted item that reaches the drain
-	// more than MaxLate (or a period) after it has missed its slot, like a
-	// drain that woke late, and waits for a fresh one instead of starting in
-	// a clump.
-	StoredAt() time.Time
-}
-
 // Source yields queued items in queue order.
-type Source[T Item] interface {
+type Source[T any] interface {
 	// Next blocks until at least one item is available (or ctx ends), then
 	// returns up to max items that are available without waiting further.
 	Next(ctx context.Context, max int) ([]T, error)
@@ -61,15 +52,14 @@ type Source[T Item] interface {
 // Pacer reserves dispatch slots of one lane (or key).
 type Pacer interface {
 	Reserve(ctx context.Context, n int) (bucket.Reservation, error)
-	// Period is the current spacing of slots; it bounds how late an
-	// admitted item may start.
+	// Period is the current spacing of slots.
 	Period() time.Duration
 }
 
 // Starter starts one item's dispatch. It must not block for the dispatch: it
 // runs it on its own and calls done exactly once when the dispatch finished,
 // whatever the outcome.
-type Starter[T Item] func(ctx context.Context, it T, done func())
+type Starter[T any] func(ctx context.Context, it T, done func())
 
 // Observer receives the drain's events; every method must be cheap. The zero
 // Config uses a no-op observer.
@@ -91,7 +81,7 @@ func (nopObserver) Reserved(int)          {}
 func (nopObserver) PacerDown(bool, error) {}
 
 // Config configures a Drain of items of type T.
-type Config[T Item] struct {
+type Config[T any] struct {
 	Source Source[T]
 	Pacer  Pacer
 	Start  Starter[T]
@@ -109,6 +99,12 @@ type Config[T Item] struct {
 	// job (a downstream asked it to wait). It is read before every start, so
 	// slots reserved before a pause are given up rather than used during it.
 	PausedUntil func() time.Time
+	// Assigned, when set, is told the slot each item is given, before the
+	// drain waits for it; a slot due at or before now (and not later than
+	// MaxLate) starts the item at once. An item that then wakes too late for
+	// a future slot (see MaxLate) is told again with its next one. It must
+	// be cheap.
+	Assigned func(it T, s Slot)
 	// MaxLate bounds how long after its slot an item may start; a slot
 	// missed by more is given up (lost capacity, never a clump). The bound
 	// used is the larger of MaxLate and the lane's period, so that below
@@ -151,22 +147,32 @@ var errLate = errors.New("leaky: slots missed")
 // come with at most 20 others that were due before it.
 const DefaultMaxLate = 2 * time.Millisecond
 
+// Slot is a dispatch slot the drain gives an item.
+type Slot struct {
+	// Due is when the item may start.
+	Due time.Time
+	// Free: the slot was due at once when it was reserved, because the
+	// lane had room in its bucket; the item does not wait for the rate.
+	// Such an item is what intake calls "admitted".
+	Free bool
+}
+
 // Drain paces one lane. Create it with New; Run it once.
-type Drain[T Item] struct {
+type Drain[T any] struct {
 	cfg     Config[T]
 	permits chan struct{}
 	// downSince is when the Pacer started failing; zero while it works.
 	// Only Run's goroutine touches it.
 	downSince time.Time
-	// slots are the due times of slots reserved and not yet used, in
-	// order, and period their spacing; only Run's goroutine touches them.
-	slots  []time.Time
+	// slots are the slots reserved and not yet used, in order, and period
+	// their spacing; only Run's goroutine touches them.
+	slots  []Slot
 	period time.Duration
 	missed atomic.Uint64
 }
 
 // New checks cfg and returns a Drain. It starts nothing.
-func New[T Item](cfg Config[T]) (*Drain[T], error) {
+func New[T any](cfg Config[T]) (*Drain[T], error) {
 	switch {
 	case cfg.Source == nil:
 		return nil, errors.New("leaky: Config.Source is nil")
@@ -285,49 +291,47 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 	}
 }
 
-// startBatch reserves slots for the items of batch that need one and starts
-// every item at its slot. Each item holds a permit. On error it returns the
-// items it did not start (their permits still held).
+// startBatch reserves slots for batch and starts every item at its slot.
+// Each item holds a permit. On error it returns the items it did not start
+// (their permits still held).
 func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
-	// Admitted items start at once, unless they reach the drain too long
-	// after admission took their slot (see admittedInTime).
-	now, late := d.cfg.Clock.Now(), max(d.cfg.MaxLate, d.cfg.Pacer.Period())
-	atOnce := make([]bool, len(batch))
-	need := 0
-	for i, it := range batch {
-		if atOnce[i] = d.admittedInTime(it, now, late); !atOnce[i] {
-			need++
-		}
-	}
-	if need > 0 && need+d.cfg.Batch/2 > len(d.slots) {
+	if len(batch)+d.cfg.Batch/2 > len(d.slots) {
 		// Reserve a whole batch, not just what is held, and before the slots
 		// in hand run out: a queue that hands out jobs a few at a time then
 		// still costs one call per Batch jobs, the jobs fetched next take
 		// the slots left over, and the state's tat stays ahead of now, so no
 		// time is lost between batches. Slots nobody takes in time are given
 		// up below: capacity lost, never overshoot.
-		res, t0, err := d.reserve(ctx, max(need, d.cfg.Batch))
+		res, t0, err := d.reserve(ctx, max(len(batch), d.cfg.Batch))
 		if err != nil {
 			return batch, err
 		}
 		for j := range res.N {
-			d.slots = append(d.slots, t0.Add(res.Delay(j)))
+			delay := res.Delay(j)
+			d.slots = append(d.slots, Slot{Due: t0.Add(delay), Free: delay == 0})
 		}
 		d.period = res.Period
 	}
 	maxLate := max(d.cfg.MaxLate, d.period)
 	for i, it := range batch {
 		var due time.Time
-		if atOnce[i] {
-			due = d.cfg.Clock.Now()
-		}
-		for !atOnce[i] {
+		for {
+			// Slots already too late are given up before the item is told
+			// one: an item told a slot due at once does start at once.
+			for len(d.slots) > 0 && d.cfg.Clock.Now().Sub(d.slots[0].Due) > maxLate {
+				d.slots = d.slots[1:]
+				d.missed.Add(1)
+			}
 			if len(d.slots) == 0 {
 				// Every slot left was missed.
 				return batch[i:], errLate
 			}
-			due = d.slots[0]
+			slot := d.slots[0]
+			due = slot.Due
 			d.slots = d.slots[1:]
+			if d.cfg.Assigned != nil {
+				d.cfg.Assigned(it, slot)
+			}
 			if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
 				if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
 					// Reserved slots of unstarted items are lost capacity,
@@ -359,21 +363,6 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 }
 
 func (d *Drain[T]) done() { <-d.permits }
-
-// admittedInTime reports whether it may start at once on admission's slot:
-// admission took the slot just before the item was stored, so an item that
-// reaches the drain more than late after that has missed its slot and waits
-// for a fresh one (a slot lost, never an overshoot).
-func (d *Drain[T]) admittedInTime(it T, now time.Time, late time.Duration) bool {
-	if !it.Admitted() {
-		return false
-	}
-	if at := it.StoredAt(); !at.IsZero() && now.Sub(at) > late {
-		d.missed.Add(1)
-		return false
-	}
-	return true
-}
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the

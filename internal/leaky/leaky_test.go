@@ -16,27 +16,18 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-
-type item struct {
-	n        int
-	admitted bool
-}
-
-func (it item) Admitted() bool { return it.admitted }
-
-// StoredAt: items of these tests reach the drain the moment they are stored,
-// except storedItem's.
-func (it item) StoredAt() time.Time { return time.Time{} }
+// item is one queued job of these tests: its number in queue order.
+type item struct{ n int }
 
 // sliceSource hands out its items in order and cancels the run when empty.
 type sliceSource struct {
 	mu       sync.Mutex
-	items    []leaky.Item
-	released []leaky.Item
+	items    []item
+	released []item
 	cancel   context.CancelFunc
 }
 
-func (s *sliceSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+func (s *sliceSource) Next(ctx context.Context, max int) ([]item, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.items) == 0 {
@@ -49,7 +40,7 @@ func (s *sliceSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 	return out, nil
 }
 
-func (s *sliceSource) Release(items []leaky.Item) {
+func (s *sliceSource) Release(items []item) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.released = append(s.released, items...)
@@ -60,7 +51,7 @@ type start struct {
 	at time.Duration
 }
 
-func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Item, store func(*clock.Manual) bucket.Store) []start {
+func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []item, store func(*clock.Manual) bucket.Store) []start {
 	t.Helper()
 	clock := buckettest.NewClock()
 	t0 := clock.Now()
@@ -72,11 +63,11 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Ite
 	if store != nil {
 		st = store(clock)
 	}
-	d, err := leaky.New(leaky.Config[leaky.Item]{
+	d, err := leaky.New(leaky.Config[item]{
 		Source: src,
 		Pacer:  leaky.StorePacer{Store: st, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-		Start: func(_ context.Context, it leaky.Item, done func()) {
-			starts = append(starts, start{it.(item).n, clock.Now().Sub(t0)})
+		Start: func(_ context.Context, it item, done func()) {
+			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
 			done()
 		},
 		MaxInflight: maxInflight,
@@ -92,8 +83,8 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []leaky.Ite
 	return starts
 }
 
-func items(n int) []leaky.Item {
-	out := make([]leaky.Item, n)
+func items(n int) []item {
+	out := make([]item, n)
 	for i := range out {
 		out[i] = item{n: i}
 	}
@@ -137,14 +128,48 @@ func TestDrainHighRateMicroBatches(t *testing.T) {
 	}
 }
 
-func TestAdmittedItemsStartAtOnce(t *testing.T) {
-	l := bucket.Limit{Rate: 1, Burst: 1}
-	in := []leaky.Item{item{0, true}, item{1, true}, item{2, false}, item{3, false}}
-	starts := runVirtual(t, l, 4, in, nil)
-	want := []time.Duration{0, 0, 0, time.Second}
-	for i, s := range starts {
-		if s.at != want[i] {
-			t.Errorf("job %d at %v, want %v", s.n, s.at, want[i])
+// TestAssignedTellsEachSlot: the drain tells each item its slot before it
+// waits for it. The burst's items get free slots due at once (intake
+// answers "admitted" for those only); the others get the paced slots they
+// start at, even when one of them is fetched just as its slot is due.
+func TestAssignedTellsEachSlot(t *testing.T) {
+	l := bucket.Limit{Rate: 1, Burst: 2}
+	clock := buckettest.NewClock()
+	t0 := clock.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src := &sliceSource{items: items(4), cancel: cancel}
+	type told struct {
+		at   time.Duration
+		free bool
+	}
+	tells := map[int]told{}
+	var starts []start
+	d, err := leaky.New(leaky.Config[item]{
+		Source: src, Clock: clock, MaxInflight: 4, Batch: 4,
+		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Assigned: func(it item, s leaky.Slot) {
+			if _, dup := tells[it.n]; dup {
+				t.Errorf("item %d told twice", it.n)
+			}
+			tells[it.n] = told{s.Due.Sub(t0), s.Free}
+		},
+		Start: func(_ context.Context, it item, done func()) {
+			if _, ok := tells[it.n]; !ok {
+				t.Errorf("item %d started before it was told its slot", it.n)
+			}
+			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
+			done()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = d.Run(ctx)
+	want := []told{{0, true}, {0, true}, {time.Second, false}, {2 * time.Second, false}}
+	for i, w := range want {
+		if tells[i] != w || starts[i].at != w.at {
+			t.Errorf("item %d told %+v, started %v; want %+v", i, tells[i], starts[i].at, w)
 		}
 	}
 }
@@ -207,10 +232,10 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 			pacer := &flakyPacer{failures: tc.failures, p: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}}
 			obs := &countObserver{}
 			started := 0
-			d, _ := leaky.New(leaky.Config[leaky.Item]{
+			d, _ := leaky.New(leaky.Config[item]{
 				Source: src, Pacer: pacer, MaxInflight: 1, Clock: clock, Observer: obs,
 				GiveBackAfter: time.Second, RetryBackoff: 100 * time.Millisecond,
-				Start: func(_ context.Context, it leaky.Item, done func()) {
+				Start: func(_ context.Context, it item, done func()) {
 					started++
 					done()
 				},
@@ -228,19 +253,19 @@ func TestMaxInflightBoundsConcurrentDispatches(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const total, limit = 60, 3
-	src := &blockingSource{ch: make(chan leaky.Item, total)}
+	src := &blockingSource{ch: make(chan item, total)}
 	for _, it := range items(total) {
 		src.ch <- it
 	}
 	var mu sync.Mutex
 	running, peak, finished := 0, 0, 0
 	var wg sync.WaitGroup
-	d, _ := leaky.New(leaky.Config[leaky.Item]{
+	d, _ := leaky.New(leaky.Config[item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return bucket.Limit{Rate: 100_000, Burst: 100} }},
 		MaxInflight: limit,
 		Batch:       limit,
-		Start: func(_ context.Context, _ leaky.Item, done func()) {
+		Start: func(_ context.Context, _ item, done func()) {
 			mu.Lock()
 			running++
 			peak = max(peak, running)
@@ -267,12 +292,12 @@ func TestMaxInflightBoundsConcurrentDispatches(t *testing.T) {
 	}
 }
 
-type blockingSource struct{ ch chan leaky.Item }
+type blockingSource struct{ ch chan item }
 
-func (s *blockingSource) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+func (s *blockingSource) Next(ctx context.Context, max int) ([]item, error) {
 	select {
 	case it := <-s.ch:
-		out := []leaky.Item{it}
+		out := []item{it}
 		for len(out) < max {
 			select {
 			case it := <-s.ch:
@@ -288,7 +313,7 @@ func (s *blockingSource) Next(ctx context.Context, max int) ([]leaky.Item, error
 	}
 }
 
-func (s *blockingSource) Release(items []leaky.Item) {
+func (s *blockingSource) Release(items []item) {
 	for _, it := range items {
 		s.ch <- it
 	}
@@ -300,17 +325,17 @@ func (s *blockingSource) Release(items []leaky.Item) {
 func TestRealClockSpacing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	src := &blockingSource{ch: make(chan leaky.Item, 40)}
+	src := &blockingSource{ch: make(chan item, 40)}
 	for _, it := range items(40) {
 		src.ch <- it
 	}
 	var at []time.Time
-	d, _ := leaky.New(leaky.Config[leaky.Item]{
+	d, _ := leaky.New(leaky.Config[item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return bucket.Limit{Rate: 100, Burst: 1} }},
 		MaxInflight: 4,
 		Batch:       2,
-		Start: func(_ context.Context, _ leaky.Item, done func()) {
+		Start: func(_ context.Context, _ item, done func()) {
 			at = append(at, time.Now())
 			if len(at) == 40 {
 				cancel()

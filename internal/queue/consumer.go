@@ -31,9 +31,8 @@ func (m *Msg) Attempt() int { return m.job.Attempts + 1 }
 // StoredAt is when JetStream stored this copy of the job.
 func (m *Msg) StoredAt() time.Time { return m.meta.Timestamp }
 
-// Admitted reports that admission took a slot for this job. Its slot covers
-// the first delivery only; a redelivered job waits for a slot like any other.
-func (m *Msg) Admitted() bool { return m.job.Admitted && m.meta.NumDelivered == 1 }
+// FirstDelivery reports that no consumer had this copy of the job before.
+func (m *Msg) FirstDelivery() bool { return m.meta.NumDelivered <= 1 }
 
 // Ack marks the job done; JetStream removes it.
 func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
@@ -132,6 +131,7 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c}
+	c.q.fetched(c.lane, meta.Sequence.Stream)
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,
 		// without a slot and without counting an attempt.

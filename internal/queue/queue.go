@@ -31,9 +31,10 @@ import (
 // Subject prefix and header names, part of the contract with publishers.
 const (
 	SubjectPrefix = "throttle"
-	// HeaderAdmitted marks a job that admission let through with a slot of
-	// its own; the drain starts it at once. Set only by the throttler.
-	HeaderAdmitted = "Throttler-Admitted"
+	// HeaderNotify names where the instance that took a job over HTTP waits
+	// to hear the slot the drain gives it (NotifySubject): it answers
+	// "admitted" only for a slot due at once. Set only by the throttler.
+	HeaderNotify = "Throttler-Notify"
 	// HeaderContentType carries the payload's media type.
 	HeaderContentType = "Content-Type"
 	// HeaderJobID carries the job id through retries and replays, whose
@@ -104,8 +105,9 @@ type Job struct {
 	Key         string
 	ContentType string
 	Payload     []byte
-	// Admitted is true when admission took a slot for the job.
-	Admitted bool
+	// Notify is where the submitting instance waits to hear the job's
+	// slot (NotifySubject); empty for none.
+	Notify string
 	// Attempts is how many delivery attempts already failed.
 	Attempts int
 	// NotBefore delays a retry; zero for none.
@@ -144,6 +146,81 @@ type laneState struct {
 	backlog   int64 // from the last stream info
 	readAt    time.Time
 	published int64 // publishes since readAt
+	// lastFetched is the highest stream sequence this instance fetched;
+	// delivered the consumer's last delivered one (all instances) as of
+	// deliveredAt. The jobs between them and a new job wait ahead of it.
+	lastFetched uint64
+	delivered   uint64
+	deliveredAt time.Time
+}
+
+// fetched records that this instance fetched the lane's job at seq.
+func (q *Queue) fetched(lane string, seq uint64) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return
+	}
+	ls.mu.Lock()
+	ls.lastFetched = max(ls.lastFetched, seq)
+	ls.mu.Unlock()
+}
+
+// Ahead counts the lane's jobs stored before seq that no drain has fetched
+// yet: they start before the job at seq. It reads the consumer's position
+// from JetStream at most every maxAge (0: now), and uses this instance's own
+// fetches in between, so it can only count too many, by what other
+// instances fetched since.
+func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return 0, err
+	}
+	ls.mu.Lock()
+	stale := maxAge <= 0 || time.Since(ls.deliveredAt) >= maxAge
+	ls.mu.Unlock()
+	var infoErr error
+	if stale {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		ci, err := ls.consumer.Info(ctx)
+		cancel()
+		if err != nil {
+			infoErr = fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
+		} else {
+			ls.mu.Lock()
+			ls.delivered, ls.deliveredAt = max(ls.delivered, ci.Delivered.Stream), time.Now()
+			ls.mu.Unlock()
+		}
+	}
+	ls.mu.Lock()
+	pos := max(ls.lastFetched, ls.delivered)
+	ls.mu.Unlock()
+	if seq <= pos+1 {
+		return 0, infoErr
+	}
+	return int64(seq - pos - 1), infoErr
+}
+
+// NotifyPrefix starts the subject on which an instance hears the slots its
+// HTTP jobs were given (see HeaderNotify).
+const NotifyPrefix = "throttler.notify."
+
+// NotifySubject is instance's notify subject.
+func NotifySubject(instance string) string { return NotifyPrefix + instance }
+
+// notifyAddress keeps a Throttler-Notify value only when it is a notify
+// subject: a message can never make the throttler publish anywhere else.
+func notifyAddress(v string) string {
+	id, ok := strings.CutPrefix(v, NotifyPrefix)
+	if !ok || id == "" || len(id) > 64 {
+		return ""
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return ""
+		}
+	}
+	return v
 }
 
 // New returns a Queue on the connection nc. It starts nothing.
@@ -261,8 +338,8 @@ func jobMsg(job Job) *nats.Msg {
 		}
 		msg.Header.Set(jetstream.MsgIDHeader, id)
 	}
-	if job.Admitted {
-		msg.Header.Set(HeaderAdmitted, "1")
+	if job.Notify != "" {
+		msg.Header.Set(HeaderNotify, job.Notify)
 	}
 	if job.Attempts > 0 {
 		msg.Header.Set(HeaderAttempts, strconv.Itoa(job.Attempts))
@@ -427,7 +504,7 @@ func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
 		Key:         key,
 		ContentType: h.Get(HeaderContentType),
 		Payload:     m.Data(),
-		Admitted:    h.Get(HeaderAdmitted) == "1",
+		Notify:      notifyAddress(h.Get(HeaderNotify)),
 	}
 	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 {
 		job.Attempts = n

@@ -106,7 +106,7 @@ func TestEnsureLaneUpdatesAChangedLane(t *testing.T) {
 func TestConsumerRetryAndDeadLetters(t *testing.T) {
 	q, nc := newQueue(t, spec())
 	ctx := context.Background()
-	q.Publish(ctx, queue.Job{ID: "j1", Lane: "demo", ContentType: "text/plain", Payload: []byte("one"), Admitted: true})
+	q.Publish(ctx, queue.Job{ID: "j1", Lane: "demo", ContentType: "text/plain", Payload: []byte("one"), Notify: queue.NotifySubject("i1")})
 	// A plain core publish without an id gets one from its stream sequence.
 	nc.Publish(queue.Subject("demo", ""), []byte("two"))
 	nc.Flush()
@@ -126,10 +126,10 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 		items = append(items, more...)
 	}
 	m1, m2 := items[0], items[1]
-	if j := m1.Job(); j.ID != "j1" || j.ContentType != "text/plain" || string(j.Payload) != "one" || !m1.Admitted() || m1.Attempt() != 1 {
-		t.Fatalf("first job %+v admitted=%v attempt=%d", j, m1.Admitted(), m1.Attempt())
+	if j := m1.Job(); j.ID != "j1" || j.ContentType != "text/plain" || string(j.Payload) != "one" || j.Notify != "throttler.notify.i1" || m1.Attempt() != 1 || !m1.FirstDelivery() {
+		t.Fatalf("first job %+v attempt=%d", j, m1.Attempt())
 	}
-	if j := m2.Job(); j.ID != "demo-2" || m2.Admitted() {
+	if j := m2.Job(); j.ID != "demo-2" || j.Notify != "" {
 		t.Fatalf("second job %+v", j)
 	}
 	// j1 fails: its copy waits in the retry stream, not in the lane.
@@ -159,8 +159,8 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 		t.Fatalf("retry: %v %v", next, err)
 	}
 	r := next[0]
-	if r.Job().ID != "j1" || r.Attempt() != 2 || r.Admitted() {
-		t.Fatalf("retry came as %+v attempt %d admitted %v", r.Job(), r.Attempt(), r.Admitted())
+	if r.Job().ID != "j1" || r.Attempt() != 2 || r.Job().Notify != "" {
+		t.Fatalf("retry came as %+v attempt %d", r.Job(), r.Attempt())
 	}
 	r.Ack()
 	// Replay the dead letter: back in the lane, dead letter gone.

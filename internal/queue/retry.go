@@ -81,7 +81,7 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	defer m.c.settle(m)
 	job := m.job
-	job.Admitted = false
+	job.Notify = ""
 	job.Attempts++
 	job.NotBefore = time.Now().Add(delay)
 	job.MsgID = fmt.Sprintf("%s#attempt-%d", job.ID, job.Attempts)

@@ -143,10 +143,15 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	// shutdown_timeout after the drains stopped starting new ones.
 	dispatchCtx, cancelDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDispatch()
+	hub, err := queue.NewHub(nc, claim.ID(), s.log)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, hub.Close)
 	deps := lane.Deps{
 		NATS: nc, Queue: q, Store: store, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
-		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(),
+		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
 	lanes := &directory{byName: map[string]*lane.Lane{}}
 	for i, lc := range s.cfg.Lanes {
@@ -165,7 +170,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	httpAPI, err := ingest.New(ingest.Config{
-		Admitter: adm, Publisher: q, Lanes: lanes, Metrics: m, DeadLetters: q,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
 		MetricsHandler: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
 		Logger:         s.log.With("component", "ingest"),
 		Ready: func(context.Context) error {
@@ -421,7 +426,7 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 	if !ok {
 		return ingest.Lane{}, false
 	}
-	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody()}, true
+	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait()}, true
 }
 
 func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {

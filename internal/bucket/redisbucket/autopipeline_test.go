@@ -9,9 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/testenv"
 )
 

@@ -22,11 +22,7 @@ type backlog struct {
 
 type job struct{}
 
-func (job) Admitted() bool { return false }
-
-func (job) StoredAt() time.Time { return time.Time{} }
-
-func (s *backlog) Next(ctx context.Context, max int) ([]leaky.Item, error) {
+func (s *backlog) Next(ctx context.Context, max int) ([]job, error) {
 	s.mu.Lock()
 	n := min(max, s.left)
 	s.left -= n
@@ -35,14 +31,14 @@ func (s *backlog) Next(ctx context.Context, max int) ([]leaky.Item, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	out := make([]leaky.Item, n)
+	out := make([]job, n)
 	for i := range out {
 		out[i] = job{}
 	}
 	return out, nil
 }
 
-func (s *backlog) Release(items []leaky.Item) {
+func (s *backlog) Release(items []job) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.left += len(items)
@@ -85,12 +81,12 @@ func BenchmarkDrainRedisCalls(b *testing.B) {
 			defer cancel()
 			var started int
 			var first, last time.Time
-			d, err := leaky.New(leaky.Config[leaky.Item]{
+			d, err := leaky.New(leaky.Config[job]{
 				Source:      &backlog{left: b.N},
 				Pacer:       leaky.StorePacer{Store: s, Key: k, Limit: func() bucket.Limit { return l }},
 				MaxInflight: maxInflight,
 				Batch:       leaky.BatchFor(rate, maxInflight),
-				Start: func(_ context.Context, _ leaky.Item, done func()) {
+				Start: func(_ context.Context, _ job, done func()) {
 					// Only the drain's goroutine calls Start.
 					last = time.Now()
 					if started == 0 {

@@ -14,9 +14,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/testenv"
 )
 

@@ -1,0 +1,239 @@
+package service_test
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// answered is one submission of a burst: its answer and when it came.
+type answered struct {
+	a    accepted
+	at   time.Time
+	code int
+	h    http.Header
+}
+
+// burst sends n submissions to lane at once (each on its own connection,
+// released together, as curl --parallel does) and returns their answers in
+// id order. ids are prefix-000 … prefix-(n-1).
+func burst(t *testing.T, addr, lane, prefix string, n int) []answered {
+	t.Helper()
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: n}}
+	defer client.CloseIdleConnections()
+	out := make([]answered, n)
+	var ready, done sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range n {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-gate
+			code, a, h := submit(t, client, addr, lane, fmt.Sprintf("%s-%03d", prefix, i), "x")
+			out[i] = answered{a: a, at: time.Now(), code: code, h: h}
+		}()
+	}
+	ready.Wait()
+	close(gate)
+	done.Wait()
+	return out
+}
+
+// arrivalsOf returns the recorder's arrivals whose id starts with prefix,
+// by id.
+func arrivalsOf(rec *recorder, prefix string) map[string]arrival {
+	out := map[string]arrival{}
+	for _, a := range rec.snapshot() {
+		if len(a.id) > len(prefix) && a.id[:len(prefix)] == prefix {
+			out[a.id] = a
+		}
+	}
+	return out
+}
+
+// startTolerance is how much later than its slot a start may reach the
+// target: the drain's lateness bound plus a local HTTP hop.
+func startTolerance(l bucket.Limit) time.Duration {
+	return max(leaky.DefaultMaxLate, l.Period()) + 10*time.Millisecond
+}
+
+// TestReadmeBurstAdmittedStartAtOnce sends the README's burst (100
+// concurrent submissions) 20 times in a row on each pacer. Per burst: every
+// answer is a 202, some are "admitted" (the burst, plus a token for every
+// period the requests take to arrive), every admitted job reaches the
+// target within a small bound of its answer and never behind a queued one,
+// every job arrives once, and no window holds more than burst + rate·W
+// starts. The lane runs at 200/s so that 20 bursts take seconds, not
+// minutes; the interleaving of admitted and queued jobs in the stream is the
+// same as at the README's 20/s.
+func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
+	for _, pacer := range []string{"memory", "redis"} {
+		t.Run(pacer, func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder(t)
+			cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 200, 10)
+			if pacer == "redis" {
+				cfg.Redis.URL = testenv.StartRedis(t).URL()
+			}
+			svc, _ := start(t, cfg)
+			l := bucket.Limit{Rate: 200, Burst: 10}
+			const n, bursts = 100, 20
+			var admittedTotal int
+			for b := range bursts {
+				prefix := fmt.Sprintf("b%02d", b)
+				answers := burst(t, svc.Addr(), "demo", prefix, n)
+				waitFor(t, 20*time.Second, fmt.Sprintf("burst %d delivered", b), func() bool { return len(arrivalsOf(rec, prefix)) >= n })
+				got := arrivalsOf(rec, prefix)
+				admitted := 0
+				var starts []time.Duration
+				var first, firstQueued, lastAdmitted time.Time
+				for i, ans := range answers {
+					a := got[fmt.Sprintf("%s-%03d", prefix, i)]
+					if first.IsZero() || a.at.Before(first) {
+						first = a.at
+					}
+					if ans.a.State == "admitted" && a.at.After(lastAdmitted) {
+						lastAdmitted = a.at
+					}
+					if ans.a.State == "queued" && (firstQueued.IsZero() || a.at.Before(firstQueued)) {
+						firstQueued = a.at
+					}
+				}
+				for i, ans := range answers {
+					id := fmt.Sprintf("%s-%03d", prefix, i)
+					if ans.code != http.StatusAccepted {
+						t.Fatalf("burst %d job %d: status %d", b, i, ans.code)
+					}
+					arr, ok := got[id]
+					if !ok {
+						t.Fatalf("burst %d: job %s never arrived", b, id)
+					}
+					starts = append(starts, arr.at.Sub(first))
+					if ans.a.State == "admitted" {
+						admitted++
+						// The answer is written once the slot is given; the
+						// delivery starts at once, beside the answer.
+						if late := arr.at.Sub(ans.at); late > 100*time.Millisecond {
+							t.Fatalf("burst %d: admitted job %s arrived %v after its answer", b, id, late)
+						}
+					}
+				}
+				// Admitted jobs never wait behind queued ones (the drain gives
+				// slots in queue order; arrivals may cross by an HTTP hop).
+				if lastAdmitted.Sub(firstQueued) > 50*time.Millisecond {
+					for i, ans := range answers {
+						a := got[fmt.Sprintf("%s-%03d", prefix, i)]
+						t.Logf("%d %s answer %v arrival %v", i, ans.a.State, ans.at.Sub(first), a.at.Sub(first))
+					}
+					t.Fatalf("burst %d: an admitted job arrived %v after the first queued one", b, lastAdmitted.Sub(firstQueued))
+				}
+				if admitted == 0 {
+					t.Fatalf("burst %d: no job admitted on an idle lane", b)
+				}
+				admittedTotal += admitted
+				buckettest.CheckWindows(t, starts, l, startTolerance(l))
+				// Let the bucket refill before the next burst.
+				time.Sleep(l.Period() * time.Duration(l.Burst+1))
+			}
+			if total := len(rec.snapshot()); total != n*bursts {
+				t.Fatalf("%d arrivals, want %d: a job was delivered twice or lost", total, n*bursts)
+			}
+			t.Logf("%s: %d bursts of %d, %d admitted (%.1f per burst; burst %d)", pacer, bursts, n, admittedTotal, float64(admittedTotal)/bursts, l.Burst)
+		})
+	}
+}
+
+// TestQueuedETAIsHonest: the README's burst at the README's limit (20/s,
+// burst 10): every queued answer's eta_ms is within ±20 % (or ±100 ms) of
+// the time from the answer to the job's arrival, on each pacer.
+func TestQueuedETAIsHonest(t *testing.T) {
+	for _, pacer := range []string{"memory", "redis"} {
+		t.Run(pacer, func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder(t)
+			cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 20, 10)
+			if pacer == "redis" {
+				cfg.Redis.URL = testenv.StartRedis(t).URL()
+			}
+			svc, _ := start(t, cfg)
+			answers := burst(t, svc.Addr(), "demo", "eta", 100)
+			waitFor(t, 20*time.Second, "the burst delivered", func() bool { return len(arrivalsOf(rec, "eta")) >= 100 })
+			got := arrivalsOf(rec, "eta")
+			queued, worst := 0, 0.0
+			for i, ans := range answers {
+				if ans.a.State != "queued" {
+					continue
+				}
+				queued++
+				real := got[fmt.Sprintf("eta-%03d", i)].at.Sub(ans.at)
+				eta := time.Duration(ans.a.ETA) * time.Millisecond
+				tol := max(real/5, 100*time.Millisecond)
+				if diff := eta - real; diff > tol || diff < -tol {
+					t.Errorf("job %d: eta %v, real wait %v (tolerance ±%v)", i, eta, real, tol)
+				}
+				if real > time.Second {
+					worst = max(worst, float64((eta-real).Abs())/float64(real))
+				}
+				if testing.Verbose() && i%10 == 0 {
+					t.Logf("job %d: eta %v real %v", i, eta, real.Round(time.Millisecond))
+				}
+			}
+			if queued < 80 {
+				t.Fatalf("%d queued answers, want about 90", queued)
+			}
+			t.Logf("%s: %d queued answers, worst relative ETA error %.1f%% (waits over 1 s)", pacer, queued, 100*worst)
+		})
+	}
+}
+
+// TestDuplicateTakesNoToken: a resubmission with the same Idempotency-Key
+// stores nothing, takes nothing from the bucket (X-RateLimit-Remaining does
+// not move) and gets the first answer's id and state.
+func TestDuplicateTakesNoToken(t *testing.T) {
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 1, 2)
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	remaining := func(h http.Header) int {
+		n, err := strconv.Atoi(h.Get("X-RateLimit-Remaining"))
+		if err != nil {
+			t.Fatalf("X-RateLimit-Remaining %q", h.Get("X-RateLimit-Remaining"))
+		}
+		return n
+	}
+	_, first, h1 := submit(t, client, svc.Addr(), "demo", "a", "one")
+	if first.State != "admitted" || remaining(h1) != 1 {
+		t.Fatalf("first: %+v remaining %s, want admitted with 1 left", first, h1.Get("X-RateLimit-Remaining"))
+	}
+	for range 3 {
+		_, dup, h := submit(t, client, svc.Addr(), "demo", "a", "one")
+		if dup.ID != "a" || dup.State != "admitted" || remaining(h) != 1 {
+			t.Fatalf("duplicate: %+v remaining %s, want the first answer and 1 left", dup, h.Get("X-RateLimit-Remaining"))
+		}
+	}
+	_, second, _ := submit(t, client, svc.Addr(), "demo", "b", "two")
+	if second.State != "admitted" {
+		t.Fatalf("second job: %+v, want admitted: the duplicates took the token", second)
+	}
+	_, third, _ := submit(t, client, svc.Addr(), "demo", "c", "three")
+	_, dup, _ := submit(t, client, svc.Addr(), "demo", "c", "three")
+	if third.State != "queued" || dup.State != "queued" || dup.ID != "c" {
+		t.Fatalf("queued job %+v and its duplicate %+v", third, dup)
+	}
+	waitFor(t, 10*time.Second, "three deliveries", func() bool { return len(rec.snapshot()) >= 3 })
+	if n := len(rec.snapshot()); n != 3 {
+		t.Fatalf("%d deliveries, want 3", n)
+	}
+}
+
