@@ -1,5 +1,7 @@
 # throttler — see README.md. Every target works on a fresh clone; the tests
-# need redis-server on PATH (apt-get install redis-server); NATS runs in-process.
+# need redis-server and redis-sentinel on PATH (apt-get install redis-server
+# redis-sentinel); NATS runs in-process, and as nats-server processes built
+# from go.mod for the cluster tests.
 GO      ?= go
 BIN     := bin/throttler
 PKGS    := ./...

@@ -28,6 +28,9 @@ const (
 	// logTailBytes is how much of a server log an error or a failed test
 	// quotes.
 	logTailBytes = 2000
+	// fleetTimeout bounds how long a fleet may take to form or to fail
+	// over.
+	fleetTimeout = 30 * time.Second
 )
 
 // errAddrInUse marks a start that failed because a port was taken.
@@ -146,6 +149,24 @@ func (d *daemon) stop() error {
 	return waitClosed(d.addr)
 }
 
+// running reports whether the process runs (it was started and not killed).
+func (d *daemon) running() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.proc != nil
+}
+
+// logTail is the end of the latest run's log.
+func (d *daemon) logTail() string {
+	d.mu.Lock()
+	path := d.log
+	d.mu.Unlock()
+	if path == "" {
+		return "(never started)"
+	}
+	return readLog(path)
+}
+
 // launch starts a daemon on fresh free ports: ports picks them, build makes
 // the daemon for them. A port taken before the server could bind it is
 // retried with new ones, up to startAttempts times.
@@ -236,6 +257,20 @@ func lookBin(t testing.TB, name, install string) string {
 	return bin
 }
 
+// logsOnFailure makes t print the end of every daemon's log when it fails.
+// It is registered before the daemons' kills, so it runs after them (the
+// logs are complete) and before t.TempDir is removed.
+func logsOnFailure(t testing.TB, daemons func() []*daemon) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, d := range daemons() {
+			t.Logf("testenv: %s on %s, log tail:\n%s", d.name, d.addr, d.logTail())
+		}
+	})
+}
+
 // ping sends an inline PING over a fresh connection and expects +PONG.
 func ping(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
@@ -258,4 +293,31 @@ func ping(addr string) error {
 		return fmt.Errorf("PING answered %q", line)
 	}
 	return nil
+}
+
+// waitFor polls check until it returns nil, failing t with its last error
+// after fleetTimeout.
+func waitFor(t testing.TB, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(fleetTimeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: waited %v for %s: %v", fleetTimeout, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// mkdir makes the directory root/name.
+func mkdir(t testing.TB, root, name string) string {
+	t.Helper()
+	dir := filepath.Join(root, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return dir
 }

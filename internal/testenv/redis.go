@@ -35,11 +35,17 @@ type Redis struct {
 //
 // When redis-server is not on PATH the error wraps exec.ErrNotFound.
 func LaunchRedis(dir string, extraArgs ...string) (*Redis, error) {
+	return launchRedis(dir, 1, func([]int) []string { return extraArgs })
+}
+
+// launchRedis is LaunchRedis for a server that needs nports free ports: the
+// first is the client port, the others go where extra puts them.
+func launchRedis(dir string, nports int, extra func(ports []int) []string) (*Redis, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	d, err := launch(1, func(ports []int) (*daemon, error) {
+	d, err := launch(nports, func(ports []int) (*daemon, error) {
 		return &daemon{
 			name: "redis",
 			bin:  bin,
@@ -52,7 +58,7 @@ func LaunchRedis(dir string, extraArgs ...string) (*Redis, error) {
 				"--appendonly", "no",
 				"--dir", dir,
 				"--daemonize", "no",
-			}, extraArgs...),
+			}, extra(ports)...),
 			ready: ping,
 		}, nil
 	})
