@@ -1,5 +1,7 @@
 # throttler — see README.md. Every target works on a fresh clone; the tests
-# need redis-server on PATH (apt-get install redis-server); NATS runs in-process.
+# need redis-server and redis-sentinel on PATH (apt-get install redis-server
+# redis-sentinel); NATS runs in-process, and as nats-server processes built
+# from go.mod for the cluster tests.
 GO      ?= go
 BIN     := bin/throttler
 PKGS    := ./...
@@ -38,17 +40,19 @@ staticcheck:
 
 check: fmt vet staticcheck race
 
-# The Go benchmarks, then the end-to-end load tool: one table pairing each of
-# our figures with a reference measured in the same run (docs/BENCHMARKS.md).
-bench:
+# The Go benchmarks, then the end-to-end load tool (a binary of its own, so
+# that the service links none of the peer libraries it is compared with): one
+# table pairing each of our figures with a reference measured in the same run
+# (docs/BENCHMARKS.md). Its rss rows start the binary built by `build`.
+bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
-	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler bench
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler-bench --throttler $(BIN)
 
 # What CI runs so that the benchmarks never rot: every Go benchmark 100 times
 # and every scenario of the load tool with tiny counts (no goal enforced).
-bench-smoke:
+bench-smoke: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 100x -timeout 10m $(PKGS)
-	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler bench --smoke
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler-bench --smoke --throttler $(BIN)
 
 clean:
 	rm -rf bin data

@@ -61,7 +61,6 @@ var errUsage = errors.New("usage")
 const usage = `usage:
   throttler serve --config FILE     run the service
   throttler sink [--listen ADDR]    run a target that logs what arrives (default 127.0.0.1:9000)
-  throttler bench [--smoke]         measure against the goals and peer libraries (docs/BENCHMARKS.md)
   throttler version                 print the version
 `
 
@@ -75,8 +74,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, args[1:], getenv, stderr)
 	case "sink":
 		return runSink(ctx, args[1:], stdout, stderr)
-	case "bench":
-		return runBench(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "throttler", buildVersion())
 		return nil

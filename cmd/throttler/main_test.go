@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,41 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"frobnicate"}, os.Getenv, &out, &out); !errors.Is(err, errUsage) || !strings.Contains(out.String(), "unknown command") {
 		t.Fatalf("unknown command: %v %q", err, out.String())
+	}
+	// The load tool is a binary of its own (cmd/throttler-bench).
+	out.Reset()
+	if err := run(context.Background(), []string{"bench"}, os.Getenv, &out, &out); !errors.Is(err, errUsage) || !strings.Contains(out.String(), "unknown command") {
+		t.Fatalf("bench: %v %q", err, out.String())
+	}
+}
+
+// TestDepsLeaveOutTheLoadTool: the service binary links neither the load
+// tool nor the peer libraries it measures against, nor the test helpers.
+func TestDepsLeaveOutTheLoadTool(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			t.Fatalf("go list -deps: %v\n%s", err, exit.Stderr)
+		}
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/throttler/throttler/internal/service") {
+		t.Fatalf("go list -deps does not list internal/service; the check would prove nothing:\n%s", out)
+	}
+	forbidden := []string{
+		"go.uber.org/ratelimit",
+		"github.com/go-redis/redis_rate",
+		"github.com/throttler/throttler/internal/bench",
+		"github.com/throttler/throttler/internal/testenv",
+	}
+	for _, dep := range deps {
+		for _, f := range forbidden {
+			if dep == f || strings.HasPrefix(dep, f+"/") {
+				t.Errorf("cmd/throttler depends on %s", dep)
+			}
+		}
 	}
 }
 

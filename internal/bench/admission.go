@@ -30,7 +30,7 @@ func (noBacklog) Backlog(context.Context, string, time.Duration) (int64, error) 
 func runAdmission(ctx context.Context, e *env) ([]Result, error) {
 	const goal = "≥ 1.50×"
 	name := fmt.Sprintf("admission decisions/s, Redis store, %d goroutines (vs redis_rate Allow)", admissionGoroutines)
-	url, skip, err := e.redis(ctx)
+	url, skip, err := e.redis()
 	if err != nil {
 		return nil, err
 	}

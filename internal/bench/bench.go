@@ -1,4 +1,4 @@
-// Package bench is the load tool behind `throttler bench`: it measures the
+// Package bench is the load tool behind `throttler-bench`: it measures the
 // throttler end to end against the engine's own limits and against peer
 // libraries, in one run on one machine, and prints one table that pairs each
 // of our figures with a reference measured in the same run.

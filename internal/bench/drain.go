@@ -40,7 +40,7 @@ func runDrain(ctx context.Context, e *env) ([]Result, error) {
 	}
 	rows = append(rows, row)
 
-	url, skip, err := e.redis(ctx)
+	url, skip, err := e.redis()
 	if err != nil {
 		return rows, err
 	}

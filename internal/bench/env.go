@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // env is what the scenarios share: the configuration, a temporary root, the
@@ -37,12 +37,11 @@ type env struct {
 	run  string // short id that makes lane names unique on a shared NATS
 	prog *progress
 
-	redisOnce sync.Once
-	redisURL  string
-	redisSkip string // why the Redis rows are skipped
-	redisErr  error
-	redisProc *exec.Cmd
-	redisDone chan struct{}
+	redisOnce   sync.Once
+	redisURL    string
+	redisSkip   string // why the Redis rows are skipped
+	redisErr    error
+	redisServer *testenv.Redis // started by the env; nil with Config.RedisURL
 
 	mu      sync.Mutex
 	streams []string // lanes created on an external NATS, deleted at close
@@ -71,9 +70,8 @@ func (e *env) close() {
 			nc.Close()
 		}
 	}
-	if e.redisProc != nil {
-		_ = e.redisProc.Process.Kill()
-		<-e.redisDone
+	if e.redisServer != nil {
+		e.redisServer.Close()
 	}
 	_ = os.RemoveAll(e.tmp)
 }
@@ -174,82 +172,23 @@ func freeAddr() (string, error) {
 }
 
 // redis returns the Redis URL for the Redis rows, or a reason to skip them.
-func (e *env) redis(ctx context.Context) (url, skip string, err error) {
+func (e *env) redis() (url, skip string, err error) {
 	e.redisOnce.Do(func() {
 		if e.cfg.RedisURL != "" {
 			e.redisURL = e.cfg.RedisURL
 			return
 		}
-		bin, lerr := exec.LookPath("redis-server")
-		if lerr != nil {
+		r, lerr := testenv.LaunchRedis(e.dir("redis"))
+		switch {
+		case errors.Is(lerr, exec.ErrNotFound):
 			e.redisSkip = "skipped: redis-server not found on PATH (apt-get install redis-server, or pass --redis-url)"
-			return
+		case lerr != nil:
+			e.redisErr = fmt.Errorf("bench: %w", lerr)
+		default:
+			e.redisServer, e.redisURL = r, r.URL()
 		}
-		e.redisURL, e.redisErr = e.startRedis(ctx, bin)
 	})
 	return e.redisURL, e.redisSkip, e.redisErr
-}
-
-// startRedis starts redis-server on a free loopback port with no
-// persistence, and waits until it answers PING.
-func (e *env) startRedis(ctx context.Context, bin string) (string, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return "", err
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	dir := e.dir("redis")
-	logf, err := os.Create(filepath.Join(dir, "redis.log"))
-	if err != nil {
-		return "", err
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	dieWithParent(cmd)
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("bench: start redis-server: %w", err)
-	}
-	e.redisProc, e.redisDone = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(e.redisDone) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if pingRedis(addr) == nil {
-			return "redis://" + addr + "/0", nil
-		}
-		select {
-		case <-e.redisDone:
-			b, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			return "", fmt.Errorf("bench: redis-server exited: %s", strings.TrimSpace(string(b)))
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return "", errors.New("bench: redis-server did not answer PING within 10s")
-		}
-	}
-}
-
-func pingRedis(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(line) != "+PONG" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
 }
 
 // laneOpts are the limits of a generated lane.

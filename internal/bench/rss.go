@@ -37,7 +37,7 @@ func runRSS(ctx context.Context, e *env) ([]Result, error) {
 	embName := fmt.Sprintf("RSS of throttler holding %s jobs, embedded NATS (JetStream in-process)", fmtInt(int64(n)))
 	extName := fmt.Sprintf("RSS of throttler holding %s jobs, external NATS", fmtInt(int64(n)))
 	if e.cfg.Binary == "" {
-		why := "skipped: no throttler binary to start (run it as `throttler bench`)"
+		why := "skipped: no throttler binary to start (pass --throttler, or run throttler-bench inside the module so that it can build one)"
 		return []Result{skipRow(RSS, embName, rssGoal, why), skipRow(RSS, extName, rssGoal, why)}, nil
 	}
 	if _, err := readStatus(os.Getpid()); err != nil {

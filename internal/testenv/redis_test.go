@@ -2,8 +2,12 @@ package testenv_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -82,6 +86,35 @@ func TestRedisServersAreIndependent(t *testing.T) {
 	roundTrip(t, a.Addr, "SET k a")
 	if got := roundTrip(t, b.Addr, "EXISTS k"); got != ":0" {
 		t.Fatalf("EXISTS k on the second server answered %q", got)
+	}
+}
+
+func TestLaunchRedisWithoutTesting(t *testing.T) {
+	dir := t.TempDir()
+	r, err := testenv.LaunchRedis(dir, "--maxmemory", "10mb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got := roundTrip(t, r.Addr, "CONFIG GET maxmemory"); got != "*2" {
+		t.Fatalf("CONFIG GET maxmemory answered %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "redis-1.log")); err != nil {
+		t.Fatalf("no log in the given directory: %v", err)
+	}
+	r.Close()
+	if c, err := net.DialTimeout("tcp", r.Addr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("port still accepts connections after Close")
+	}
+	r.Close() // closing twice is harmless
+}
+
+func TestLaunchRedisWithoutBinaryWrapsErrNotFound(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	r, err := testenv.LaunchRedis(t.TempDir())
+	if !errors.Is(err, exec.ErrNotFound) {
+		t.Fatalf("LaunchRedis = %v, %v; want an error wrapping exec.ErrNotFound", r, err)
 	}
 }
 

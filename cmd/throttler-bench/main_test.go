@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// net/http keeps idle client connections' loops briefly after a run.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+func TestUsage(t *testing.T) {
+	for _, args := range [][]string{{"--frobnicate"}, {"extra"}} {
+		var out bytes.Buffer
+		if err := run(context.Background(), args, &out, &out); !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want errUsage", args, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--help"}, &out, &out); err != nil || !strings.Contains(out.String(), "-smoke") {
+		t.Fatalf("--help: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"--only", "everything"}, &out, &out); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
+		t.Fatalf("--only everything: %v", err)
+	}
+	if err := run(context.Background(), []string{"--redis-url", "redis://10.0.0.5:6379"}, &out, &out); err == nil {
+		t.Fatal("a Redis off loopback was accepted")
+	}
+}
+
+// TestSmokeBuildsTheService runs the rss scenario in smoke mode: the tool
+// builds the service binary itself and starts it, and the table has rows.
+func TestSmokeBuildsTheService(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"--smoke", "--only", "rss", "--backlog", "500"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	table := stdout.String()
+	if !strings.HasPrefix(table, "throttler-bench ") || !strings.Contains(table, "RSS of throttler holding 500 jobs") {
+		t.Fatalf("stdout:\n%s", table)
+	}
+	if strings.Contains(table, "skipped") {
+		t.Fatalf("the rss rows were skipped:\n%s\nstderr:\n%s", table, stderr.String())
+	}
+}
