@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"github.com/throttler/throttler/internal/clock"
 	"go.uber.org/goleak"
 )
 

@@ -35,6 +35,7 @@ type Config struct {
 	Redis           Redis       `yaml:"redis"`
 	Dispatch        Dispatch    `yaml:"dispatch"`
 	DeadLetters     DeadLetters `yaml:"dead_letters"`
+	Retries         Retries     `yaml:"retries"`
 	Log             Log         `yaml:"log"`
 	Lanes           []Lane      `yaml:"lanes"`
 }
@@ -45,6 +46,14 @@ type DeadLetters struct {
 	MaxAge Duration `yaml:"max_age"`
 	// MaxBytes bounds the stream on disk; the oldest go first.
 	MaxBytes ByteSize `yaml:"max_bytes"`
+}
+
+// Retries bounds the stream where failed jobs wait for their next attempt
+// (THROTTLE_RETRY, shared by all lanes). When it is full a failed job waits
+// in its lane instead (holding its max_inflight place) until there is room.
+type Retries struct {
+	MaxMessages int64    `yaml:"max_messages"`
+	MaxBytes    ByteSize `yaml:"max_bytes"`
 }
 
 // NATS says where the queue lives.
@@ -60,6 +69,36 @@ type NATS struct {
 	// Replicas of every stream and consumer on a JetStream cluster (1, 3 or
 	// 5); the embedded server takes 1.
 	Replicas int `yaml:"replicas"`
+	// User and Password: the throttler's own NATS user. With the embedded
+	// server they create it (required for a non-loopback listen); with
+	// nats.url they log in (a user:password in the URL works too).
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// CredsFile (a JWT .creds file) and NkeySeedFile log in to an external
+	// server.
+	CredsFile    string  `yaml:"creds_file"`
+	NkeySeedFile string  `yaml:"nkey_seed_file"`
+	TLS          NATSTLS `yaml:"tls"`
+	// Publishers are outside publishers of the embedded server: each may
+	// publish jobs on the public subjects of its lanes (all lanes when
+	// none are listed), and nothing else.
+	Publishers []Publisher `yaml:"publishers"`
+}
+
+// NATSTLS configures TLS to an external NATS server.
+type NATSTLS struct {
+	// CAFile verifies the server; CertFile and KeyFile are a client
+	// certificate (mutual TLS).
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Publisher is an outside publisher of the embedded NATS server.
+type Publisher struct {
+	User     string   `yaml:"user"`
+	Password string   `yaml:"password"`
+	Lanes    []string `yaml:"lanes"`
 }
 
 // Redis says where the shared lane state lives.
@@ -179,6 +218,7 @@ func Default() Config {
 		ShutdownTimeout: Duration(15 * time.Second),
 		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute), Replicas: 1},
 		DeadLetters:     DeadLetters{MaxAge: Duration(14 * 24 * time.Hour), MaxBytes: 1 << 30},
+		Retries:         Retries{MaxMessages: 1_000_000, MaxBytes: 1 << 30},
 		Log:             Log{Level: "info"},
 	}
 }
@@ -390,6 +430,9 @@ func (c *Config) Validate() error {
 	default:
 		return fail("nats.replicas", "must be 1, 3 or 5, got %d", c.NATS.Replicas)
 	}
+	if err := c.NATS.validateAuth(c.Lanes); err != nil {
+		return err
+	}
 	if c.NATS.URL == "" && c.NATS.Replicas != 1 {
 		return fail("nats.replicas", "the embedded server is a single node: replicas must be 1")
 	}
@@ -411,6 +454,12 @@ func (c *Config) Validate() error {
 	}
 	if c.DeadLetters.MaxBytes < 1<<20 {
 		return fail("dead_letters.max_bytes", "must be at least 1MiB")
+	}
+	if c.Retries.MaxMessages < 1 {
+		return fail("retries.max_messages", "must be at least 1, got %d", c.Retries.MaxMessages)
+	}
+	if c.Retries.MaxBytes < 1<<20 {
+		return fail("retries.max_bytes", "must be at least 1MiB")
 	}
 	for i, n := range c.Dispatch.AllowNetworks {
 		if _, err := netip.ParsePrefix(n); err != nil {
@@ -614,5 +663,60 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 		return fmt.Errorf("line %d: %q is not a size like 1048576, 512KiB or 1MiB", n.Line, n.Value)
 	}
 	*b = ByteSize(v * mult)
+	return nil
+}
+
+// validateAuth checks the NATS credentials: an embedded server that listens
+// beyond loopback must have them, external-only settings need nats.url, and
+// publishers name known lanes.
+func (n NATS) validateAuth(lanes []Lane) error {
+	fail := func(field, format string, args ...any) error {
+		return &Error{Field: "nats." + field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if (n.User == "") != (n.Password == "") {
+		return fail("password", "nats.user and nats.password go together")
+	}
+	embedded := n.URL == ""
+	if embedded {
+		for field, v := range map[string]string{"creds_file": n.CredsFile, "nkey_seed_file": n.NkeySeedFile,
+			"tls.ca_file": n.TLS.CAFile, "tls.cert_file": n.TLS.CertFile, "tls.key_file": n.TLS.KeyFile} {
+			if v != "" {
+				return fail(field, "is for an external server (nats.url); the embedded server takes nats.user and nats.password")
+			}
+		}
+		if n.Listen != "" && n.User == "" {
+			if ap, err := netip.ParseAddrPort(n.Listen); err == nil && !ap.Addr().IsLoopback() {
+				return fail("listen", "%s is reachable from other hosts: set nats.user and nats.password (and nats.publishers for outside publishers)", n.Listen)
+			}
+		}
+		if len(n.Publishers) > 0 && n.User == "" {
+			return fail("publishers", "need nats.user and nats.password for the throttler's own user")
+		}
+	} else if len(n.Publishers) > 0 {
+		return fail("publishers", "are users of the embedded server; on an external server give them the permissions in docs/OPERATIONS.md")
+	}
+	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
+		return fail("tls.key_file", "tls.cert_file and tls.key_file go together")
+	}
+	known := map[string]bool{}
+	for _, l := range lanes {
+		known[l.Name] = true
+	}
+	users := map[string]bool{n.User: true}
+	for i, p := range n.Publishers {
+		f := fmt.Sprintf("publishers[%d]", i)
+		switch {
+		case p.User == "" || p.Password == "":
+			return fail(f, "needs user and password")
+		case users[p.User]:
+			return fail(f+".user", "%q is already a user", p.User)
+		}
+		users[p.User] = true
+		for j, l := range p.Lanes {
+			if !known[l] {
+				return fail(fmt.Sprintf("%s.lanes[%d]", f, j), "no lane %q is configured", l)
+			}
+		}
+	}
 	return nil
 }

@@ -131,10 +131,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.Serv
 // StopIntake makes every later submission answer 503 (shutdown begins).
 func (h *Handler) StopIntake() { h.draining.Store(true) }
 
-const (
-	maxIdempotencyKey = 255
-	maxContentType    = 1024
-)
+const maxContentType = queue.MaxContentType
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
@@ -305,13 +302,8 @@ func setRateHeaders(h http.Header, lane string, d admission.Decision) {
 }
 
 func validKey(k string) error {
-	if len(k) > maxIdempotencyKey {
-		return fmt.Errorf("Idempotency-Key is %d bytes; at most %d are allowed", len(k), maxIdempotencyKey)
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("Idempotency-Key has a byte 0x%02x at %d; only visible ASCII is allowed", c, i)
-		}
+	if err := queue.ValidJobID(k); err != nil {
+		return fmt.Errorf("Idempotency-Key: %w", err)
 	}
 	return nil
 }

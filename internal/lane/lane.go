@@ -224,6 +224,11 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		defer done()
 		defer inflight.Dec()
 		job := msg.Job()
+		if job.Outside && msg.FirstDelivery() {
+			// A job published on the lane's subject: intake of its own,
+			// counted when the drain first meets it.
+			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
+		}
 		res := l.target.Deliver(l.d.DispatchCtx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
 			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(),

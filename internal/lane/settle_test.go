@@ -14,7 +14,9 @@ import (
 func TestSettle(t *testing.T) {
 	backoff := func(attempt int) time.Duration { return time.Duration(attempt) * time.Minute }
 	errBoom := errors.New("boom")
-	res := func(v dispatch.Verdict, status int) dispatch.Result { return dispatch.Result{Verdict: v, Status: status} }
+	res := func(v dispatch.Verdict, status int) dispatch.Result {
+		return dispatch.Result{Verdict: v, Status: status}
+	}
 	withWait := func(r dispatch.Result, retryAfter, pause time.Duration) dispatch.Result {
 		r.RetryAfter, r.PauseLane = retryAfter, pause
 		return r

@@ -181,7 +181,7 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	if err != nil {
 		return d, err
 	}
-	if _, err := q.Publish(ctx, Job{
+	if err := q.republish(ctx, Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload,
 		MsgID: fmt.Sprintf("%s#replay-%d", d.ID, seq),
 	}); err != nil {

@@ -20,7 +20,41 @@ type EmbeddedConfig struct {
 	Listen string
 	// MaxPayload is the largest message the server takes (0: 1 MiB + HeaderRoom).
 	MaxPayload int32
+	// User and Password, when set, are the throttler's own user; the server
+	// then takes no connection without credentials.
+	User, Password string
+	// Publishers are outside users allowed to publish jobs on the public
+	// subjects of their lanes only (PublisherPermissions).
+	Publishers []EmbeddedPublisher
 	Logger     *slog.Logger
+}
+
+// EmbeddedPublisher is an outside publisher of the embedded server.
+type EmbeddedPublisher struct {
+	User, Password string
+	// Lanes it may publish to; none means every lane.
+	Lanes []string
+}
+
+// PublisherPermissions are the NATS permissions an outside publisher of
+// jobs needs, and all it gets: publish on the public subjects of lanes
+// (throttle.<lane> and throttle.<lane>.<key>; every lane when none are
+// given) and receive JetStream's acknowledgements on its inbox. It cannot
+// write the throttler's own subjects (throttler.>, the retry and dead-letter
+// streams) nor call the JetStream API. docs/OPERATIONS.md gives the same
+// permissions for an external server.
+func PublisherPermissions(lanes []string) *server.Permissions {
+	allow := []string{SubjectPrefix + ".>"}
+	if len(lanes) > 0 {
+		allow = nil
+		for _, l := range lanes {
+			allow = append(allow, Subject(l, ""), Subject(l, ">"))
+		}
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: allow},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+	}
 }
 
 // StartEmbedded starts an in-process nats-server with JetStream on DataDir and
@@ -36,6 +70,12 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	}
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = 1<<20 + HeaderRoom
+	}
+	if cfg.User != "" {
+		opts.Users = append(opts.Users, &server.User{Username: cfg.User, Password: cfg.Password})
+		for _, p := range cfg.Publishers {
+			opts.Users = append(opts.Users, &server.User{Username: p.User, Password: p.Password, Permissions: PublisherPermissions(p.Lanes)})
+		}
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true
@@ -60,7 +100,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		return nil, fmt.Errorf("queue: embedded nats-server in %s did not become ready", cfg.DataDir)
 	}
 	if cfg.Logger != nil {
-		cfg.Logger.Info("embedded nats-server ready", "data_dir", cfg.DataDir, "listen", cfg.Listen)
+		cfg.Logger.Info("embedded nats-server ready", "data_dir", cfg.DataDir, "listen", cfg.Listen,
+			"auth", cfg.User != "", "publishers", len(cfg.Publishers))
 	}
 	return srv, nil
 }

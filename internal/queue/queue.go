@@ -108,6 +108,9 @@ type Job struct {
 	// Notify is where the submitting instance waits to hear the job's
 	// slot (NotifySubject); empty for none.
 	Notify string
+	// Outside: the job was published on the lane's public subject by
+	// someone else (see intake.go), not stored by the throttler.
+	Outside bool
 	// Attempts is how many delivery attempts already failed.
 	Attempts int
 	// NotBefore delays a retry; zero for none.
@@ -248,15 +251,16 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        StreamName(spec.Name),
 		Description: "throttler lane " + spec.Name,
-		Subjects:    []string{Subject(spec.Name, ""), Subject(spec.Name, ">")},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		MaxMsgs:     spec.MaxBacklog,
-		MaxBytes:    maxBytes(spec.MaxBytes),
-		Discard:     jetstream.DiscardNew,
-		MaxMsgSize:  maxMsgSize,
-		Duplicates:  spec.DedupWindow,
-		Replicas:    spec.Replicas,
+		Subjects: []string{Subject(spec.Name, ""), Subject(spec.Name, ">"),
+			InternalSubject(spec.Name, ""), InternalSubject(spec.Name, ">")},
+		Retention:  jetstream.WorkQueuePolicy,
+		Storage:    jetstream.FileStorage,
+		MaxMsgs:    spec.MaxBacklog,
+		MaxBytes:   maxBytes(spec.MaxBytes),
+		Discard:    jetstream.DiscardNew,
+		MaxMsgSize: maxMsgSize,
+		Duplicates: spec.DedupWindow,
+		Replicas:   spec.Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("queue: stream for lane %s: %w", spec.Name, err)
@@ -311,7 +315,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	if err != nil {
 		return PubResult{}, err
 	}
-	ack, err := q.publish(ctx, Subject(job.Lane, job.Key), jobMsg(job))
+	ack, err := q.publish(ctx, InternalSubject(job.Lane, job.Key), jobMsg(job))
 	if err != nil {
 		return PubResult{}, fmt.Errorf("lane %s: %w", job.Lane, err)
 	}
@@ -325,7 +329,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 
 // jobMsg encodes a job as a message of the lane stream.
 func jobMsg(job Job) *nats.Msg {
-	msg := nats.NewMsg(Subject(job.Lane, job.Key))
+	msg := nats.NewMsg(InternalSubject(job.Lane, job.Key))
 	msg.Data = job.Payload
 	if job.ContentType != "" {
 		msg.Header.Set(HeaderContentType, job.ContentType)
@@ -485,32 +489,9 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 	return LaneStats{Stored: si.State.Msgs, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered}, nil
 }
 
-// jobFromMsg decodes a stored message. A message published without
-// Nats-Msg-Id gets a stable id from its stream sequence.
+// jobFromMsg decodes a message of the lane's stream (see intake.go for
+// what each subject may tell).
 func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
-	h := m.Headers()
-	id := h.Get(HeaderJobID)
-	if id == "" {
-		id = h.Get(jetstream.MsgIDHeader)
-	}
-	if id == "" {
-		id = lane + "-" + strconv.FormatUint(meta.Sequence.Stream, 10)
-	}
-	key := strings.TrimPrefix(m.Subject(), Subject(lane, ""))
-	key = strings.TrimPrefix(key, ".")
-	job := Job{
-		ID:          id,
-		Lane:        lane,
-		Key:         key,
-		ContentType: h.Get(HeaderContentType),
-		Payload:     m.Data(),
-		Notify:      notifyAddress(h.Get(HeaderNotify)),
-	}
-	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 {
-		job.Attempts = n
-	}
-	if ms, err := strconv.ParseInt(h.Get(HeaderNotBefore), 10, 64); err == nil && ms > 0 {
-		job.NotBefore = time.UnixMilli(ms)
-	}
-	return job
+	internal, key, _ := subjectKey(lane, m.Subject())
+	return decodeJob(lane, m.Headers(), m.Data(), key, meta.Sequence.Stream, internal, time.Now())
 }

@@ -28,7 +28,7 @@ func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, 1); err != nil {
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {

@@ -26,10 +26,18 @@ func RetrySubject(lane string) string { return RetrySubjectPrefix + "." + lane }
 
 func retryConsumerName(lane string) string { return "retry-" + lane }
 
+// RetryConfig bounds the retry stream: a full one refuses a retry copy,
+// and the failed job then waits in its lane instead.
+type RetryConfig struct {
+	MaxMsgs  int64
+	MaxBytes int64
+	Replicas int
+}
+
 // EnsureRetries creates or updates the retry stream. Call it before EnsureLane.
-func (q *Queue) EnsureRetries(ctx context.Context, replicas int) error {
-	if replicas == 0 {
-		replicas = 1
+func (q *Queue) EnsureRetries(ctx context.Context, cfg RetryConfig) error {
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
 	}
 	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        RetryStream,
@@ -37,8 +45,11 @@ func (q *Queue) EnsureRetries(ctx context.Context, replicas int) error {
 		Subjects:    []string{RetrySubjectPrefix + ".>"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
+		MaxMsgs:     max(cfg.MaxMsgs, -1),
+		MaxBytes:    maxBytes(cfg.MaxBytes),
+		Discard:     jetstream.DiscardNew,
 		Duplicates:  2 * time.Minute,
-		Replicas:    replicas,
+		Replicas:    cfg.Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("queue: retry stream: %w", err)
@@ -126,17 +137,16 @@ func (q *Queue) moveOne(ctx context.Context, lane string, m jetstream.Msg, log *
 		_ = m.Term()
 		return
 	}
-	job := jobFromMsg(lane, m, meta)
+	job := decodeJob(lane, m.Headers(), m.Data(), m.Headers().Get(HeaderKey), meta.Sequence.Stream, true, time.Now())
 	if wait := time.Until(job.NotBefore); wait > notBeforeSlack {
 		_ = m.NakWithDelay(wait)
 		return
 	}
-	job.Key = m.Headers().Get(HeaderKey)
 	job.MsgID = m.Headers().Get(jetstream.MsgIDHeader)
 	job.NotBefore = time.Time{}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
-	if _, err := q.publish(pctx, Subject(lane, job.Key), jobMsg(job)); err != nil {
+	if err := q.republish(pctx, job); err != nil {
 		log.Warn("moving a due retry into its lane failed; trying again in 1s", "id", job.ID, "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return

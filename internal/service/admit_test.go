@@ -236,4 +236,3 @@ func TestDuplicateTakesNoToken(t *testing.T) {
 		t.Fatalf("%d deliveries, want 3", n)
 	}
 }
-

@@ -198,8 +198,6 @@ func TestSecondMemoryInstanceIsRefused(t *testing.T) {
 	}
 }
 
-
-
 // TestLostClaimStopsTheInstance: if another instance takes the claim while
 // this one could not refresh it (here: it is overwritten), the instance
 // stops and Run returns why, instead of pacing beside another in-memory

@@ -14,6 +14,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,7 +134,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := q.EnsureRetries(ctx, s.cfg.NATS.Replicas); err != nil {
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: s.cfg.Retries.MaxMessages, MaxBytes: int64(s.cfg.Retries.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
 		return err
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
@@ -243,7 +245,21 @@ func natsWhere(cfg config.Config) string {
 	if cfg.NATS.URL == "" {
 		return "embedded"
 	}
-	return cfg.NATS.URL
+	return redactURL(cfg.NATS.URL)
+}
+
+// redactURL hides the password of each URL in a comma-separated list.
+func redactURL(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "***")
+			}
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func pacerKind(cfg config.Config) string {
@@ -268,16 +284,40 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 			s.log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
 		}),
 	}
-	if s.cfg.NATS.URL != "" {
-		nc, err := nats.Connect(s.cfg.NATS.URL, append(opts, nats.RetryOnFailedConnect(false))...)
+	n := s.cfg.NATS
+	if n.User != "" {
+		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	}
+	if n.URL != "" {
+		if n.CredsFile != "" {
+			opts = append(opts, nats.UserCredentials(n.CredsFile))
+		}
+		if n.NkeySeedFile != "" {
+			o, err := nats.NkeyOptionFromSeed(n.NkeySeedFile)
+			if err != nil {
+				return nil, nil, &config.Error{Field: "nats.nkey_seed_file", Msg: err.Error()}
+			}
+			opts = append(opts, o)
+		}
+		if n.TLS.CAFile != "" {
+			opts = append(opts, nats.RootCAs(n.TLS.CAFile))
+		}
+		if n.TLS.CertFile != "" {
+			opts = append(opts, nats.ClientCert(n.TLS.CertFile, n.TLS.KeyFile))
+		}
+		nc, err := nats.Connect(n.URL, append(opts, nats.RetryOnFailedConnect(false))...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("nats.url %s: %w", s.cfg.NATS.URL, err)
+			return nil, nil, fmt.Errorf("nats.url %s: %w", redactURL(n.URL), err)
 		}
 		s.fitBodies(nc)
 		return nc, nil, nil
 	}
-	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: s.cfg.NATS.DataDir, Listen: s.cfg.NATS.Listen,
-		MaxPayload: s.maxMessage(), Logger: s.log.With("component", "nats")})
+	var pubs []queue.EmbeddedPublisher
+	for _, p := range n.Publishers {
+		pubs = append(pubs, queue.EmbeddedPublisher{User: p.User, Password: p.Password, Lanes: p.Lanes})
+	}
+	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: n.DataDir, Listen: n.Listen,
+		MaxPayload: s.maxMessage(), User: n.User, Password: n.Password, Publishers: pubs, Logger: s.log.With("component", "nats")})
 	if err != nil {
 		return nil, nil, err
 	}
