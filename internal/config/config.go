@@ -6,11 +6,9 @@ package config
 
 import (
 	"bytes"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/netip"
 	"net/url"
 	"os"
@@ -20,6 +18,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dispatch"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -163,7 +162,8 @@ type HTTPTarget struct {
 	// dead-lettering them.
 	RetryOther4xx bool `yaml:"retry_other_4xx"`
 	// SigningSecrets turn on Standard Webhooks signatures; several secrets
-	// sign with each (rotation). Form: whsec_<base64>.
+	// sign with each (rotation). Form: whsec_ followed by the standard
+	// base64 of 24 to 64 random bytes (dispatch.ParseSigningSecret).
 	SigningSecrets []string `yaml:"signing_secrets"`
 }
 
@@ -433,13 +433,14 @@ func (l *Lane) validate(p string) error {
 	fail := func(field, format string, args ...any) error {
 		return &Error{Field: p + "." + field, Msg: fmt.Sprintf(format, args...)}
 	}
+	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
+		var le *bucket.LimitError
+		if errors.As(err, &le) {
+			return fail(le.Field, "%s", le.Msg)
+		}
+		return fail("rate", "%v", err)
+	}
 	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
-		return fail("rate", "must be a number greater than 0 (jobs per second), got %v", l.Rate)
-	case l.Rate < bucket.MinRate || l.Rate > bucket.MaxRate:
-		return fail("rate", "must be between %g and %d jobs per second, got %v", bucket.MinRate, bucket.MaxRate, l.Rate)
-	case l.Burst < 1 || l.Burst > bucket.MaxBurst:
-		return fail("burst", "must be between 1 and %d, got %d", bucket.MaxBurst, l.Burst)
 	case l.MaxInflight < 1 || l.MaxInflight > 100_000:
 		return fail("max_inflight", "must be between 1 and 100000, got %d", l.MaxInflight)
 	case l.MaxBacklog < 1:
@@ -448,9 +449,6 @@ func (l *Lane) validate(p string) error {
 		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
 	case l.AckWait < 0:
 		return fail("ack_wait", "must not be negative")
-	}
-	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
-		return fail("burst", "%v", err)
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -488,19 +486,24 @@ func (l *Lane) validate(p string) error {
 	if l.Target.Handler != "" {
 		return nil
 	}
+	// The checks below are the target's own (package dispatch), so that a
+	// file that loads is a file whose targets open.
 	if n := l.Target.NATS; n != nil {
-		if !literalSubject(n.Subject) {
+		if !dispatch.ValidSubject(n.Subject) {
 			return fail("target.nats.subject", "%q is not a literal NATS subject (tokens separated by '.', no spaces or wildcards)", n.Subject)
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
 		}
+		if err := (dispatch.NATSConfig{Subject: n.Subject, Timeout: n.Timeout.D(), JetStream: n.JetStream}).Validate(); err != nil {
+			return fail("target.nats", "%v", err)
+		}
 		return nil
 	}
 	h := l.Target.HTTP
 	u, err := url.Parse(h.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fail("target.http.url", "%q is not an absolute http(s) URL", h.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return fail("target.http.url", "%q is not an absolute http(s) URL with a host", h.URL)
 	}
 	switch h.Method {
 	case "POST", "PUT", "PATCH", "GET", "DELETE":
@@ -510,52 +513,19 @@ func (l *Lane) validate(p string) error {
 	if h.Timeout <= 0 {
 		return fail("target.http.timeout", "must be greater than 0")
 	}
-	for name := range h.Headers {
-		if !httpToken(name) {
-			return fail("target.http.headers", "%q is not a valid header name", name)
-		}
+	if err := dispatch.CheckStaticHeaders(h.Headers); err != nil {
+		return fail("target.http.headers", "%v", err)
 	}
 	for i, sec := range h.SigningSecrets {
-		field := fmt.Sprintf("target.http.signing_secrets[%d]", i)
-		key := []byte(sec)
-		if b64, ok := strings.CutPrefix(sec, "whsec_"); ok {
-			var err error
-			if key, err = base64.StdEncoding.DecodeString(b64); err != nil {
-				return fail(field, "the part after whsec_ is not standard base64")
-			}
+		if _, err := dispatch.ParseSigningSecret(sec); err != nil {
+			return fail(fmt.Sprintf("target.http.signing_secrets[%d]", i), "%v", err)
 		}
-		if len(key) < 16 {
-			return fail(field, "is %d bytes; a signing key needs at least 16 (whsec_ followed by the base64 of 16+ random bytes, or the raw key)", len(key))
-		}
+	}
+	hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}
+	if err := hc.Validate(); err != nil {
+		return fail("target.http", "%v", err)
 	}
 	return nil
-}
-
-// literalSubject: non-empty tokens of visible characters, no wildcards.
-func literalSubject(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
-			return false
-		}
-	}
-	return true
-}
-
-// httpToken reports whether s is an RFC 9110 token (a header name).
-func httpToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Duration is a time.Duration written as "10s" or "1m30s" in YAML.

@@ -71,10 +71,19 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
 		{"BadLevel", good + "log:\n  level: loud\n", "t.yaml: log.level:"},
 		{"TinyRate", strings.Replace(good, "rate: 20", "rate: 0.0000001", 1), "t.yaml: lanes[0].rate: must be between"},
-		{"EndlessRefill", strings.Replace(good, "rate: 20\n    burst: 10", "rate: 0.00001\n    burst: 100000", 1), "t.yaml: lanes[0].burst:"},
-		{"BadHeaderName", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        headers: {\"Bad Header\": x}", 1), "t.yaml: lanes[0].target.http.headers:"},
-		{"BadSecret", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        signing_secrets: [whsec_!!!notbase64]", 1), "t.yaml: lanes[0].target.http.signing_secrets[0]: the part after whsec_"},
-		{"ShortSecret", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        signing_secrets: [whsec_c2hvcnQ=]", 1), "t.yaml: lanes[0].target.http.signing_secrets[0]: is 5 bytes"},
+		{"EndlessRefill", strings.Replace(good, "rate: 20\n    burst: 10", "rate: 0.00001\n    burst: 100000", 1), "t.yaml: lanes[0].burst: too large for the rate"},
+		{"HugeBurst", strings.Replace(good, "burst: 10", "burst: 1000001", 1), "t.yaml: lanes[0].burst: must be between 1 and 1000000"},
+		{"HugeRate", strings.Replace(good, "rate: 20", "rate: 1000001", 1), "t.yaml: lanes[0].rate: must be between"},
+		{"BadHeaderName", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        headers: {\"Bad Header\": x}", 1), "t.yaml: lanes[0].target.http.headers: \"Bad Header\" is not a valid header name"},
+		{"BadSecret", withHTTP("signing_secrets: [whsec_!!!notbase64]"), "t.yaml: lanes[0].target.http.signing_secrets[0]: the part after whsec_ is not standard base64; expected whsec_ followed by the standard base64"},
+		{"ShortSecret", withHTTP("signing_secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_c2hvcnQ=]"), "t.yaml: lanes[0].target.http.signing_secrets[1]: the key is 5 bytes; expected whsec_"},
+		{"RawSecret", withHTTP("signing_secrets: [a-raw-secret-of-thirty-two-chars]"), "t.yaml: lanes[0].target.http.signing_secrets[0]: does not start with whsec_"},
+		{"UnpaddedSecret", withHTTP("signing_secrets: [whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGA]"), "signing_secrets[0]: the part after whsec_ is not standard base64"},
+		{"GoodSecrets", withHTTP("signing_secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGA==]"), ""},
+		{"ReservedHeader", withHTTP("headers: {Idempotency-Key: x}"), `t.yaml: lanes[0].target.http.headers: "Idempotency-Key" is set by the target`},
+		{"HeaderControl", withHTTP(`headers: {X-A: "a\u0001b"}`), `t.yaml: lanes[0].target.http.headers: value of "X-A" contains a control character`},
+		{"NoHostname", strings.Replace(good, "http://127.0.0.1:9000/hook", "http://:9000/hook", 1), "t.yaml: lanes[0].target.http.url:"},
+		{"WildcardInToken", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work.a*}", 1), "t.yaml: lanes[0].target.nats.subject:"},
 		{"EmptySubjectToken", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: a..b}", 1), "t.yaml: lanes[0].target.nats.subject:"},
 		{"TwoTargets", strings.Replace(good, "      http:", "      nats: {subject: work}\n      http:", 1), "t.yaml: lanes[0].target: exactly one"},
 		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
@@ -99,6 +108,11 @@ func TestErrorsNameFileAndField(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withHTTP adds a line to the target.http section of good.
+func withHTTP(line string) string {
+	return strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        "+line, 1)
 }
 
 func TestMissingFile(t *testing.T) {
