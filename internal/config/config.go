@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -105,7 +107,7 @@ type Lane struct {
 	MaxBody ByteSize `yaml:"max_body"`
 	// AckWait is how long the jobs a crashed instance held stay invisible to
 	// the others; live instances keep their jobs alive with in-progress acks.
-	// Zero means DefaultAckWait.
+	// Zero means DefaultAckWait (ApplyDefaults).
 	AckWait  Duration `yaml:"ack_wait"`
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
@@ -210,7 +212,20 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		var ve *valueError
+		if errors.As(err, &ve) {
+			return Config{}, &Error{File: path, Field: fieldAt(raw, ve.line, ve.column), Msg: ve.Error()}
+		}
 		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
+	}
+	// One file, one config: a second document would be silently ignored.
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		line := next.Line
+		if err != nil {
+			line = 0
+		}
+		return Config{}, &Error{File: path, Msg: secondDocument(line)}
 	}
 	if getenv != nil {
 		for env, dst := range map[string]*string{
@@ -235,6 +250,63 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+func secondDocument(line int) string {
+	msg := "a second YAML document (after ---)"
+	if line > 0 {
+		msg = fmt.Sprintf("line %d: %s", line, msg)
+	}
+	return msg + " is not allowed: the file holds exactly one config"
+}
+
+// valueError is the error of a value type's UnmarshalYAML (Duration,
+// ByteSize): the decoder returns it as is, and Parse finds the field at its
+// position to name it.
+type valueError struct {
+	line, column int
+	msg          string
+}
+
+func (e *valueError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
+
+func badValue(n *yaml.Node, format string, args ...any) error {
+	return &valueError{line: n.Line, column: n.Column, msg: fmt.Sprintf(format, args...)}
+}
+
+// fieldAt returns the path (lanes[0].max_bytes) of the value at line and
+// column of raw's first document, or "" if there is none.
+func fieldAt(raw []byte, line, column int) string {
+	var doc yaml.Node
+	if yaml.Unmarshal(raw, &doc) != nil || len(doc.Content) == 0 {
+		return ""
+	}
+	var walk func(n *yaml.Node, path string) string
+	walk = func(n *yaml.Node, path string) string {
+		if n.Line == line && n.Column == column && path != "" && n.Kind != yaml.MappingNode && n.Kind != yaml.SequenceNode {
+			return path
+		}
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key := n.Content[i].Value
+				if path != "" {
+					key = path + "." + key
+				}
+				if p := walk(n.Content[i+1], key); p != "" {
+					return p
+				}
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				if p := walk(c, fmt.Sprintf("%s[%d]", path, i)); p != "" {
+					return p
+				}
+			}
+		}
+		return ""
+	}
+	return walk(doc.Content[0], "")
 }
 
 // sections names the Go types of the config in the words of the file.
@@ -291,6 +363,9 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.MaxBytes == 0 {
 		l.MaxBytes = DefaultMaxBytes
+	}
+	if l.AckWait == 0 {
+		l.AckWait = Duration(DefaultAckWait)
 	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
@@ -349,13 +424,88 @@ func (e *Error) Error() string {
 
 var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+// reservedLaneName reports whether a lane may not be called name because its
+// stream, THROTTLE_<name>, would be one of the streams every lane shares
+// (queue.DeadStream, queue.RetryStream). Case is ignored: stream names that
+// differ only in case would share a directory on a case-insensitive file
+// system.
+func reservedLaneName(name string) (stream string, reserved bool) {
+	switch u := strings.ToUpper(name); u {
+	case "DEAD", "RETRY":
+		return "THROTTLE_" + u, true
+	}
+	return "", false
+}
+
+// ownSubjects are the subject spaces of the throttler itself and of the NATS
+// server (first token → the pattern reported): a lane's target may not
+// publish into them, where a job would come back as a submission, a control
+// message, a retry, a dead letter or a server API call.
+var ownSubjects = map[string]string{
+	"throttle":       "throttle.>",       // lane intake: throttle.<lane> (queue.SubjectPrefix)
+	"throttler":      "throttler.>",      // control messages between instances
+	"throttle_retry": "throttle_retry.>", // queue.RetrySubjectPrefix
+	"throttle_dead":  "throttle_dead.>",  // queue.DeadSubjectPrefix
+	"$JS":            "$JS.>",
+	"$KV":            "$KV.>",
+	"$SYS":           "$SYS.>",
+	"_INBOX":         "_INBOX.>",
+}
+
+// ownSubject returns the reserved pattern that subject falls in, if any.
+func ownSubject(subject string) (pattern string, own bool) {
+	if subject == "throttle" {
+		return "throttle", true
+	}
+	first, rest, more := strings.Cut(subject, ".")
+	if pattern, own = ownSubjects[first]; own && more && rest != "" {
+		return pattern, true
+	}
+	return "", false
+}
+
+// checkListen checks a listen address and returns what is wrong with it, or
+// "". The host is an IP address or localhost; it may be left out (":8080",
+// every interface) unless needHost. The port is a number from 0 to 65535; 0
+// (a free port) only when !needHost, since the embedded NATS server reads 0
+// as its default port.
+func checkListen(addr string, needHost bool) string {
+	form := "127.0.0.1:8080, [::1]:8080, localhost:8080 or :8080"
+	if needHost {
+		form = "127.0.0.1:4222, [::1]:4222 or localhost:4222"
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Sprintf("%q is not host:port (like %s)", addr, form)
+	}
+	switch {
+	case host == "" && needHost:
+		return fmt.Sprintf("%q has no host: give an IP address or localhost (like %s)", addr, form)
+	case host == "" || host == "localhost":
+	default:
+		if _, err := netip.ParseAddr(host); err != nil {
+			return fmt.Sprintf("host %q of %q is not an IP address or localhost", host, addr)
+		}
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case port == "" || errors.Is(err, strconv.ErrSyntax):
+		return fmt.Sprintf("port %q of %q is not a number (like %s)", port, addr, form)
+	case err != nil:
+		return fmt.Sprintf("port %s of %q is out of range (0 to 65535)", port, addr)
+	case n == 0 && needHost:
+		return fmt.Sprintf("port 0 of %q: give the port to listen on (1 to 65535)", addr)
+	}
+	return ""
+}
+
 // Validate checks every field and returns the first error, naming the field.
 func (c *Config) Validate() error {
 	fail := func(field, format string, args ...any) error {
 		return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil && !strings.HasPrefix(c.Listen, ":") {
-		return fail("listen", "%q is not host:port", c.Listen)
+	if msg := checkListen(c.Listen, false); msg != "" {
+		return fail("listen", "%s", msg)
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fail("shutdown_timeout", "must be greater than 0")
@@ -364,8 +514,8 @@ func (c *Config) Validate() error {
 		return fail("nats.data_dir", "must be set when nats.url is empty (embedded server)")
 	}
 	if c.NATS.Listen != "" {
-		if _, err := netip.ParseAddrPort(c.NATS.Listen); err != nil {
-			return fail("nats.listen", "%q is not ip:port", c.NATS.Listen)
+		if msg := checkListen(c.NATS.Listen, true); msg != "" {
+			return fail("nats.listen", "%s", msg)
 		}
 	}
 	if c.NATS.DedupWindow <= 0 {
@@ -417,6 +567,9 @@ func (c *Config) Validate() error {
 		if !laneName.MatchString(l.Name) {
 			return fail(p+".name", "%q must be 1-64 letters, digits, '_' or '-'", l.Name)
 		}
+		if stream, ok := reservedLaneName(l.Name); ok {
+			return fail(p+".name", "%q is reserved: its stream would be %s, which the throttler keeps for all lanes", l.Name, stream)
+		}
 		if j, dup := seen[l.Name]; dup {
 			return fail(p+".name", "%q is already the name of lanes[%d]", l.Name, j)
 		}
@@ -447,8 +600,8 @@ func (l *Lane) validate(p string) error {
 		return fail("max_backlog", "must be at least 1, got %d", l.MaxBacklog)
 	case l.MaxBody < 1 || l.MaxBody > 64<<20:
 		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
-	case l.AckWait < 0:
-		return fail("ack_wait", "must not be negative")
+	case l.AckWait <= 0:
+		return fail("ack_wait", "must be greater than 0")
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -492,6 +645,9 @@ func (l *Lane) validate(p string) error {
 		if !dispatch.ValidSubject(n.Subject) {
 			return fail("target.nats.subject", "%q is not a literal NATS subject (tokens separated by '.', no spaces or wildcards)", n.Subject)
 		}
+		if pattern, own := ownSubject(n.Subject); own {
+			return fail("target.nats.subject", "%q is in %s, a subject space of the throttler or the NATS server; jobs sent there would come back", n.Subject, pattern)
+		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
 		}
@@ -534,8 +690,8 @@ type Duration time.Duration
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration like 10s or 1m30s", n.Line, n.Value)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return badValue(n, "%q is not a duration like 10s or 1m30s", n.Value)
 	}
 	*d = Duration(v)
 	return nil
@@ -563,10 +719,13 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 			break
 		}
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: %q is not a size like 1048576, 512KiB or 1MiB", n.Line, n.Value)
+	v, err := strconv.ParseUint(s, 10, 63)
+	switch {
+	case n.Kind != yaml.ScalarNode || errors.Is(err, strconv.ErrSyntax):
+		return badValue(n, "%q is not a size like 1048576, 512KiB or 1MiB", n.Value)
+	case err != nil || v > math.MaxInt64/uint64(mult):
+		return badValue(n, "%q is too large: a size is at most 8EiB (2^63-1 bytes)", n.Value)
 	}
-	*b = ByteSize(v * mult)
+	*b = ByteSize(int64(v) * mult)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
 	"go.uber.org/goleak"
 )
 
@@ -65,7 +66,37 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"BadName", strings.Replace(good, "name: demo", "name: a.b", 1), "t.yaml: lanes[0].name:"},
 		{"Duplicate", good + strings.TrimPrefix(good[strings.Index(good, "  - name"):], ""), "t.yaml: lanes[1].name: \"demo\" is already the name of lanes[0]"},
 		{"UnknownField", strings.Replace(good, "rate: 20", "rate: 20\n    rait: 3", 1), "t.yaml: line 6: field rait not found in a lane"},
-		{"BadDuration", good + "shutdown_timeout: soon\n", "t.yaml: line 10: \"soon\" is not a duration"},
+		{"BadDuration", good + "shutdown_timeout: soon\n", "t.yaml: shutdown_timeout: line 10: \"soon\" is not a duration"},
+		{"BadLaneDuration", strings.Replace(good, "burst: 10", "burst: 10\n    retry: {backoff_max: 1d}", 1), `t.yaml: lanes[0].retry.backoff_max: line 7: "1d" is not a duration`},
+		{"HugeSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_bytes: 17179869184GiB", 1), `t.yaml: lanes[0].max_bytes: line 7: "17179869184GiB" is too large`},
+		{"HugerSize", good + "dead_letters:\n  max_bytes: 99999999999999999999\n", `t.yaml: dead_letters.max_bytes: line 11: "99999999999999999999" is too large`},
+		{"NegativeSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: -1", 1), `t.yaml: lanes[0].max_body: line 7: "-1" is not a size`},
+		{"SignedSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: +1KiB", 1), `t.yaml: lanes[0].max_body: line 7: "+1KiB" is not a size`},
+		{"LargestSize", good + "dead_letters:\n  max_bytes: 8589934591GiB\n", ""},
+		{"SecondDocument", good + "---\nlisten: 127.0.0.1:1\n", "t.yaml: line 10: a second YAML document (after ---) is not allowed"},
+		{"EmptySecondDocument", good + "---\n", "a second YAML document"},
+		{"LeadingDocumentMarker", "---\n" + good, ""},
+		{"BadSecondDocument", good + "---\n[\n", "a second YAML document"},
+		{"ListenNoPort", withListen("127.0.0.1"), `t.yaml: listen: "127.0.0.1" is not host:port`},
+		{"ListenBigPort", withListen("127.0.0.1:65536"), `t.yaml: listen: port 65536 of "127.0.0.1:65536" is out of range`},
+		{"ListenNamedPort", withListen("\"127.0.0.1:http\""), `t.yaml: listen: port "http" of "127.0.0.1:http" is not a number`},
+		{"ListenSignedPort", withListen("\"127.0.0.1:+80\""), `t.yaml: listen: port "+80" of "127.0.0.1:+80" is not a number`},
+		{"ListenEmptyPort", withListen("\"127.0.0.1:\""), `t.yaml: listen: port "" of "127.0.0.1:" is not a number`},
+		{"ListenHostName", withListen("example.com:8080"), `t.yaml: listen: host "example.com" of "example.com:8080" is not an IP address or localhost`},
+		{"ListenBadColon", withListen("\":abc\""), `t.yaml: listen: port "abc"`},
+		{"ListenLocalhost", withListen("localhost:8080"), ""},
+		{"ListenAnyHost", withListen("\":8080\""), ""},
+		{"ListenIPv6", withListen("\"[::1]:8080\""), ""},
+		{"ListenFreePort", withListen("127.0.0.1:0"), ""},
+		{"NATSListenNoHost", good + "nats:\n  listen: \":4222\"\n", `t.yaml: nats.listen: ":4222" has no host`},
+		{"NATSListenPort0", good + "nats:\n  listen: 127.0.0.1:0\n", `t.yaml: nats.listen: port 0`},
+		{"NATSListenBigPort", good + "nats:\n  listen: 127.0.0.1:99999\n", `t.yaml: nats.listen: port 99999 of "127.0.0.1:99999" is out of range`},
+		{"NATSListenName", good + "nats:\n  listen: nats:4222\n", `t.yaml: nats.listen: host "nats" of "nats:4222" is not an IP address or localhost`},
+		{"NATSListenLocalhost", good + "nats:\n  listen: localhost:4222\n", ""},
+		{"ReservedDead", strings.Replace(good, "name: demo", "name: DEAD", 1), `t.yaml: lanes[0].name: "DEAD" is reserved: its stream would be THROTTLE_DEAD`},
+		{"ReservedRetry", strings.Replace(good, "name: demo", "name: retry", 1), `t.yaml: lanes[0].name: "retry" is reserved: its stream would be THROTTLE_RETRY`},
+		{"NotReserved", strings.Replace(good, "name: demo", "name: dead-letters", 1), ""},
+		{"AckWaitNegative", strings.Replace(good, "burst: 10", "burst: 10\n    ack_wait: -1s", 1), "t.yaml: lanes[0].ack_wait: must be greater than 0"},
 		{"BadNetwork", good + "dispatch:\n  allow_networks: [nope]\n", "t.yaml: dispatch.allow_networks[0]:"},
 		{"BadRedis", good + "redis:\n  url: http://x\n", "t.yaml: redis.url:"},
 		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
@@ -110,9 +141,68 @@ func TestErrorsNameFileAndField(t *testing.T) {
 	}
 }
 
+// withListen sets listen in good.
+func withListen(v string) string {
+	return strings.Replace(good, "listen: 127.0.0.1:8080", "listen: "+v, 1)
+}
+
 // withHTTP adds a line to the target.http section of good.
 func withHTTP(line string) string {
 	return strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        "+line, 1)
+}
+
+func TestOwnSubjectsRefused(t *testing.T) {
+	for _, subject := range []string{
+		"throttle", "throttle.demo", "throttle.other.x", "throttler.control.demo", "throttle_retry.demo",
+		"throttle_dead.demo", "$JS.API.STREAM.LIST", "$KV.bucket.key", "$SYS.REQ.SERVER.PING", "_INBOX.abc",
+	} {
+		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+subject+"}", 1)
+		_, err := config.Parse("t.yaml", []byte(yaml), nil)
+		if err == nil || !strings.Contains(err.Error(), "t.yaml: lanes[0].target.nats.subject: \""+subject+"\" is in ") {
+			t.Errorf("subject %s: err = %v, want it refused naming the field", subject, err)
+		}
+	}
+	for _, subject := range []string{"throttlers.x", "work.throttle", "throttler", "_INBOXES.x", "JS.API", "throttle-x.y", "$JSX.a"} {
+		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+subject+"}", 1)
+		if _, err := config.Parse("t.yaml", []byte(yaml), nil); err != nil {
+			t.Errorf("subject %s: %v", subject, err)
+		}
+	}
+}
+
+// TestReservedNamesMatchQueue: the names config keeps back are the ones
+// whose stream is a shared stream of package queue, and the subject spaces
+// it refuses hold the queue's subjects.
+func TestReservedNamesMatchQueue(t *testing.T) {
+	for _, name := range []string{"DEAD", "RETRY"} {
+		yaml := strings.Replace(good, "name: demo", "name: "+name, 1)
+		_, err := config.Parse("t.yaml", []byte(yaml), nil)
+		if err == nil || !strings.Contains(err.Error(), "is reserved") {
+			t.Errorf("lane %s: err = %v", name, err)
+		}
+	}
+	if s := queue.StreamName("DEAD"); s != queue.DeadStream {
+		t.Errorf("lane DEAD has stream %s, not the dead-letter stream %s: update reservedLaneName", s, queue.DeadStream)
+	}
+	if s := queue.StreamName("RETRY"); s != queue.RetryStream {
+		t.Errorf("lane RETRY has stream %s, not the retry stream %s: update reservedLaneName", s, queue.RetryStream)
+	}
+	for _, prefix := range []string{queue.SubjectPrefix, queue.RetrySubjectPrefix, queue.DeadSubjectPrefix} {
+		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+prefix+".demo}", 1)
+		if _, err := config.Parse("t.yaml", []byte(yaml), nil); err == nil {
+			t.Errorf("subject %s.demo accepted: update ownSubjects", prefix)
+		}
+	}
+}
+
+func TestAckWaitDefault(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte(good), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Lanes[0].AckWait.D(); got != config.DefaultAckWait {
+		t.Errorf("ack_wait = %v, want the default %v", got, config.DefaultAckWait)
+	}
 }
 
 func TestMissingFile(t *testing.T) {

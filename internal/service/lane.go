@@ -85,16 +85,9 @@ func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	l.control = sub
 
 	batch := leaky.BatchFor(lim.Rate, d.cfg.MaxInflight)
-	ackWait := d.cfg.AckWait.D()
-	if ackWait == 0 {
-		// Held jobs are kept alive with in-progress acks (Consumer.KeepAlive),
-		// so AckWait only bounds how long a crashed instance's jobs stay
-		// invisible.
-		ackWait = config.DefaultAckWait
-	}
 	if err := d.queue.EnsureLane(ctx, queue.LaneSpec{
 		Name: d.cfg.Name, MaxBacklog: d.cfg.MaxBacklog, MaxInflight: d.cfg.MaxInflight, Prefetch: batch,
-		AckWait: ackWait, MaxBody: int64(d.cfg.MaxBody), MaxBytes: int64(d.cfg.MaxBytes), DedupWindow: d.dedup, Replicas: d.replicas,
+		AckWait: d.cfg.AckWait.D(), MaxBody: int64(d.cfg.MaxBody), MaxBytes: int64(d.cfg.MaxBytes), DedupWindow: d.dedup, Replicas: d.replicas,
 	}); err != nil {
 		return nil, err
 	}
