@@ -46,11 +46,12 @@ const maxHorizon = 100 * 24 * time.Hour
 // it.
 var ErrInvalidLimit = errors.New("bucket: invalid limit")
 
-// LimitError is the error of Limit.Validate: it names the field at fault so
+// LimitError is the error of Limit.Validate and Quota.Rate: it names the field at fault so
 // that a caller can report it in its own words (a config path, a problem
 // field). It matches ErrInvalidLimit under errors.Is.
 type LimitError struct {
-	// Field is "rate" or "burst".
+	// Field is "rate" or "burst" (Limit.Validate), or "limit", "per" or
+	// "burst" (Quota.Rate).
 	Field string
 	// Msg says what is wrong, without the field name.
 	Msg string

@@ -21,6 +21,7 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/leaky"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -91,10 +92,18 @@ type Log struct {
 // Lane is one named destination with its limits.
 type Lane struct {
 	Name string `yaml:"name"`
-	// Rate is jobs per second; fractional allowed.
-	Rate float64 `yaml:"rate"`
-	// Burst is how many jobs an idle lane admits at once.
+	// Rate is how fast the lane starts jobs, written like a quota: "20/s",
+	// "120/min", "1000/h", or a bare number of jobs per second (0.5).
+	// With Quota it is derived (ApplyDefaults).
+	Rate bucket.Rate `yaml:"rate"`
+	// Burst is how many jobs an idle lane admits at once. With Quota it is
+	// the quota's burst.
 	Burst int `yaml:"burst"`
+	// Quota, given instead of Rate and Burst, is the target's documented
+	// limit; Rate and Burst are derived from it so that no window of its
+	// length ever holds more than its limit of starts (bucket.Quota.Rate).
+	// It stays here as written, for display.
+	Quota *Quota `yaml:"quota"`
 	// MaxInflight is how many dispatches of the lane may run at once.
 	MaxInflight int `yaml:"max_inflight"`
 	// MaxBacklog is how many jobs may wait; over it submissions get 429.
@@ -112,6 +121,21 @@ type Lane struct {
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
+}
+
+// Quota is a target's documented limit: at most Limit requests in any window
+// of length Per, of which up to Burst may come at once.
+type Quota struct {
+	Limit int64    `yaml:"limit"`
+	Per   Duration `yaml:"per"`
+	// Burst is optional: 0 means 1 (ApplyDefaults).
+	Burst int `yaml:"burst"`
+}
+
+// rate derives the lane's rate from q (see bucket.Quota.Rate), with the
+// drain's lateness bound.
+func (q Quota) rate() (bucket.Rate, error) {
+	return bucket.Quota{Limit: q.Limit, Per: q.Per.D(), Burst: q.Burst}.Rate(leaky.DefaultMaxLate)
 }
 
 // Adaptive turns on AIMD: the lane slows down when its target answers 429
@@ -214,7 +238,21 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 		var ve *valueError
 		if errors.As(err, &ve) {
-			return Config{}, &Error{File: path, Field: fieldAt(raw, ve.line, ve.column), Msg: ve.Error()}
+			field, _ := findField(raw, func(_ string, n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
+			return Config{}, &Error{File: path, Field: field, Msg: ve.Error()}
+		}
+		// bucket.Rate reads its own text and does not know where it is:
+		// the field is the first rate in the file that does not parse.
+		var re *bucket.RateError
+		if errors.As(err, &re) {
+			field, n := findField(raw, func(path string, n *yaml.Node) bool {
+				_, err := bucket.ParseRate(n.Value)
+				return laneRate.MatchString(path) && err != nil
+			})
+			if n != nil {
+				return Config{}, &Error{File: path, Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err)}
+			}
+			return Config{}, &Error{File: path, Msg: err.Error()}
 		}
 		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
 	}
@@ -274,37 +312,39 @@ func badValue(n *yaml.Node, format string, args ...any) error {
 	return &valueError{line: n.Line, column: n.Column, msg: fmt.Sprintf(format, args...)}
 }
 
-// fieldAt returns the path (lanes[0].max_bytes) of the value at line and
-// column of raw's first document, or "" if there is none.
-func fieldAt(raw []byte, line, column int) string {
+// findField returns the path (lanes[0].max_bytes) and node of the first
+// scalar value of raw's first document, in document order, that match
+// accepts, or "" and nil.
+func findField(raw []byte, match func(path string, n *yaml.Node) bool) (string, *yaml.Node) {
 	var doc yaml.Node
 	if yaml.Unmarshal(raw, &doc) != nil || len(doc.Content) == 0 {
-		return ""
+		return "", nil
 	}
-	var walk func(n *yaml.Node, path string) string
-	walk = func(n *yaml.Node, path string) string {
-		if n.Line == line && n.Column == column && path != "" && n.Kind != yaml.MappingNode && n.Kind != yaml.SequenceNode {
-			return path
-		}
+	var walk func(n *yaml.Node, path string) (string, *yaml.Node)
+	walk = func(n *yaml.Node, path string) (string, *yaml.Node) {
 		switch n.Kind {
+		case yaml.ScalarNode:
+			if path != "" && match(path, n) {
+				return path, n
+			}
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				key := n.Content[i].Value
 				if path != "" {
 					key = path + "." + key
 				}
-				if p := walk(n.Content[i+1], key); p != "" {
-					return p
+				if p, m := walk(n.Content[i+1], key); m != nil {
+					return p, m
 				}
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
-				if p := walk(c, fmt.Sprintf("%s[%d]", path, i)); p != "" {
-					return p
+				if p, m := walk(c, fmt.Sprintf("%s[%d]", path, i)); m != nil {
+					return p, m
 				}
 			}
 		}
-		return ""
+		return "", nil
 	}
 	return walk(doc.Content[0], "")
 }
@@ -317,6 +357,8 @@ var sections = strings.NewReplacer(
 	"in type config.Dispatch", "in dispatch",
 	"in type config.Log", "in log",
 	"in type config.Lane", "in a lane",
+	"in type config.Quota", "in a lane's quota",
+	"into bucket.Rate", "into a rate",
 	"in type config.Target", "in a lane's target",
 	"in type config.HTTPTarget", "in target.http",
 	"in type config.NATSTarget", "in target.nats",
@@ -357,6 +399,16 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.MaxBody == 0 {
 		l.MaxBody = DefaultMaxBody
+	}
+	if q := l.Quota; q != nil {
+		if q.Burst == 0 {
+			q.Burst = 1
+		}
+		// Derived only when rate and burst are left out; Validate refuses
+		// a lane that gives both.
+		if r, err := q.rate(); err == nil && l.Rate.IsZero() && l.Burst == 0 {
+			l.Rate, l.Burst = r, q.Burst
+		}
 	}
 	if l.Burst == 0 {
 		l.Burst = 1
@@ -423,6 +475,9 @@ func (e *Error) Error() string {
 }
 
 var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// laneRate matches the path of a lane's rate.
+var laneRate = regexp.MustCompile(`^lanes\[[0-9]+\]\.rate$`)
 
 // reservedLaneName reports whether a lane may not be called name because its
 // stream, THROTTLE_<name>, would be one of the streams every lane shares
@@ -586,11 +641,25 @@ func (l *Lane) validate(p string) error {
 	fail := func(field, format string, args ...any) error {
 		return &Error{Field: p + "." + field, Msg: fmt.Sprintf(format, args...)}
 	}
-	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
-		var le *bucket.LimitError
+	var le *bucket.LimitError
+	if q := l.Quota; q != nil {
+		r, err := q.rate()
 		if errors.As(err, &le) {
-			return fail(le.Field, "%s", le.Msg)
+			return fail("quota."+le.Field, "%s", le.Msg)
 		}
+		if err != nil {
+			return fail("quota", "%v", err)
+		}
+		if l.Rate != r || l.Burst != q.Burst {
+			return fail("quota", "is given with rate or burst: give either quota, or rate and burst")
+		}
+		if err := (bucket.Limit{Rate: r.PerSecond(), Burst: q.Burst}).Validate(); err != nil {
+			return fail("quota", "derives rate %s and burst %d, which cannot be used: %v", r, q.Burst, err)
+		}
+	}
+	if err := (bucket.Limit{Rate: l.Rate.PerSecond(), Burst: l.Burst}).Validate(); errors.As(err, &le) {
+		return fail(le.Field, "%s", le.Msg)
+	} else if err != nil {
 		return fail("rate", "%v", err)
 	}
 	switch {

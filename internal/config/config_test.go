@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,7 +102,22 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"BadRedis", good + "redis:\n  url: http://x\n", "t.yaml: redis.url:"},
 		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
 		{"BadLevel", good + "log:\n  level: loud\n", "t.yaml: log.level:"},
-		{"TinyRate", strings.Replace(good, "rate: 20", "rate: 0.0000001", 1), "t.yaml: lanes[0].rate: must be between"},
+		{"TinyRate", strings.Replace(good, "rate: 20", "rate: 1/20d", 1), "t.yaml: lanes[0].rate: must be between"},
+		{"RateDigits", strings.Replace(good, "rate: 20", "rate: 0.0000001", 1), `t.yaml: lanes[0].rate: line 5: "0.0000001" is not a rate: the count has more than 6 decimal places; write a rate like 20/s`},
+		{"RateUnit", strings.Replace(good, "rate: 20", "rate: 20/w", 1), `t.yaml: lanes[0].rate: line 5: "20/w" is not a rate: unknown unit "w"`},
+		{"RateSecondLane", good + "  - {name: two, rate: 20/fortnight, target: {handler: h}}\n", `t.yaml: lanes[1].rate: line 10: "20/fortnight" is not a rate`},
+		{"RateNotScalar", strings.Replace(good, "rate: 20", "rate: [20]", 1), "t.yaml: line 5: cannot unmarshal"},
+		{"RateWithQuota", strings.Replace(good, "burst: 10", "quota: {limit: 1000, per: 1h}", 1), "t.yaml: lanes[0].quota: is given with rate or burst: give either quota, or rate and burst"},
+		{"BurstWithQuota", strings.Replace(good, "rate: 20", "quota: {limit: 1000, per: 1h}", 1), "t.yaml: lanes[0].quota: is given with rate or burst"},
+		{"QuotaNoRoom", withQuota("{limit: 2, per: 1s}"), "t.yaml: lanes[0].quota.limit: 2 with burst 1 leaves no room for a steady rate"},
+		{"QuotaBurstOverLimit", withQuota("{limit: 20, per: 1s, burst: 30}"), "t.yaml: lanes[0].quota.burst: must be from 1 to the limit 20, got 30"},
+		{"QuotaNoLimit", withQuota("{per: 1s}"), "t.yaml: lanes[0].quota.limit: must be from 1"},
+		{"QuotaNoPer", withQuota("{limit: 100}"), "t.yaml: lanes[0].quota.per: must be a whole number of seconds"},
+		{"QuotaFractionalPer", withQuota("{limit: 100, per: 1500ms}"), "t.yaml: lanes[0].quota.per: must be a whole number of seconds from 1s to 366 days, got 1.5s"},
+		{"QuotaBadPer", withQuota("{limit: 100, per: 1d}"), `t.yaml: lanes[0].quota.per: line 5: "1d" is not a duration`},
+		{"QuotaTypo", withQuota("{limit: 100, per: 1h, brust: 5}"), "t.yaml: line 5: field brust not found in a lane's quota"},
+		{"QuotaTooSlow", withQuota("{limit: 3, per: 8784h}"), "t.yaml: lanes[0].quota: derives rate 1/366d and burst 1, which cannot be used"},
+		{"Quota", withQuota("{limit: 1000, per: 1h, burst: 50}"), ""},
 		{"EndlessRefill", strings.Replace(good, "rate: 20\n    burst: 10", "rate: 0.00001\n    burst: 100000", 1), "t.yaml: lanes[0].burst: too large for the rate"},
 		{"HugeBurst", strings.Replace(good, "burst: 10", "burst: 1000001", 1), "t.yaml: lanes[0].burst: must be between 1 and 1000000"},
 		{"HugeRate", strings.Replace(good, "rate: 20", "rate: 1000001", 1), "t.yaml: lanes[0].rate: must be between"},
@@ -139,6 +155,11 @@ func TestErrorsNameFileAndField(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withQuota replaces good's rate and burst with a quota.
+func withQuota(q string) string {
+	return strings.Replace(good, "rate: 20\n    burst: 10", "quota: "+q, 1)
 }
 
 // withListen sets listen in good.
@@ -191,6 +212,57 @@ func TestReservedNamesMatchQueue(t *testing.T) {
 		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+prefix+".demo}", 1)
 		if _, err := config.Parse("t.yaml", []byte(yaml), nil); err == nil {
 			t.Errorf("subject %s.demo accepted: update ownSubjects", prefix)
+		}
+	}
+}
+
+func TestRateForms(t *testing.T) {
+	for in, want := range map[string]float64{
+		"20": 20, "0.5": 0.5, "20/s": 20, "120/min": 2, "5/m": 5.0 / 60, "1000/h": 1000.0 / 3600,
+		"2/d": 2.0 / 86400, `"20 / s"`: 20, "900/15min": 1, "1e3": 1000, `"0.25"`: 0.25,
+	} {
+		cfg, err := config.Parse("t.yaml", []byte(strings.Replace(good, "rate: 20", "rate: "+in, 1)), nil)
+		if err != nil {
+			t.Errorf("rate: %s: %v", in, err)
+			continue
+		}
+		if got := cfg.Lanes[0].Rate.PerSecond(); math.Abs(got-want) > 1e-12*want {
+			t.Errorf("rate: %s is %v/s, want %v/s", in, got, want)
+		}
+	}
+}
+
+// TestQuotaDerivesRateAndBurst: a quota gives the lane rate
+// (limit - burst - 1)/per and the quota's burst, and stays on the lane as
+// written for display.
+func TestQuotaDerivesRateAndBurst(t *testing.T) {
+	for _, tc := range []struct {
+		quota string
+		rate  string
+		burst int
+	}{
+		{"{limit: 1000, per: 1h, burst: 50}", "949/h", 50},
+		{"{limit: 1000, per: 1h}", "998/h", 1},
+		{"{limit: 900, per: 15m, burst: 10}", "889/15min", 10},
+		{"{limit: 10, per: 1s}", "8/s", 1},
+	} {
+		cfg, err := config.Parse("t.yaml", []byte(withQuota(tc.quota)), nil)
+		if err != nil {
+			t.Errorf("quota %s: %v", tc.quota, err)
+			continue
+		}
+		l := cfg.Lanes[0]
+		if l.Rate.String() != tc.rate || l.Burst != tc.burst {
+			t.Errorf("quota %s: rate %s burst %d, want %s burst %d", tc.quota, l.Rate, l.Burst, tc.rate, tc.burst)
+		}
+		if l.Quota == nil || l.Quota.Burst != tc.burst || l.Quota.Limit < 1 || l.Quota.Per <= 0 {
+			t.Errorf("quota %s: kept as %+v", tc.quota, l.Quota)
+		}
+		// A config that loaded validates again, unchanged by defaults.
+		again := cfg
+		again.ApplyDefaults()
+		if err := again.Validate(); err != nil || again.Lanes[0].Rate != l.Rate || again.Lanes[0].Burst != l.Burst {
+			t.Errorf("quota %s: revalidated to %s burst %d: %v", tc.quota, again.Lanes[0].Rate, again.Lanes[0].Burst, err)
 		}
 	}
 }

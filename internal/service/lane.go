@@ -63,7 +63,7 @@ func controlSubject(lane string) string { return "throttler.control." + lane }
 
 func newLane(ctx context.Context, d laneDeps) (*lane, error) {
 	l := &lane{laneDeps: d, backoff: dispatch.Backoff{Base: d.cfg.Retry.BackoffBase.D(), Max: d.cfg.Retry.BackoffMax.D()}}
-	lim := bucket.Limit{Rate: d.cfg.Rate, Burst: d.cfg.Burst}
+	lim := bucket.Limit{Rate: d.cfg.Rate.PerSecond(), Burst: d.cfg.Burst}
 	if err := lim.Validate(); err != nil {
 		return nil, err
 	}
@@ -360,7 +360,7 @@ func (l *lane) slowDown() {
 		return
 	}
 	_ = l.nc.Publish(controlSubject(l.cfg.Name), fmt.Appendf(nil, "factor %g", f))
-	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate*f)
+	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate.PerSecond()*f)
 }
 
 func (l *lane) intake() ingest.Lane {
