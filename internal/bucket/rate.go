@@ -26,6 +26,9 @@ type Rate struct {
 	per   time.Duration // the window; 0 only in the zero value
 }
 
+// blanks may surround the count, the "/" and the unit.
+const blanks = " \t"
+
 // Bounds of the written form.
 const (
 	maxRateText   = 64
@@ -74,7 +77,7 @@ var canonicalUnits = []struct {
 }{{"d", 24 * time.Hour}, {"h", time.Hour}, {"min", time.Minute}, {"s", time.Second}}
 
 // ParseRate reads a rate: a count, optionally followed by "/" and a window,
-// with spaces allowed around the "/":
+// with spaces (or tabs) allowed around the "/":
 //
 //	20  0.5  1e3        a bare number: jobs per second
 //	20/s  120/min  5/m  1000/h  2/d       per one unit (m is a minute)
@@ -97,14 +100,14 @@ func ParseRate(s string) (Rate, error) {
 		return bad("longer than %d bytes", maxRateText)
 	}
 	count, window, hasWindow := strings.Cut(s, "/")
-	count = strings.TrimSpace(count)
+	count = strings.Trim(count, blanks)
 	micro, msg := parseCount(count)
 	if msg != "" {
 		return bad("%s", msg)
 	}
 	per := time.Second
 	if hasWindow {
-		window = strings.TrimSpace(window)
+		window = strings.Trim(window, blanks)
 		digits := len(window) - len(strings.TrimLeft(window, "0123456789"))
 		n := int64(1)
 		if digits > 0 {
@@ -113,7 +116,7 @@ func ParseRate(s string) (Rate, error) {
 				return bad("the window %q must be a whole number of units from 1 to 999999", window[:digits])
 			}
 		}
-		unit := strings.TrimSpace(window[digits:])
+		unit := strings.Trim(window[digits:], blanks)
 		d, ok := rateUnits[unit]
 		switch {
 		case unit == "":
