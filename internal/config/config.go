@@ -715,7 +715,7 @@ func (l *Lane) validate(p string) error {
 			return fail("target.nats.subject", "%q is not a literal NATS subject (tokens separated by '.', no spaces or wildcards)", n.Subject)
 		}
 		if pattern, own := ownSubject(n.Subject); own {
-			return fail("target.nats.subject", "%q is in %s, a subject space of the throttler or the NATS server; jobs sent there would come back", n.Subject, pattern)
+			return fail("target.nats.subject", "%q is in %s, which the throttler or the NATS server uses itself: a job published there would be taken for a submission, a control or server message", n.Subject, pattern)
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")

@@ -99,8 +99,9 @@ func NewGuard(allow []netip.Prefix) *Guard {
 // the order they are tried. It is read-only after initialisation. The
 // special-purpose ranges come from the IANA registries as package ssrf
 // publishes them (its IPv4 list, and its IPv6 list inside global unicast);
-// every IPv6 address outside global unicast (2000::/3) is refused as well
-// (see refusal), the ranges named here only give a better reason.
+// every IPv6 address outside global unicast (2000::/3) but NAT64 is refused
+// as well (see refusal): the ranges of that space listed here only give the
+// error a better reason.
 var forbidden = buildForbidden()
 
 type refusedRange struct {
