@@ -204,7 +204,8 @@ func (r Rate) PerSecond() float64 {
 
 // String writes the canonical form: the count in plain decimal, "/" and the
 // window in the longest unit that divides it ("20/s", "120/min", "949/h",
-// "900/15min", "0.5/s"). ParseRate(r.String()) == r.
+// "900/15min", "0.5/s"). ParseRate(r.String()) == r for every r that
+// ParseRate or Quota.Rate returned; the zero value writes "0/s".
 func (r Rate) String() string {
 	count := strconv.FormatInt(r.micro/microPerJob, 10)
 	if f := r.micro % microPerJob; f != 0 {
