@@ -36,6 +36,9 @@ type LaneStatus struct {
 	Burst         int     `json:"burst"`
 	MaxInflight   int     `json:"max_inflight"`
 	MaxBacklog    int64   `json:"max_backlog"`
+	// Quota, when the lane was configured with its target's quota, is that
+	// quota; Rate and Burst were derived from it.
+	Quota *Quota `json:"quota,omitempty"`
 	Target        string  `json:"target"`
 	// Backlog: jobs stored and not yet done (waiting or in flight), all
 	// instances.
@@ -56,6 +59,15 @@ type LaneStatus struct {
 	PauseReason string `json:"pause_reason,omitempty"`
 	// Error says why some live counts are missing (JetStream away).
 	Error string `json:"error,omitempty"`
+}
+
+// Quota is a target's documented limit: at most Limit starts in any window
+// of Per.
+type Quota struct {
+	Limit int64 `json:"limit"`
+	// Per is the window, as a Go duration ("1h0m0s").
+	Per   string `json:"per"`
+	Burst int    `json:"burst"`
 }
 
 // Lanes is the body of GET /v1/lanes.

@@ -41,38 +41,56 @@ const MinRate = 1e-6
 // represent; well inside time.Duration and the Redis store's exact range.
 const maxHorizon = 100 * 24 * time.Hour
 
-// ErrInvalidLimit is returned for a Limit that cannot be used (see Limit.Validate).
+// ErrInvalidLimit is returned for a Limit that cannot be used (see
+// Limit.Validate); Limit.Validate's errors are *LimitError values that match
+// it.
 var ErrInvalidLimit = errors.New("bucket: invalid limit")
+
+// LimitError is the error of Limit.Validate and Quota.Rate: it names the field at fault so
+// that a caller can report it in its own words (a config path, a problem
+// field). It matches ErrInvalidLimit under errors.Is.
+type LimitError struct {
+	// Field is "rate" or "burst" (Limit.Validate), or "limit", "per" or
+	// "burst" (Quota.Rate).
+	Field string
+	// Msg says what is wrong, without the field name.
+	Msg string
+}
+
+// Error implements error: "bucket: invalid limit: rate must be …".
+func (e *LimitError) Error() string {
+	return ErrInvalidLimit.Error() + ": " + e.Field + " " + e.Msg
+}
+
+// Is reports whether target is ErrInvalidLimit.
+func (e *LimitError) Is(target error) bool { return target == ErrInvalidLimit }
 
 // Limit is a rate and a burst. The zero value is invalid: a lane must say how
 // fast it drains.
 type Limit struct {
 	// Rate is in jobs per second; fractional rates are allowed (0.5 is one job
-	// every two seconds). It must be finite and in (0, MaxRate].
+	// every two seconds). It must be finite and in [MinRate, MaxRate].
 	Rate float64
 	// Burst is how many jobs an idle lane admits at once; at least 1.
 	Burst int
 }
 
-// Validate reports whether l can reach the state math. It is called before a
-// limit reaches any store so that a zero or NaN rate never becomes an infinite
-// period in a script.
+// Validate reports whether l can reach the state math; the error is a
+// *LimitError. It is called before a limit reaches any store so that a zero
+// or NaN rate never becomes an infinite period in a script.
 func (l Limit) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &LimitError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
-		return fmt.Errorf("%w: rate %v is not a finite number", ErrInvalidLimit, l.Rate)
-	case l.Rate <= 0:
-		return fmt.Errorf("%w: rate %v must be greater than 0", ErrInvalidLimit, l.Rate)
-	case l.Rate < MinRate:
-		return fmt.Errorf("%w: rate %v is below the minimum %v", ErrInvalidLimit, l.Rate, MinRate)
-	case l.Rate > MaxRate:
-		return fmt.Errorf("%w: rate %v is above the maximum %d", ErrInvalidLimit, l.Rate, MaxRate)
-	case l.Burst < 1:
-		return fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidLimit, l.Burst)
-	case l.Burst > MaxBurst:
-		return fmt.Errorf("%w: burst %d is above the maximum %d", ErrInvalidLimit, l.Burst, MaxBurst)
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
+		return bad("rate", "must be a number greater than 0 (jobs per second), got %v", l.Rate)
+	case l.Rate < MinRate || l.Rate > MaxRate:
+		return bad("rate", "must be between %v and %d jobs per second, got %v", MinRate, MaxRate, l.Rate)
+	case l.Burst < 1 || l.Burst > MaxBurst:
+		return bad("burst", "must be between 1 and %d, got %d", MaxBurst, l.Burst)
 	case float64(l.Burst)/l.Rate > maxHorizon.Seconds():
-		return fmt.Errorf("%w: burst %d at rate %v takes longer than %v to refill", ErrInvalidLimit, l.Burst, l.Rate, maxHorizon)
+		return bad("burst", "too large for the rate: %d jobs at %v/s take longer than %v to refill", l.Burst, l.Rate, maxHorizon)
 	}
 	return nil
 }

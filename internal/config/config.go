@@ -6,11 +6,11 @@ package config
 
 import (
 	"bytes"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/leaky"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -129,10 +131,18 @@ type Log struct {
 // Lane is one named destination with its limits.
 type Lane struct {
 	Name string `yaml:"name"`
-	// Rate is jobs per second; fractional allowed.
-	Rate float64 `yaml:"rate"`
-	// Burst is how many jobs an idle lane admits at once.
+	// Rate is how fast the lane starts jobs, written like a quota: "20/s",
+	// "120/min", "1000/h", or a bare number of jobs per second (0.5).
+	// With Quota it is derived (ApplyDefaults).
+	Rate bucket.Rate `yaml:"rate"`
+	// Burst is how many jobs an idle lane admits at once. With Quota it is
+	// the quota's burst.
 	Burst int `yaml:"burst"`
+	// Quota, given instead of Rate and Burst, is the target's documented
+	// limit; Rate and Burst are derived from it so that no window of its
+	// length ever holds more than its limit of starts (bucket.Quota.Rate).
+	// It stays here as written, for display.
+	Quota *Quota `yaml:"quota"`
 	// MaxInflight is how many dispatches of the lane may run at once.
 	MaxInflight int `yaml:"max_inflight"`
 	// MaxBacklog is how many jobs may wait; over it submissions get 429.
@@ -150,11 +160,26 @@ type Lane struct {
 	AdmitWait Duration `yaml:"admit_wait"`
 	// AckWait is how long the jobs a crashed instance held stay invisible to
 	// the others; live instances keep their jobs alive with in-progress acks.
-	// Zero means DefaultAckWait.
+	// Zero means DefaultAckWait (ApplyDefaults).
 	AckWait  Duration `yaml:"ack_wait"`
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
+}
+
+// Quota is a target's documented limit: at most Limit requests in any window
+// of length Per, of which up to Burst may come at once.
+type Quota struct {
+	Limit int64    `yaml:"limit"`
+	Per   Duration `yaml:"per"`
+	// Burst is optional: 0 means 1 (ApplyDefaults).
+	Burst int `yaml:"burst"`
+}
+
+// rate derives the lane's rate from q (see bucket.Quota.Rate), with the
+// drain's lateness bound.
+func (q Quota) rate() (bucket.Rate, error) {
+	return bucket.Quota{Limit: q.Limit, Per: q.Per.D(), Burst: q.Burst}.Rate(leaky.DefaultMaxLate)
 }
 
 // Adaptive turns on AIMD: the lane slows down when its target answers 429
@@ -207,7 +232,8 @@ type HTTPTarget struct {
 	// dead-lettering them.
 	RetryOther4xx bool `yaml:"retry_other_4xx"`
 	// SigningSecrets turn on Standard Webhooks signatures; several secrets
-	// sign with each (rotation). Form: whsec_<base64>.
+	// sign with each (rotation). Form: whsec_ followed by the standard
+	// base64 of 24 to 64 random bytes (dispatch.ParseSigningSecret).
 	SigningSecrets []string `yaml:"signing_secrets"`
 }
 
@@ -258,7 +284,34 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		var ve *valueError
+		if errors.As(err, &ve) {
+			field, _ := findField(raw, func(_ string, n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
+			return Config{}, &Error{File: path, Field: field, Msg: ve.Error()}
+		}
+		// bucket.Rate reads its own text and does not know where it is:
+		// the field is the first rate in the file that does not parse.
+		var re *bucket.RateError
+		if errors.As(err, &re) {
+			field, n := findField(raw, func(path string, n *yaml.Node) bool {
+				_, err := bucket.ParseRate(n.Value)
+				return laneRate.MatchString(path) && err != nil
+			})
+			if n != nil {
+				return Config{}, &Error{File: path, Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err)}
+			}
+			return Config{}, &Error{File: path, Msg: err.Error()}
+		}
 		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
+	}
+	// One file, one config: a second document would be silently ignored.
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		line := next.Line
+		if err != nil {
+			line = 0
+		}
+		return Config{}, &Error{File: path, Msg: secondDocument(line)}
 	}
 	if getenv != nil {
 		for env, dst := range map[string]*string{
@@ -285,6 +338,65 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	return cfg, nil
 }
 
+func secondDocument(line int) string {
+	msg := "a second YAML document (after ---)"
+	if line > 0 {
+		msg = fmt.Sprintf("line %d: %s", line, msg)
+	}
+	return msg + " is not allowed: the file holds exactly one config"
+}
+
+// valueError is the error of a value type's UnmarshalYAML (Duration,
+// ByteSize): the decoder returns it as is, and Parse finds the field at its
+// position to name it.
+type valueError struct {
+	line, column int
+	msg          string
+}
+
+func (e *valueError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
+
+func badValue(n *yaml.Node, format string, args ...any) error {
+	return &valueError{line: n.Line, column: n.Column, msg: fmt.Sprintf(format, args...)}
+}
+
+// findField returns the path (lanes[0].max_bytes) and node of the first
+// scalar value of raw's first document, in document order, that match
+// accepts, or "" and nil.
+func findField(raw []byte, match func(path string, n *yaml.Node) bool) (string, *yaml.Node) {
+	var doc yaml.Node
+	if yaml.Unmarshal(raw, &doc) != nil || len(doc.Content) == 0 {
+		return "", nil
+	}
+	var walk func(n *yaml.Node, path string) (string, *yaml.Node)
+	walk = func(n *yaml.Node, path string) (string, *yaml.Node) {
+		switch n.Kind {
+		case yaml.ScalarNode:
+			if path != "" && match(path, n) {
+				return path, n
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key := n.Content[i].Value
+				if path != "" {
+					key = path + "." + key
+				}
+				if p, m := walk(n.Content[i+1], key); m != nil {
+					return p, m
+				}
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				if p, m := walk(c, fmt.Sprintf("%s[%d]", path, i)); m != nil {
+					return p, m
+				}
+			}
+		}
+		return "", nil
+	}
+	return walk(doc.Content[0], "")
+}
+
 // sections names the Go types of the config in the words of the file.
 var sections = strings.NewReplacer(
 	"in type config.Config", "at the top level",
@@ -293,6 +405,8 @@ var sections = strings.NewReplacer(
 	"in type config.Dispatch", "in dispatch",
 	"in type config.Log", "in log",
 	"in type config.Lane", "in a lane",
+	"in type config.Quota", "in a lane's quota",
+	"into bucket.Rate", "into a rate",
 	"in type config.Target", "in a lane's target",
 	"in type config.HTTPTarget", "in target.http",
 	"in type config.NATSTarget", "in target.nats",
@@ -333,6 +447,16 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.MaxBody == 0 {
 		l.MaxBody = DefaultMaxBody
+	}
+	if q := l.Quota; q != nil {
+		if q.Burst == 0 {
+			q.Burst = 1
+		}
+		// Derived only when rate and burst are left out; Validate refuses
+		// a lane that gives both.
+		if r, err := q.rate(); err == nil && l.Rate.IsZero() && l.Burst == 0 {
+			l.Rate, l.Burst = r, q.Burst
+		}
 	}
 	if l.Burst == 0 {
 		l.Burst = 1
@@ -403,13 +527,91 @@ func (e *Error) Error() string {
 
 var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+// laneRate matches the path of a lane's rate.
+var laneRate = regexp.MustCompile(`^lanes\[[0-9]+\]\.rate$`)
+
+// reservedLaneName reports whether a lane may not be called name because its
+// stream, THROTTLE_<name>, would be one of the streams every lane shares
+// (queue.DeadStream, queue.RetryStream). Case is ignored: stream names that
+// differ only in case would share a directory on a case-insensitive file
+// system.
+func reservedLaneName(name string) (stream string, reserved bool) {
+	switch u := strings.ToUpper(name); u {
+	case "DEAD", "RETRY":
+		return "THROTTLE_" + u, true
+	}
+	return "", false
+}
+
+// ownSubjects are the subject spaces of the throttler itself and of the NATS
+// server (first token → the pattern reported): a lane's target may not
+// publish into them, where a job would come back as a submission, a control
+// message, a retry, a dead letter or a server API call.
+var ownSubjects = map[string]string{
+	"throttle":       "throttle.>",       // lane intake: throttle.<lane> (queue.SubjectPrefix)
+	"throttler":      "throttler.>",      // control messages between instances
+	"throttle_retry": "throttle_retry.>", // queue.RetrySubjectPrefix
+	"throttle_dead":  "throttle_dead.>",  // queue.DeadSubjectPrefix
+	"$JS":            "$JS.>",
+	"$KV":            "$KV.>",
+	"$SYS":           "$SYS.>",
+	"_INBOX":         "_INBOX.>",
+}
+
+// ownSubject returns the reserved pattern that subject falls in, if any.
+func ownSubject(subject string) (pattern string, own bool) {
+	if subject == "throttle" {
+		return "throttle", true
+	}
+	first, rest, more := strings.Cut(subject, ".")
+	if pattern, own = ownSubjects[first]; own && more && rest != "" {
+		return pattern, true
+	}
+	return "", false
+}
+
+// checkListen checks a listen address and returns what is wrong with it, or
+// "". The host is an IP address or localhost; it may be left out (":8080",
+// every interface) unless needHost. The port is a number from 0 to 65535; 0
+// (a free port) only when !needHost, since the embedded NATS server reads 0
+// as its default port.
+func checkListen(addr string, needHost bool) string {
+	form := "127.0.0.1:8080, [::1]:8080, localhost:8080 or :8080"
+	if needHost {
+		form = "127.0.0.1:4222, [::1]:4222 or localhost:4222"
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Sprintf("%q is not host:port (like %s)", addr, form)
+	}
+	switch {
+	case host == "" && needHost:
+		return fmt.Sprintf("%q has no host: give an IP address or localhost (like %s)", addr, form)
+	case host == "" || host == "localhost":
+	default:
+		if _, err := netip.ParseAddr(host); err != nil {
+			return fmt.Sprintf("host %q of %q is not an IP address or localhost", host, addr)
+		}
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case port == "" || errors.Is(err, strconv.ErrSyntax):
+		return fmt.Sprintf("port %q of %q is not a number (like %s)", port, addr, form)
+	case err != nil:
+		return fmt.Sprintf("port %s of %q is out of range (0 to 65535)", port, addr)
+	case n == 0 && needHost:
+		return fmt.Sprintf("port 0 of %q: give the port to listen on (1 to 65535)", addr)
+	}
+	return ""
+}
+
 // Validate checks every field and returns the first error, naming the field.
 func (c *Config) Validate() error {
 	fail := func(field, format string, args ...any) error {
 		return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil && !strings.HasPrefix(c.Listen, ":") {
-		return fail("listen", "%q is not host:port", c.Listen)
+	if msg := checkListen(c.Listen, false); msg != "" {
+		return fail("listen", "%s", msg)
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fail("shutdown_timeout", "must be greater than 0")
@@ -418,8 +620,8 @@ func (c *Config) Validate() error {
 		return fail("nats.data_dir", "must be set when nats.url is empty (embedded server)")
 	}
 	if c.NATS.Listen != "" {
-		if _, err := netip.ParseAddrPort(c.NATS.Listen); err != nil {
-			return fail("nats.listen", "%q is not ip:port", c.NATS.Listen)
+		if msg := checkListen(c.NATS.Listen, true); msg != "" {
+			return fail("nats.listen", "%s", msg)
 		}
 	}
 	if c.NATS.DedupWindow <= 0 {
@@ -480,6 +682,9 @@ func (c *Config) Validate() error {
 		if !laneName.MatchString(l.Name) {
 			return fail(p+".name", "%q must be 1-64 letters, digits, '_' or '-'", l.Name)
 		}
+		if stream, ok := reservedLaneName(l.Name); ok {
+			return fail(p+".name", "%q is reserved: its stream would be %s, which the throttler keeps for all lanes", l.Name, stream)
+		}
 		if j, dup := seen[l.Name]; dup {
 			return fail(p+".name", "%q is already the name of lanes[%d]", l.Name, j)
 		}
@@ -496,26 +701,38 @@ func (l *Lane) validate(p string) error {
 	fail := func(field, format string, args ...any) error {
 		return &Error{Field: p + "." + field, Msg: fmt.Sprintf(format, args...)}
 	}
+	var le *bucket.LimitError
+	if q := l.Quota; q != nil {
+		r, err := q.rate()
+		if errors.As(err, &le) {
+			return fail("quota."+le.Field, "%s", le.Msg)
+		}
+		if err != nil {
+			return fail("quota", "%v", err)
+		}
+		if l.Rate != r || l.Burst != q.Burst {
+			return fail("quota", "is given with rate or burst: give either quota, or rate and burst")
+		}
+		if err := (bucket.Limit{Rate: r.PerSecond(), Burst: q.Burst}).Validate(); err != nil {
+			return fail("quota", "derives rate %s and burst %d, which cannot be used: %v", r, q.Burst, err)
+		}
+	}
+	if err := (bucket.Limit{Rate: l.Rate.PerSecond(), Burst: l.Burst}).Validate(); errors.As(err, &le) {
+		return fail(le.Field, "%s", le.Msg)
+	} else if err != nil {
+		return fail("rate", "%v", err)
+	}
 	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
-		return fail("rate", "must be a number greater than 0 (jobs per second), got %v", l.Rate)
-	case l.Rate < bucket.MinRate || l.Rate > bucket.MaxRate:
-		return fail("rate", "must be between %g and %d jobs per second, got %v", bucket.MinRate, bucket.MaxRate, l.Rate)
-	case l.Burst < 1 || l.Burst > bucket.MaxBurst:
-		return fail("burst", "must be between 1 and %d, got %d", bucket.MaxBurst, l.Burst)
 	case l.MaxInflight < 1 || l.MaxInflight > 100_000:
 		return fail("max_inflight", "must be between 1 and 100000, got %d", l.MaxInflight)
 	case l.MaxBacklog < 1:
 		return fail("max_backlog", "must be at least 1, got %d", l.MaxBacklog)
 	case l.MaxBody < 1 || l.MaxBody > 64<<20:
 		return fail("max_body", "must be between 1 byte and 64MiB, got %d", l.MaxBody)
-	case l.AckWait < 0:
-		return fail("ack_wait", "must not be negative")
+	case l.AckWait <= 0:
+		return fail("ack_wait", "must be greater than 0")
 	case l.AdmitWait < 0 || l.AdmitWait > Duration(10*time.Second):
 		return fail("admit_wait", "must be between 0 and 10s, got %v", l.AdmitWait.D())
-	}
-	if err := (bucket.Limit{Rate: l.Rate, Burst: l.Burst}).Validate(); err != nil {
-		return fail("burst", "%v", err)
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -553,19 +770,27 @@ func (l *Lane) validate(p string) error {
 	if l.Target.Handler != "" {
 		return nil
 	}
+	// The checks below are the target's own (package dispatch), so that a
+	// file that loads is a file whose targets open.
 	if n := l.Target.NATS; n != nil {
-		if !literalSubject(n.Subject) {
+		if !dispatch.ValidSubject(n.Subject) {
 			return fail("target.nats.subject", "%q is not a literal NATS subject (tokens separated by '.', no spaces or wildcards)", n.Subject)
+		}
+		if pattern, own := ownSubject(n.Subject); own {
+			return fail("target.nats.subject", "%q is in %s, which the throttler or the NATS server uses itself: a job published there would be taken for a submission, a control or server message", n.Subject, pattern)
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
+		}
+		if err := (dispatch.NATSConfig{Subject: n.Subject, Timeout: n.Timeout.D(), JetStream: n.JetStream}).Validate(); err != nil {
+			return fail("target.nats", "%v", err)
 		}
 		return nil
 	}
 	h := l.Target.HTTP
 	u, err := url.Parse(h.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fail("target.http.url", "%q is not an absolute http(s) URL", h.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return fail("target.http.url", "%q is not an absolute http(s) URL with a host", h.URL)
 	}
 	switch h.Method {
 	case "POST", "PUT", "PATCH", "GET", "DELETE":
@@ -575,52 +800,19 @@ func (l *Lane) validate(p string) error {
 	if h.Timeout <= 0 {
 		return fail("target.http.timeout", "must be greater than 0")
 	}
-	for name := range h.Headers {
-		if !httpToken(name) {
-			return fail("target.http.headers", "%q is not a valid header name", name)
-		}
+	if err := dispatch.CheckStaticHeaders(h.Headers); err != nil {
+		return fail("target.http.headers", "%v", err)
 	}
 	for i, sec := range h.SigningSecrets {
-		field := fmt.Sprintf("target.http.signing_secrets[%d]", i)
-		key := []byte(sec)
-		if b64, ok := strings.CutPrefix(sec, "whsec_"); ok {
-			var err error
-			if key, err = base64.StdEncoding.DecodeString(b64); err != nil {
-				return fail(field, "the part after whsec_ is not standard base64")
-			}
+		if _, err := dispatch.ParseSigningSecret(sec); err != nil {
+			return fail(fmt.Sprintf("target.http.signing_secrets[%d]", i), "%v", err)
 		}
-		if len(key) < 16 {
-			return fail(field, "is %d bytes; a signing key needs at least 16 (whsec_ followed by the base64 of 16+ random bytes, or the raw key)", len(key))
-		}
+	}
+	hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}
+	if err := hc.Validate(); err != nil {
+		return fail("target.http", "%v", err)
 	}
 	return nil
-}
-
-// literalSubject: non-empty tokens of visible characters, no wildcards.
-func literalSubject(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
-			return false
-		}
-	}
-	return true
-}
-
-// httpToken reports whether s is an RFC 9110 token (a header name).
-func httpToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Duration is a time.Duration written as "10s" or "1m30s" in YAML.
@@ -629,8 +821,8 @@ type Duration time.Duration
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration like 10s or 1m30s", n.Line, n.Value)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return badValue(n, "%q is not a duration like 10s or 1m30s", n.Value)
 	}
 	*d = Duration(v)
 	return nil
@@ -658,11 +850,14 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 			break
 		}
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: %q is not a size like 1048576, 512KiB or 1MiB", n.Line, n.Value)
+	v, err := strconv.ParseUint(s, 10, 63)
+	switch {
+	case n.Kind != yaml.ScalarNode || errors.Is(err, strconv.ErrSyntax):
+		return badValue(n, "%q is not a size like 1048576, 512KiB or 1MiB", n.Value)
+	case err != nil || v > math.MaxInt64/uint64(mult):
+		return badValue(n, "%q is too large: a size is at most 8EiB (2^63-1 bytes)", n.Value)
 	}
-	*b = ByteSize(v * mult)
+	*b = ByteSize(int64(v) * mult)
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"code.dny.dev/ssrf"
 )
 
 // ErrForbiddenAddress is the sentinel of every address the SSRF Guard
@@ -48,11 +50,14 @@ type Resolver interface {
 }
 
 // Guard refuses outbound connections to internal addresses (SSRF
-// protection): loopback, private (RFC 1918, fc00::/7), link-local (which
-// includes the 169.254.169.254 cloud metadata service), unspecified,
-// multicast, CGNAT (100.64.0.0/10), a few other special-purpose ranges, and
-// the IPv4-mapped, NAT64 and 6to4 forms of these, unless the address is
-// inside one of the allowed prefixes.
+// protection), unless the address is inside one of the allowed prefixes:
+// every range of the IANA IPv4 and IPv6 special-purpose registries (from
+// package code.dny.dev/ssrf: loopback, private, link-local with the
+// 169.254.169.254 metadata service, CGNAT, documentation, benchmarking,
+// multicast, 6to4 and its relay, Teredo, …), every IPv6 address outside
+// global unicast (2000::/3) but NAT64, Azure's platform address
+// 168.63.129.16, and the IPv4-mapped and NAT64 (64:ff9b::/96) forms of
+// refused IPv4 addresses.
 //
 // The check happens at dial time on the very address being connected, so a
 // host name that resolves to a public address when the config is checked
@@ -90,33 +95,83 @@ func NewGuard(allow []netip.Prefix) *Guard {
 	return g
 }
 
-// forbidden lists the refused ranges with the reason reported in errors. It
-// is a read-only table: nothing writes to it after initialisation.
-// Checked after unmapping IPv4-mapped IPv6 addresses; NAT64 and 6to4
-// addresses are checked again on the IPv4 address they embed.
-var forbidden = []struct {
+// forbidden lists the refused ranges with the reason reported in errors, in
+// the order they are tried. It is read-only after initialisation. The
+// special-purpose ranges come from the IANA registries as package ssrf
+// publishes them (its IPv4 list, and its IPv6 list inside global unicast);
+// every IPv6 address outside global unicast (2000::/3) but NAT64 is refused
+// as well (see refusal): the ranges of that space listed here only give the
+// error a better reason.
+var forbidden = buildForbidden()
+
+type refusedRange struct {
 	prefix netip.Prefix
 	reason string
-}{
-	{netip.MustParsePrefix("0.0.0.0/8"), "this network"},
-	{netip.MustParsePrefix("10.0.0.0/8"), "private"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT"},
-	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
-	{netip.MustParsePrefix("172.16.0.0/12"), "private"},
-	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignments"},
-	{netip.MustParsePrefix("192.168.0.0/16"), "private"},
-	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
-	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
-	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
-	{netip.MustParsePrefix("::/128"), "unspecified"},
-	{netip.MustParsePrefix("::1/128"), "loopback"},
-	{netip.MustParsePrefix("::/96"), "IPv4-compatible"},
-	{netip.MustParsePrefix("100::/64"), "discard-only"},
-	{netip.MustParsePrefix("fc00::/7"), "private"},
-	{netip.MustParsePrefix("fe80::/10"), "link-local"},
-	{netip.MustParsePrefix("fec0::/10"), "site-local"},
-	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+}
+
+// rangeNames gives the reason of each range of ssrf's lists; a range the
+// library adds later without a name here is reported as "special-purpose
+// <prefix>" (TestGuardNamesEveryRange lists it).
+var rangeNames = map[string]string{
+	"0.0.0.0/8":         "this network",
+	"10.0.0.0/8":        "private",
+	"100.64.0.0/10":     "carrier-grade NAT",
+	"127.0.0.0/8":       "loopback",
+	"169.254.0.0/16":    "link-local",
+	"172.16.0.0/12":     "private",
+	"192.0.0.0/24":      "IETF protocol assignments",
+	"192.0.2.0/24":      "documentation",
+	"192.31.196.0/24":   "AS112",
+	"192.52.193.0/24":   "AMT",
+	"192.88.99.0/24":    "6to4 relay anycast",
+	"192.168.0.0/16":    "private",
+	"192.175.48.0/24":   "AS112",
+	"198.18.0.0/15":     "benchmarking",
+	"198.51.100.0/24":   "documentation",
+	"203.0.113.0/24":    "documentation",
+	"240.0.0.0/4":       "reserved",
+	"224.0.0.0/4":       "multicast",
+	"2001::/23":         "IETF protocol assignments",
+	"2001:db8::/32":     "documentation",
+	"2002::/16":         "6to4",
+	"2620:4f:8000::/48": "AS112",
+	"3fff::/20":         "documentation",
+}
+
+func buildForbidden() []refusedRange {
+	named := func(p netip.Prefix) refusedRange {
+		if r, ok := rangeNames[p.String()]; ok {
+			return refusedRange{p, r}
+		}
+		return refusedRange{p, "special-purpose " + p.String()}
+	}
+	out := []refusedRange{
+		// IPv6 outside global unicast: refused anyway, named for the
+		// error. ::/128 and ::1/128 before ::/96, which holds them.
+		{netip.MustParsePrefix("::/128"), "unspecified"},
+		{netip.MustParsePrefix("::1/128"), "loopback"},
+		{netip.MustParsePrefix("::/96"), "IPv4-compatible"},
+		{netip.MustParsePrefix("100::/64"), "discard-only"},
+		{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64"},
+		{netip.MustParsePrefix("fc00::/7"), "private"},
+		{netip.MustParsePrefix("fe80::/10"), "link-local"},
+		{netip.MustParsePrefix("fec0::/10"), "site-local"},
+		{netip.MustParsePrefix("ff00::/8"), "multicast"},
+		// Not in the IANA registries: Azure's platform address (DNS,
+		// DHCP, health probes and the WireServer, which hands a VM its
+		// configuration and certificates), reachable from every Azure VM
+		// like a metadata service.
+		{netip.MustParsePrefix("168.63.129.16/32"), "Azure platform address"},
+		// Teredo sits inside ssrf's 2001::/23: named first for the error.
+		{netip.MustParsePrefix("2001::/32"), "Teredo"},
+	}
+	for _, p := range ssrf.IPv4DeniedPrefixes {
+		out = append(out, named(p))
+	}
+	for _, p := range ssrf.IPv6DeniedPrefixes {
+		out = append(out, named(p))
+	}
+	return out
 }
 
 var (
@@ -148,16 +203,23 @@ func (g *Guard) refusal(addr netip.Addr) string {
 			return ""
 		}
 	}
+	// Addresses that embed an IPv4 address route to it: judge that one
+	// first, for the more telling reason. 6to4 is refused below even when
+	// its IPv4 address is public.
+	if embedded, ok := embeddedIPv4(plain); ok {
+		if r := g.refusal(embedded); r != "" {
+			return r + " (embedded in " + plain.String() + ")"
+		}
+	}
 	for _, f := range forbidden {
 		if f.prefix.Contains(plain) {
 			return f.reason
 		}
 	}
-	// Addresses that embed an IPv4 address route to it: judge that one.
-	if embedded, ok := embeddedIPv4(plain); ok {
-		if r := g.refusal(embedded); r != "" {
-			return r + " (embedded in " + plain.String() + ")"
-		}
+	// Outside global unicast, IPv6 has nothing a target should be on; NAT64
+	// (64:ff9b::/96) was judged on its IPv4 address above.
+	if plain.Is6() && !ssrf.IPv6GlobalUnicast.Contains(plain) && !nat64Prefix.Contains(plain) {
+		return "not global unicast"
 	}
 	return ""
 }

@@ -7,12 +7,15 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"code.dny.dev/ssrf"
 )
 
 // fakeResolver maps host names to chosen addresses; other names do not
@@ -64,6 +67,7 @@ func (d *dialRecorder) seen() []string {
 func TestGuardCheck(t *testing.T) {
 	open := NewGuard(nil)
 	local := NewGuard([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")})
+	special := NewGuard([]netip.Prefix{netip.MustParsePrefix("168.63.129.16/32"), netip.MustParsePrefix("2002::/16")})
 	steps := []struct {
 		addr      string
 		guard     *Guard
@@ -98,6 +102,36 @@ func TestGuardCheck(t *testing.T) {
 		{"64:ff9b::a9fe:a9fe", open, true, "link-local (embedded in 64:ff9b::a9fe:a9fe)"}, // NAT64 of 169.254.169.254
 		{"64:ff9b::808:808", open, false, ""},
 		{"2002:a00:1::", open, true, "private (embedded in 2002:a00:1::)"}, // 6to4 of 10.0.0.1
+		// IANA special-purpose ranges (through package ssrf) and Azure.
+		{"64:ff9b:1::1", open, true, "local-use NAT64"},
+		{"64:ff9b:1::808:808", open, true, "local-use NAT64"},
+		{"2001::1", open, true, "Teredo"},
+		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", open, true, "Teredo"},
+		{"2001:2::1", open, true, "IETF protocol assignments"},
+		{"2001:db8::1", open, true, "documentation"},
+		{"3fff::1", open, true, "documentation"},
+		{"2620:4f:8000::1", open, true, "AS112"},
+		{"192.88.99.1", open, true, "6to4 relay anycast"},
+		{"::ffff:192.88.99.1", open, true, "6to4 relay anycast"},
+		{"2002:c058:6301::", open, true, "6to4 relay anycast (embedded in 2002:c058:6301::)"},
+		{"2002:808:808::", open, true, "6to4"}, // 6to4 of a public address
+		{"64:ff9b::c058:6301", open, true, "6to4 relay anycast (embedded in 64:ff9b::c058:6301)"},
+		{"192.0.2.1", open, true, "documentation"},
+		{"198.51.100.7", open, true, "documentation"},
+		{"203.0.113.9", open, true, "documentation"},
+		{"192.31.196.1", open, true, "AS112"},
+		{"192.52.193.1", open, true, "AMT"},
+		{"192.175.48.1", open, true, "AS112"},
+		{"168.63.129.16", open, true, "Azure platform address"},
+		{"::ffff:168.63.129.16", open, true, "Azure platform address"},
+		{"64:ff9b::a83f:8110", open, true, "Azure platform address (embedded in 64:ff9b::a83f:8110)"},
+		{"168.63.129.17", open, false, ""},
+		{"::ffff:0:a00:1", open, true, "not global unicast"}, // IPv4-translated (SIIT)
+		{"4000::1", open, true, "not global unicast"},
+		{"2a00:1450:4001::200e", open, false, ""},
+		{"168.63.129.16", special, false, ""},
+		{"2002:808:808::", special, false, ""},
+		{"2002:a00:1::", special, false, ""}, // an allowed prefix allows all it holds
 		{"127.0.0.1", local, false, ""},
 		{"::ffff:127.0.0.1", local, false, ""},
 		{"10.1.2.3", local, false, ""},
@@ -107,8 +141,11 @@ func TestGuardCheck(t *testing.T) {
 	}
 	for _, s := range steps {
 		name := s.addr
-		if s.guard == local {
+		switch s.guard {
+		case local:
 			name += " with allowlist"
+		case special:
+			name += " with special allowlist"
 		}
 		t.Run(name, func(t *testing.T) {
 			err := s.guard.Check(netip.MustParseAddr(s.addr))
@@ -125,6 +162,55 @@ func TestGuardCheck(t *testing.T) {
 	if err := none.Check(netip.MustParseAddr("127.0.0.1")); err != nil {
 		t.Errorf("nil guard refused: %v", err)
 	}
+}
+
+// TestGuardNamesEveryRange keeps the reasons in step with package ssrf: a
+// range it lists has a name here, and no name is left for a range it
+// dropped.
+func TestGuardNamesEveryRange(t *testing.T) {
+	listed := map[string]bool{}
+	for _, p := range append(slices.Clone(ssrf.IPv4DeniedPrefixes), ssrf.IPv6DeniedPrefixes...) {
+		listed[p.String()] = true
+		if _, ok := rangeNames[p.String()]; !ok {
+			t.Errorf("ssrf lists %s: give it a name in rangeNames", p)
+		}
+	}
+	for p := range rangeNames {
+		if !listed[p] {
+			t.Errorf("rangeNames names %s, which ssrf no longer lists", p)
+		}
+	}
+}
+
+// TestGuardRefusesEveryListedRange probes the first and last address of
+// every range in package ssrf's lists (and the IPv6 space outside global
+// unicast): the guard refuses each, as the library's own guardian does.
+func TestGuardRefusesEveryListedRange(t *testing.T) {
+	g := NewGuard(nil)
+	lib := ssrf.New(ssrf.WithAnyPort(), ssrf.WithAnyNetwork())
+	prefixes := append(slices.Clone(ssrf.IPv4DeniedPrefixes), ssrf.IPv6DeniedPrefixes...)
+	prefixes = append(prefixes, netip.MustParsePrefix("::/3"), netip.MustParsePrefix("4000::/2"), netip.MustParsePrefix("8000::/1"))
+	for _, p := range prefixes {
+		for _, a := range []netip.Addr{p.Masked().Addr(), lastAddr(p)} {
+			if lib.SafeAddr(a) == nil {
+				t.Errorf("%s (in %s): the library allows it; the probe is wrong", a, p)
+			}
+			if err := g.Check(a); !errors.Is(err, ErrForbiddenAddress) {
+				t.Errorf("%s (in %s): Check = %v, want refused", a, p, err)
+			}
+		}
+	}
+}
+
+// lastAddr is the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	p = p.Masked()
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func TestGuardCheckURL(t *testing.T) {

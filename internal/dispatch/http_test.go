@@ -425,6 +425,9 @@ func TestNewHTTPValidation(t *testing.T) {
 		{"header injection", HTTPConfig{URL: "http://x/", Headers: map[string]string{"X-A": "1\r\nX-B: 2"}}, "control character"},
 		{"reserved header", HTTPConfig{URL: "http://x/", Headers: map[string]string{"idempotency-key": "k"}}, "cannot be configured"},
 		{"host header", HTTPConfig{URL: "http://x/", Headers: map[string]string{"Host": "y"}}, "cannot be configured"},
+		{"control in value", HTTPConfig{URL: "http://x/", Headers: map[string]string{"X-A": "a\x01b"}}, "control character"},
+		{"delete in value", HTTPConfig{URL: "http://x/", Headers: map[string]string{"X-A": "a\x7fb"}}, "control character"},
+		{"no hostname", HTTPConfig{URL: "http://:80/"}, "has no host"},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -433,6 +436,36 @@ func TestNewHTTPValidation(t *testing.T) {
 				t.Errorf("err = %v, want it to contain %q", err, s.want)
 			}
 		})
+	}
+}
+
+func TestCheckStaticHeaders(t *testing.T) {
+	ok := map[string]string{"Authorization": "Bearer x", "X-Tab": "a\tb", "User-Agent": "mine/1.0", "Content-Type": "application/json", "X-Empty": ""}
+	if err := CheckStaticHeaders(ok); err != nil {
+		t.Errorf("good headers refused: %v", err)
+	}
+	if err := CheckStaticHeaders(nil); err != nil {
+		t.Errorf("no headers refused: %v", err)
+	}
+	steps := []struct {
+		headers map[string]string
+		want    string
+	}{
+		{map[string]string{"Bad Header": "x"}, `"Bad Header" is not a valid header name`},
+		{map[string]string{"X-Ü": "x"}, `"X-Ü" is not a valid header name`},
+		{map[string]string{"": "x"}, `"" is not a valid header name`},
+		{map[string]string{"webhook-signature": "v1,x"}, `"webhook-signature" is set by the target`},
+		{map[string]string{"transfer-encoding": "chunked"}, `"transfer-encoding" is set by the target`},
+		{map[string]string{"X-A": "1\nX-B: 2"}, `value of "X-A" contains a control character`},
+		{map[string]string{"X-A": "nul\x00"}, `value of "X-A" contains a control character`},
+		// The first bad header in name order is named, whatever the map order.
+		{map[string]string{"Z z": "x", "A a": "x", "M m": "x"}, `"A a"`},
+	}
+	for _, s := range steps {
+		err := CheckStaticHeaders(s.headers)
+		if err == nil || !strings.Contains(err.Error(), s.want) {
+			t.Errorf("CheckStaticHeaders(%q) = %v, want it to contain %q", s.headers, err, s.want)
+		}
 	}
 }
 

@@ -53,15 +53,38 @@ type NATSConfig struct {
 	JetStream bool
 }
 
+// subjectForm says what ValidSubject accepts.
+const subjectForm = "non-empty tokens separated by '.', no spaces, control characters, '*' or '>'"
+
+// ValidSubject reports whether s is a literal NATS subject, one a job can
+// be published to: non-empty tokens separated by '.', with no whitespace
+// or other control character and no wildcard ('*' and '>' are refused
+// anywhere, not only as whole tokens, so that a subject never reads like
+// a pattern).
+func ValidSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; c <= ' ' || c == 0x7f || c == '*' || c == '>' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Validate returns an error naming the first bad field, or nil.
 func (c NATSConfig) Validate() error {
 	if c.Subject == "" {
 		return errors.New("dispatch: nats: Subject: required")
 	}
-	for _, tok := range strings.Split(c.Subject, ".") {
-		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
-			return fmt.Errorf("dispatch: nats: Subject: %q is not a valid publish subject", c.Subject)
-		}
+	if !ValidSubject(c.Subject) {
+		return fmt.Errorf("dispatch: nats: Subject: %q is not a literal subject (%s)", c.Subject, subjectForm)
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("dispatch: nats: Timeout: %v is negative", c.Timeout)

@@ -261,6 +261,19 @@ func TestNATSJetStream(t *testing.T) {
 	}
 }
 
+func TestValidSubject(t *testing.T) {
+	for _, s := range []string{"a", "work.email", "$JS.API.x", "a-b_c.d~e", "ünïcode.ok"} {
+		if !ValidSubject(s) {
+			t.Errorf("ValidSubject(%q) = false", s)
+		}
+	}
+	for _, s := range []string{"", ".", "a.", ".a", "a..b", "a b", "a\tb", "a\nb", "a\x00b", "a\x7fb", "*", "a.*", ">", "a.>", "a.b*", "a>b"} {
+		if ValidSubject(s) {
+			t.Errorf("ValidSubject(%q) = true", s)
+		}
+	}
+}
+
 func TestNewNATSValidation(t *testing.T) {
 	nc := connect(t)
 	if _, err := NewNATS(nil, NATSConfig{Subject: "a"}); err == nil {
@@ -276,6 +289,7 @@ func TestNewNATSValidation(t *testing.T) {
 		{NATSConfig{Subject: "a..b"}, "Subject:"},
 		{NATSConfig{Subject: "a b"}, "Subject:"},
 		{NATSConfig{Subject: "a", Timeout: -1}, "Timeout:"},
+		{NATSConfig{Subject: "a.b*"}, "Subject:"},
 	}
 	for _, s := range steps {
 		if _, err := NewNATS(nc, s.cfg); err == nil || !strings.Contains(err.Error(), s.want) {

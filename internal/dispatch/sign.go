@@ -19,13 +19,56 @@ const (
 	HeaderWebhookSignature = "webhook-signature"
 )
 
-// secretPrefix marks a secret given in the Standard Webhooks form:
-// "whsec_" followed by the base64 of the key.
+// secretPrefix starts every signing secret in the Standard Webhooks form:
+// "whsec_" followed by the standard base64 of the key.
 const secretPrefix = "whsec_"
 
-// ErrBadSecret is returned by NewSigner for an unusable secret; the wrapping
-// error names the secret's index.
+// Key sizes the Standard Webhooks spec asks for, in bytes.
+const (
+	minSecretBytes = 24
+	maxSecretBytes = 64
+)
+
+// secretForm says what a signing secret looks like; every refusal ends
+// with it.
+const secretForm = "expected whsec_ followed by the standard base64 (with = padding) of 24 to 64 random bytes"
+
+// ErrBadSecret matches every refused signing secret (ParseSigningSecret,
+// NewSigner); the wrapping error says what is wrong, never the secret.
 var ErrBadSecret = errors.New("dispatch: bad signing secret")
+
+// secretError is the error of ParseSigningSecret: it matches ErrBadSecret
+// and has no package prefix, so that a config error can show it after the
+// field name.
+type secretError struct{ msg string }
+
+func (e *secretError) Error() string        { return e.msg + "; " + secretForm }
+func (e *secretError) Is(target error) bool { return target == ErrBadSecret }
+
+// ParseSigningSecret returns the key of a signing secret in the Standard
+// Webhooks form: "whsec_" followed by the standard base64 (padded) of 24 to
+// 64 bytes. Anything else is refused with an error that matches
+// ErrBadSecret, says what is wrong and what is expected, and does not
+// repeat the secret.
+func ParseSigningSecret(secret string) ([]byte, error) {
+	b64, ok := strings.CutPrefix(secret, secretPrefix)
+	switch {
+	case secret == "":
+		return nil, &secretError{"empty"}
+	case !ok:
+		return nil, &secretError{"does not start with whsec_"}
+	}
+	key, err := base64.StdEncoding.DecodeString(b64)
+	// The decoder skips newlines and accepts non-zero padding bits:
+	// only the canonical encoding of the key is the key's form.
+	if err != nil || base64.StdEncoding.EncodeToString(key) != b64 {
+		return nil, &secretError{"the part after whsec_ is not standard base64"}
+	}
+	if n := len(key); n < minSecretBytes || n > maxSecretBytes {
+		return nil, &secretError{fmt.Sprintf("the key is %d bytes", n)}
+	}
+	return key, nil
+}
 
 // Signer signs webhook deliveries per Standard Webhooks: the signed content
 // is id + "." + timestamp + "." + body, the signature HMAC-SHA256 with each
@@ -37,10 +80,9 @@ type Signer struct {
 	now  func() time.Time
 }
 
-// NewSigner returns a Signer for secrets, each either "whsec_<base64>" (the
-// spec's form: the key is the decoded bytes) or used as raw key bytes.
-// The spec recommends keys of 24 to 64 random bytes. now gives the
-// timestamp; nil means time.Now.
+// NewSigner returns a Signer for secrets, each in the form
+// ParseSigningSecret takes. now gives the timestamp; nil means time.Now.
+// An error matches ErrBadSecret and names the secret's index.
 func NewSigner(secrets []string, now func() time.Time) (*Signer, error) {
 	if len(secrets) == 0 {
 		return nil, fmt.Errorf("%w: no secrets", ErrBadSecret)
@@ -50,36 +92,13 @@ func NewSigner(secrets []string, now func() time.Time) (*Signer, error) {
 	}
 	s := &Signer{now: now, keys: make([][]byte, 0, len(secrets))}
 	for i, sec := range secrets {
-		key, err := decodeSecret(sec)
+		key, err := ParseSigningSecret(sec)
 		if err != nil {
 			return nil, fmt.Errorf("%w: secrets[%d]: %v", ErrBadSecret, i, err)
 		}
 		s.keys = append(s.keys, key)
 	}
 	return s, nil
-}
-
-// decodeSecret turns one configured secret into key bytes.
-func decodeSecret(sec string) ([]byte, error) {
-	if sec == "" {
-		return nil, errors.New("empty")
-	}
-	b64, ok := strings.CutPrefix(sec, secretPrefix)
-	if !ok {
-		return []byte(sec), nil
-	}
-	key, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		// Some generators drop the padding.
-		var rawErr error
-		if key, rawErr = base64.RawStdEncoding.DecodeString(b64); rawErr != nil {
-			return nil, fmt.Errorf("%s value is not valid base64: %v", secretPrefix, err)
-		}
-	}
-	if len(key) == 0 {
-		return nil, fmt.Errorf("%s value is empty", secretPrefix)
-	}
-	return key, nil
 }
 
 // Sign returns the webhook-id, webhook-timestamp and webhook-signature

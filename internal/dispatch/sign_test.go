@@ -108,21 +108,79 @@ func TestSignerRotatedSecrets(t *testing.T) {
 	}
 }
 
-func TestSignerRawSecret(t *testing.T) {
-	s, err := NewSigner([]string{"plain-text-key"}, nil)
+// TestSignerRealClock: a nil now means the real clock.
+func TestSignerRealClock(t *testing.T) {
+	s, err := NewSigner([]string{newSecret(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := s.Sign("id", []byte("b"))
-	if !verifyStandardWebhook(t, []byte("plain-text-key"), "id", h.Get(HeaderWebhookTimestamp), []byte("b"), h.Get(HeaderWebhookSignature)) {
-		t.Error("raw secret: signature does not verify")
-	}
-	// nil now means the real clock.
 	ts, err := strconv.ParseInt(h.Get(HeaderWebhookTimestamp), 10, 64)
 	if d := time.Since(time.Unix(ts, 0)); err != nil || d < -time.Second || d > time.Minute {
 		t.Errorf("timestamp %q is not now (off by %v, err %v)", h.Get(HeaderWebhookTimestamp), d, err)
 	}
 }
+
+// whsec returns a secret in the spec's form for n bytes of key.
+func whsec(n int) string {
+	key := make([]byte, n)
+	for i := range key {
+		key[i] = byte(i*37 + 11)
+	}
+	return "whsec_" + base64.StdEncoding.EncodeToString(key)
+}
+
+func TestParseSigningSecret(t *testing.T) {
+	canonical := whsec(25)                          // 36 characters, "==" padded
+	flipped := canonical[:len(canonical)-3] + "B==" // non-zero padding bits
+	steps := []struct {
+		name, secret string
+		bytes        int    // key length when accepted
+		want         string // part of the error when refused
+	}{
+		{"spec vector", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", 24, ""},
+		{"24 bytes", whsec(24), 24, ""},
+		{"32 bytes", whsec(32), 32, ""},
+		{"64 bytes", whsec(64), 64, ""},
+		{"25 bytes padded", canonical, 25, ""},
+		{"empty", "", 0, "empty"},
+		{"raw secret", "a-raw-secret-that-is-long-enough-but-has-no-prefix", 0, "does not start with whsec_"},
+		{"upper-case prefix", "WHSEC_" + whsec(32)[6:], 0, "does not start with whsec_"},
+		{"prefix only", "whsec_", 0, "the key is 0 bytes"},
+		{"23 bytes", whsec(23), 0, "the key is 23 bytes"},
+		{"65 bytes", whsec(65), 0, "the key is 65 bytes"},
+		{"not base64", "whsec_!!!notbase64!!!notbase64!!!notbase64", 0, "not standard base64"},
+		{"url alphabet", "whsec_" + base64.URLEncoding.EncodeToString(bytes32(0xfb)), 0, "not standard base64"},
+		{"unpadded", strings.TrimRight(canonical, "="), 0, "not standard base64"},
+		{"newline inside", canonical[:20] + "\n" + canonical[20:], 0, "not standard base64"},
+		{"space after", canonical + " ", 0, "not standard base64"},
+		{"padding bits", flipped, 0, "not standard base64"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			key, err := ParseSigningSecret(s.secret)
+			if s.want == "" {
+				if err != nil || len(key) != s.bytes {
+					t.Fatalf("ParseSigningSecret = %d bytes, %v; want %d bytes", len(key), err, s.bytes)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBadSecret) || !strings.Contains(err.Error(), s.want) {
+				t.Fatalf("err = %v, want ErrBadSecret containing %q", err, s.want)
+			}
+			if !strings.Contains(err.Error(), "expected whsec_ followed by the standard base64") {
+				t.Errorf("err = %q does not say the expected form", err)
+			}
+			if b64 := strings.TrimPrefix(s.secret, "whsec_"); len(b64) > 8 && strings.Contains(err.Error(), b64) {
+				t.Errorf("err = %q repeats the secret", err)
+			}
+		})
+	}
+}
+
+// bytes32 is 32 bytes of b: base64 of 0xfb bytes uses '+' and '/' in the
+// standard alphabet, '-' and '_' in the URL one.
+func bytes32(b byte) []byte { return []byte(strings.Repeat(string([]byte{b}), 32)) }
 
 func TestNewSignerErrors(t *testing.T) {
 	steps := []struct {
@@ -131,9 +189,9 @@ func TestNewSignerErrors(t *testing.T) {
 		want    string
 	}{
 		{"none", nil, "no secrets"},
-		{"empty second", []string{"ok-key", ""}, "secrets[1]: empty"},
-		{"bad base64", []string{"whsec_!!!notbase64"}, "secrets[0]: whsec_ value is not valid base64"},
-		{"empty whsec", []string{"k", "k2", "whsec_"}, "secrets[2]: whsec_ value is empty"},
+		{"empty second", []string{whsec(32), ""}, "secrets[1]: empty"},
+		{"bad base64", []string{"whsec_!!!notbase64"}, "secrets[0]: the part after whsec_ is not standard base64"},
+		{"raw third", []string{whsec(32), whsec(24), "raw-key-raw-key-raw-key-raw-key"}, "secrets[2]: does not start with whsec_"},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -145,13 +203,6 @@ func TestNewSignerErrors(t *testing.T) {
 				t.Errorf("err = %q, want it to contain %q", err, s.want)
 			}
 		})
-	}
-	// Unpadded base64 is accepted.
-	if _, err := NewSigner([]string{"whsec_YWJj"}, nil); err != nil {
-		t.Errorf("padded: %v", err)
-	}
-	if _, err := NewSigner([]string{"whsec_YWJjZA"}, nil); err != nil {
-		t.Errorf("unpadded: %v", err)
 	}
 }
 

@@ -8,9 +8,9 @@ import (
 	"github.com/throttler/throttler/api"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/queue"
 )
 
@@ -188,10 +188,11 @@ func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string)
 }
 
 // limitChange is the body of PATCH /v1/lanes/{lane}; absent fields keep
-// their value.
+// their value. rate is a string ("50/s", "120/min") or a number of jobs per
+// second, read by bucket.ParseRate.
 type limitChange struct {
-	Rate  *float64 `json:"rate"`
-	Burst *int     `json:"burst"`
+	Rate  *bucket.Rate `json:"rate"`
+	Burst *int         `json:"burst"`
 }
 
 func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
@@ -202,12 +203,15 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, bucket.ErrInvalidRate) {
+			return bad("rate", err.Error())
+		}
 		return bad("body", "the body must be a JSON object with rate and/or burst: "+err.Error())
 	}
 	cur, _ := h.cfg.Lanes.Lane(lane)
 	lim := cur.Admission.Limit
 	if c.Rate != nil {
-		lim.Rate = *c.Rate
+		lim.Rate = c.Rate.PerSecond()
 	}
 	if c.Burst != nil {
 		lim.Burst = *c.Burst
@@ -216,8 +220,11 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		return bad("body", "nothing to change: give rate and/or burst")
 	}
 	if err := lim.Validate(); err != nil {
+		// The field the error names, unless the body left it out: then the
+		// change that made the pair unusable.
 		field := "rate"
-		if c.Burst != nil && (lim.Burst < 1 || strings.Contains(err.Error(), "burst")) {
+		var le *bucket.LimitError
+		if errors.As(err, &le) && le.Field == "burst" && c.Burst != nil {
 			field = "burst"
 		}
 		return bad(field, err.Error())

@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	lim := bucket.Limit{Rate: cfg.Rate, Burst: cfg.Burst}
+	lim := bucket.Limit{Rate: cfg.Rate.PerSecond(), Burst: cfg.Burst}
 	if err := lim.Validate(); err != nil {
 		return nil, err
 	}
@@ -114,6 +114,10 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 			MaxBurst: bucket.MaxBurst},
 	}
 	l.limit.Store(&lim)
+	if q := cfg.Quota; q != nil {
+		l.log.Info("lane limit derived from its target's quota", "quota_limit", q.Limit, "quota_per", q.Per.D().String(),
+			"rate", cfg.Rate.String(), "rate_per_second", lim.Rate, "burst", lim.Burst)
+	}
 	if a := cfg.Adaptive; a.Enabled {
 		l.aimd = &leaky.AIMD{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
 		l.bounds.MinFactor = a.Min
@@ -359,7 +363,7 @@ func (l *Lane) onControl(m *nats.Msg) {
 		l.log.Info("control: lane paused", "for", d.String(), "from", c.From)
 	case kindFactor:
 		if l.aimd.Adopt(c.Factor, now) {
-			l.log.Info("control: lane slowed down", "factor", c.Factor, "rate", l.cfg.Rate*c.Factor, "from", c.From)
+			l.log.Info("control: lane slowed down", "factor", c.Factor, "rate", l.cfg.Rate.PerSecond()*c.Factor, "from", c.From)
 		}
 	case kindLimit:
 		lim := bucket.Limit{Rate: c.Rate, Burst: c.Burst}
@@ -415,7 +419,7 @@ func (l *Lane) slowDown() {
 		return
 	}
 	_ = l.publish(control{Kind: kindFactor, Factor: f})
-	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate*f)
+	l.log.Info("target rate-limited the lane; slowing down", "rate", l.cfg.Rate.PerSecond()*f)
 }
 
 // Status reports the lane's limits and live state. Counts that need
@@ -425,6 +429,9 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	st := api.LaneStatus{
 		Name: l.cfg.Name, Rate: l.limit.Load().Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(), Target: describeTarget(l.cfg.Target),
+	}
+	if q := l.cfg.Quota; q != nil {
+		st.Quota = &api.Quota{Limit: q.Limit, Per: q.Per.D().String(), Burst: q.Burst}
 	}
 	l.mu.Lock()
 	switch {

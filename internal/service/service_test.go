@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -75,12 +76,16 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) config.Config {
+	r, err := bucket.ParseRate(strconv.FormatFloat(rate, 'f', -1, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.NATS.DataDir = dataDir
 	cfg.Dispatch.AllowNetworks = []string{"127.0.0.0/8"}
 	cfg.Lanes = []config.Lane{{
-		Name: "demo", Rate: rate, Burst: burst, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20,
+		Name: "demo", Rate: r, Burst: burst, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20,
 		Target: config.Target{HTTP: &config.HTTPTarget{URL: target, Method: "POST", Timeout: config.Duration(5 * time.Second)}},
 	}}
 	cfg.ApplyDefaults()
