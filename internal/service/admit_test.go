@@ -123,14 +123,16 @@ func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 						admitted++
 						// The answer is written once the slot is given; the
 						// delivery starts at once, beside the answer.
-						if late := arr.at.Sub(ans.at); late > 100*time.Millisecond {
+						if late := arr.at.Sub(ans.at); late > 150*time.Millisecond {
 							t.Fatalf("burst %d: admitted job %s arrived %v after its answer", b, id, late)
 						}
 					}
 				}
 				// Admitted jobs never wait behind queued ones (the drain gives
 				// slots in queue order; arrivals may cross by an HTTP hop).
-				if lastAdmitted.Sub(firstQueued) > 50*time.Millisecond {
+				// 150 ms is 30 jobs of this lane: a job behind the queue
+				// would be seen, HTTP jitter on a loaded machine is not.
+				if lastAdmitted.Sub(firstQueued) > 150*time.Millisecond {
 					for i, ans := range answers {
 						a := got[fmt.Sprintf("%s-%03d", prefix, i)]
 						t.Logf("%d %s answer %v arrival %v", i, ans.a.State, ans.at.Sub(first), a.at.Sub(first))
@@ -142,8 +144,9 @@ func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 				}
 				admittedTotal += admitted
 				buckettest.CheckWindows(t, starts, l, startTolerance(l))
-				// Let the bucket refill before the next burst.
-				time.Sleep(l.Period() * time.Duration(l.Burst+1))
+				// Let the bucket refill (and slots reserved ahead pass)
+				// before the next burst.
+				time.Sleep(3 * l.Period() * time.Duration(l.Burst+leaky.BatchFor(l.Rate, 16)))
 			}
 			if total := len(rec.snapshot()); total != n*bursts {
 				t.Fatalf("%d arrivals, want %d: a job was delivered twice or lost", total, n*bursts)
