@@ -5,11 +5,9 @@
 package config
 
 import (
-	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/netip"
 	"net/url"
@@ -37,6 +35,16 @@ type Config struct {
 	DeadLetters     DeadLetters `yaml:"dead_letters"`
 	Log             Log         `yaml:"log"`
 	Lanes           []Lane      `yaml:"lanes"`
+	// Auth says who may call the HTTP API; see auth.go.
+	Auth Auth `yaml:"auth"`
+	// TLS serves the HTTP API over HTTPS, with client certificates if set.
+	TLS TLS `yaml:"tls"`
+	// HTTP bounds the HTTP server: timeouts, connections, bodies.
+	HTTP HTTP `yaml:"http"`
+
+	// getenv is the environment Parse read, for the _env secrets of a
+	// keys_file read later (LoadKeys); nil: none.
+	getenv func(string) string
 }
 
 // DeadLetters bounds the dead-letter stream shared by all lanes.
@@ -180,6 +188,7 @@ func Default() Config {
 		NATS:            NATS{DataDir: "./data", DedupWindow: Duration(2 * time.Minute), Replicas: 1},
 		DeadLetters:     DeadLetters{MaxAge: Duration(14 * 24 * time.Hour), MaxBytes: 1 << 30},
 		Log:             Log{Level: "info"},
+		HTTP:            DefaultHTTP(),
 	}
 }
 
@@ -215,11 +224,10 @@ func Load(path string, getenv func(string) string) (Config, error) {
 // Parse is Load on bytes already read; path only names the source in errors.
 func Parse(path string, raw []byte, getenv func(string) string) (Config, error) {
 	cfg := Default()
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
+	if err := decodeStrict(raw, &cfg, configSecret, getenv); err != nil {
+		return Config{}, inFile(err, path)
 	}
+	cfg.getenv = getenv
 	if getenv != nil {
 		for env, dst := range map[string]*string{
 			"THROTTLER_LISTEN":        &cfg.Listen,
@@ -242,6 +250,15 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 		}
 		return Config{}, err
 	}
+	// The keys file is read again by the service (and on SIGHUP); reading
+	// it here refuses a bad one before anything starts.
+	if _, err := cfg.LoadKeys(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && ce.File == "" {
+			ce.File = path
+		}
+		return Config{}, err
+	}
 	return cfg, nil
 }
 
@@ -259,6 +276,10 @@ var sections = strings.NewReplacer(
 	"in type config.Retry", "in a lane's retry",
 	"in type config.Adaptive", "in a lane's adaptive",
 	"in type config.DeadLetters", "in dead_letters",
+	"in type config.Auth", "in auth",
+	"in type config.Key", "in a key",
+	"in type config.TLS", "in tls",
+	"in type config.HTTP", "in http",
 )
 
 // yamlMessage turns a decoder error into one line per problem, each with its
@@ -403,7 +424,7 @@ func (c *Config) Validate() error {
 	}
 	if c.Redis.URL != "" {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-			return fail("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
+			return fail("redis.url", "%q is not a redis:// or rediss:// URL", RedactURL(c.Redis.URL))
 		}
 	}
 	if c.DeadLetters.MaxAge < 0 {
@@ -439,7 +460,7 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return c.validateAccess()
 }
 
 // validate checks one lane's fields; field names start with prefix.
