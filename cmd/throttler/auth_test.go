@@ -60,7 +60,7 @@ func TestSIGHUPReloadsKeys(t *testing.T) {
 	if c := status(t, "GET", lanes, "first-secret"); c != 200 {
 		t.Fatalf("first key: %d", c)
 	}
-	write("second", "second-secret")
+	write("second", "second-secret\n") // hashed as `… | tee secret | sha256sum` does
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}

@@ -71,15 +71,20 @@ type keySet struct{ keys []Key }
 // test can count the comparisons.
 var compareDigest = subtle.ConstantTimeCompare
 
-// match finds the key whose digest is the SHA-256 of secret, or nil. It
-// compares the digest with every key, without stopping at a match and
+// match finds the key whose digest is the SHA-256 of secret, or of secret
+// and a newline (what `openssl rand -hex 32 | tee secret | sha256sum`
+// hashes, while the header carries the secret without it), or nil. It
+// compares both digests with every key, without stopping at a match and
 // without a branch on the outcome, so that the time taken does not say
 // which key (if any) matched.
 func (s *keySet) match(secret string) *Key {
 	sum := sha256.Sum256([]byte(secret))
+	sumLine := sha256.Sum256([]byte(secret + "\n"))
 	found := -1
 	for i := range s.keys {
-		found = subtle.ConstantTimeSelect(compareDigest(sum[:], s.keys[i].SHA256[:]), i, found)
+		k := s.keys[i].SHA256[:]
+		eq := compareDigest(sum[:], k) | compareDigest(sumLine[:], k)
+		found = subtle.ConstantTimeSelect(eq, i, found)
 	}
 	if found < 0 {
 		return nil

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -218,9 +219,23 @@ func TestKeyCompareIsConstantTime(t *testing.T) {
 		if k != nil {
 			got = k.ID
 		}
-		if got != tc.want || compared != len(tableKeys) {
-			t.Errorf("match(%q) = %q after %d comparisons; want %q after %d", tc.secret, got, compared, tc.want, len(tableKeys))
+		if got != tc.want || compared != 2*len(tableKeys) {
+			t.Errorf("match(%q) = %q after %d comparisons; want %q after %d", tc.secret, got, compared, tc.want, 2*len(tableKeys))
 		}
+	}
+}
+
+// TestKeyHashedWithNewline: the documented recipe, openssl rand -hex 32 |
+// tee secret | sha256sum, hashes the secret and its newline; the client
+// sends the secret alone ($(cat secret)).
+func TestKeyHashedWithNewline(t *testing.T) {
+	secret := "3f1c0e4b9a7d2e6f8a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e1f"
+	set := &keySet{keys: []Key{{ID: "line", SHA256: sha256.Sum256([]byte(secret + "\n"))}}}
+	if k := set.match(secret); k == nil || k.ID != "line" {
+		t.Fatalf("match = %v", k)
+	}
+	if k := set.match(secret + "x"); k != nil {
+		t.Fatalf("another secret matched %s", k.ID)
 	}
 }
 
