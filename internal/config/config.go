@@ -210,9 +210,11 @@ const (
 	DefaultAckWait = 5 * time.Second
 )
 
-// Load reads path, applies env overrides through getenv (THROTTLER_LISTEN,
-// THROTTLER_NATS_URL, THROTTLER_NATS_DATA_DIR, THROTTLER_NATS_LISTEN,
-// THROTTLER_REDIS_URL, THROTTLER_LOG_LEVEL), fills defaults and validates.
+// Load reads path, resolves the _env and _file forms of secret fields
+// (secrets.go; variables through getenv), applies env overrides through
+// getenv (THROTTLER_LISTEN, THROTTLER_NATS_URL, THROTTLER_NATS_DATA_DIR,
+// THROTTLER_NATS_LISTEN, THROTTLER_REDIS_URL, THROTTLER_LOG_LEVEL), fills
+// defaults, validates, and reads auth.keys_file to check it.
 func Load(path string, getenv func(string) string) (Config, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
