@@ -477,16 +477,29 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("after a refused reload: %q %v", cn, err)
 	}
 
-	// max_connections 1: hold one connection, the next gets a 503 over TLS.
-	hold, err := tls.Dial("tcp", svc.Addr(), &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Close()
-	waitFor(t, 5*time.Second, "the refusal", func() bool {
-		_, err := served([]tls.Certificate{pki.clientCert})
-		return err != nil && strings.Contains(err.Error(), "status 503")
+	// max_connections 1: hold one connection that is served (the earlier
+	// ones may still count until the server has closed them), then the
+	// next one gets a 503 over TLS.
+	var hold *tls.Conn
+	waitFor(t, 5*time.Second, "a connection served and held", func() bool {
+		c, err := tls.Dial("tcp", svc.Addr(), &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}})
+		if err != nil {
+			return false
+		}
+		fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			hold = c
+			return true
+		}
+		c.Close()
+		return false
 	})
+	defer hold.Close()
+	if _, err := served([]tls.Certificate{pki.clientCert}); err == nil || !strings.Contains(err.Error(), "status 503") {
+		t.Fatalf("a connection over max_connections: %v", err)
+	}
 	if !strings.Contains(logs.String(), "tls: client didn't provide a certificate") {
 		t.Errorf("the refused handshake is not logged:\n%s", logs)
 	}
