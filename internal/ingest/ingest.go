@@ -119,7 +119,7 @@ func New(cfg Config) (*Handler, error) {
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
-	// Each route says what its caller needs (docs/API.md, "Scopes").
+	// Each route says what its caller needs (docs/API.md, Authentication).
 	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
@@ -216,9 +216,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
 	if err != nil {
-		var max *http.MaxBytesError
+		var over *http.MaxBytesError
 		switch {
-		case errors.As(err, &max):
+		case errors.As(err, &over):
 			tooBig()
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
