@@ -2,7 +2,7 @@
 // work: jobs come in over HTTP or NATS, wait durably on JetStream, and leave
 // at a constant, globally shared rate.
 //
-//	throttler serve --config configs/throttler.yaml   # the service
+//	throttler serve --config configs/throttler.yaml   # the service (SIGHUP: reload keys and certificate)
 //	throttler sink --listen 127.0.0.1:9000            # a target that logs arrivals
 //	throttler version
 package main
@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,12 +101,40 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// go-redis logs through a process-wide logger; route it into ours.
 	redis.SetLogger(redisLogger{logger.With("component", "redis")})
 	logger.Info("starting", "version", buildVersion(), "config", *path)
-	err = service.New(cfg, logger, prometheus.NewRegistry()).Run(ctx)
+	svc := service.New(cfg, logger, prometheus.NewRegistry())
+	stopReload := reloadOnHUP(logger, svc)
+	err = svc.Run(ctx)
+	stopReload()
 	var ce *config.Error
 	if errors.As(err, &ce) && ce.File == "" {
 		ce.File = *path // a setting the running system refused: name its file
 	}
 	return err
+}
+
+// reloadOnHUP makes SIGHUP reload the service's keys file and TLS
+// certificate (service.Reload logs what it did); stop ends it.
+func reloadOnHUP(logger *slog.Logger, svc *service.Service) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-hup:
+				logger.Info("SIGHUP: reloading auth.keys_file and the TLS certificate")
+				_ = svc.Reload() // logged by the service
+			case <-done:
+				return
+			}
+		}
+	})
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		wg.Wait()
+	}
 }
 
 func runSink(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -40,6 +40,16 @@ type Config struct {
 	Retries         Retries     `yaml:"retries"`
 	Log             Log         `yaml:"log"`
 	Lanes           []Lane      `yaml:"lanes"`
+	// Auth says who may call the HTTP API; see auth.go.
+	Auth Auth `yaml:"auth"`
+	// TLS serves the HTTP API over HTTPS, with client certificates if set.
+	TLS TLS `yaml:"tls"`
+	// HTTP bounds the HTTP server: timeouts, connections, bodies.
+	HTTP HTTP `yaml:"http"`
+
+	// getenv is the environment Parse read, for the _env secrets of a
+	// keys_file read later (LoadKeys); nil: none.
+	getenv func(string) string
 }
 
 // DeadLetters bounds the dead-letter stream shared by all lanes.
@@ -246,6 +256,7 @@ func Default() Config {
 		DeadLetters:     DeadLetters{MaxAge: Duration(14 * 24 * time.Hour), MaxBytes: 1 << 30},
 		Retries:         Retries{MaxMessages: 1_000_000, MaxBytes: 1 << 30},
 		Log:             Log{Level: "info"},
+		HTTP:            DefaultHTTP(),
 	}
 }
 
@@ -267,9 +278,11 @@ const (
 	DefaultAckWait = 5 * time.Second
 )
 
-// Load reads path, applies env overrides through getenv (THROTTLER_LISTEN,
-// THROTTLER_NATS_URL, THROTTLER_NATS_DATA_DIR, THROTTLER_NATS_LISTEN,
-// THROTTLER_REDIS_URL, THROTTLER_LOG_LEVEL), fills defaults and validates.
+// Load reads path, resolves the _env and _file forms of secret fields
+// (secrets.go; variables through getenv), applies env overrides through
+// getenv (THROTTLER_LISTEN, THROTTLER_NATS_URL, THROTTLER_NATS_DATA_DIR,
+// THROTTLER_NATS_LISTEN, THROTTLER_REDIS_URL, THROTTLER_LOG_LEVEL), fills
+// defaults, validates, and reads auth.keys_file to check it.
 func Load(path string, getenv func(string) string) (Config, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -281,38 +294,13 @@ func Load(path string, getenv func(string) string) (Config, error) {
 // Parse is Load on bytes already read; path only names the source in errors.
 func Parse(path string, raw []byte, getenv func(string) string) (Config, error) {
 	cfg := Default()
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		var ve *valueError
-		if errors.As(err, &ve) {
-			field, _ := findField(raw, func(_ string, n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
-			return Config{}, &Error{File: path, Field: field, Msg: ve.Error()}
-		}
-		// bucket.Rate reads its own text and does not know where it is:
-		// the field is the first rate in the file that does not parse.
-		var re *bucket.RateError
-		if errors.As(err, &re) {
-			field, n := findField(raw, func(path string, n *yaml.Node) bool {
-				_, err := bucket.ParseRate(n.Value)
-				return laneRate.MatchString(path) && err != nil
-			})
-			if n != nil {
-				return Config{}, &Error{File: path, Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err)}
-			}
-			return Config{}, &Error{File: path, Msg: err.Error()}
-		}
-		return Config{}, &Error{File: path, Msg: yamlMessage(err)}
+	if err := oneDocument(raw); err != nil {
+		return Config{}, inFile(err, path)
 	}
-	// One file, one config: a second document would be silently ignored.
-	var next yaml.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		line := next.Line
-		if err != nil {
-			line = 0
-		}
-		return Config{}, &Error{File: path, Msg: secondDocument(line)}
+	if err := decodeStrict(raw, &cfg, configSecret, getenv); err != nil {
+		return Config{}, inFile(err, path)
 	}
+	cfg.getenv = getenv
 	if getenv != nil {
 		for env, dst := range map[string]*string{
 			"THROTTLER_LISTEN":        &cfg.Listen,
@@ -331,6 +319,15 @@ func Parse(path string, raw []byte, getenv func(string) string) (Config, error) 
 	if err := cfg.Validate(); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
+			ce.File = path
+		}
+		return Config{}, err
+	}
+	// The keys file is read again by the service (and on SIGHUP); reading
+	// it here refuses a bad one before anything starts.
+	if _, err := cfg.LoadKeys(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && ce.File == "" {
 			ce.File = path
 		}
 		return Config{}, err
@@ -413,6 +410,10 @@ var sections = strings.NewReplacer(
 	"in type config.Retry", "in a lane's retry",
 	"in type config.Adaptive", "in a lane's adaptive",
 	"in type config.DeadLetters", "in dead_letters",
+	"in type config.Auth", "in auth",
+	"in type config.Key", "in a key",
+	"in type config.TLS", "in tls",
+	"in type config.HTTP", "in http",
 )
 
 // yamlMessage turns a decoder error into one line per problem, each with its
@@ -648,7 +649,7 @@ func (c *Config) Validate() error {
 	}
 	if c.Redis.URL != "" {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-			return fail("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
+			return fail("redis.url", "%q is not a redis:// or rediss:// URL", RedactURL(c.Redis.URL))
 		}
 	}
 	if c.DeadLetters.MaxAge < 0 {
@@ -693,7 +694,7 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return c.validateAccess()
 }
 
 // validate checks one lane's fields; field names start with prefix.
@@ -914,4 +915,46 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		}
 	}
 	return nil
+}
+
+// oneDocument refuses a file with a second YAML document: it would be
+// silently ignored.
+func oneDocument(raw []byte) error {
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	var first, next yaml.Node
+	if err := dec.Decode(&first); err != nil {
+		return nil // an empty file, or a syntax error the decode reports
+	}
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		line := next.Line
+		if err != nil {
+			line = 0
+		}
+		return &Error{Msg: secondDocument(line)}
+	}
+	return nil
+}
+
+// decodeError describes a decoding error in the file's words, naming the
+// field where it can: a bad value (duration, size) knows its line and
+// column; bucket.Rate reads its own text and does not know where it is, so
+// the field is the first rate in the file that does not parse.
+func decodeError(raw []byte, err error) error {
+	var ve *valueError
+	if errors.As(err, &ve) {
+		field, _ := findField(raw, func(_ string, n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
+		return &Error{Field: field, Msg: ve.Error()}
+	}
+	var re *bucket.RateError
+	if errors.As(err, &re) {
+		field, n := findField(raw, func(path string, n *yaml.Node) bool {
+			_, err := bucket.ParseRate(n.Value)
+			return laneRate.MatchString(path) && err != nil
+		})
+		if n != nil {
+			return &Error{Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err)}
+		}
+		return &Error{Msg: err.Error()}
+	}
+	return &Error{Msg: yamlMessage(err)}
 }

@@ -38,12 +38,20 @@ func (h *Handler) routeAdmin() {
 	if h.cfg.DeadLetters == nil {
 		return
 	}
-	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead", h.admin(h.listDead))
-	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead", h.admin(h.purgeDead))
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/replay", h.admin(h.replayAll))
-	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead/{seq}", h.admin(h.getDead))
-	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead/{seq}", h.admin(h.deleteDead))
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/{seq}/replay", h.admin(h.replayOne))
+	// Listing shows no payloads: read. One dead letter (its payload) and
+	// every change: admin.
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead", h.authorize(needRead, h.admin(h.listDead)))
+	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead", h.authorize(needAdmin, h.admin(h.purgeDead)))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/replay", h.authorize(needAdmin, h.admin(h.replayAll)))
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/dead/{seq}", h.authorize(needAdmin, h.admin(h.getDead)))
+	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/dead/{seq}", h.authorize(needAdmin, h.admin(h.deleteDead)))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/dead/{seq}/replay", h.authorize(needAdmin, h.admin(h.replayOne)))
+}
+
+// audit logs an admin action: who (key id, or anonymous, and the client
+// IP), on which lane, and what changed.
+func (h *Handler) audit(r *http.Request, msg, action, lane string, attrs ...any) {
+	h.cfg.Logger.Info(msg, append([]any{"audit", action, "caller", callerOf(r), "ip", clientIP(r), "lane", lane}, attrs...)...)
 }
 
 // admin checks the lane and turns a returned problem into a response.
@@ -148,7 +156,7 @@ func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string)
 	if err != nil {
 		return storeProblem(err)
 	}
-	h.cfg.Logger.Info("dead letter replayed", "caller", callerOf(r), "lane", lane, "seq", seq, "id", d.ID)
+	h.audit(r, "dead letter replayed", "replay", lane, "seq", seq, "id", d.ID)
 	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "id": d.ID})
 	return nil
 }
@@ -160,7 +168,7 @@ func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string)
 		p.Detail = fmt.Sprintf("replayed %d, then: %v", n, err)
 		return p
 	}
-	h.cfg.Logger.Info("dead letters replayed", "caller", callerOf(r), "lane", lane, "count", n)
+	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n)
 	writeJSON(w, http.StatusOK, map[string]any{"replayed": n})
 	return nil
 }
@@ -173,7 +181,7 @@ func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string
 	if err := h.cfg.DeadLetters.DeleteDead(r.Context(), lane, seq); err != nil {
 		return storeProblem(err)
 	}
-	h.cfg.Logger.Info("dead letter deleted", "caller", callerOf(r), "lane", lane, "seq", seq)
+	h.audit(r, "dead letter deleted", "delete", lane, "seq", seq)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -182,10 +190,13 @@ func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string)
 	if err := h.cfg.DeadLetters.PurgeDead(r.Context(), lane); err != nil {
 		return storeProblem(err)
 	}
-	h.cfg.Logger.Info("dead letters purged", "caller", callerOf(r), "lane", lane)
+	h.audit(r, "dead letters purged", "purge", lane)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+// maxLimitBody bounds the body of PATCH /v1/lanes/{lane}.
+const maxLimitBody = 4096
 
 // limitChange is the body of PATCH /v1/lanes/{lane}; absent fields keep
 // their value. rate is a string ("50/s", "120/min") or a number of jobs per
@@ -200,7 +211,14 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
 	}
 	var c limitChange
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+	release, ok := h.bodies.take(min(r.ContentLength, maxLimitBody), maxLimitBody)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}
+	}
+	defer release()
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxLimitBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		if errors.Is(err, bucket.ErrInvalidRate) {
@@ -233,7 +251,8 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 	if err != nil {
 		return storeProblem(err)
 	}
-	h.cfg.Logger.Info("lane limit changed", "caller", callerOf(r), "lane", lane, "rate", lim.Rate, "burst", lim.Burst)
+	h.audit(r, "lane limit changed", "set_limit", lane, "old_rate", cur.Admission.Limit.Rate, "old_burst", cur.Admission.Limit.Burst,
+		"rate", lim.Rate, "burst", lim.Burst)
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }

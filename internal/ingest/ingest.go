@@ -19,6 +19,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,12 @@ type Config struct {
 	// MetricsHandler serves /metrics.
 	MetricsHandler http.Handler
 	Logger         *slog.Logger
+	// Auth says who may call what; the zero value is an open API.
+	Auth Auth
+	// MaxBodyInflight bounds the bytes of request bodies being read at
+	// once across all requests (a body of unknown length counts as its
+	// lane's max_body); a request over it gets 503. Zero: no bound.
+	MaxBodyInflight int64
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -95,6 +102,9 @@ type Handler struct {
 	mux      *http.ServeMux
 	draining atomic.Bool
 	answers  *answers
+	// keys is nil when the API was built without keys (anonymous).
+	keys   atomic.Pointer[keySet]
+	bodies *budget
 }
 
 // New builds the handler.
@@ -105,10 +115,14 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux(), answers: newAnswers(answerMemory)}
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.submit)
-	h.mux.HandleFunc("GET /v1/lanes", h.lanes)
-	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.admin(h.setLimit))
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight)}
+	if len(cfg.Auth.Keys) > 0 {
+		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
+	}
+	// Each route says what its caller needs (docs/API.md, Authentication).
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
+	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
+	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
@@ -116,7 +130,11 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /readyz", h.ready)
 	h.routeAdmin()
 	if cfg.MetricsHandler != nil {
-		h.mux.Handle("GET /metrics", cfg.MetricsHandler)
+		n := needRead
+		if cfg.Auth.PublicMetrics {
+			n = needNothing
+		}
+		h.mux.HandleFunc("GET /metrics", h.authorize(n, cfg.MetricsHandler.ServeHTTP))
 	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
@@ -125,8 +143,14 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler: the Host and cross-site checks, then
+// the route (which checks the caller's key).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.checkBrowser(w, r) {
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // StopIntake makes every later submission answer 503 (shutdown begins).
 func (h *Handler) StopIntake() { h.draining.Store(true) }
@@ -135,10 +159,9 @@ const maxContentType = queue.MaxContentType
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
-	caller := callerOf(r)
 	reject := func(p api.Problem, reason string, retry time.Duration) {
 		p.Lane = name
-		h.cfg.Logger.Info("job rejected", "caller", caller, "lane", name, "reason", reason, "status", p.Status, "detail", p.Detail)
+		h.cfg.Logger.Info("job rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "detail", p.Detail)
 		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
 		writeProblem(w, r, p, retry)
 	}
@@ -168,16 +191,39 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
 		return
 	}
+	tooBig := func() {
+		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+			Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
+	}
+	if r.ContentLength > lane.MaxBody {
+		// Before reading a byte of it; close rather than read it to keep
+		// the connection.
+		w.Header().Set("Connection", "close")
+		tooBig()
+		return
+	}
+	release, ok := h.bodies.take(r.ContentLength, lane.MaxBody)
+	if !ok {
+		// Close the connection rather than read the body to keep it.
+		w.Header().Set("Connection", "close")
+		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
+		return
+	}
+	defer release()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
-				Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
-			return
+		var over *http.MaxBytesError
+		switch {
+		case errors.As(err, &over):
+			tooBig()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
+				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
+		default:
+			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
 		}
-		reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-			Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
 		return
 	}
 	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, "")
@@ -308,8 +354,17 @@ func validKey(k string) error {
 	return nil
 }
 
-// callerOf names who submitted: the API key's holder later, the client IP now.
+// callerOf names who made the request: the id of its API key, or
+// "anonymous" (logs add the client IP).
 func callerOf(r *http.Request) string {
+	if id, ok := r.Context().Value(callerCtx{}).(string); ok {
+		return id
+	}
+	return "anonymous"
+}
+
+// clientIP is the address the request came from.
+func clientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr

@@ -11,17 +11,22 @@ import (
 
 // Problem types; each is documented in docs/API.md under its anchor.
 const (
-	ProblemUnknownLane   = "urn:throttler:problem:unknown-lane"
-	ProblemBodyTooLarge  = "urn:throttler:problem:body-too-large"
-	ProblemBadHeader     = "urn:throttler:problem:invalid-header"
-	ProblemBacklogFull   = "urn:throttler:problem:backlog-full"
-	ProblemUnavailable   = "urn:throttler:problem:queue-unavailable"
-	ProblemNotFound      = "urn:throttler:problem:not-found"
-	ProblemBadBody       = "urn:throttler:problem:invalid-body"
-	ProblemShuttingDown  = "urn:throttler:problem:shutting-down"
-	ProblemStorageFull   = "urn:throttler:problem:storage-full"
-	problemContentType   = "application/problem+json"
-	maxRetryAfterSeconds = 24 * 3600
+	ProblemUnknownLane  = "urn:throttler:problem:unknown-lane"
+	ProblemBodyTooLarge = "urn:throttler:problem:body-too-large"
+	ProblemBadHeader    = "urn:throttler:problem:invalid-header"
+	ProblemBacklogFull  = "urn:throttler:problem:backlog-full"
+	ProblemUnavailable  = "urn:throttler:problem:queue-unavailable"
+	ProblemNotFound     = "urn:throttler:problem:not-found"
+	ProblemBadBody      = "urn:throttler:problem:invalid-body"
+	ProblemShuttingDown = "urn:throttler:problem:shutting-down"
+	ProblemStorageFull  = "urn:throttler:problem:storage-full"
+	// ProblemOverloaded: a bound of the HTTP server itself (connections,
+	// bodies being read) is reached.
+	ProblemOverloaded = "urn:throttler:problem:overloaded"
+	// ProblemRequestTimeout: the body did not arrive within read_timeout.
+	ProblemRequestTimeout = "urn:throttler:problem:request-timeout"
+	problemContentType    = "application/problem+json"
+	maxRetryAfterSeconds  = 24 * 3600
 )
 
 func writeProblem(w http.ResponseWriter, r *http.Request, p api.Problem, retryAfter time.Duration) {

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -460,27 +459,13 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 func describeTarget(t config.Target) string {
 	switch {
 	case t.HTTP != nil:
-		return t.HTTP.Method + " " + redactURL(t.HTTP.URL)
+		return t.HTTP.Method + " " + config.RedactURL(t.HTTP.URL)
 	case t.NATS != nil:
 		return "nats " + t.NATS.Subject
 	case t.Handler != "":
 		return "handler " + t.Handler
 	}
 	return ""
-}
-
-// redactURL drops credentials and the query (often an API key) from a URL
-// that is shown to API clients.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(invalid URL)"
-	}
-	u.User = nil
-	if u.RawQuery != "" {
-		u.RawQuery = "…"
-	}
-	return u.String()
 }
 
 // observer feeds the drain's events to metrics and the lane's state.

@@ -11,11 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +49,9 @@ type Service struct {
 	guardTiming instance.Timing
 
 	handlers map[string]dispatch.Target
+
+	// access holds what Reload swaps: API keys, TLS certificate.
+	access access
 }
 
 // Handle registers an in-process target under name, for lanes whose config
@@ -171,10 +170,20 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	auth, err := s.apiAuth()
+	if err != nil {
+		return err
+	}
+	tc, err := s.tlsConfig()
+	if err != nil {
+		return err
+	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
-		MetricsHandler: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
-		Logger:         s.log.With("component", "ingest"),
+		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
+		Logger:          s.log.With("component", "ingest"),
+		Auth:            auth,
+		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
 		Ready: func(context.Context) error {
 			if st := nc.Status(); st != nats.CONNECTED {
 				return fmt.Errorf("nats connection is %v", st)
@@ -185,13 +194,22 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	ln, err := s.listen(tc)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
-	httpSrv := &http.Server{Handler: httpAPI, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpSrv := s.httpServer(httpAPI, tc)
 	httpErr := make(chan error, 1)
-	go func() { httpErr <- httpSrv.Serve(ln) }()
+	go func() {
+		if tc != nil {
+			httpErr <- httpSrv.ServeTLS(ln, "", "") // the certificate comes from tc
+			return
+		}
+		httpErr <- httpSrv.Serve(ln)
+	}()
+	s.access.mu.Lock()
+	s.access.api = httpAPI
+	s.access.mu.Unlock()
 
 	drainCtx, stopDrains := context.WithCancel(ctx)
 	defer stopDrains()
@@ -200,7 +218,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		drains.Go(func() { l.Run(drainCtx) })
 	}
 	s.addr = ln.Addr().String()
-	s.log.Info("throttler ready", "listen", s.addr, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
+	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)
 
 	select {
@@ -245,21 +263,7 @@ func natsWhere(cfg config.Config) string {
 	if cfg.NATS.URL == "" {
 		return "embedded"
 	}
-	return redactURL(cfg.NATS.URL)
-}
-
-// redactURL hides the password of each URL in a comma-separated list.
-func redactURL(raw string) string {
-	parts := strings.Split(raw, ",")
-	for i, p := range parts {
-		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), "***")
-			}
-			parts[i] = u.String()
-		}
-	}
-	return strings.Join(parts, ",")
+	return config.RedactURL(cfg.NATS.URL)
 }
 
 func pacerKind(cfg config.Config) string {
@@ -307,7 +311,7 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		}
 		nc, err := nats.Connect(n.URL, append(opts, nats.RetryOnFailedConnect(false))...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("nats.url %s: %w", redactURL(n.URL), err)
+			return nil, nil, scrubbed(fmt.Errorf("nats.url %s: %w", config.RedactURL(n.URL), err), n.URL)
 		}
 		s.fitBodies(nc)
 		return nc, nil, nil
@@ -393,7 +397,7 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
-		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", err)
+		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
 	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
@@ -403,7 +407,9 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 // away: one dial attempt, no command retries, deadlines honoured, so the
 // drain pauses and admission queues at once.
 func redisOptions(cfg config.Redis) (*redis.UniversalOptions, error) {
-	bad := func(err error) error { return &config.Error{Field: "redis.url", Msg: err.Error()} }
+	bad := func(err error) error {
+		return &config.Error{Field: "redis.url", Msg: config.ScrubURL(err.Error(), cfg.URL)}
+	}
 	var u redis.UniversalOptions
 	switch cfg.Mode {
 	case "cluster":
@@ -429,6 +435,23 @@ func redisOptions(cfg config.Redis) (*redis.UniversalOptions, error) {
 	u.ContextTimeoutEnabled, u.DialerRetries, u.MaxRetries, u.DialTimeout = true, 1, -1, 500*time.Millisecond
 	return &u, nil
 }
+
+// scrubbed hides the secrets of rawURL in err's message, keeping err for
+// errors.Is and errors.As.
+func scrubbed(err error, rawURL string) error {
+	if err == nil {
+		return nil
+	}
+	return scrubbedError{msg: config.ScrubURL(err.Error(), rawURL), err: err}
+}
+
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+func (e scrubbedError) Unwrap() error { return e.err }
 
 // countingStore counts calls to the state store per lane and operation.
 type countingStore struct {
