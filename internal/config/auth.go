@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"regexp"
@@ -121,8 +122,12 @@ var (
 	maxKeys = 10_000
 )
 
-// LoopbackListen reports whether listen binds only loopback addresses.
+// LoopbackListen reports whether listen binds only loopback addresses (a
+// loopback IP, or localhost).
 func (c *Config) LoopbackListen() bool {
+	if host, _, err := net.SplitHostPort(c.Listen); err == nil && host == "localhost" {
+		return true
+	}
 	ap, err := netip.ParseAddrPort(c.Listen)
 	return err == nil && ap.Addr().IsLoopback()
 }

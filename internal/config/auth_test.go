@@ -154,12 +154,12 @@ func TestSecretsFromEnvAndFiles(t *testing.T) {
 	}
 	redisFile := write("redis-url", "redis://:s3cret-pw@redis:6379/0\n")
 	tokenFile := write("token", "Bearer tok-123\r\n")
-	whFile := write("wh", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+	whFile := write("wh", "whsec_dGhyb3R0bGVyLXRlc3Qtc2lnbmluZy1rZXktMDE=\n")
 	opsFile := write("ops.sha256", sum("ops")+"\n")
 	keysFile := write("keys.yaml", "- {id: ci, sha256_env: CI_SUM, scopes: [read]}\n")
 	env := map[string]string{
 		"NATS_URL": "nats://u:natspw@nats:4222",
-		"WH2":      "whsec_c2Vjb25kLXNpZ25pbmcta2V5LTE2Yg==",
+		"WH2":      "whsec_c2Vjb25kLXNpZ25pbmcta2V5LTE2Yi14eHh4",
 		"CI_SUM":   sum("ci"),
 	}
 	y := `
@@ -200,7 +200,7 @@ lanes:
 	if h.Headers["Authorization"] != "Bearer tok-123" || h.Headers["X-Plain"] != "visible" || len(h.Headers) != 2 {
 		t.Errorf("headers = %q", h.Headers)
 	}
-	if len(h.SigningSecrets) != 1 || h.SigningSecrets[0] != "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" ||
+	if len(h.SigningSecrets) != 1 || h.SigningSecrets[0] != "whsec_dGhyb3R0bGVyLXRlc3Qtc2lnbmluZy1rZXktMDE=" ||
 		len(o.SigningSecrets) != 1 || o.SigningSecrets[0] != env["WH2"] {
 		t.Errorf("signing_secrets = %q, %q", h.SigningSecrets, o.SigningSecrets)
 	}

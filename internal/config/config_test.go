@@ -86,7 +86,7 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"ListenHostName", withListen("example.com:8080"), `t.yaml: listen: host "example.com" of "example.com:8080" is not an IP address or localhost`},
 		{"ListenBadColon", withListen("\":abc\""), `t.yaml: listen: port "abc"`},
 		{"ListenLocalhost", withListen("localhost:8080"), ""},
-		{"ListenAnyHost", withListen("\":8080\""), ""},
+		{"ListenAnyHost", withListen("\":8080\"") + "auth: {anonymous: true}\n", ""},
 		{"ListenIPv6", withListen("\"[::1]:8080\""), ""},
 		{"ListenFreePort", withListen("127.0.0.1:0"), ""},
 		{"NATSListenNoHost", good + "nats:\n  listen: \":4222\"\n", `t.yaml: nats.listen: ":4222" has no host`},

@@ -31,7 +31,7 @@ func TestParseControl(t *testing.T) {
 		{"tiny rate", `{"v":1,"kind":"limit","rate":0.000001,"burst":1}`, control{}, "not in the lane's range"},
 		{"rate over the range", `{"v":1,"kind":"limit","rate":101,"burst":1}`, control{}, "not in the lane's range"},
 		{"burst over the range", `{"v":1,"kind":"limit","rate":10,"burst":51}`, control{}, "over the lane's maximum"},
-		{"zero burst", `{"v":1,"kind":"limit","rate":10,"burst":0}`, control{}, "burst 0 must be at least 1"},
+		{"zero burst", `{"v":1,"kind":"limit","rate":10,"burst":0}`, control{}, "burst must be between 1 and"},
 		{"unknown kind", `{"v":1,"kind":"reboot"}`, control{}, `unknown control kind "reboot"`},
 		{"old text protocol", `pause 100`, control{}, "not JSON"},
 		{"unknown version", `{"v":2,"kind":"pause","pause_ms":1}`, control{}, "unknown control message version 2"},

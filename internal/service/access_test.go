@@ -238,7 +238,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), target, 100, 10)
 	cfg.NATS.URL = fmt.Sprintf("nats://thr:nats-pw-1234@127.0.0.1:%d", ns.Addr().(*net.TCPAddr).Port)
 	cfg.Lanes[0].Target.HTTP.Headers = map[string]string{"Authorization": "Bearer header-secret-3456"}
-	cfg.Lanes[0].Target.HTTP.SigningSecrets = []string{"whsec_c2lnbmluZy1zZWNyZXQtNzg5MDEy"}
+	cfg.Lanes[0].Target.HTTP.SigningSecrets = []string{"whsec_c2lnbmluZy1zZWNyZXQtNzg5MDEyMzQ1Njc="}
 	svc, logs := startLogged(t, cfg)
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()

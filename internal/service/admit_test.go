@@ -139,14 +139,17 @@ func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 					}
 					t.Fatalf("burst %d: an admitted job arrived %v after the first queued one", b, lastAdmitted.Sub(firstQueued))
 				}
-				if admitted == 0 {
-					t.Fatalf("burst %d: no job admitted on an idle lane", b)
-				}
 				admittedTotal += admitted
 				buckettest.CheckWindows(t, starts, l, startTolerance(l))
 				// Let the bucket refill (and slots reserved ahead pass)
 				// before the next burst.
 				time.Sleep(3 * l.Period() * time.Duration(l.Burst+leaky.BatchFor(l.Rate, 16)))
+			}
+			// A loaded machine may answer a whole burst "queued" (the slot
+			// is not heard within admit_wait); over 20 idle-lane bursts
+			// most jobs of the burst are admitted.
+			if admittedTotal < bursts*l.Burst/2 {
+				t.Fatalf("%d admitted over %d bursts on an idle lane, want at least %d", admittedTotal, bursts, bursts*l.Burst/2)
 			}
 			if total := len(rec.snapshot()); total != n*bursts {
 				t.Fatalf("%d arrivals, want %d: a job was delivered twice or lost", total, n*bursts)
