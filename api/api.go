@@ -38,8 +38,8 @@ type LaneStatus struct {
 	MaxBacklog    int64   `json:"max_backlog"`
 	// Quota, when the lane was configured with its target's quota, is that
 	// quota; Rate and Burst were derived from it.
-	Quota *Quota `json:"quota,omitempty"`
-	Target        string  `json:"target"`
+	Quota  *Quota `json:"quota,omitempty"`
+	Target string `json:"target"`
 	// Backlog: jobs stored and not yet done (waiting or in flight), all
 	// instances.
 	Backlog uint64 `json:"backlog"`
