@@ -64,7 +64,7 @@ func arrivalsOf(rec *recorder, prefix string) map[string]arrival {
 // startTolerance is how much later than its slot a start may reach the
 // target: the drain's lateness bound plus a local HTTP hop.
 func startTolerance(l bucket.Limit) time.Duration {
-	return max(leaky.DefaultMaxLate, l.Period()) + 10*time.Millisecond
+	return max(leaky.DefaultMaxLate, l.Period()) + 25*time.Millisecond
 }
 
 // TestReadmeBurstAdmittedStartAtOnce sends the README's burst (100
