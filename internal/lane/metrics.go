@@ -8,19 +8,19 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 )
 
-// utilizationWindow is the span over which a lane's utilization is
-// measured: starts over the last minute against the configured rate.
-const utilizationWindow = time.Minute
+// windowSeconds is the span over which a lane's utilization is measured:
+// starts over the last minute against the configured rate.
+const windowSeconds = 60
 
-// startWindow counts starts per second over the last utilizationWindow.
+// startWindow counts starts per second over the last windowSeconds.
 // The zero value is empty; first marks the beginning of the count (the
 // lane's start), so that a lane younger than the window is measured over
 // its life. Safe for concurrent use.
 type startWindow struct {
 	mu    sync.Mutex
 	first time.Time
-	n     [60]int64 // starts in the second held in sec, by second mod 60
-	sec   [60]int64 // the Unix second each slot counts
+	n     [windowSeconds]int64 // starts in the second held in sec, by second mod windowSeconds
+	sec   [windowSeconds]int64 // the Unix second each slot counts
 }
 
 // begin marks the start of counting.
@@ -33,7 +33,7 @@ func (w *startWindow) begin(now time.Time) {
 // add counts one start at now.
 func (w *startWindow) add(now time.Time) {
 	s := now.Unix()
-	i := s % 60
+	i := s % windowSeconds
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.sec[i] != s {
@@ -43,19 +43,19 @@ func (w *startWindow) add(now time.Time) {
 }
 
 // count returns the starts of the window that ends at now, and the span
-// they were counted over: the last 59 whole seconds and the current part
-// of one, or less while the lane is younger than that.
+// they were counted over: the last windowSeconds-1 whole seconds and the
+// current part of one, or less while the lane is younger than that.
 func (w *startWindow) count(now time.Time) (int64, time.Duration) {
 	s := now.Unix()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var n int64
 	for i := range w.sec {
-		if w.sec[i] > s-60 && w.sec[i] <= s {
+		if w.sec[i] > s-windowSeconds && w.sec[i] <= s {
 			n += w.n[i]
 		}
 	}
-	from := time.Unix(s-59, 0)
+	from := time.Unix(s-windowSeconds+1, 0)
 	if w.first.After(from) {
 		from = w.first
 	}
