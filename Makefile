@@ -1,8 +1,8 @@
 # throttler — see README.md. Every target works on a fresh clone; the tests
-# need redis-server and redis-sentinel on PATH (apt-get install redis-server
-# redis-sentinel), and bash, curl and openssl for the docs' commands; NATS runs
-# in-process, and as nats-server processes built from go.mod for the cluster
-# tests and deploy/local/fleet.sh.
+# need redis-server, redis-sentinel and promtool on PATH (apt-get install
+# redis-server redis-sentinel prometheus), and bash, curl and openssl for the
+# docs' commands; NATS runs in-process, and as nats-server processes built
+# from go.mod for the cluster tests and deploy/local/fleet.sh.
 GO      ?= go
 BIN     := bin/throttler
 PKGS    := ./...

@@ -366,3 +366,63 @@ func TestNamedMetricsExist(t *testing.T) {
 		t.Fatalf("only %d metric references found; the scan is broken", n)
 	}
 }
+
+// TestOperationsDocsFollowTheCode: docs/OPERATIONS.md's metrics table
+// lists every throttler_ metric a running service exposes and nothing
+// else, and its alerts table every rule of the rules file and nothing else.
+func TestOperationsDocsFollowTheCode(t *testing.T) {
+	raw, err := os.ReadFile("../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	section := func(title string) string {
+		start := strings.Index(doc, "\n## "+title+"\n")
+		if start < 0 {
+			t.Fatalf("OPERATIONS.md has no section %q", title)
+		}
+		rest := doc[start+1:]
+		if end := strings.Index(rest[3:], "\n## "); end >= 0 {
+			rest = rest[:end+3]
+		}
+		return rest
+	}
+	rowName := regexp.MustCompile("(?m)^\\| `([A-Za-z_]+)` \\|")
+	rows := func(title string) map[string]bool {
+		out := map[string]bool{}
+		for _, m := range rowName.FindAllStringSubmatch(section(title), -1) {
+			out[m[1]] = true
+		}
+		return out
+	}
+
+	// Registered only with Redis (the store that can lose states).
+	conditional := map[string]bool{"throttler_pacer_states_restored_total": true}
+	documented := rows("Metrics")
+	for name := range registry(t) {
+		if strings.HasPrefix(name, "throttler_") && !documented[name] {
+			t.Errorf("OPERATIONS.md's metrics table lacks %s", name)
+		}
+		delete(documented, name)
+	}
+	for name := range documented {
+		if !conditional[name] {
+			t.Errorf("OPERATIONS.md's metrics table lists %s, which the service does not expose", name)
+		}
+	}
+
+	var rules rulesDoc
+	readYAML(t, rulesFile, &rules)
+	alerts := rows("Alerts")
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if !alerts[r.Alert] {
+				t.Errorf("OPERATIONS.md's alerts table lacks %s", r.Alert)
+			}
+			delete(alerts, r.Alert)
+		}
+	}
+	for name := range alerts {
+		t.Errorf("OPERATIONS.md's alerts table lists %s, which %s does not have", name, rulesFile)
+	}
+}
