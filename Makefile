@@ -1,20 +1,38 @@
 # throttler — see README.md. Every target works on a fresh clone; the tests
-# need redis-server and redis-sentinel on PATH (apt-get install redis-server
-# redis-sentinel), and bash, curl and openssl for the docs' commands; NATS runs
-# in-process, and as nats-server processes built from go.mod for the cluster
-# tests and deploy/local/fleet.sh.
+# need redis-server, redis-sentinel and promtool on PATH (apt-get install
+# redis-server redis-sentinel prometheus), and bash, curl and openssl for the
+# docs' commands; NATS runs in-process, and as nats-server processes built
+# from go.mod for the cluster tests and deploy/local/fleet.sh.
 GO      ?= go
 BIN     := bin/throttler
 PKGS    := ./...
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
-LDFLAGS := -X main.version=$(VERSION)
+# The revision goes in by hand: the go tool records none with
+# GOFLAGS=-buildvcs=false, nor in a tree without .git (throttler version).
+REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo true)
+LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modified=$(MODIFIED)
+# Image tag: the version, never latest (deploy/kubernetes/kustomization.yaml).
+IMAGE   ?= throttler:$(VERSION)
 
-.PHONY: all build run test race check fmt vet staticcheck fuzz-smoke bench bench-smoke clean
+.PHONY: all build image rules run test race check fmt vet staticcheck fuzz-smoke bench bench-smoke clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/throttler
+
+# The container image, tagged with the version (needs docker).
+image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+	  --build-arg MODIFIED=$(MODIFIED) -t $(IMAGE) .
+
+# The alerting rules: syntax, and their unit tests (deploy/prometheus/
+# alerts_test.yml). promtool is in Debian's prometheus package; `make test`
+# runs the same through deploy/deploy_test.go.
+rules:
+	promtool check rules deploy/prometheus/alerts.yml
+	promtool test rules deploy/prometheus/alerts_test.yml
 
 # The embedded default: in-process NATS JetStream in ./data, in-memory pacer,
 # the demo lane from configs/throttler.yaml delivering to a local sink that

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -23,12 +24,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/sink"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = ""
+// Set at build time by the Makefile and the Dockerfile:
+// -ldflags "-X main.version=… -X main.revision=… -X main.modified=true".
+// The revision is needed when the go tool records none (-buildvcs=false, a
+// source tree without .git).
+var (
+	version  = ""
+	revision = ""
+	modified = ""
+)
 
 func main() {
 	ctx, stop := signalContext()
@@ -76,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "sink":
 		return runSink(ctx, args[1:], stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "throttler", buildVersion())
+		fmt.Fprintln(stdout, "throttler", describe(readBuild()))
 		return nil
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
@@ -100,8 +109,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	logger := newLogger(stderr, cfg.Log.Level)
 	// go-redis logs through a process-wide logger; route it into ours.
 	redis.SetLogger(redisLogger{logger.With("component", "redis")})
-	logger.Info("starting", "version", buildVersion(), "config", *path)
-	svc := service.New(cfg, logger, prometheus.NewRegistry())
+	b := readBuild()
+	logger.Info("starting", "version", b.Version, "revision", b.Revision, "go", b.GoVersion, "config", *path)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewBuildInfo(b))
+	svc := service.New(cfg, logger, reg)
 	stopReload := reloadOnHUP(logger, svc)
 	err = svc.Run(ctx)
 	stopReload()
@@ -161,12 +173,47 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, fmt.Sprintf(format, v...))
 }
 
-func buildVersion() string {
-	if version != "" {
-		return version
+// readBuild names this binary: the linker's version and revision when the
+// build set them, else what the go tool recorded.
+func readBuild() metrics.Build {
+	bi, _ := debug.ReadBuildInfo()
+	return resolveBuild(version, revision, modified, bi)
+}
+
+// resolveBuild picks the version (the linker's, else the module's, else
+// "devel") and the revision (the linker's, else the go tool's vcs.revision,
+// else "unknown"; with "-modified" for a tree with uncommitted changes).
+func resolveBuild(version, revision, modified string, bi *debug.BuildInfo) metrics.Build {
+	b := metrics.Build{Version: version, Revision: revision, GoVersion: runtime.Version()}
+	dirty := modified == "true"
+	if bi != nil {
+		if b.Version == "" {
+			b.Version = bi.Main.Version
+		}
+		if b.Revision == "" {
+			for _, s := range bi.Settings {
+				switch s.Key {
+				case "vcs.revision":
+					b.Revision = s.Value
+				case "vcs.modified":
+					dirty = s.Value == "true"
+				}
+			}
+		}
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
+	if b.Version == "" {
+		b.Version = "devel"
 	}
-	return "devel"
+	switch {
+	case b.Revision == "":
+		b.Revision = "unknown"
+	case dirty:
+		b.Revision += "-modified"
+	}
+	return b
+}
+
+// describe is the version line: "v1.2.3 (revision 3f2a9c1d04e5, go1.26.8)".
+func describe(b metrics.Build) string {
+	return fmt.Sprintf("%s (revision %s, %s)", b.Version, b.Revision, b.GoVersion)
 }

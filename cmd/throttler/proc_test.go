@@ -91,7 +91,13 @@ lanes:
 // startProc runs `throttler serve --config path` and waits for /readyz.
 func startProc(t *testing.T, path, addr string) *proc {
 	t.Helper()
-	p := &proc{t: t, cmd: exec.Command(binary, "serve", "--config", path), logs: &syncBuffer{}, addr: addr, done: make(chan struct{})}
+	return startBinary(t, binary, path, addr)
+}
+
+// startBinary is startProc with the throttler binary at bin.
+func startBinary(t *testing.T, bin, path, addr string) *proc {
+	t.Helper()
+	p := &proc{t: t, cmd: exec.Command(bin, "serve", "--config", path), logs: &syncBuffer{}, addr: addr, done: make(chan struct{})}
 	p.cmd.Stderr = p.logs
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

@@ -377,7 +377,7 @@ func metricLane(d Directory, name string) string {
 	if _, ok := d.Lane(name); ok {
 		return name
 	}
-	return "_unknown"
+	return metrics.UnknownLane
 }
 
 func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {

@@ -87,6 +87,7 @@ type Lane struct {
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
 	delivered atomic.Uint64
 	rateGauge prometheus.Gauge
+	starts    startWindow // for the utilization gauge
 
 	mu        sync.Mutex
 	pacerDown bool
@@ -154,6 +155,7 @@ func targetConfig(t config.Target, handlers map[string]dispatch.Target) dispatch
 // builds the drain.
 func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	m, name := l.d.Metrics, l.cfg.Name
+	m.InitLane(name)
 	l.rateGauge = m.EffectiveRate.WithLabelValues(name)
 	l.rateGauge.Set(lim.Rate)
 	m.PausedSeconds.WithLabelValues(name).Set(0)
@@ -190,6 +192,8 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	}
 	m.PacerUp.WithLabelValues(name).Set(1)
 	m.WatchMissed(name, l.drain.Missed)
+	l.starts.begin(l.d.Clock.Now())
+	m.WatchLane(name, l.metricState)
 	return nil
 }
 
@@ -223,6 +227,7 @@ func (l *Lane) Close() {
 func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 	inflight := l.d.Metrics.Inflight.WithLabelValues(l.cfg.Name)
 	inflight.Inc()
+	l.started(msg)
 	go func() {
 		defer done()
 		defer inflight.Dec()
@@ -270,6 +275,8 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		l.delivered.Add(1)
 		if err := msg.Ack(); err != nil {
 			log.Warn("ack failed; the job may be delivered again", "ack_err", err)
+		} else {
+			l.settled(msg)
 		}
 	case Release:
 		_ = msg.Release()
@@ -287,6 +294,8 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		log.Error("job dead-lettered", "reason", act.Reason)
 		if err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
+		} else {
+			l.settled(msg)
 		}
 	}
 }
@@ -396,7 +405,17 @@ func (l *Lane) pause(d time.Duration) {
 	l.d.Metrics.LanePaused.WithLabelValues(name).Inc()
 	l.holdUntil(l.d.Clock.Now().Add(d))
 	l.d.Metrics.PausedSeconds.WithLabelValues(name).Set(d.Seconds())
-	time.AfterFunc(d, func() { l.d.Metrics.PausedSeconds.WithLabelValues(name).Set(0) })
+	// Back to 0 when the lane's pause ends, which a later pause (from
+	// here or another instance) may have pushed back.
+	var reset func()
+	reset = func() {
+		if left := l.pausedUntil().Sub(l.d.Clock.Now()); left > 0 {
+			time.AfterFunc(left, reset)
+			return
+		}
+		l.d.Metrics.PausedSeconds.WithLabelValues(name).Set(0)
+	}
+	time.AfterFunc(d, reset)
 	_ = l.publish(control{Kind: kindPause, PauseMillis: max(d.Milliseconds(), 1)})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
 	defer cancel()

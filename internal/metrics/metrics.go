@@ -41,8 +41,15 @@ type Metrics struct {
 	// PausedSeconds is how long the lane still waits for a downstream's
 	// Retry-After or rate-limit reset; 0 when not paused.
 	PausedSeconds *prometheus.GaugeVec
+	// QueueWait is how long a job waited in its lane, from being stored to
+	// the start of its delivery.
+	QueueWait *prometheus.HistogramVec
+	// EndToEnd is how long a job took from being stored first to being
+	// settled: delivered, or dead-lettered (retries included).
+	EndToEnd *prometheus.HistogramVec
 
-	reg prometheus.Registerer
+	reg   prometheus.Registerer
+	lanes *laneCollector
 }
 
 // WatchMissed exposes a lane's given-up slots (leaky.Drain.Missed) as
@@ -66,11 +73,20 @@ func (m *Metrics) WatchRestored(restored func() uint64) {
 	}, func() float64 { return float64(restored()) }))
 }
 
+// waitBuckets span 1 ms to 4.7 h (×4 each): a queue wait is anything from
+// an immediate start to a long backlog, and retries stretch end-to-end
+// times to hours.
+var waitBuckets = prometheus.ExponentialBuckets(0.001, 4, 13)
+
+// UnknownLane is the lane label of refused submissions to lanes that do
+// not exist (their names are unbounded).
+const UnknownLane = "_unknown"
+
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	lane := []string{"lane"}
 	m := &Metrics{
-		reg: reg,
+		reg: reg, lanes: newLaneCollector(),
 		Submitted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_jobs_submitted_total", Help: "Jobs accepted, by lane, state and source.",
 		}, []string{"lane", "state", "source"}),
@@ -112,7 +128,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		PausedSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "throttler_lane_paused_seconds", Help: "Length of the pause a downstream asked of this instance, while it lasts; 0 when not paused.",
 		}, lane),
+		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "throttler_job_queue_wait_seconds", Help: "Time a job waited in its lane, from being stored to the start of its delivery.",
+			Buckets: waitBuckets,
+		}, lane),
+		EndToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "throttler_job_end_to_end_seconds", Help: "Time from a job's first storing to its settling (delivered or dead-lettered), retries included.",
+			Buckets: waitBuckets,
+		}, lane),
 	}
+	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes)
+	// Refusals of unknown lanes count under one lane name (ingest).
+	m.Rejected.WithLabelValues(UnknownLane, "unknown_lane")
 	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
 		m.Inflight, m.SlotsReserved, m.PacerCalls, m.PacerUp, m.LanePaused)
 	return m

@@ -31,6 +31,15 @@ func (m *Msg) Attempt() int { return m.job.Attempts + 1 }
 // StoredAt is when JetStream stored this copy of the job.
 func (m *Msg) StoredAt() time.Time { return m.meta.Timestamp }
 
+// EnqueuedAt is when the job was first stored: StoredAt, or for a retry
+// when its first copy was.
+func (m *Msg) EnqueuedAt() time.Time {
+	if m.job.EnqueuedAt.IsZero() {
+		return m.StoredAt()
+	}
+	return m.job.EnqueuedAt
+}
+
 // FirstDelivery reports that no consumer had this copy of the job before.
 func (m *Msg) FirstDelivery() bool { return m.meta.NumDelivered <= 1 }
 

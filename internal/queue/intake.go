@@ -55,6 +55,9 @@ const (
 	// maxNotBefore bounds how far ahead a believed retry time may be; the
 	// longest backoff is far shorter.
 	maxNotBefore = 7 * 24 * time.Hour
+	// maxClockAhead bounds how far ahead of this instance's clock a
+	// believed first-store time may be (another instance's clock).
+	maxClockAhead = time.Minute
 )
 
 // ValidJobID reports why id cannot be a job id: empty, longer than
@@ -136,6 +139,11 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	if ms, err := strconv.ParseInt(h.Get(HeaderNotBefore), 10, 64); err == nil && ms > 0 {
 		if nb := time.UnixMilli(ms); nb.Sub(now) <= maxNotBefore {
 			job.NotBefore = nb
+		}
+	}
+	if ms, err := strconv.ParseInt(h.Get(HeaderEnqueuedAt), 10, 64); err == nil && ms > 0 {
+		if at := time.UnixMilli(ms); !at.After(now.Add(maxClockAhead)) {
+			job.EnqueuedAt = at
 		}
 	}
 	return job

@@ -58,20 +58,23 @@ func TestDecodeJob(t *testing.T) {
 		return out
 	}
 	soon := now.Add(time.Minute).UnixMilli()
+	hourAgo := now.Add(-time.Hour).UnixMilli()
 	forged := h("Nats-Msg-Id", "m1", HeaderJobID, "victim", HeaderAttempts, "9", HeaderNotBefore, itoa(soon),
-		HeaderNotify, "throttler.notify.abc", HeaderContentType, "text/plain")
+		HeaderNotify, "throttler.notify.abc", HeaderContentType, "text/plain", HeaderEnqueuedAt, itoa(hourAgo))
 	j := decodeJob("demo", forged, []byte("x"), "k", 7, false, now)
-	if j.ID != "m1" || j.Attempts != 0 || !j.NotBefore.IsZero() || j.Notify != "" || j.ContentType != "text/plain" || !j.Outside || j.Key != "k" {
+	if j.ID != "m1" || j.Attempts != 0 || !j.NotBefore.IsZero() || j.Notify != "" || j.ContentType != "text/plain" || !j.Outside || j.Key != "k" ||
+		!j.EnqueuedAt.IsZero() {
 		t.Fatalf("public message decoded as %+v", j)
 	}
 	j = decodeJob("demo", forged, nil, "", 7, true, now)
-	if j.ID != "victim" || j.Attempts != 9 || j.NotBefore.UnixMilli() != soon || j.Notify != "throttler.notify.abc" || j.Outside {
+	if j.ID != "victim" || j.Attempts != 9 || j.NotBefore.UnixMilli() != soon || j.Notify != "throttler.notify.abc" || j.Outside ||
+		j.EnqueuedAt.UnixMilli() != hourAgo {
 		t.Fatalf("internal message decoded as %+v", j)
 	}
 	bad := h("Nats-Msg-Id", "bad id", HeaderJobID, "ctl\x01", HeaderAttempts, "99999999999", HeaderNotBefore, "99999999999999",
-		HeaderNotify, "throttler.control.demo", HeaderContentType, "a\r\nb")
+		HeaderNotify, "throttler.control.demo", HeaderContentType, "a\r\nb", HeaderEnqueuedAt, itoa(now.Add(2*time.Minute).UnixMilli()))
 	j = decodeJob("demo", bad, nil, "", 42, true, now)
-	if j.ID != "demo-42" || j.Attempts != 0 || !j.NotBefore.IsZero() || j.Notify != "" || j.ContentType != "" {
+	if j.ID != "demo-42" || j.Attempts != 0 || !j.NotBefore.IsZero() || j.Notify != "" || j.ContentType != "" || !j.EnqueuedAt.IsZero() {
 		t.Fatalf("out-of-bounds headers decoded as %+v", j)
 	}
 }

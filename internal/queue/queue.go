@@ -45,6 +45,9 @@ const (
 	HeaderAttempts = "Throttler-Attempts"
 	// HeaderNotBefore holds the earliest start of a retry, in Unix ms.
 	HeaderNotBefore = "Throttler-Not-Before"
+	// HeaderEnqueuedAt holds when a retry's job was first stored, in Unix
+	// ms: its end-to-end time counts from there.
+	HeaderEnqueuedAt = "Throttler-Enqueued-At"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -115,6 +118,9 @@ type Job struct {
 	Attempts int
 	// NotBefore delays a retry; zero for none.
 	NotBefore time.Time
+	// EnqueuedAt is when the job was first stored: a fetched job's own
+	// store time, or for a retry its first copy's. Zero on a new job.
+	EnqueuedAt time.Time
 	// MsgID overrides the de-duplication id (default: ID).
 	MsgID string
 }
@@ -351,6 +357,9 @@ func jobMsg(job Job) *nats.Msg {
 	if !job.NotBefore.IsZero() {
 		msg.Header.Set(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
 	}
+	if !job.EnqueuedAt.IsZero() {
+		msg.Header.Set(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
+	}
 	return msg
 }
 
@@ -493,5 +502,9 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 // what each subject may tell).
 func jobFromMsg(lane string, m jetstream.Msg, meta *jetstream.MsgMetadata) Job {
 	internal, key, _ := subjectKey(lane, m.Subject())
-	return decodeJob(lane, m.Headers(), m.Data(), key, meta.Sequence.Stream, internal, time.Now())
+	job := decodeJob(lane, m.Headers(), m.Data(), key, meta.Sequence.Stream, internal, time.Now())
+	if job.EnqueuedAt.IsZero() {
+		job.EnqueuedAt = meta.Timestamp
+	}
+	return job
 }

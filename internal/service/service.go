@@ -47,6 +47,9 @@ type Service struct {
 
 	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
 	guardTiming instance.Timing
+	// queueStatsEvery is how often the lanes' JetStream-derived gauges
+	// are read; zero: defaultQueueStatsEvery.
+	queueStatsEvery time.Duration
 
 	handlers map[string]dispatch.Target
 
@@ -180,7 +183,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
-		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}),
+		// OpenMetrics for a scraper that asks for it (Accept), else text.
+		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            auth,
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
@@ -214,9 +218,12 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	drainCtx, stopDrains := context.WithCancel(ctx)
 	defer stopDrains()
 	var drains sync.WaitGroup
+	names := make([]string, 0, len(lanes.order))
 	for _, l := range lanes.order {
 		drains.Go(func() { l.Run(drainCtx) })
+		names = append(names, l.Name())
 	}
+	drains.Go(func() { watchQueues(drainCtx, q, names, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)

@@ -1,0 +1,101 @@
+package lane
+
+import (
+	"sync"
+	"time"
+
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// windowSeconds is the span over which a lane's utilization is measured:
+// starts over the last minute against the configured rate.
+const windowSeconds = 60
+
+// startWindow counts starts per second over the last windowSeconds.
+// The zero value is empty; first marks the beginning of the count (the
+// lane's start), so that a lane younger than the window is measured over
+// its life. Safe for concurrent use.
+type startWindow struct {
+	mu    sync.Mutex
+	first time.Time
+	n     [windowSeconds]int64 // starts in the second held in sec, by second mod windowSeconds
+	sec   [windowSeconds]int64 // the Unix second each slot counts
+}
+
+// begin marks the start of counting.
+func (w *startWindow) begin(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.first = now
+}
+
+// add counts one start at now.
+func (w *startWindow) add(now time.Time) {
+	s := now.Unix()
+	i := s % windowSeconds
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sec[i] != s {
+		w.sec[i], w.n[i] = s, 0
+	}
+	w.n[i]++
+}
+
+// count returns the starts of the window that ends at now, and the span
+// they were counted over: the last windowSeconds-1 whole seconds and the
+// current part of one, or less while the lane is younger than that.
+func (w *startWindow) count(now time.Time) (int64, time.Duration) {
+	s := now.Unix()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for i := range w.sec {
+		if w.sec[i] > s-windowSeconds && w.sec[i] <= s {
+			n += w.n[i]
+		}
+	}
+	from := time.Unix(s-windowSeconds+1, 0)
+	if w.first.After(from) {
+		from = w.first
+	}
+	return n, now.Sub(from)
+}
+
+// utilization is the starts over the window divided by what rate allows
+// in it: 1 is a lane running at its configured rate. Bursts can take it
+// somewhat over 1.
+func utilization(starts int64, span time.Duration, rate float64) float64 {
+	if span <= 0 || rate <= 0 {
+		return 0
+	}
+	return float64(starts) / (rate * span.Seconds())
+}
+
+// metricState is the lane's state for the per-lane gauges read at every
+// gather (metrics.WatchLane).
+func (l *Lane) metricState() metrics.LaneState {
+	lim := *l.limit.Load()
+	now := l.d.Clock.Now()
+	n, span := l.starts.count(now)
+	l.mu.Lock()
+	paused := now.Before(l.pauseTill)
+	l.mu.Unlock()
+	return metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
+}
+
+// started records the start of msg's delivery: its queue wait, and one
+// start for the utilization.
+func (l *Lane) started(msg *queue.Msg) {
+	now := l.d.Clock.Now()
+	l.starts.add(now)
+	l.d.Metrics.QueueWait.WithLabelValues(l.cfg.Name).Observe(max(now.Sub(msg.StoredAt()), 0).Seconds())
+}
+
+// settled records a job that left the lane for good (delivered, or
+// dead-lettered): its time from first being stored.
+func (l *Lane) settled(msg *queue.Msg) {
+	if at := msg.EnqueuedAt(); !at.IsZero() {
+		l.d.Metrics.EndToEnd.WithLabelValues(l.cfg.Name).Observe(max(l.d.Clock.Now().Sub(at), 0).Seconds())
+	}
+}

@@ -1,0 +1,349 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// gathered is one gather of a registry: name{k="v",…} → value, labels
+// sorted by name; histograms by their sample count.
+type gathered map[string]float64
+
+func gather(t *testing.T, reg *prometheus.Registry) gathered {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := gathered{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			sort.Strings(labels)
+			key := f.GetName() + "{" + strings.Join(labels, ",") + "}"
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				out[key] = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				out[key] = m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				out[key] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// heldTarget answers by the job id's prefix: hold- waits until release
+// is closed, then 200; dead- 410 (refused for good); retry- 500; else 200.
+type heldTarget struct {
+	srv     *httptest.Server
+	release chan struct{}
+	once    sync.Once
+	holding atomic.Int32
+}
+
+func newHeldTarget(t *testing.T) *heldTarget {
+	h := &heldTarget{release: make(chan struct{})}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		id := r.Header.Get("Idempotency-Key")
+		switch {
+		case strings.HasPrefix(id, "hold-"):
+			h.holding.Add(1)
+			<-h.release
+		case strings.HasPrefix(id, "dead-"):
+			w.WriteHeader(http.StatusGone)
+		case strings.HasPrefix(id, "retry-"):
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(h.srv.Close)
+	t.Cleanup(h.let)
+	return h
+}
+
+func (h *heldTarget) let() { h.once.Do(func() { close(h.release) }) }
+
+// runWithRegistry runs a service on reg with the lanes' queue gauges read
+// every 100 ms, until the test ends.
+func runWithRegistry(t *testing.T, cfg config.Config, reg *prometheus.Registry) *Service {
+	t.Helper()
+	logs := &logBuffer{}
+	svc := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), reg)
+	svc.queueStatsEvery = 100 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	})
+	select {
+	case <-svc.Ready():
+	case err := <-errc:
+		errc <- err
+		t.Fatalf("service did not start: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("service not ready after 20s")
+	}
+	return svc
+}
+
+func metricsConfig(t *testing.T, target string) config.Config {
+	t.Helper()
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {data_dir: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 20
+    burst: 10
+    max_inflight: 1
+    retry: {max_attempts: 3, backoff_base: 10m, backoff_max: 10m}
+    target: {http: {url: %q}}
+`, t.TempDir(), target)
+	cfg, err := config.Parse("metrics.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func post(t *testing.T, addr, id string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("submit %s: %d", id, resp.StatusCode)
+	}
+}
+
+// waitMetrics polls reg until every want holds (a value, or with a
+// negative want: any value above 0).
+func waitMetrics(t *testing.T, reg *prometheus.Registry, within time.Duration, want map[string]float64) gathered {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := gather(t, reg)
+		var miss []string
+		for k, v := range want {
+			g, ok := got[k]
+			if !ok || (v >= 0 && g != v) || (v < 0 && g <= 0) {
+				miss = append(miss, fmt.Sprintf("%s = %v (present %v), want %v", k, g, ok, v))
+			}
+		}
+		if len(miss) == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			sort.Strings(miss)
+			t.Fatalf("after %v:\n%s", within, strings.Join(miss, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLaneMetrics: every per-lane series exists at 0 from the start (so the
+// first dead letter is an increase an alert sees); the JetStream-derived
+// gauges follow the queue; the histograms and the utilization follow the
+// jobs.
+func TestLaneMetrics(t *testing.T) {
+	target := newHeldTarget(t)
+	reg := prometheus.NewRegistry()
+	svc := runWithRegistry(t, metricsConfig(t, target.srv.URL), reg)
+
+	atStart := gather(t, reg)
+	for _, k := range []string{
+		`throttler_jobs_dead_lettered_total{lane="demo"}`,
+		`throttler_dispatches_total{lane="demo",outcome="dead"}`,
+		`throttler_lane_pauses_total{lane="demo"}`,
+		`throttler_jobs_rejected_total{lane="demo",reason="backlog_full"}`,
+		`throttler_jobs_submitted_total{lane="demo",source="nats",state="queued"}`,
+		`throttler_pacer_calls_total{lane="demo",op="pause"}`,
+		`throttler_job_queue_wait_seconds{lane="demo"}`,
+		`throttler_job_end_to_end_seconds{lane="demo"}`,
+		`throttler_lane_backlog{lane="demo"}`,
+		`throttler_lane_oldest_job_age_seconds{lane="demo"}`,
+		`throttler_lane_retrying{lane="demo"}`,
+		`throttler_lane_dead_letters{lane="demo"}`,
+		`throttler_lane_paused{lane="demo"}`,
+		`throttler_lane_utilization{lane="demo"}`,
+	} {
+		if v, ok := atStart[k]; !ok || v != 0 {
+			t.Errorf("at start: %s = %v (present %v), want 0", k, v, ok)
+		}
+	}
+	for k, want := range map[string]float64{
+		`throttler_lane_configured_rate{lane="demo"}`: 20,
+		`throttler_lane_burst{lane="demo"}`:           10,
+		`throttler_lane_effective_rate{lane="demo"}`:  20,
+		`throttler_pacer_up{lane="demo"}`:             1,
+	} {
+		if atStart[k] != want {
+			t.Errorf("at start: %s = %v, want %v", k, atStart[k], want)
+		}
+	}
+
+	// One job held by the target (max_inflight 1), three waiting behind it.
+	for _, id := range []string{"hold-1", "w-1", "w-2", "w-3"} {
+		post(t, svc.Addr(), id)
+	}
+	waitMetrics(t, reg, 5*time.Second, map[string]float64{
+		`throttler_lane_backlog{lane="demo"}`:                4,
+		`throttler_lane_oldest_job_age_seconds{lane="demo"}`: -1,
+		`throttler_dispatches_inflight{lane="demo"}`:         1,
+	})
+	// The age grows between reads and scrapes.
+	a1 := gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]
+	time.Sleep(300 * time.Millisecond)
+	if a2 := gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]; a2 < a1+0.2 {
+		t.Fatalf("oldest job age went from %v to %v in 300 ms", a1, a2)
+	}
+
+	target.let()
+	post(t, svc.Addr(), "dead-1")
+	post(t, svc.Addr(), "retry-1")
+	got := waitMetrics(t, reg, 10*time.Second, map[string]float64{
+		`throttler_lane_backlog{lane="demo"}`:                     0,
+		`throttler_lane_oldest_job_age_seconds{lane="demo"}`:      0,
+		`throttler_lane_dead_letters{lane="demo"}`:                1,
+		`throttler_lane_retrying{lane="demo"}`:                    1,
+		`throttler_jobs_dead_lettered_total{lane="demo"}`:         1,
+		`throttler_dispatches_total{lane="demo",outcome="done"}`:  4,
+		`throttler_dispatches_total{lane="demo",outcome="dead"}`:  1,
+		`throttler_dispatches_total{lane="demo",outcome="retry"}`: 1,
+		// Six starts; five jobs settled (four done, one dead), the
+		// retry is not.
+		`throttler_job_queue_wait_seconds{lane="demo"}`: 6,
+		`throttler_job_end_to_end_seconds{lane="demo"}`: 5,
+		`throttler_lane_utilization{lane="demo"}`:       -1,
+	})
+	// Six starts within a few seconds of the lane's start, at 20/s.
+	if u := got[`throttler_lane_utilization{lane="demo"}`]; u > 1 {
+		t.Errorf("utilization %v, want at most 1 for 6 starts", u)
+	}
+}
+
+// countingReader counts the JetStream reads of watchQueues.
+type countingReader struct{ calls atomic.Int64 }
+
+func (c *countingReader) Depth(context.Context, string) (queue.Depth, error) {
+	c.calls.Add(1)
+	return queue.Depth{Stored: 3, Oldest: time.Now().Add(-time.Minute)}, nil
+}
+
+func (c *countingReader) RetriesByLane(context.Context) (map[string]uint64, error) {
+	c.calls.Add(1)
+	return map[string]uint64{"a": 1}, nil
+}
+
+func (c *countingReader) DeadByLane(context.Context) (map[string]uint64, error) {
+	c.calls.Add(1)
+	return map[string]uint64{"b": 2}, nil
+}
+
+// TestQueueGaugesCostNoCallPerScrape: the JetStream reads happen in the
+// background, lanes + 2 per interval; scraping often adds none.
+func TestQueueGaugesCostNoCallPerScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	lanes := []string{"a", "b", "c"}
+	for _, l := range lanes {
+		m.InitLane(l)
+	}
+	r := &countingReader{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); watchQueues(ctx, r, lanes, m, time.Hour, slog.New(slog.DiscardHandler)) }()
+	defer func() { cancel(); <-done }()
+	got := waitMetrics(t, reg, 5*time.Second, map[string]float64{
+		`throttler_lane_backlog{lane="c"}`:                3,
+		`throttler_lane_retrying{lane="a"}`:               1,
+		`throttler_lane_retrying{lane="b"}`:               0,
+		`throttler_lane_dead_letters{lane="b"}`:           2,
+		`throttler_lane_dead_letters{lane="a"}`:           0,
+		`throttler_lane_oldest_job_age_seconds{lane="a"}`: -1,
+	})
+	if age := got[`throttler_lane_oldest_job_age_seconds{lane="a"}`]; age < 59 || age > 70 {
+		t.Fatalf("oldest job age %v, want about 60", age)
+	}
+	if n := r.calls.Load(); n != int64(len(lanes)+2) {
+		t.Fatalf("%d reads for one refresh of %d lanes, want %d", n, len(lanes), len(lanes)+2)
+	}
+	for range 100 {
+		gather(t, reg)
+	}
+	if n := r.calls.Load(); n != int64(len(lanes)+2) {
+		t.Fatalf("%d reads after 100 scrapes, want still %d", n, len(lanes)+2)
+	}
+}
+
+// TestOpenMetricsWhenAsked: /metrics answers OpenMetrics to a scraper that
+// asks for it, and the classic text format otherwise.
+func TestOpenMetricsWhenAsked(t *testing.T) {
+	target := newHeldTarget(t)
+	svc := runWithRegistry(t, metricsConfig(t, target.srv.URL), prometheus.NewRegistry())
+	get := func(accept string) (string, string) {
+		req, _ := http.NewRequest("GET", "http://"+svc.Addr()+"/metrics", nil)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("/metrics: %d %s", resp.StatusCode, body)
+		}
+		return resp.Header.Get("Content-Type"), string(body)
+	}
+	ct, body := get("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+	if !strings.HasPrefix(ct, "application/openmetrics-text") {
+		t.Errorf("asked for OpenMetrics, got Content-Type %q", ct)
+	}
+	if !strings.HasSuffix(body, "# EOF\n") || !strings.Contains(body, "# TYPE throttler_jobs_dead_lettered counter\n") ||
+		!strings.Contains(body, `throttler_jobs_dead_lettered_total{lane="demo"} 0`) {
+		t.Errorf("OpenMetrics body lacks its EOF, a counter family or the lane's series at 0:\n%.2000s", body)
+	}
+	ct, body = get("")
+	if !strings.HasPrefix(ct, "text/plain") || strings.Contains(body, "# EOF") {
+		t.Errorf("without Accept: Content-Type %q, EOF marker %v", ct, strings.Contains(body, "# EOF"))
+	}
+	if !strings.Contains(body, "# TYPE throttler_jobs_dead_lettered_total counter\n") {
+		t.Errorf("text body lacks the counter family")
+	}
+}
