@@ -35,6 +35,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -80,6 +81,11 @@ type Info struct {
 	Listen  string    `json:"listen"`
 	Pacer   string    `json:"pacer"`
 	Started time.Time `json:"started"`
+	// Held is, per lane, how many slots this instance may hold reserved
+	// and not yet started (leaky.MaxHeld of the lane's batch). An instance
+	// that restores a lane state Redis lost leaves room for what the others
+	// hold (Entry.HeldByOthers). Lanes absent hold none.
+	Held map[string]int `json:"held,omitempty"`
 }
 
 // String names the instance for error messages and logs.
@@ -113,6 +119,10 @@ type Entry struct {
 	stop    context.CancelFunc
 	stopped chan struct{}
 	lost    error // set before the service's context is cancelled
+
+	// others is the latest look at the live Redis instances other than
+	// this one, by key (see HeldByOthers).
+	others atomic.Pointer[map[string]Info]
 }
 
 // Claim registers this instance in the guard's bucket and refuses (an
@@ -157,9 +167,15 @@ func Claim(ctx context.Context, cfg Config) (context.Context, *Entry, error) {
 	svcCtx, cancelSvc := context.WithCancel(ctx)
 	refreshCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	c.stop, c.stopped = stop, make(chan struct{})
+	var loops sync.WaitGroup
+	if c.key != MemoryPacerKey {
+		c.lookAtOthers(ctx)
+		loops.Go(func() { c.othersLoop(refreshCtx) })
+	}
+	loops.Go(func() { c.refreshLoop(refreshCtx, cancelSvc) })
 	go func() {
-		defer close(c.stopped)
-		c.refreshLoop(refreshCtx, cancelSvc)
+		loops.Wait()
+		close(c.stopped)
 	}()
 	c.log.Info("instance registered", "key", c.key, "id", c.self.ID, "pacer", c.self.Pacer)
 	return svcCtx, c, nil
@@ -408,6 +424,87 @@ func (c *Entry) refresh(ctx context.Context) error {
 	}
 	return fmt.Errorf("%w: the in-memory pacer claim was taken by another throttler instance (%s) while this one could not refresh it; "+
 		"two in-memory pacers must not share a JetStream: configure redis.url on every instance", ErrConflict, holder)
+}
+
+// othersEvery is how often an instance using Redis reads the other
+// instances' entries: an instance that started since the last look is not
+// counted by HeldByOthers until the next one.
+func (c *Entry) othersEvery() time.Duration {
+	return max(c.timing.Refresh/3, c.timing.Poll, 10*time.Millisecond)
+}
+
+// othersLoop reads the other instances' entries until ctx ends.
+func (c *Entry) othersLoop(ctx context.Context) {
+	t := time.NewTicker(c.othersEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.lookAtOthers(ctx)
+	}
+}
+
+// lookAtOthers reads the entries of the other live instances using Redis.
+// On an error the previous look stays: an instance that went away is then
+// counted a little longer, which only costs capacity.
+func (c *Entry) lookAtOthers(ctx context.Context) {
+	keys, err := c.redisKeys(ctx)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.othersEvery())
+	defer cancel()
+	others := make(map[string]Info, len(keys))
+	for _, k := range keys {
+		if k == c.key {
+			continue
+		}
+		e, err := c.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		var info Info
+		_ = json.Unmarshal(e.Value(), &info) // a foreign value counts as holding nothing
+		others[k] = info
+	}
+	c.others.Store(&others)
+}
+
+// HeldByOthers is how many slots of lane the other live instances using
+// Redis may hold reserved and not yet started: the sum of their Info.Held
+// for the lane, as of the latest look at the registry (at most about a
+// third of Timing.Refresh old). An instance that crashed counts until its
+// entry expires. Safe for concurrent use; it does not block.
+func (c *Entry) HeldByOthers(lane string) int {
+	p := c.others.Load()
+	if p == nil {
+		return 0
+	}
+	n := 0
+	for _, info := range *p {
+		n += info.Held[lane]
+	}
+	return n
+}
+
+// Others lists the other live instances using Redis, as of the latest look
+// at the registry.
+func (c *Entry) Others() []Info {
+	p := c.others.Load()
+	if p == nil {
+		return nil
+	}
+	out := make([]Info, 0, len(*p))
+	for _, info := range *p {
+		out = append(out, info)
+	}
+	return out
 }
 
 // ID is this instance's id.

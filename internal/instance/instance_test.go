@@ -223,3 +223,46 @@ func TestLostClaimCancels(t *testing.T) {
 		t.Fatal("releasing a lost claim deleted the other instance's")
 	}
 }
+
+// TestHeldByOthers: each instance using Redis sees what the other live
+// instances may hold per lane, not itself, and forgets an instance once it
+// released its entry.
+func TestHeldByOthers(t *testing.T) {
+	js := jetStream(t)
+	start := func(held map[string]int) *instance.Entry {
+		t.Helper()
+		_, e, err := instance.Claim(context.Background(), instance.Config{
+			JetStream: js, Timing: fast,
+			Self: instance.Info{Listen: "127.0.0.1:8080", Pacer: instance.PacerRedis, Held: held},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	a := start(map[string]int{"demo": 2, "slow": 1})
+	t.Cleanup(a.Release)
+	b := start(map[string]int{"demo": 5})
+	c := start(map[string]int{"demo": 7, "fast": 50})
+	t.Cleanup(c.Release)
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: a sees %d on demo, %d on fast; b sees %d on demo; others of a: %v",
+					what, a.HeldByOthers("demo"), a.HeldByOthers("fast"), b.HeldByOthers("demo"), a.Others())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventually("every instance sees the two others", func() bool {
+		return a.HeldByOthers("demo") == 12 && a.HeldByOthers("fast") == 50 && a.HeldByOthers("slow") == 0 &&
+			b.HeldByOthers("demo") == 9 && c.HeldByOthers("demo") == 7 && c.HeldByOthers("slow") == 1 &&
+			a.HeldByOthers("unknown") == 0 && len(a.Others()) == 2
+	})
+	b.Release()
+	eventually("a released instance is forgotten", func() bool {
+		return a.HeldByOthers("demo") == 7 && c.HeldByOthers("demo") == 2
+	})
+}

@@ -117,6 +117,16 @@ type Config[T any] struct {
 	Observer Observer
 }
 
+// MaxHeld bounds the slots a drain with this Batch holds reserved and not
+// yet started: it reserves Batch more only while it holds fewer than the
+// items in hand (at most Batch) plus Batch/2. A fleet that loses its shared
+// state restores it past what the other instances may still hold
+// (redisbucket.Config.Held), so this bound must follow startBatch.
+func MaxHeld(batch int) int {
+	batch = max(batch, 1)
+	return 2*batch + batch/2
+}
+
 // BatchFor returns the slots to reserve per call at rate: about 20 ms worth
 // of slots, at least 1 and at most maxInflight and 512. At 1,000 jobs/s that is
 // one Pacer call per 20 jobs; at 20 jobs/s one call per job.

@@ -32,6 +32,7 @@ import (
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/instance"
 	"github.com/throttler/throttler/internal/lane"
+	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -110,7 +111,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	// ctx; Run then stops and returns why.
 	ctx, claim, err := instance.Claim(ctx, instance.Config{
 		JetStream: js, Timing: s.guardTiming, Logger: s.log,
-		Self: instance.Info{Listen: s.cfg.Listen, Pacer: pacerKind(s.cfg)},
+		Self: instance.Info{Listen: s.cfg.Listen, Pacer: pacerKind(s.cfg), Held: s.held()},
 	})
 	if err != nil {
 		return err
@@ -125,7 +126,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, closeStore, err := s.openStore(ctx, m)
+	store, closeStore, err := s.openStore(ctx, m, claim.HeldByOthers)
 	if err != nil {
 		return err
 	}
@@ -266,6 +267,19 @@ func (s *Service) allowNetworks() []netip.Prefix {
 	return allow
 }
 
+// held is what this instance announces it may hold per lane: the slots its
+// drains reserve ahead (leaky.MaxHeld of each lane's batch).
+func (s *Service) held() map[string]int {
+	if s.cfg.Redis.URL == "" {
+		return nil
+	}
+	out := make(map[string]int, len(s.cfg.Lanes))
+	for _, l := range s.cfg.Lanes {
+		out[l.Name] = leaky.MaxHeld(leaky.BatchFor(l.Rate.PerSecond(), l.MaxInflight))
+	}
+	return out
+}
+
 func natsWhere(cfg config.Config) string {
 	if cfg.NATS.URL == "" {
 		return "embedded"
@@ -378,7 +392,9 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 }
 
 // openStore returns the lane state store: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Store, func(), error) {
+// heldByOthers (the instance registry's) tells how many slots of a lane the
+// other live instances may hold: a state Redis lost is restored past them.
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, heldByOthers func(lane string) int) (bucket.Store, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		return &bucket.Memory{}, func() {}, nil
 	}
@@ -396,6 +412,7 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
+	rcfg.Held = func(k bucket.Key) int { return heldByOthers(k.Lane) }
 	if err := rcfg.Validate(); err != nil {
 		return nil, nil, err
 	}

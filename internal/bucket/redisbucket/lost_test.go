@@ -123,6 +123,64 @@ func TestLostStateFloors(t *testing.T) {
 		}
 	})
 
+	t.Run("OlderStateIsRestored", func(t *testing.T) {
+		// A failover to a replica that lagged: the key is there, with the
+		// tat of 10 reservations ago.
+		k := bucket.Key{Lane: "lagged"}
+		l := bucket.Limit{Rate: 10, Burst: 2} // T = 100ms, τ = 100ms
+		if _, err := s.Reserve(ctx, k, l, 10); err != nil {
+			t.Fatal(err)
+		}
+		old, err := client.Get(ctx, s.Key(k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Reserve(ctx, k, l, 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := client.Set(ctx, s.Key(k), old, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := s.Restored()
+		r, err := s.Reserve(ctx, k, l, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.First < 1800*time.Millisecond || r.First > 1900*time.Millisecond || s.Restored() != before+1 {
+			t.Fatalf("slot 21 after the lagged failover in %v (restored %d → %d), want about 1.9s, restored once",
+				r.First, before, s.Restored())
+		}
+	})
+
+	t.Run("HeldByOthersPushesTheRestore", func(t *testing.T) {
+		// Two other instances may each hold 4 slots they reserved after
+		// this one last saw the state: the restore leaves room for them.
+		k := bucket.Key{Lane: "shared"}
+		l := bucket.Limit{Rate: 10, Burst: 2} // T = 100ms, τ = 100ms
+		cfg := redisbucket.DefaultConfig()
+		var asked []bucket.Key
+		cfg.Held = func(k bucket.Key) int { asked = append(asked, k); return 8 }
+		held := redisbucket.New(client, cfg)
+		if _, err := held.Reserve(ctx, k, l, 20); err != nil {
+			t.Fatal(err)
+		}
+		if len(asked) != 0 {
+			t.Fatalf("Held asked %v without a floor to restore from", asked)
+		}
+		flush()
+		r, err := held.Reserve(ctx, k, l, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Slot 21 at 1.9 s, then the 8 slots others may hold: 2.7 s.
+		if r.First < 2600*time.Millisecond || r.First > 2700*time.Millisecond {
+			t.Fatalf("first slot after the loss in %v, want about 2.7s", r.First)
+		}
+		if len(asked) == 0 || asked[0] != k {
+			t.Fatalf("Held asked for %v, want %v", asked, k)
+		}
+	})
+
 	t.Run("IdleLaneBurstsAsBefore", func(t *testing.T) {
 		k := bucket.Key{Lane: "idle"}
 		l := bucket.Limit{Rate: 1000, Burst: 5} // refills in 5 ms

@@ -24,6 +24,9 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[5]  extra TTL in ms (0 unless a test injects its own clock)
 //	ARGV[6]  the caller's floor: the latest tat it has seen for the key, in
 //	         the state format, or "" (see "Lost state" below)
+//	ARGV[7]  what other live instances may hold, in ns: the slots of the key
+//	         they may have reserved and not started, times the period ("0"
+//	         for none; see "Lost state" below)
 //
 // Every script replies with an array whose last two elements are the tat
 // after the call in the state format ("" when the bucket is full) and a
@@ -36,11 +39,19 @@ import "github.com/redis/go-redis/v9"
 // loses its data instead (a restart without persistence, a failover to a
 // replica that lagged, FLUSHALL), a missing key may hide a bucket that is
 // empty, or a pause a downstream asked for, and a fresh burst would break the
-// lane's limit. Each instance remembers the latest tat it saw per key and
-// sends it as the floor. A missing key whose floor is still ahead of now was
-// lost, not expired: the script restores it with tat = max(floor, now + τ +
-// T), an empty bucket (after admissions alone tat is never beyond now + τ +
-// T), and writes it back so that instances with older floors see it too.
+// lane's limit; a replica that lagged may hold an older tat instead. Each
+// instance remembers the latest tat it saw per key and sends it as the
+// floor. A tat never moves back while it is ahead of now, so a key that is
+// missing, or older than a floor still ahead of now, lost writes: the script restores it with tat = max(floor, now + τ +
+// T) + held, an empty bucket (after admissions alone tat is never beyond
+// now + τ + T), and writes it back so that instances with older floors see
+// it too. held (ARGV[7]) covers the slots other instances reserved after the
+// caller last saw the state: every slot at or after floor − τ was reserved
+// from a tat at or past the floor, by an instance that has not started it
+// yet, so the lost tat was at most max(floor, now + τ) + held (plus a
+// period), and the restored state hands out no slot that an instance still
+// holds. The cost is capacity once: held periods nobody uses when the other
+// instances held less.
 const prelude = `
 local function parse(v)
   local us, ns = string.match(v, '^(%-?%d+)%.(%d%d%d)$')
@@ -78,14 +89,17 @@ if cur then
     return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[1])
   end
   rel = (us - now_us) * 1000 + (ns - now_ns)
-elseif ARGV[6] ~= '' then
+end
+if ARGV[6] ~= '' then
   local us, ns = parse(ARGV[6])
   if not us then
     return redis.error_reply('ERR redisbucket: bad floor argument ' .. ARGV[6])
   end
   local f = (us - now_us) * 1000 + (ns - now_ns)
-  if f > 0 then
-    rel = math.max(f, tau + period)
+  -- A tat never moves back while it is ahead: a key missing, or behind a
+  -- floor still ahead, lost writes.
+  if f > 0 and (not cur or rel < f) then
+    rel = math.max(f, tau + period) + (tonumber(ARGV[7]) or 0)
     restored = 1
   end
 end

@@ -21,9 +21,14 @@
 // remembers the latest tat it saw per key (its floor) while that tat is
 // ahead, and sends it with every call; a script that finds the key missing
 // although the floor is still ahead restores the state as an empty bucket no
-// earlier than the floor (see Restored). What stays possible is the part of
-// the lost state no calling instance had seen yet: the slots other instances
-// reserved since, at most a batch each.
+// earlier than the floor (see Restored), pushed further by the slots that
+// the other live instances may hold unstarted (Config.Held, which the
+// service fills from the instance registry): no slot that any instance still
+// holds is handed out again, so a lane keeps burst + rate·W through the loss,
+// at the cost of those slots' worth of capacity once. What stays possible is
+// a loss that no calling instance has a floor for: every instance's last
+// call to the key lies more than its tat ago, which means the bucket had
+// refilled as far as any of them knows.
 //
 // Every error other than an invalid limit (bucket.ErrInvalidLimit) wraps
 // bucket.ErrUnavailable: Redis down or slow, a reply the store does not
@@ -103,6 +108,13 @@ type Config struct {
 	// Logger receives a warning each time a lost state is restored (see
 	// Store.Restored); nil discards it.
 	Logger *slog.Logger
+	// Held, when set, tells how many slots of k the other live instances
+	// sharing this Redis may hold reserved and not yet started (the sum of
+	// their leaky.MaxHeld for the lane). A lost state is restored that many
+	// periods later, so that none of those slots is handed out twice. Nil
+	// counts none: exact for a single instance. It is called only when a
+	// call carries a floor, and must not block.
+	Held func(k bucket.Key) int
 }
 
 // DefaultConfig returns the production configuration: prefix "thr", a 500ms
@@ -134,6 +146,7 @@ type Store struct {
 	calls   atomic.Uint64
 	floors  floors
 	log     *slog.Logger
+	held    func(k bucket.Key) int
 }
 
 // New returns a store that keeps its states through client, a *redis.Client,
@@ -164,7 +177,7 @@ func New(client rediser, cfg Config) *Store {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now, log: cfg.Logger}
+	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now, log: cfg.Logger, held: cfg.Held}
 	if cfg.Now != nil {
 		s.ttlMs = nowTTLSlack.Milliseconds()
 	}
@@ -321,8 +334,14 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		now = formatNow(s.now())
 	}
 	s.calls.Add(1)
+	floor, held := s.floors.get(key), int64(0)
+	if floor != "" && s.held != nil {
+		if n := s.held(k); n > 0 {
+			held = min(int64(n)*int64(l.Period()), int64(maxSpan))
+		}
+	}
 	reply, err := script.Run(ctx, s.client, []string{key},
-		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, s.floors.get(key)).Result()
+		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held).Result()
 	if err != nil {
 		return nil, s.fail(op, k, err)
 	}
