@@ -126,3 +126,8 @@ func fieldMap(v any) map[string]string {
 	}
 	return m
 }
+
+// RedisDo sends one command to the Redis server at addr over a connection
+// of its own and returns the reply: a string, an int64, nil or a []any of
+// those. An error reply is returned as an error.
+func RedisDo(addr string, args ...string) (any, error) { return do(addr, args...) }

@@ -181,6 +181,45 @@ func TestLostStateFloors(t *testing.T) {
 		}
 	})
 
+	t.Run("OthersSlotsAreNotGrantedAgain", func(t *testing.T) {
+		// Three instances take a slot each in turn; Redis loses the state;
+		// the first of them to call again restores it. Without Held its
+		// next slot falls on the second instance's (two starts in one
+		// period at burst 1); with Held it comes after the third's.
+		k := bucket.Key{Lane: "three"}
+		l := bucket.Limit{Rate: 10, Burst: 1} // T = 100ms, τ = 0
+		for _, tc := range []struct {
+			held int
+			ok   bool
+		}{{0, false}, {2, true}} {
+			cfg := redisbucket.DefaultConfig()
+			cfg.Held = func(bucket.Key) int { return tc.held }
+			a := redisbucket.New(client, cfg)
+			b := redisbucket.New(client, cfg)
+			c := redisbucket.New(client, cfg)
+			flush()
+			var due []time.Time
+			for _, s := range []*redisbucket.Store{a, b, c} {
+				r, err := s.Reserve(ctx, k, l, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				due = append(due, time.Now().Add(r.First))
+			}
+			flush()
+			r, err := a.Reserve(ctx, k, l, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := time.Now().Add(r.First)
+			clear := next.Sub(due[2]) >= l.Period()-5*time.Millisecond
+			if clear != tc.ok {
+				t.Errorf("held %d: the restored slot comes %v after the third instance's (slots %v apart before), want clear of it = %v",
+					tc.held, next.Sub(due[2]).Round(time.Millisecond), due[1].Sub(due[0]).Round(time.Millisecond), tc.ok)
+			}
+		}
+	})
+
 	t.Run("IdleLaneBurstsAsBefore", func(t *testing.T) {
 		k := bucket.Key{Lane: "idle"}
 		l := bucket.Limit{Rate: 1000, Burst: 5} // refills in 5 ms
