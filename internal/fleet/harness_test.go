@@ -129,7 +129,7 @@ func (b *syncBuffer) String() string {
 
 // laneYAML is one lane entry of a configuration.
 func laneYAML(name string, l bucket.Limit, url string) string {
-	return fmt.Sprintf("  - name: %s\n    rate: %g\n    burst: %d\n    max_inflight: 16\n    target: {http: {url: %q, timeout: 5s}}\n", name, l.Rate, l.Burst, url)
+	return fmt.Sprintf("  - name: %s\n    rate: %g\n    burst: %d\n    max_inflight: 16\n    max_bytes: 8MiB\n    target: {http: {url: %q, timeout: 5s}}\n", name, l.Rate, l.Burst, url)
 }
 
 // client submits jobs as a well-behaved client does: a 202 is the promise
