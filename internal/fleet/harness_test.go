@@ -14,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
 )
 
@@ -306,7 +309,12 @@ func busiest(at []arrival, lane string, w time.Duration) (int, time.Time) {
 // jitter between a slot and its arrival at the target.
 func checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW time.Duration) {
 	t.Helper()
-	tol := tolerance(l)
+	checkWindowsTol(t, at, lane, l, maxW, tolerance(l))
+}
+
+// checkWindowsTol is checkWindows with a given jitter tolerance.
+func checkWindowsTol(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW, tol time.Duration) {
+	t.Helper()
 	var ts []time.Time
 	for _, a := range at {
 		if a.lane == lane {
@@ -357,5 +365,35 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 			t.Fatalf("timed out after %v waiting for %s", within, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// publishAll publishes n jobs "<prefix>-<i>" to lane's public subject on
+// NATS (Nats-Msg-Id is the job id) and records each acknowledged one as
+// accepted: the fast way to queue a backlog.
+func (c *client) publishAll(natsURL, lane, prefix string, n int) {
+	c.t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		msg := nats.NewMsg(queue.Subject(lane, ""))
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+		msg.Data = []byte(`{"job":"` + id + `"}`)
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			c.t.Fatalf("publish %s: %v", id, err)
+		}
+		c.mu.Lock()
+		c.ok[id] = lane
+		c.mu.Unlock()
 	}
 }
