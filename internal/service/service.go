@@ -423,7 +423,39 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, heldByOther
 	if err := client.Ping(pctx).Err(); err != nil {
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
-	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
+	stopReload := func() {}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		stopReload = reloadClusterState(cc)
+	}
+	return store, func() { stopReload(); _ = pipe.Close(); _ = client.Close() }, nil
+}
+
+// clusterReloadEvery is how often a Redis Cluster client reloads the slot
+// map: go-redis reloads it on MOVED replies, not when the master of a slot
+// dies, and so kept dialing a dead master for tens of seconds after its
+// replica took over (internal/fleet TestRedisClusterHundredLanes). One
+// CLUSTER SLOTS a second per instance is cheap.
+const clusterReloadEvery = time.Second
+
+// reloadClusterState reloads cc's slot map every clusterReloadEvery until
+// stop is called.
+func reloadClusterState(cc *redis.ClusterClient) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(clusterReloadEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				cc.ReloadState(ctx)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // redisOptions reads redis.url in the form of redis.mode and makes one set
