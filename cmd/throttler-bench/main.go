@@ -90,6 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	only := fs.String("only", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ", ")+" (default all)")
 	redisURL := fs.String("redis-url", "", "Redis to use (loopback only); default: start redis-server on a free port")
 	natsURL := fs.String("nats-url", "", "NATS with JetStream to use (loopback only); default: the service's embedded server")
+	replicas := fs.Int("replicas", 0, "nats.replicas of the services on --nats-url, a JetStream cluster (3 to compare R3 with R1); default 1")
 	duration := fs.Duration("duration", 0, "cap of each timed loop (default 5s, 500ms with --smoke)")
 	backlog := fs.Int("backlog", 0, "backlog of the rss scenario (default 1000000, 10000 with --smoke)")
 	throttler := fs.String("throttler", "", "throttler binary the rss scenario starts; default: build ./cmd/throttler with the go command")
@@ -106,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	cfg := bench.Config{
-		Smoke: *smoke, RedisURL: *redisURL, NATSURL: *natsURL,
+		Smoke: *smoke, RedisURL: *redisURL, NATSURL: *natsURL, Replicas: *replicas,
 		Duration: *duration, Backlog: *backlog, Binary: *throttler, Progress: stderr,
 	}
 	if *only != "" {
@@ -117,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Binary == "" && (len(cfg.Only) == 0 || slices.Contains(cfg.Only, bench.RSS)) {
+	if cfg.Binary == "" && (len(cfg.Only) == 0 || slices.Contains(cfg.Only, bench.RSS) || slices.Contains(cfg.Only, bench.Lanes)) {
 		dir, err := os.MkdirTemp("", "throttler-bench-bin-")
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)

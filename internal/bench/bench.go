@@ -19,6 +19,9 @@
 //     direct POST to the same target.
 //   - rss: the resident memory of a throttler process (the real binary)
 //     holding a 1,000,000-job backlog, with embedded and with external NATS.
+//   - lanes: a throttler process with 100 and with 1,000 idle lanes: the
+//     time until it is ready, its resident memory with external NATS, and
+//     the JetStream streams, consumers and memory those lanes take.
 //
 // The service runs in-process (service.New + Run) with a generated config:
 // embedded NATS in a temporary directory unless Config.NATSURL is set, Redis
@@ -51,10 +54,11 @@ const (
 	Pacing    = "pacing"
 	Latency   = "latency"
 	RSS       = "rss"
+	Lanes     = "lanes"
 )
 
 // Scenarios lists every scenario id in the order they run.
-var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS}
+var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Lanes}
 
 // Config configures a Run. The zero value runs every scenario in full mode
 // with embedded NATS and a redis-server of its own (when one is on PATH).
@@ -71,6 +75,9 @@ type Config struct {
 	// NATSURL is a NATS server with JetStream to use (loopback only); empty
 	// runs the service's embedded server.
 	NATSURL string
+	// Replicas is the services' nats.replicas on NATSURL (a JetStream
+	// cluster: 3 compares R3 with R1); zero means 1.
+	Replicas int
 	// Duration caps each timed measurement loop; zero means 5s (500ms in
 	// smoke mode). Count-bounded loops also stop at a deadline derived
 	// from it.
@@ -158,6 +165,12 @@ func (c Config) Validate() error {
 	if c.Duration < 0 || c.Backlog < 0 {
 		return errors.New("bench: duration and backlog must not be negative")
 	}
+	switch {
+	case c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
+		return fmt.Errorf("bench: replicas %d: must be 1, 3 or 5", c.Replicas)
+	case c.Replicas > 1 && c.NATSURL == "":
+		return fmt.Errorf("bench: replicas %d needs nats-url (a JetStream cluster); the embedded server takes 1", c.Replicas)
+	}
 	return nil
 }
 
@@ -172,6 +185,7 @@ var scenarioFuncs = map[string]scenario{
 	Pacing:    runPacing,
 	Latency:   runLatency,
 	RSS:       runRSS,
+	Lanes:     runLanes,
 }
 
 // Run runs the selected scenarios one after the other and returns their

@@ -197,6 +197,7 @@ type laneOpts struct {
 	burst    int
 	inflight int
 	backlog  int64
+	maxBytes int64 // the lane stream's max_bytes; 0: the default
 }
 
 // svcOpts describes a generated service configuration.
@@ -204,6 +205,7 @@ type svcOpts struct {
 	dataDir    string
 	natsURL    string // empty: embedded server in dataDir
 	natsListen string // the embedded server's client address; empty: none
+	replicas   int    // nats.replicas; 0: the default
 	redisURL   string // empty: in-memory pacer
 	listen     string // empty: a free port
 	target     string // every lane delivers here
@@ -221,12 +223,18 @@ func (o svcOpts) yaml() []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listen: %s\nshutdown_timeout: 5s\n", q(listen))
 	fmt.Fprintf(&b, "nats:\n  url: %s\n  data_dir: %s\n  listen: %s\n", q(o.natsURL), q(o.dataDir), q(o.natsListen))
+	if o.replicas > 0 {
+		fmt.Fprintf(&b, "  replicas: %d\n", o.replicas)
+	}
 	fmt.Fprintf(&b, "redis:\n  url: %s\n", q(o.redisURL))
 	b.WriteString("dispatch:\n  allow_networks: [\"127.0.0.0/8\", \"::1/128\"]\nlog:\n  level: warn\nlanes:\n")
 	for _, name := range slices.Sorted(maps.Keys(o.lanes)) {
 		l := o.lanes[name]
 		fmt.Fprintf(&b, "  - name: %s\n    rate: %s\n    burst: %d\n    max_inflight: %d\n    max_backlog: %d\n",
 			q(name), strconv.FormatFloat(l.rate, 'g', -1, 64), l.burst, l.inflight, l.backlog)
+		if l.maxBytes > 0 {
+			fmt.Fprintf(&b, "    max_bytes: %d\n", l.maxBytes)
+		}
 		fmt.Fprintf(&b, "    target:\n      http:\n        url: %s\n        timeout: 10s\n", q(o.target))
 	}
 	return []byte(b.String())
@@ -237,6 +245,9 @@ func (o svcOpts) yaml() []byte {
 func (e *env) serviceConfig(o svcOpts) (config.Config, error) {
 	if o.natsURL == "" {
 		o.natsURL = e.cfg.NATSURL
+	}
+	if o.natsURL != "" && o.replicas == 0 {
+		o.replicas = e.cfg.Replicas
 	}
 	cfg, err := config.Parse("generated bench config", o.yaml(), nil)
 	if err != nil {

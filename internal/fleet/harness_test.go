@@ -278,6 +278,28 @@ func duplicates(at []arrival) int {
 	return n
 }
 
+// checkDuplicates fails the test when a job arrived that was never
+// accepted, or when more jobs arrived twice than can be in flight at once
+// (16 per lane and instance). A Redis outage redelivers nothing by itself;
+// a duplicate is a dispatch whose answer did not come back in time (the
+// target's timeout, on a loaded machine), which at-least-once delivery
+// retries with the same id.
+func checkDuplicates(t *testing.T, at []arrival, c *client) {
+	t.Helper()
+	accepted := c.accepted()
+	lanes := map[string]bool{}
+	for _, a := range at {
+		lanes[a.lane] = true
+		if _, ok := accepted[a.id]; !ok {
+			t.Errorf("job %q arrived at lane %s but was never accepted", a.id, a.lane)
+			return
+		}
+	}
+	if d := duplicates(at); d > 3*16*len(lanes) {
+		t.Errorf("%d duplicate arrivals; at most %d jobs can be in flight", d, 3*16*len(lanes))
+	}
+}
+
 // tolerance is how much later than its slot an arrival may be seen: a start
 // is at most max(leaky.DefaultMaxLate, period) after its slot, and reaches
 // the target some milliseconds after that on a loaded machine.
