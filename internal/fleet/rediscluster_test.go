@@ -19,7 +19,7 @@ import (
 // Every lane delivers every job, and each stays within burst + rate·W.
 func TestRedisClusterHundredLanes(t *testing.T) {
 	l := bucket.Limit{Rate: 2, Burst: 1}
-	const lanes, perLane = 100, 14
+	const lanes, perLane = 100, 10
 	natsURL := testenv.StartNATS(t).ClientURL()
 	rc := testenv.StartRedisCluster(t, 3, 1)
 	tg := newTarget(t)
