@@ -13,15 +13,17 @@ import (
 )
 
 // TestRedisClusterHundredLanes: three instances, 100 lanes at 2/s burst 1,
-// a Redis Cluster of three masters with a replica each (redis.mode
-// cluster). The lanes' states spread over the three masters (the {lane}
-// hash tag); one master is killed mid-drain and its replica promoted.
-// Every lane delivers every job, and each stays within burst + rate·W.
+// a Redis Cluster of three masters with a replica each, created with
+// redis-cli --cluster create (redis.mode cluster). The lanes' states spread
+// over the three masters (the {lane} hash tag); one master is killed
+// mid-drain and its replica promoted. Every lane delivers every job, each
+// stays within burst + rate·W, and the killed master's lanes resume within
+// seconds (the service reloads the slot map every second).
 func TestRedisClusterHundredLanes(t *testing.T) {
 	l := bucket.Limit{Rate: 2, Burst: 1}
 	const lanes, perLane = 100, 10
 	natsURL := testenv.StartNATS(t).ClientURL()
-	rc := testenv.StartRedisCluster(t, 3, 1)
+	rc := testenv.StartRedisClusterCLI(t, 3, 1) // redis-cli --cluster create
 	tg := newTarget(t)
 	var y strings.Builder
 	names := make([]string, lanes)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +45,23 @@ type RedisCluster struct {
 // fail: with fewer than three masters, killing one stops the cluster.
 func StartRedisCluster(t testing.TB, masters, replicasPerMaster int) *RedisCluster {
 	t.Helper()
+	return startRedisCluster(t, masters, replicasPerMaster, false)
+}
+
+// StartRedisClusterCLI is StartRedisCluster with the cluster created the
+// way an operator creates one: `redis-cli --cluster create <every node>
+// --cluster-replicas <replicasPerMaster> --cluster-yes`, which assigns the
+// slots, joins the nodes and picks which replica follows which master (so
+// the node numbering of StartRedisCluster holds for the masters only:
+// redis-cli picks the first masters nodes as masters). It needs redis-cli
+// on PATH, and at least three masters.
+func StartRedisClusterCLI(t testing.TB, masters, replicasPerMaster int) *RedisCluster {
+	t.Helper()
+	return startRedisCluster(t, masters, replicasPerMaster, true)
+}
+
+func startRedisCluster(t testing.TB, masters, replicasPerMaster int, viaCLI bool) *RedisCluster {
+	t.Helper()
 	if masters < 1 || replicasPerMaster < 0 {
 		t.Fatalf("testenv: StartRedisCluster(%d, %d): want at least one master and no negative replica count", masters, replicasPerMaster)
 	}
@@ -83,6 +101,45 @@ func StartRedisCluster(t testing.TB, masters, replicasPerMaster int) *RedisClust
 		c.nodes = append(c.nodes, r)
 	}
 
+	if viaCLI {
+		createWithCLI(t, c.Addrs(), replicasPerMaster)
+	} else {
+		c.join(t, masters, replicasPerMaster, bus)
+	}
+	waitFor(t, "the cluster to be ok on every node", func() error {
+		return c.eachNode(func(r *Redis, nodes []clusterNode) error {
+			info, err := doString(r.Addr, "CLUSTER", "INFO")
+			if err != nil {
+				return err
+			}
+			if st := infoField(info, "cluster_state"); st != "ok" {
+				return fmt.Errorf("%s: cluster_state %q", r.Addr, st)
+			}
+			replicas := 0
+			for _, nd := range nodes {
+				if nd.has("slave") {
+					replicas++
+				}
+			}
+			if replicas != n-masters {
+				return fmt.Errorf("%s sees %d replicas of %d", r.Addr, replicas, n-masters)
+			}
+			if repl, err := doString(r.Addr, "INFO", "replication"); err != nil {
+				return err
+			} else if infoField(repl, "role") == "slave" && infoField(repl, "master_link_status") != "up" {
+				return fmt.Errorf("%s: replica not in sync", r.Addr)
+			}
+			return nil
+		})
+	})
+	return c
+}
+
+// join assigns the slots, joins the nodes and sets up the replicas with
+// the commands redis-cli --cluster create sends.
+func (c *RedisCluster) join(t testing.TB, masters, replicasPerMaster int, bus []int) {
+	t.Helper()
+	n := len(c.nodes)
 	ids := make([]string, n)
 	for i, r := range c.nodes {
 		id, err := doString(r.Addr, "CLUSTER", "MYID")
@@ -122,33 +179,21 @@ func StartRedisCluster(t testing.TB, masters, replicasPerMaster int) *RedisClust
 	for i := masters; i < n; i++ {
 		mustDo(t, c.nodes[i].Addr, "CLUSTER", "REPLICATE", ids[(i-masters)/replicasPerMaster])
 	}
-	waitFor(t, "the cluster to be ok on every node", func() error {
-		return c.eachNode(func(r *Redis, nodes []clusterNode) error {
-			info, err := doString(r.Addr, "CLUSTER", "INFO")
-			if err != nil {
-				return err
-			}
-			if st := infoField(info, "cluster_state"); st != "ok" {
-				return fmt.Errorf("%s: cluster_state %q", r.Addr, st)
-			}
-			replicas := 0
-			for _, nd := range nodes {
-				if nd.has("slave") {
-					replicas++
-				}
-			}
-			if replicas != n-masters {
-				return fmt.Errorf("%s sees %d replicas of %d", r.Addr, replicas, n-masters)
-			}
-			if repl, err := doString(r.Addr, "INFO", "replication"); err != nil {
-				return err
-			} else if infoField(repl, "role") == "slave" && infoField(repl, "master_link_status") != "up" {
-				return fmt.Errorf("%s: replica not in sync", r.Addr)
-			}
-			return nil
-		})
-	})
-	return c
+}
+
+// createWithCLI runs redis-cli --cluster create over addrs.
+func createWithCLI(t testing.TB, addrs []string, replicasPerMaster int) {
+	t.Helper()
+	cli := lookBin(t, "redis-cli", "`apt-get install redis-tools` (Debian/Ubuntu) or `brew install redis` (macOS)")
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicasPerMaster), "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("testenv: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	if !strings.Contains(string(out), "All 16384 slots covered") {
+		t.Fatalf("testenv: redis-cli --cluster create did not cover every slot:\n%s", out)
+	}
 }
 
 // mustDo runs a command that must succeed.
