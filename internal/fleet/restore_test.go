@@ -51,7 +51,7 @@ func addrs(svcs []*service.Service) []string {
 
 // TestRedisRestartedEmptyStaysExact: three instances drain one lane at 50/s
 // burst 5 through one Redis without persistence, which is killed and started
-// empty twice mid-drain. The first call after each restart restores the
+// empty twice mid-drain, then flushed ten times. The first call after each restart restores the
 // lane's state from its floor, past the slots the two other live instances
 // may hold (the instance registry's), so no window at the target holds
 // more than burst + rate·W, and every accepted job arrives.
