@@ -130,6 +130,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	mailRate, _ := bucket.ParseRate("50")
 	mail := cfg.Lanes[0]
 	mail.Name, mail.Rate, mail.Burst = "mail", mailRate, 5
+	cfg.Lanes[0].Adaptive.Enabled = true // demo slows down on a 429
 	mail.Target = config.Target{HTTP: &config.HTTPTarget{URL: target + "/mail", Method: "POST", Timeout: config.Duration(5 * time.Second)}}
 	cfg.Lanes = append(cfg.Lanes, mail)
 	cfg.Auth.Keys = []config.Key{
@@ -353,8 +354,12 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if before.Backlog != after.Backlog || st.Backlog != int64(after.Backlog) || after.Backlog != 5 {
 		t.Fatalf("paused lane: GET /v1/lanes %d then %d, the page %d; want 5 throughout", before.Backlog, after.Backlog, st.Backlog)
 	}
-	if !strings.Contains(st.State, "paused") {
-		t.Fatalf("the page shows the paused lane's state as %q", st.State)
+	if after.PausedUntil == nil || !after.PausedUntil.After(time.Now()) || !after.Adaptive || after.EffectiveRate >= after.Rate {
+		t.Fatalf("GET /v1/lanes for the paused adaptive lane: paused_until %v, adaptive %v, effective rate %v of %v",
+			after.PausedUntil, after.Adaptive, after.EffectiveRate, after.Rate)
+	}
+	if want := fmt.Sprintf("adaptive %d%%", int(100*after.EffectiveRate/after.Rate+0.5)); !strings.Contains(st.State, "paused until") || !strings.Contains(st.State, want) {
+		t.Fatalf("the page shows the paused lane's state as %q; want paused until … and %s", st.State, want)
 	}
 	if n, _ := strconv.Atoi(st.R429); n < 1 {
 		t.Fatalf("the page shows %q recent 429s for the paused lane", st.R429)

@@ -77,7 +77,9 @@ func serve(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cross-Origin-Resource-Policy", "same-origin")
 	if r.URL.Path == "/ui" {
 		// Relative, so that a proxy's path prefix stays.
-		http.Redirect(w, r, "ui/", http.StatusMovedPermanently)
+		// (http.Redirect would make it absolute.)
+		h.Set("Location", "ui/")
+		w.WriteHeader(http.StatusMovedPermanently)
 		return
 	}
 	name := strings.TrimPrefix(r.URL.Path, "/ui/")

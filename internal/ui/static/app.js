@@ -286,7 +286,7 @@
 
     const e = eta(l);
     text(c.eta, e.text);
-    c.eta.dataset.seconds = String(isFinite(e.secs) ? Math.round(e.secs) : -1);
+    c.eta.dataset.seconds = String(isFinite(e.secs) ? Math.ceil(e.secs) : -1);
 
     const u = l.utilization || 0;
     text(c.utilText, Math.round(100 * u) + "% of " + fmtRate(l.rate));
