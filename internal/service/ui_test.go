@@ -399,3 +399,39 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatalf("the page logged errors (a CSP violation shows here):\n%s", strings.Join(pageErrors, "\n"))
 	}
 }
+
+// TestStatusPageAnonymous: without API keys (a loopback listen) the page
+// opens at once, asks for no key, and offers replay (an open API lets
+// every caller act).
+func TestStatusPageAnonymous(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "refused", http.StatusBadRequest) // every job becomes a dead letter
+	}))
+	t.Cleanup(srv.Close)
+	svc, _ := start(t, testConfig(t, t.TempDir(), srv.URL, 100, 10))
+	base := "http://" + svc.Addr()
+	resp, err := http.Post(base+"/v1/lanes/demo/jobs", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	ctx := browser(t)
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx,
+		chromedp.Navigate(base+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr.lane[data-lane="demo"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr.detail[data-lane="demo"] tr.dead-letter button.replay`)),
+	); err != nil {
+		t.Fatalf("the open page: %v", err)
+	}
+	st, err := chromedp.Run(ctx, chromedp.Evaluate[pageState](readPage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("login").hidden && document.getElementById("forget").hidden`))
+	if err != nil || !hidden || !strings.Contains(st.Who, "open API") {
+		t.Fatalf("without keys the page shows a login form or a key (%q): %v", st.Who, err)
+	}
+}
