@@ -166,6 +166,10 @@
     if (Number.isInteger(x)) return x.toLocaleString("en-US");
     return x.toLocaleString("en-US", { maximumFractionDigits: x < 10 ? 2 : 1 });
   }
+  // goDuration shortens a Go duration string: "1h0m0s" to "1h".
+  function goDuration(d) {
+    return String(d).replace(/([hm])0m0s$/, "$1").replace(/([hm])0s$/, "$1");
+  }
   function fmtDuration(s) {
     if (!isFinite(s)) return "never";
     s = Math.ceil(s);
@@ -275,7 +279,7 @@
 
     c.rate.replaceChildren(el("span", { class: "big" }, fmtRate(l.effective_rate)));
     if (l.effective_rate !== l.rate) c.rate.append(el("span", { class: "sub" }, "of " + fmtRate(l.rate)));
-    if (l.quota) c.rate.append(el("span", { class: "sub" }, "quota " + num(l.quota.limit) + " per " + l.quota.per));
+    if (l.quota) c.rate.append(el("span", { class: "sub" }, "quota " + num(l.quota.limit) + " per " + goDuration(l.quota.per)));
     text(c.burst, num(l.burst));
 
     text(c.backlogN, num(l.backlog || 0));
@@ -306,13 +310,16 @@
     fillDetail(r, l, dead);
   }
 
-  // fillDetail shows the busiest keys of a keyed lane (when the lanes API
-  // lists them in "keys") and the lane's dead letters.
+  // fillDetail shows a keyed lane's per-key limits and key counts (its
+  // "keyed" object) and busiest keys (when the lanes API lists them in
+  // "keys", or "keyed.keys"), and the lane's dead letters.
   function fillDetail(r, l, dead) {
     const td = r.detail.firstChild;
-    const keys = Array.isArray(l.keys) ? l.keys : [];
+    const keyed = l.keyed && typeof l.keyed === "object" ? l.keyed : null;
+    const listed = Array.isArray(l.keys) ? l.keys : keyed && Array.isArray(keyed.keys) ? keyed.keys : [];
+    const keys = listed.filter((k) => k && typeof k === "object");
     const hasDead = l.dead > 0 && dead;
-    r.detail.hidden = keys.length === 0 && !hasDead;
+    r.detail.hidden = !keyed && keys.length === 0 && !hasDead;
     if (!r.detailParts) {
       r.detailParts = { keys: el("div", { class: "keys" }), dead: el("div", { class: "dead" }) };
       td.append(r.detailParts.keys, r.detailParts.dead);
@@ -320,7 +327,16 @@
     const p = r.detailParts;
 
     p.keys.replaceChildren();
-    p.keys.hidden = keys.length === 0;
+    p.keys.hidden = !keyed && keys.length === 0;
+    if (keyed) {
+      const bits = [];
+      if (keyed.keys_active !== undefined) bits.push(num(keyed.keys_active) + " keys active");
+      if (keyed.keys_paused) bits.push(num(keyed.keys_paused) + " paused");
+      if (keyed.per_key_rate !== undefined) bits.push("per key " + fmtRate(keyed.per_key_rate) + (keyed.per_key_burst ? ", burst " + num(keyed.per_key_burst) : ""));
+      if (keyed.per_key_max_inflight) bits.push(num(keyed.per_key_max_inflight) + " in flight per key");
+      if (keyed.ordered) bits.push("ordered");
+      p.keys.append(el("span", { class: "keyed-summary" }, el("span", { class: "badge adaptive" }, "keyed"), el("span", { class: "muted" }, bits.join(" · "))));
+    }
     if (keys.length) {
       const count = (k) => k.backlog ?? k.waiting ?? 0;
       const busiest = keys.slice().sort((a, b) => count(b) - count(a)).slice(0, TOP_KEYS);
@@ -329,6 +345,7 @@
         const bits = [num(count(k)) + " waiting"];
         if (k.in_flight !== undefined) bits.push(num(k.in_flight) + " in flight");
         if (k.rate !== undefined) bits.push(fmtRate(k.rate));
+        if (k.paused) bits.push("paused");
         p.keys.append(el("span", { class: "key", "data-key": k.key ?? k.name }, el("b", {}, String(k.key ?? k.name ?? "?")), " · " + bits.join(" · ")));
       }
     }
