@@ -393,6 +393,32 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	shot("status-read-only.png")
 
+	// Back as admin: Replay all takes two clicks (the first only arms it)
+	// and empties the list.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#forget"))); err != nil {
+		t.Fatal(err)
+	}
+	login("ops-secret")
+	all := chromedp.CSS(`tr.detail[data-lane="mail"] button.replay-all`)
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(all), chromedp.Click(all)); err != nil {
+		t.Fatal(err)
+	}
+	if st := read(); len(st.DeadRows) != 2 || lanes()["mail"].Dead != 2 {
+		t.Fatalf("one click on Replay all changed something: the page lists %v", st.DeadRows)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(all),
+		chromedp.WaitNotPresent(chromedp.CSS(`tr.detail[data-lane="mail"] tr.dead-letter`))); err != nil {
+		t.Fatalf("replaying all: %v", err)
+	}
+	waitFor(t, 20*time.Second, "every replayed job to reach the target", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got["letter-0"]+got["letter-1"]+got["letter-2"] == 3
+	})
+	if n := lanes()["mail"].Dead; n != 0 {
+		t.Fatalf("after Replay all mail has %d dead letters", n)
+	}
+
 	perrMu.Lock()
 	defer perrMu.Unlock()
 	if len(pageErrors) > 0 {

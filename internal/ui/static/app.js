@@ -394,14 +394,14 @@
   }
 
   function replayAllButton(lane) {
-    // Two clicks: the first arms the button for a few seconds.
+    // Two clicks: the first arms the button for 10 seconds.
     let armed = null;
     const b = el("button", { type: "button", class: "replay-all danger" }, "Replay all");
     b.addEventListener("click", async () => {
       if (!armed) {
         b.textContent = "Click again to replay every dead letter";
         b.classList.add("confirm");
-        armed = setTimeout(() => { armed = null; b.textContent = "Replay all"; b.classList.remove("confirm"); }, 4000);
+        armed = setTimeout(() => { armed = null; b.textContent = "Replay all"; b.classList.remove("confirm"); }, 10000);
         return;
       }
       clearTimeout(armed);
