@@ -334,17 +334,20 @@ func busiest(at []arrival, lane string, w time.Duration) (int, time.Time) {
 // jitter between a slot and its arrival at the target.
 func checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW time.Duration) {
 	t.Helper()
-	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+2*stalls.worstStall())
+	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+3*stalls.worstStall())
 }
 
 // stallMeter measures how late this test process gets to run: a goroutine
 // that sleeps 5 ms at a time records the worst oversleep. The instances and
 // the target share the process; when it is held off the CPU (a loaded
 // machine, a GC pause), arrivals wait too and then come together, a clump
-// the throttler did not start. checkWindows widens its tolerance by twice
-// the worst stall seen (a job crosses two goroutines on its way, the
-// dispatch and the target's handler, and each may be held), so that it
-// judges the throttler, not the machine.
+// the throttler did not start. checkWindows widens its tolerance by three
+// times the worst stall seen: a job crosses two goroutines on its way (the
+// dispatch and the target's handler), each may be held, and after a stall
+// the work held back queues for a while longer than the stall itself (seen
+// in TestRedisClusterHundredLanes, 300 drains in one process, on lanes that
+// never paused). It judges the throttler, not the machine; a real double
+// grant shows as a whole burst or more, beyond it.
 type stallMeter struct {
 	mu    sync.Mutex
 	worst time.Duration
