@@ -35,6 +35,8 @@ import (
 // wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	// DecideN decides on n jobs submitted together (a batch).
+	DecideN(ctx context.Context, lane admission.Lane, key string, n int) ([]admission.Decision, []error)
 	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
 }
 
@@ -42,6 +44,9 @@ type Admitter interface {
 // stored one.
 type Publisher interface {
 	Publish(ctx context.Context, job queue.Job) (queue.PubResult, error)
+	// PublishBatch stores jobs of one lane with asynchronous publishes in
+	// one window: one result per job, in order.
+	PublishBatch(ctx context.Context, lane string, jobs []queue.Job) ([]queue.BatchResult, error)
 	Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error)
 }
 
@@ -94,6 +99,10 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
+	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
+	MaxBatchItems int
+	MaxBatchBytes int64
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -121,6 +130,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	// Each route says what its caller needs (docs/API.md, Authentication).
 	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.authorize(needSubmit, h.submitBatch))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
