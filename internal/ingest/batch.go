@@ -160,6 +160,7 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 		return &api.Problem{Type: typ, Status: status, Field: field, Detail: fmt.Sprintf(format, args...)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
 		return nil, bad(http.StatusBadRequest, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
 	}
@@ -171,11 +172,11 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 			return nil, bad(http.StatusRequestEntityTooLarge, "/"+strconv.Itoa(i),
 				"the batch has more than http.max_batch_items (%d) items; split it", maxItems)
 		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, bad(http.StatusBadRequest, "/"+strconv.Itoa(i), "item %d is not valid JSON: %v", i, err)
+		var it api.BatchItem
+		if err := dec.Decode(&it); err != nil {
+			return nil, itemError(err, i)
 		}
-		job, p := parseItem(raw, i, lane, maxBody)
+		job, p := checkItem(it, i, lane, maxBody)
 		if p != nil {
 			return nil, p
 		}
@@ -199,8 +200,29 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 	return jobs, nil
 }
 
-// parseItem checks item i of a batch and makes its job.
-func parseItem(raw json.RawMessage, i int, lane string, maxBody int64) (queue.Job, *api.Problem) {
+// itemError names what is wrong in item i that did not decode: an unknown
+// field, a field of the wrong type, not an object, not JSON.
+func itemError(err error, i int) *api.Problem {
+	at := "/" + strconv.Itoa(i)
+	p := &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: at}
+	var ute *json.UnmarshalTypeError
+	switch f, unknown := strings.CutPrefix(err.Error(), "json: unknown field "); {
+	case unknown:
+		p.Field += "/" + strings.Trim(f, `"`)
+		p.Detail = fmt.Sprintf("item %d: unknown field %s", i, f)
+	case errors.As(err, &ute) && ute.Field != "":
+		p.Field += "/" + ute.Field
+		p.Detail = fmt.Sprintf("item %d: %s cannot be a JSON %s", i, ute.Field, ute.Value)
+	case errors.As(err, &ute):
+		p.Detail = fmt.Sprintf("item %d: an item is an object {\"idempotency_key\", \"payload\"}, not %s", i, ute.Value)
+	default:
+		p.Detail = fmt.Sprintf("item %d is not valid JSON: %v", i, err)
+	}
+	return p
+}
+
+// checkItem checks item i of a batch and makes its job.
+func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, *api.Problem) {
 	at := "/" + strconv.Itoa(i)
 	bad := func(status int, field, format string, args ...any) (queue.Job, *api.Problem) {
 		typ := ProblemBadBody
@@ -208,24 +230,6 @@ func parseItem(raw json.RawMessage, i int, lane string, maxBody int64) (queue.Jo
 			typ = ProblemBodyTooLarge
 		}
 		return queue.Job{}, &api.Problem{Type: typ, Status: status, Field: at + field, Detail: fmt.Sprintf("item %d: ", i) + fmt.Sprintf(format, args...)}
-	}
-	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return bad(http.StatusBadRequest, "", "an item is an object {\"idempotency_key\", \"payload\"}")
-	}
-	var it api.BatchItem
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&it); err != nil {
-		field := ""
-		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			field = "/" + strings.Trim(f, `"`)
-			return bad(http.StatusBadRequest, field, "unknown field %s", f)
-		}
-		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) && ute.Field != "" {
-			field = "/" + ute.Field
-		}
-		return bad(http.StatusBadRequest, field, "%v", err)
 	}
 	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType}
 	if job.ID != "" {
