@@ -95,28 +95,10 @@ func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, 
 	ref := pacingOf(refArrivals, period)
 	take := pacingOf(takes, period)
 
-	lane := e.lane(fmt.Sprintf("pace%d", perSecond))
-	lo := laneOpts{rate: lim.Rate, burst: lim.Burst, inflight: pacingInflight, backlog: int64(4 * n)}
-	cfg, err := e.serviceConfig(svcOpts{dataDir: e.dir("pacing"), target: sk.URL, lanes: map[string]laneOpts{lane: lo}})
+	ours, calls, err := e.lanePacing(ctx, sk, lim, n)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.prefill(ctx, cfg, map[string]int{lane: n}, drainPayload, nil); err != nil {
-		return nil, err
-	}
-	sk.reset(n)
-	svc, err := e.startService(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	werr := sk.wait(ctx, n, timeout, e.prog, fmt.Sprintf("lane @%s", fmtRate(float64(perSecond))))
-	calls := svc.counter("throttler_pacer_calls_total", map[string]string{"lane": lane})
-	svc.stop()
-	if werr != nil {
-		return nil, werr
-	}
-	arrivals, _ := sk.snapshot()
-	ours := pacingOf(arrivals, period)
 
 	rateName := fmtInt(int64(perSecond)) + "/s"
 	devCell := func(p pacing) string {
@@ -150,4 +132,34 @@ func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, 
 				fmtInt(int64(calls)), float64(n)/max(calls, 1), min(512, int(float64(perSecond)*0.020), pacingInflight)),
 		},
 	}, nil
+}
+
+// lanePacing drains n prefilled jobs through one lane at lim (max_inflight
+// pacingInflight) into sk and returns the pacing at the sink and the
+// lane's pacer calls.
+func (e *env) lanePacing(ctx context.Context, sk *sink, lim bucket.Limit, n int) (pacing, float64, error) {
+	period := lim.Period()
+	timeout := 2*time.Duration(n)*period + 10*time.Second
+	lane := e.lane(fmt.Sprintf("pace%d", int(lim.Rate)))
+	lo := laneOpts{rate: lim.Rate, burst: lim.Burst, inflight: pacingInflight, backlog: int64(4 * n)}
+	cfg, err := e.serviceConfig(svcOpts{dataDir: e.dir("pacing"), target: sk.URL, lanes: map[string]laneOpts{lane: lo}})
+	if err != nil {
+		return pacing{}, 0, err
+	}
+	if err := e.prefill(ctx, cfg, map[string]int{lane: n}, drainPayload, nil); err != nil {
+		return pacing{}, 0, err
+	}
+	sk.reset(n)
+	svc, err := e.startService(ctx, cfg)
+	if err != nil {
+		return pacing{}, 0, err
+	}
+	werr := sk.wait(ctx, n, timeout, e.prog, fmt.Sprintf("lane @%s", fmtRate(lim.Rate)))
+	calls := svc.counter("throttler_pacer_calls_total", map[string]string{"lane": lane})
+	svc.stop()
+	if werr != nil {
+		return pacing{}, 0, werr
+	}
+	arrivals, _ := sk.snapshot()
+	return pacingOf(arrivals, period), calls, nil
 }

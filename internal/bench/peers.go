@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+)
+
+// peerRate is the rate of the peer rows: the pacing row's 100/s.
+const peerRate = 100
+
+// What a smoothing proxy gives up against the throttler, printed beside
+// its figures.
+const nginxGivesUp = "nginx gives up: durability (a held request lives in nginx's memory with the client's connection open; a reload, crash or client timeout loses it, and the client must retry), cross-instance exactness (each nginx paces alone: two instances send twice the rate), and queue bounds by time (beyond burst it answers 503 at once)"
+
+// runPeers: the tools people use instead, on the same sink, rate and jobs
+// as our lane: nginx limit_req in delay mode as a smoothing proxy.
+func runPeers(ctx context.Context, e *env) ([]Result, error) {
+	sk, err := startSink()
+	if err != nil {
+		return nil, err
+	}
+	defer sk.close()
+	n := max(int(peerRate*e.dur.Seconds()), 20)
+	lim := bucket.Limit{Rate: peerRate, Burst: 1}
+	name := fmt.Sprintf("peer: nginx limit_req (delay) @%d/s, %d jobs at once: |gap − period| p50 / p99 / max; busiest 1-s window; rate", peerRate, n)
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		return []Result{skipRow(Peers, name, "—", "nginx not found (apt-get install nginx-light)")}, nil
+	}
+	ours, _, err := e.lanePacing(ctx, sk, lim, n)
+	if err != nil {
+		return nil, err
+	}
+	peer, held, err := e.nginxPacing(ctx, bin, sk, n)
+	if err != nil {
+		return nil, err
+	}
+	cell := func(p pacing) string {
+		return fmt.Sprintf("%s / %s / %s; %s in 1 s; %s", fmtDur(p.Dev.P50), fmtDur(p.Dev.P99), fmtDur(p.Dev.Max),
+			fmtInt(int64(p.MaxPerSecond)), fmtRate(p.Achieved))
+	}
+	return []Result{{
+		ID: Peers, Scenario: name,
+		Ours:      cell(ours),
+		Reference: cell(peer),
+		Ratio:     "p99 " + fmtRatio(float64(ours.Dev.P99), float64(peer.Dev.P99)),
+		Goal:      "—",
+		Verdict:   NoGoal,
+		Note: fmt.Sprintf("nginx %s held up to %d requests open at once, the last for %s; %s",
+			nginxVersion(bin), held.peak, fmtDur(held.longest), nginxGivesUp),
+	}}, nil
+}
+
+type heldStats struct {
+	peak    int64
+	longest time.Duration
+}
+
+// nginxPacing starts nginx on a free port with limit_req at peerRate in
+// delay mode (burst n, no nodelay) in front of the sink, sends n POSTs at
+// once, and returns the pacing of their arrivals at the sink.
+func (e *env) nginxPacing(ctx context.Context, bin string, sk *sink, n int) (pacing, heldStats, error) {
+	dir := e.dir("nginx")
+	addr, err := freeAddr()
+	if err != nil {
+		return pacing{}, heldStats{}, err
+	}
+	sinkHost := strings.TrimPrefix(strings.TrimSuffix(sk.URL, "/hook"), "http://")
+	conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections %[2]d; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  limit_req_zone $server_port zone=lane:1m rate=%[3]dr/s;
+  limit_req_status 503;
+  upstream sink { server %[4]s; keepalive 64; }
+  server {
+    listen %[5]s;
+    location / {
+      limit_req zone=lane burst=%[6]d;
+      proxy_pass http://sink/hook;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_read_timeout 600s;
+    }
+  }
+}
+`, dir, 2*n+64, peerRate, sinkHost, addr, n)
+	confPath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return pacing{}, heldStats{}, err
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log"))
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return pacing{}, heldStats{}, fmt.Errorf("bench: nginx: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			return pacing{}, heldStats{}, fmt.Errorf("bench: nginx did not listen on %s: %s", addr, strings.TrimSpace(string(log)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	client := newClient(n)
+	defer client.CloseIdleConnections()
+	sk.reset(n)
+	var (
+		wg       sync.WaitGroup
+		open     atomic.Int64
+		peak     atomic.Int64
+		mu       sync.Mutex
+		longest  time.Duration
+		firstErr error
+	)
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(n)*time.Second/peerRate+30*time.Second)
+	defer cancel()
+	for range n {
+		wg.Go(func() {
+			o := open.Add(1)
+			for p := peak.Load(); o > p && !peak.CompareAndSwap(p, o); p = peak.Load() {
+			}
+			t0 := time.Now()
+			_, err := post(rctx, client, "http://"+addr+"/", drainPayload, http.StatusOK)
+			open.Add(-1)
+			mu.Lock()
+			defer mu.Unlock()
+			longest = max(longest, time.Since(t0))
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return pacing{}, heldStats{}, fmt.Errorf("bench: through nginx: %w", firstErr)
+	}
+	if err := sk.wait(ctx, n, time.Second, e.prog, "nginx"); err != nil {
+		return pacing{}, heldStats{}, err
+	}
+	arrivals, _ := sk.snapshot()
+	return pacingOf(arrivals, time.Second/peerRate), heldStats{peak: peak.Load(), longest: longest}, nil
+}
+
+// nginxVersion is what `nginx -v` says, or "".
+func nginxVersion(bin string) string {
+	out, err := exec.Command(bin, "-v").CombinedOutput()
+	if err != nil && !errors.As(err, new(*exec.ExitError)) {
+		return ""
+	}
+	v := strings.TrimSpace(string(out))
+	v = strings.TrimPrefix(v, "nginx version: ")
+	return v
+}
