@@ -47,11 +47,12 @@ func runPeers(ctx context.Context, e *env) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	rows := []Result{}
 	cell := func(p pacing) string {
 		return fmt.Sprintf("%s / %s / %s; %s in 1 s; %s", fmtDur(p.Dev.P50), fmtDur(p.Dev.P99), fmtDur(p.Dev.Max),
 			fmtInt(int64(p.MaxPerSecond)), fmtRate(p.Achieved))
 	}
-	return []Result{{
+	rows = append(rows, Result{
 		ID: Peers, Scenario: name,
 		Ours:      cell(ours),
 		Reference: cell(peer),
@@ -60,7 +61,115 @@ func runPeers(ctx context.Context, e *env) ([]Result, error) {
 		Verdict:   NoGoal,
 		Note: fmt.Sprintf("nginx %s held up to %d requests open at once, the last for %s; %s",
 			nginxVersion(bin), held.peak, fmtDur(held.longest), nginxGivesUp),
-	}}, nil
+	})
+	bname := fmt.Sprintf("peer: Benthos http_server → rate_limit → http_client @%d/s, %d jobs at once: same figures", peerRate, n)
+	if e.cfg.Smoke {
+		return append(rows, skipRow(Peers, bname, "—", "smoke: the Benthos peer (a module of its own, long to compile) is built in full runs only")), nil
+	}
+	bpeer, bheld, skip, err := e.benthosPacing(ctx, sk, n)
+	switch {
+	case err != nil:
+		return rows, err
+	case skip != "":
+		return append(rows, skipRow(Peers, bname, "—", skip)), nil
+	}
+	return append(rows, Result{
+		ID: Peers, Scenario: bname,
+		Ours:      cell(ours),
+		Reference: cell(bpeer),
+		Ratio:     "p99 " + fmtRatio(float64(ours.Dev.P99), float64(bpeer.Dev.P99)),
+		Goal:      "—",
+		Verdict:   NoGoal,
+		Note: fmt.Sprintf("Benthos v4.60.0 (local rate_limit of 1 per %s, max_in_flight 64) held up to %d requests open at once, the last for %s; %s",
+			fmtDur(time.Second/peerRate), bheld.peak, fmtDur(bheld.longest), benthosGivesUp),
+	}), nil
+}
+
+const benthosGivesUp = "Benthos gives up: durability (a request waits in the pipeline's memory, answered only when delivered; a restart loses it and the client must retry), cross-instance exactness (the local rate_limit is per process; a shared limit needs an external cache resource and is not exact), and bounds on the wait (nothing refuses a request that would wait too long)"
+
+// benthosDir is the peer module, relative to the main module's root.
+const benthosDir = "cmd/throttler-bench/peers/benthos"
+
+// benthosPacing builds the Benthos peer (its own module, with the go
+// command, when the tool runs inside this repository), starts it in front
+// of sk at peerRate, sends n POSTs at once and returns the pacing of their
+// arrivals. skip says why it could not run.
+func (e *env) benthosPacing(ctx context.Context, sk *sink, n int) (pacing, heldStats, string, error) {
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
+		return pacing{}, heldStats{}, "the go command or this repository is not here to build the Benthos peer", nil
+	}
+	src := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), benthosDir)
+	if _, err := os.Stat(filepath.Join(src, "go.mod")); err != nil {
+		return pacing{}, heldStats{}, "no " + benthosDir + " here", nil
+	}
+	dir := e.dir("benthos")
+	bin := filepath.Join(dir, "benthos-peer")
+	e.prog.set("building the Benthos peer", 0, 1)
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return pacing{}, heldStats{}, fmt.Sprintf("building the Benthos peer failed: %v: %s", err, lastLine(string(out))), nil
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return pacing{}, heldStats{}, "", err
+	}
+	cmd := exec.Command(bin, "--listen", addr, "--target", sk.URL, "--rate", fmt.Sprint(peerRate))
+	logf, err := os.Create(filepath.Join(dir, "benthos.log"))
+	if err != nil {
+		return pacing{}, heldStats{}, "", err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return pacing{}, heldStats{}, "", fmt.Errorf("bench: benthos peer: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+	if err := waitListen(addr, 20*time.Second); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "benthos.log"))
+		return pacing{}, heldStats{}, "", fmt.Errorf("bench: benthos peer: %w: %s", err, lastLine(string(log)))
+	}
+	held, err := e.burstThrough(ctx, sk, "http://"+addr+"/post", n)
+	if err != nil {
+		return pacing{}, heldStats{}, "", fmt.Errorf("bench: through Benthos: %w", err)
+	}
+	arrivals, _ := sk.snapshot()
+	return pacingOf(arrivals, time.Second/peerRate), held, "", nil
+}
+
+// waitListen polls until addr accepts a connection.
+func waitListen(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nothing listens on %s after %v", addr, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
 
 type heldStats struct {
@@ -132,6 +241,18 @@ http {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	held, err := e.burstThrough(ctx, sk, "http://"+addr+"/", n)
+	if err != nil {
+		return pacing{}, heldStats{}, fmt.Errorf("bench: through nginx: %w", err)
+	}
+	arrivals, _ := sk.snapshot()
+	return pacingOf(arrivals, time.Second/peerRate), held, nil
+}
+
+// burstThrough sends n POSTs of a job at once to url (a smoothing proxy in
+// front of sk), waits for every answer and for n arrivals at sk, and says
+// how many requests were held open at once and the longest.
+func (e *env) burstThrough(ctx context.Context, sk *sink, url string, n int) (heldStats, error) {
 	client := newClient(n)
 	defer client.CloseIdleConnections()
 	sk.reset(n)
@@ -151,7 +272,7 @@ http {
 			for p := peak.Load(); o > p && !peak.CompareAndSwap(p, o); p = peak.Load() {
 			}
 			t0 := time.Now()
-			_, err := post(rctx, client, "http://"+addr+"/", drainPayload, http.StatusOK)
+			_, err := post(rctx, client, url, drainPayload, http.StatusOK)
 			open.Add(-1)
 			mu.Lock()
 			defer mu.Unlock()
@@ -163,13 +284,12 @@ http {
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return pacing{}, heldStats{}, fmt.Errorf("bench: through nginx: %w", firstErr)
+		return heldStats{}, firstErr
 	}
-	if err := sk.wait(ctx, n, time.Second, e.prog, "nginx"); err != nil {
-		return pacing{}, heldStats{}, err
+	if err := sk.wait(ctx, n, time.Second, e.prog, "peer"); err != nil {
+		return heldStats{}, err
 	}
-	arrivals, _ := sk.snapshot()
-	return pacingOf(arrivals, time.Second/peerRate), heldStats{peak: peak.Load(), longest: longest}, nil
+	return heldStats{peak: peak.Load(), longest: longest}, nil
 }
 
 // nginxVersion is what `nginx -v` says, or "".
