@@ -17,6 +17,8 @@
 //     10,000 jobs/s, at the sink, against go.uber.org/ratelimit Take().
 //   - latency: an admitted job, HTTP in → target, at 1,000 jobs/s, against a
 //     direct POST to the same target.
+//   - peers: nginx limit_req in delay mode in front of the same sink, at the
+//     same rate with the same jobs as one of our lanes.
 //   - rss: the resident memory of a throttler process (the real binary)
 //     holding a 1,000,000-job backlog, with embedded and with external NATS.
 //   - lanes: a throttler process with 100 and with 1,000 idle lanes: the
@@ -54,11 +56,12 @@ const (
 	Pacing    = "pacing"
 	Latency   = "latency"
 	RSS       = "rss"
+	Peers     = "peers"
 	Lanes     = "lanes"
 )
 
 // Scenarios lists every scenario id in the order they run.
-var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Lanes}
+var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers, Lanes}
 
 // Config configures a Run. The zero value runs every scenario in full mode
 // with embedded NATS and a redis-server of its own (when one is on PATH).
@@ -185,6 +188,7 @@ var scenarioFuncs = map[string]scenario{
 	Pacing:    runPacing,
 	Latency:   runLatency,
 	RSS:       runRSS,
+	Peers:     runPeers,
 	Lanes:     runLanes,
 }
 
