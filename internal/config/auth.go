@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/quota"
 )
 
 // Auth says who may call the HTTP API and which Host names it answers to.
@@ -118,7 +120,6 @@ func DefaultHTTP() HTTP {
 var (
 	keyID   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	hexSum  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-	planRe  = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	hostRe  = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$`)
 	maxKeys = 10_000
 )
@@ -222,7 +223,7 @@ func validateKeys(field string, keys []Key, lanes []Lane, callers *Callers) erro
 				return fail(fmt.Sprintf("scopes[%d]", j), "no lane named %q is configured", lane)
 			}
 		}
-		if k.Plan != "" && !planRe.MatchString(k.Plan) {
+		if k.Plan != "" && !quota.ValidPlanName(k.Plan) {
 			return fail("plan", "%q must be 1-64 letters, digits, '_' or '-'", k.Plan)
 		}
 		if _, ok := callers.plan(k.Plan); k.Plan != "" && callers != nil && !ok {

@@ -132,9 +132,6 @@ func ValidatePlan(prefix string, p Plan) error {
 	return nil
 }
 
-// ValidPlanName reports whether name can name a plan.
-func ValidPlanName(name string) bool { return planRe.MatchString(name) }
-
 // validate checks the callers section.
 func (c *Callers) validate() error {
 	fail := func(field, format string, args ...any) error {
@@ -159,14 +156,14 @@ func (c *Callers) validate() error {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if !planRe.MatchString(name) {
+		if !quota.ValidPlanName(name) {
 			return fail("plans", "plan name %q must be 1-64 letters, digits, '_' or '-'", name)
 		}
 		if err := ValidatePlan("callers.plans."+name, c.Plans[name]); err != nil {
 			return err
 		}
 	}
-	if !planRe.MatchString(c.AnonymousPlan) {
+	if !quota.ValidPlanName(c.AnonymousPlan) {
 		return fail("anonymous_plan", "%q must be 1-64 letters, digits, '_' or '-'", c.AnonymousPlan)
 	}
 	if _, ok := c.Plans[c.DefaultPlan]; c.DefaultPlan != "" && !ok {

@@ -16,11 +16,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +27,7 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/quota"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -59,6 +58,12 @@ type Lane struct {
 	// AdmitWait bounds the wait to hear the slot of a job whose lane has
 	// room (config admit_wait).
 	AdmitWait time.Duration
+	// Cost is what one job costs a caller's plan, in tokens (caller
+	// quotas); 0 counts as 1.
+	Cost int
+	// Observe only logs and counts the caller quota refusals of the lane's
+	// submissions.
+	Observe bool
 }
 
 // Directory finds lanes, reports their live state and changes their limits.
@@ -94,6 +99,8 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// Callers, when set, turns the caller quotas on (callers.go).
+	Callers *Callers
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -105,6 +112,9 @@ type Handler struct {
 	// keys is nil when the API was built without keys (anonymous).
 	keys   atomic.Pointer[keySet]
 	bodies *budget
+	// callers is nil while caller quotas are off.
+	callers atomic.Pointer[callerSet]
+	usage   quota.Usage
 }
 
 // New builds the handler.
@@ -119,8 +129,16 @@ func New(cfg Config) (*Handler, error) {
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
+	if c := cfg.Callers; c != nil {
+		if c.Limiter == nil {
+			return nil, errors.New("ingest: Config.Callers.Limiter is required")
+		}
+		h.callers.Store(&callerSet{CallerPolicy: c.Policy})
+		h.initCallerMetrics(c.Policy)
+		cfg.Metrics.Callers.Watch(h.utilization)
+	}
 	// Each route says what its caller needs (docs/API.md, Authentication).
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -129,6 +147,7 @@ func New(cfg Config) (*Handler, error) {
 	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
 	h.routeAdmin()
+	h.routeCallers()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -146,6 +165,9 @@ func New(cfg Config) (*Handler, error) {
 // ServeHTTP implements http.Handler: the Host and cross-site checks, then
 // the route (which checks the caller's key).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cs := h.callers.Load(); cs != nil && len(cs.TrustedProxies) > 0 {
+		r = r.WithContext(context.WithValue(r.Context(), clientIPCtx{}, resolveClientIP(r, cs.TrustedProxies)))
+	}
 	if !h.checkBrowser(w, r) {
 		return
 	}
@@ -305,7 +327,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		state = "duplicate"
 	}
 	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
-	setRateHeaders(w.Header(), name, dec)
+	setRateHeaders(w.Header(), r, name, dec)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
 	_ = json.NewEncoder(w).Encode(out)
@@ -335,16 +357,21 @@ func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, 
 	return dec.ETA(ahead)
 }
 
-// setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the
-// IETF draft RateLimit-Policy / RateLimit form.
-func setRateHeaders(h http.Header, lane string, d admission.Decision) {
-	window := int64(math.Ceil(float64(d.Limit.Burst) / d.Limit.Rate))
-	reset := int64(math.Ceil(d.Reset.Seconds()))
-	h.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit.Burst))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", lane, d.Limit.Burst, max(window, 1)))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", lane, d.Remaining, reset))
+// setRateHeaders writes the rate-limit headers of a job's answer: every
+// policy (the caller's per-IP and plan policies, then the lane's bucket) in
+// RateLimit-Policy and RateLimit, and in X-RateLimit-* the caller's plan
+// when one applies, else its per-IP layer, else the lane's bucket.
+func setRateHeaders(h http.Header, r *http.Request, lane string, d admission.Decision) {
+	var pols []ratePolicy
+	primary := -1
+	if info, ok := r.Context().Value(callerInfoCtx{}).(*callerInfo); ok {
+		pols, primary = append(pols, info.policies...), info.primary
+	}
+	pols = append(pols, lanePolicy(lane, d))
+	if primary < 0 {
+		primary = len(pols) - 1
+	}
+	writeRateHeaders(h, pols, primary)
 }
 
 func validKey(k string) error {
@@ -363,8 +390,12 @@ func callerOf(r *http.Request) string {
 	return "anonymous"
 }
 
-// clientIP is the address the request came from.
+// clientIP is the address the request came from: through a trusted proxy,
+// the client's (resolveClientIP), else the socket peer's.
 func clientIP(r *http.Request) string {
+	if ip, ok := r.Context().Value(clientIPCtx{}).(string); ok {
+		return ip
+	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
@@ -383,8 +414,16 @@ func metricLane(d Directory, name string) string {
 func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	out := api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)}
+	if cs := h.callers.Load(); cs != nil {
+		for i := range out.Lanes {
+			u := h.laneUtilization(out.Lanes[i].Name, out.Lanes[i].Rate)
+			out.Lanes[i].CallerUtilization = &u
+		}
+		out.Plans = h.planStatus(cs)
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)})
+	_ = json.NewEncoder(w).Encode(out)
 }
 
 func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
@@ -191,3 +192,9 @@ func windowIndex(now time.Time, length time.Duration) (int64, time.Duration) {
 	}
 	return i, time.Duration(ns - i*int64(length))
 }
+
+var planNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidPlanName reports whether name can name a plan: 1 to 64 letters,
+// digits, '_' or '-' (the config file and the admin API share the rule).
+func ValidPlanName(name string) bool { return planNameRe.MatchString(name) }
