@@ -73,9 +73,13 @@ func (m *Memory) Check(_ context.Context, r Request) (Result, error) {
 	if r.Caller != "" && (ipOK || r.ObserveIP) {
 		var next time.Time
 		res.PlanChecked = true
-		res.Plan, next = bucket.AdmitN(now, m.tats[r.Caller], r.Plan, r.Cost)
-		if res.Plan.Allowed && r.Cost > 0 {
+		tat, clamped := clampTAT(now, m.tats[r.Caller], r.Plan)
+		res.Plan, next = bucket.AdmitN(now, tat, r.Plan, r.Cost)
+		switch {
+		case res.Plan.Allowed && r.Cost > 0:
 			m.tats[r.Caller] = next
+		case clamped:
+			m.tats[r.Caller] = tat
 		}
 	}
 	m.ops++

@@ -13,6 +13,9 @@
 //     costs n tokens (bucket.AdmitN): a batch of n jobs costs n, and a lane
 //     may give each job a cost of its own.
 //
+// A caller's state is bounded by an empty bucket of its plan, so that a
+// plan change holds from the next request.
+//
 // A refusal takes nothing: a refused request is not counted in the IP
 // window and takes no token, so a caller over its quota gets back in as
 // soon as the window slides or the bucket refills. Observation mode is the
@@ -181,6 +184,17 @@ func (r Request) Validate() error {
 		}
 	}
 	return nil
+}
+
+// clampTAT bounds a caller's state by an empty bucket of its plan now
+// (tat ≤ now + τ + T): a state left by a stricter plan then takes effect
+// of the new plan at once, as it would for a new caller that spent its
+// burst (a plan change holds from the next request).
+func clampTAT(now, tat time.Time, l bucket.Limit) (time.Time, bool) {
+	if lim := now.Add(l.Tolerance() + l.Period()); tat.After(lim) {
+		return lim, true
+	}
+	return tat, false
 }
 
 // windowIndex is the fixed window that now falls in, and how far into it.

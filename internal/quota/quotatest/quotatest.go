@@ -28,6 +28,7 @@ func Run(t *testing.T, newLimiter New) {
 	t.Run("PerIPSlidingWindow", func(t *testing.T) { perIPSlidingWindow(t, newLimiter) })
 	t.Run("IPRefusalSkipsPlan", func(t *testing.T) { ipRefusalSkipsPlan(t, newLimiter) })
 	t.Run("CostOverBurst", func(t *testing.T) { costOverBurst(t, newLimiter) })
+	t.Run("PlanChange", func(t *testing.T) { planChange(t, newLimiter) })
 }
 
 func check(t *testing.T, l quota.Limiter, r quota.Request) quota.Result {
@@ -152,5 +153,26 @@ func costOverBurst(t *testing.T, newLimiter New) {
 	_, err := l.Check(context.Background(), quota.Request{Caller: "key:x", Plan: bucket.Limit{Rate: 1, Burst: 2}, Cost: 3})
 	if err == nil || fmt.Sprint(err) == "" {
 		t.Fatal("cost over burst accepted")
+	}
+}
+
+// planChange: a caller moved from a strict plan to a generous one is held
+// by the generous one from the next request (its state is at most an
+// empty bucket of the new plan).
+func planChange(t *testing.T, newLimiter New) {
+	c := clock.NewManual(t0)
+	l := newLimiter(t, c)
+	r := quota.Request{Caller: "key:up", Plan: bucket.Limit{Rate: 1.0 / 3600, Burst: 1}, Cost: 1}
+	check(t, l, r)
+	if res := check(t, l, r); res.Plan.Allowed || res.Plan.RetryAfter != time.Hour {
+		t.Fatalf("second on 1/h: %+v", res.Plan)
+	}
+	r.Plan = bucket.Limit{Rate: 10, Burst: 1}
+	if res := check(t, l, r); res.Plan.Allowed || res.Plan.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("on 10/s: %+v, want refused for one period", res.Plan)
+	}
+	c.Advance(100 * time.Millisecond)
+	if res := check(t, l, r); !res.Plan.Allowed {
+		t.Fatalf("on 10/s a period later: %+v", res.Plan)
 	}
 }

@@ -152,6 +152,11 @@ if period > 0 and (ip ~= 0 or ARGV[4] == '1') then
   if tat then
     rel = (tonumber(tat) - now) * 1000
     if rel < 0 then rel = 0 end
+    -- At most an empty bucket of the plan: a plan change holds at once.
+    if rel > tau + period then
+      rel = tau + period
+      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+    end
   end
   if rel + (n - 1) * period - tau <= 0 then
     plan = 1
