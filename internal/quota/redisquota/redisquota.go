@@ -4,9 +4,9 @@
 // and the caller's token bucket) in one round trip, atomically, on Redis
 // TIME.
 //
-// State: the IP layer is a hash "<prefix>:{callers}:ip:<ip>" with the index
-// of the current fixed window (i), its count (c) and the previous window's
-// count (p), expiring two windows after its last write; the caller layer is
+// State: the IP layer is a string "<prefix>:{callers}:ip:<ip>" holding
+// "<window index>:<its count>:<the previous window's count>", expiring two
+// windows after its last write; the caller layer is
 // a string "<prefix>:{callers}:c:<caller>" holding the bucket's theoretical
 // arrival time in whole microseconds since the epoch (rounded up, so that
 // rounding only ever slows a caller down), expiring once the bucket is full
@@ -114,31 +114,31 @@ func New(client rediser, cfg Config) *Store {
 var script = redis.NewScript(`
 local now
 if ARGV[1] == '' then
-  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
   now = tonumber(ARGV[1])
 end
 local extra = tonumber(ARGV[8])
+local v = redis.call('MGET', KEYS[1], KEYS[2])
 local ip, cur, prev, elapsed = -1, 0, 0, 0
 local limit = tonumber(ARGV[2])
 if limit > 0 then
   local win = tonumber(ARGV[3])
   local idx = math.floor(now / win)
   elapsed = now - idx * win
-  local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
-  local si = tonumber(v[1])
-  if si == idx then
-    cur = tonumber(v[2]) or 0
-    prev = tonumber(v[3]) or 0
-  elseif si == idx - 1 then
-    prev = tonumber(v[2]) or 0
+  if v[1] then
+    local si, c, p = string.match(v[1], '^(%d+):(%d+):(%d+)$')
+    si = tonumber(si)
+    if si == idx then
+      cur, prev = tonumber(c), tonumber(p)
+    elseif si == idx - 1 then
+      prev = tonumber(c)
+    end
   end
   if prev * (win - elapsed) / win + cur + 1 <= limit then
     ip = 1
-    redis.call('HSET', KEYS[1], 'i', string.format('%.0f', idx), 'c', cur + 1, 'p', prev)
-    redis.call('PEXPIRE', KEYS[1], math.ceil(2 * win / 1000) + extra)
+    redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
   else
     ip = 0
   end
@@ -148,14 +148,15 @@ local period = tonumber(ARGV[5])
 if period > 0 and (ip ~= 0 or ARGV[4] == '1') then
   local tau = tonumber(ARGV[6])
   local n = tonumber(ARGV[7])
-  local tat = redis.call('GET', KEYS[2])
-  if tat then
-    rel = (tonumber(tat) - now) * 1000
+  if v[2] then
+    rel = (tonumber(v[2]) - now) * 1000
     if rel < 0 then rel = 0 end
     -- At most an empty bucket of the plan: a plan change holds at once.
     if rel > tau + period then
       rel = tau + period
-      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+      if n == 0 then
+        redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+      end
     end
   end
   if rel + (n - 1) * period - tau <= 0 then
@@ -166,6 +167,9 @@ if period > 0 and (ip ~= 0 or ARGV[4] == '1') then
     end
   else
     plan = 0
+    if rel == tau + period and n > 0 then
+      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+    end
   end
 end
 return {ip, cur, prev, string.format('%.0f', elapsed), plan, string.format('%.0f', rel)}
