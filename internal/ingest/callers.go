@@ -375,11 +375,10 @@ func (h *Handler) overPlan(w http.ResponseWriter, r *http.Request, who string, i
 // seconds; r remaining now, t seconds until reset; limit is the
 // X-RateLimit-Limit of the policy (a bucket's burst, a window's limit).
 type ratePolicy struct {
-	name         string
-	q, w         int64
-	r, t         int64
-	limit        int64
-	refusedAfter time.Duration
+	name  string
+	q, w  int64
+	r, t  int64
+	limit int64
 }
 
 // ipPolicy is the per-IP layer's policy, "callers:ip".
