@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -521,4 +522,40 @@ func TestRetryableHTTPClient(t *testing.T) {
 	if f.pub.n.Load() != 3 {
 		t.Fatalf("%d stored", f.pub.n.Load())
 	}
+}
+
+// FuzzClientIP: whatever a trusted proxy's headers say, the client IP is an
+// address (never a header's text), and an untrusted peer's is its own.
+func FuzzClientIP(f *testing.F) {
+	f.Add("10.0.0.1:1", "198.51.100.7, 10.1.1.1", "")
+	f.Add("10.0.0.1:1", "", `for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`)
+	f.Add("203.0.113.5:1", "1.2.3.4", "for=unknown")
+	f.Add("10.0.0.1:1", "::ffff:1.2.3.4,,", "for=_hidden, for=\"[::1\"")
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	f.Fuzz(func(t *testing.T, peer, xff, fwd string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", xff)
+		if fwd != "" {
+			r.Header.Set("Forwarded", fwd)
+		}
+		got := resolveClientIP(r, trusted)
+		host, _, err := net.SplitHostPort(peer)
+		if err != nil {
+			host = peer
+		}
+		pa, perr := netip.ParseAddr(host)
+		if perr != nil {
+			if got != host {
+				t.Fatalf("peer %q is no address, got %q", peer, got)
+			}
+			return
+		}
+		if _, err := netip.ParseAddr(got); err != nil {
+			t.Fatalf("client IP %q is not an address", got)
+		}
+		if !trusted[0].Contains(pa.Unmap()) && !trusted[1].Contains(pa.Unmap()) && got != pa.Unmap().String() {
+			t.Fatalf("untrusted peer %q answered %q", peer, got)
+		}
+	})
 }
