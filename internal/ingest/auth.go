@@ -117,6 +117,8 @@ const (
 	needRead
 	needSubmit // to the request's {lane}
 	needAdmin
+	// needKey: any known key, whatever its scopes (who am I).
+	needKey
 )
 
 func (n need) String() string {
@@ -127,6 +129,8 @@ func (n need) String() string {
 		return "submit"
 	case needAdmin:
 		return "admin"
+	case needKey:
+		return "any"
 	}
 	return "none"
 }
@@ -148,11 +152,29 @@ func (s Scopes) allow(n need, lane string) bool {
 		}
 	case needAdmin:
 		return s.Admin
+	case needKey:
+		return true
 	}
 	return false
 }
 
 type callerCtx struct{}
+
+// scopesCtx holds the Scopes of the request's key.
+type scopesCtx struct{}
+
+// whoami answers who the caller's key is and what it may do (the status
+// page shows admin controls only to admin keys; the server checks each
+// call anyway).
+func (h *Handler) whoami(w http.ResponseWriter, r *http.Request) {
+	out := api.Whoami{Anonymous: true, Admin: true, Read: true, Submit: true}
+	if s, ok := r.Context().Value(scopesCtx{}).(Scopes); ok {
+		out = api.Whoami{Key: callerOf(r), Admin: s.Admin, Read: s.Admin || s.Read, Submit: s.Admin || s.Submit,
+			SubmitLanes: s.SubmitLanes}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, out)
+}
 
 // authorize wraps a route that needs n and submits no job: without keys
 // every caller passes as anonymous; with keys the request must carry a

@@ -138,8 +138,8 @@ type callerInfoCtx struct{}
 type clientIPCtx struct{}
 
 // guard wraps a route that needs n of its caller: it decides who asks (the
-// key, without answering yet), checks the caller quotas, then answers in
-// this order: 429 of the per-IP layer (whatever the key), 401 or 403, 429
+// key, without answering yet), checks the caller quotas (on a route that
+// submits no job, only for a refused key), then answers in this order: 429 of the per-IP layer (whatever the key), 401 or 403, 429
 // (or 413) of the caller's plan, the route. jobs is how many jobs the
 // request submits: they are charged to the plan now at the lane's cost
 // each; 0 for a route that charges itself once it knows (chargeJobs); -1
@@ -156,7 +156,10 @@ func (h *Handler) guard(n need, jobs int, next http.HandlerFunc) http.HandlerFun
 		if set != nil {
 			k, refusal = h.identify(w, r, set, n)
 		}
-		if cs := h.callers.Load(); cs != nil {
+		// Job routes count every request; other routes only those whose
+		// key is refused (key guessing), so that polling with a valid key
+		// (the status page) never runs into the per-IP limit.
+		if cs := h.callers.Load(); cs != nil && (jobs >= 0 || refusal != nil) {
 			var ok bool
 			r, ok = h.checkCallers(w, r, cs, k, refusal == nil, jobs)
 			if !ok {
@@ -168,7 +171,8 @@ func (h *Handler) guard(n need, jobs int, next http.HandlerFunc) http.HandlerFun
 			return
 		}
 		if k != nil {
-			r = r.WithContext(context.WithValue(r.Context(), callerCtx{}, k.ID))
+			ctx := context.WithValue(r.Context(), callerCtx{}, k.ID)
+			r = r.WithContext(context.WithValue(ctx, scopesCtx{}, k.Scopes))
 		}
 		next(w, r)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
+	"github.com/throttler/throttler/internal/ui"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -146,6 +147,11 @@ func New(cfg Config) (*Handler, error) {
 		io.WriteString(w, "ok\n")
 	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
+	h.mux.HandleFunc("GET /v1/whoami", h.authorize(needKey, h.whoami))
+	// The status page's files hold no data and need no key; the page
+	// asks the API (with the operator's key) for everything it shows.
+	h.mux.Handle("GET /ui", ui.Handler())
+	h.mux.Handle("GET /ui/", ui.Handler())
 	h.routeAdmin()
 	h.routeCallers()
 	if cfg.MetricsHandler != nil {
