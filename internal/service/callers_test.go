@@ -84,8 +84,10 @@ func TestCallerQuotasAcrossInstances(t *testing.T) {
 		t.Fatalf("with Redis away: %d, want 202 from the instance's memory", code)
 	}
 	m := scrapeMetrics(t, client, addrs[0], "ops-secret")
-	if !strings.Contains(m, "throttler_caller_quota_fallbacks_total 2") && !strings.Contains(m, "throttler_caller_quota_fallbacks_total 3") {
-		t.Fatalf("fallbacks not counted:\n%s", grepLines(m, "throttler_caller"))
+	// One check for the job (the scrape, with a valid key, is not
+	// checked).
+	if !strings.Contains(m, "throttler_caller_quota_fallbacks_total 1\n") {
+		t.Fatalf("fallbacks not counted:\n%s", grepLines(m, "throttler_caller_quota_fallbacks_total"))
 	}
 	if !strings.Contains(m, `throttler_caller_rejections_total{lane="demo",layer="plan",plan="free"} 6`) {
 		t.Fatalf("instance 0's plan rejections:\n%s", grepLines(m, "throttler_caller_rejections_total"))
