@@ -562,3 +562,27 @@ func FuzzClientIP(f *testing.F) {
 		}
 	})
 }
+
+// TestBatchChargesItsJobs: a batch of n jobs costs n tokens of the caller's
+// plan (the real jobs:batch route), and one over the plan's burst gets 413.
+func TestBatchChargesItsJobs(t *testing.T) {
+	c := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	f := callerFixture(t, c, nil)
+	items := func(n int) string {
+		var parts []string
+		for i := range n {
+			parts = append(parts, fmt.Sprintf(`{"idempotency_key":"b-%d-%d","payload":{"n":%d}}`, n, i, i))
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	}
+	auth := map[string]string{"Authorization": "Bearer secret-shop"}
+	for _, tc := range []struct{ n, want int }{{11, 413}, {6, 202}, {4, 202}, {1, 429}} {
+		rec, _, p := postBatch(t, f, "demo", items(tc.n), auth)
+		if rec.Code != tc.want {
+			t.Fatalf("batch of %d: %d %+v, want %d", tc.n, rec.Code, p, tc.want)
+		}
+		if tc.want == 202 && policies(t, rec.Header())["plan:free"]["r"] != int64(10-6-map[bool]int{true: 4}[tc.n == 4]) {
+			t.Fatalf("batch of %d: plan policy %v", tc.n, policies(t, rec.Header())["plan:free"])
+		}
+	}
+}
