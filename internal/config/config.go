@@ -230,7 +230,23 @@ type NATSTarget struct {
 	// JetStream publishes to a stream (its ack means done) instead of
 	// request/reply.
 	JetStream bool `yaml:"jetstream"`
+	// Mode is how jobs reach the workers: NATSModeRequest (the default:
+	// a request to the subject's queue group per job) or NATSModePull
+	// (each worker asks for its next job when it is free; docs/WORKERS.md).
+	Mode string `yaml:"mode"`
+	// Lease bounds how long a pull-mode worker holds a job without
+	// reporting; 0 means dispatch.DefaultLease. Pull mode only.
+	Lease Duration `yaml:"lease"`
 }
+
+// Modes of a NATS target.
+const (
+	NATSModeRequest = "request"
+	NATSModePull    = "pull"
+)
+
+// Pull reports whether the target is a pull-mode NATS target.
+func (t Target) Pull() bool { return t.NATS != nil && t.NATS.Mode == NATSModePull }
 
 // HTTPTarget delivers a job as an HTTP request.
 type HTTPTarget struct {
@@ -494,8 +510,16 @@ func (l *Lane) applyDefaults() {
 			a.Interval = Duration(5 * time.Second)
 		}
 	}
-	if n := l.Target.NATS; n != nil && n.Timeout == 0 {
-		n.Timeout = Duration(DefaultTimeout)
+	if n := l.Target.NATS; n != nil {
+		if n.Timeout == 0 {
+			n.Timeout = Duration(DefaultTimeout)
+		}
+		if n.Mode == "" {
+			n.Mode = NATSModeRequest
+		}
+		if n.Mode == NATSModePull && n.Lease == 0 {
+			n.Lease = Duration(dispatch.DefaultLease)
+		}
 	}
 	if h := l.Target.HTTP; h != nil {
 		if h.Method == "" {
@@ -694,7 +718,34 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if err := c.validateWorkSubjects(); err != nil {
+		return err
+	}
 	return c.validateAccess()
+}
+
+// validateWorkSubjects refuses a NATS subject shared by a pull-mode lane
+// and any other lane: the pull requests of one lane's workers would be
+// answered with the other lane's jobs, or a request-mode lane's jobs would
+// reach the instances as pull requests.
+func (c *Config) validateWorkSubjects() error {
+	pullAt := map[string]int{}
+	for i, l := range c.Lanes {
+		if l.Target.Pull() {
+			pullAt[l.Target.NATS.Subject] = i
+		}
+	}
+	for i, l := range c.Lanes {
+		n := l.Target.NATS
+		if n == nil {
+			continue
+		}
+		if j, ok := pullAt[n.Subject]; ok && j != i {
+			return &Error{Field: fmt.Sprintf("lanes[%d].target.nats.subject", max(i, j)),
+				Msg: fmt.Sprintf("%q is the pull-mode work subject of lanes[%d]: a pull-mode lane needs a subject of its own", n.Subject, min(i, j))}
+		}
+	}
+	return nil
 }
 
 // validate checks one lane's fields; field names start with prefix.
@@ -782,6 +833,25 @@ func (l *Lane) validate(p string) error {
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
+		}
+		switch n.Mode {
+		case "", NATSModeRequest:
+			if n.Lease != 0 {
+				return fail("target.nats.lease", "applies to mode pull only")
+			}
+		case NATSModePull:
+			if n.JetStream {
+				return fail("target.nats.mode", "pull cannot be combined with jetstream: true (workers of a stream pull from the stream itself)")
+			}
+			if n.Lease < 0 {
+				return fail("target.nats.lease", "must not be negative")
+			}
+			if err := (dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D()}).Validate(); err != nil {
+				return fail("target.nats", "%v", err)
+			}
+			return nil
+		default:
+			return fail("target.nats.mode", "%q is not one of request, pull", n.Mode)
 		}
 		if err := (dispatch.NATSConfig{Subject: n.Subject, Timeout: n.Timeout.D(), JetStream: n.JetStream}).Validate(); err != nil {
 			return fail("target.nats", "%v", err)
