@@ -142,6 +142,9 @@ type Pull struct {
 	pullSub *nats.Subscription
 	ackSub  *nats.Subscription
 	stopped bool
+	// claimed counts waiting pull requests that a fetched job is meant
+	// for (Claim); never more than the requests waiting.
+	claimed int
 }
 
 // parkedPull is a worker's pull request waiting for a job.
@@ -233,7 +236,7 @@ func (p *Pull) onPull(m *nats.Msg) {
 	pp.elem = p.parked.PushBack(pp)
 	pp.timer = time.AfterFunc(wait, func() {
 		p.mu.Lock()
-		p.parked.Remove(pp.elem)
+		p.removeLocked(pp)
 		p.mu.Unlock()
 		p.answer(pp.reply, StatusEmpty, "")
 	})
@@ -253,20 +256,22 @@ func (p *Pull) answer(reply, status, reason string) {
 	_ = p.nc.PublishMsg(msg)
 }
 
-// Idle reports how many pull requests wait here for a job.
-func (p *Pull) Idle() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.parked.Len()
-}
-
-// WaitIdle blocks until at least one pull request waits here (or ctx ends)
-// and returns how many do.
-func (p *Pull) WaitIdle(ctx context.Context) (int, error) {
+// Claim waits until a pull request waits here that no job fetched for
+// an earlier one is meant for (or ctx ends), and claims up to max of them:
+// the caller fetches that many jobs at most, and Unclaim gives back the
+// claims it fetched no job for. Each hand-out uses up one claim; a claim
+// never outlives the pull requests waiting, so one whose job went
+// elsewhere lapses with them.
+func (p *Pull) Claim(ctx context.Context, max int) (int, error) {
 	for {
-		if n := p.Idle(); n > 0 {
+		p.mu.Lock()
+		if free := p.parked.Len() - p.claimed; free > 0 {
+			n := min(free, max)
+			p.claimed += n
+			p.mu.Unlock()
 			return n, nil
 		}
+		p.mu.Unlock()
 		select {
 		case <-p.arrived:
 		case <-ctx.Done():
@@ -275,19 +280,38 @@ func (p *Pull) WaitIdle(ctx context.Context) (int, error) {
 	}
 }
 
+// Unclaim gives back n claims that no job was fetched for.
+func (p *Pull) Unclaim(n int) {
+	p.mu.Lock()
+	p.claimed = max(p.claimed-n, 0)
+	p.mu.Unlock()
+}
+
+// removeLocked takes pp out of the waiting requests; claims beyond the
+// requests left lapse. p.mu is held.
+func (p *Pull) removeLocked(pp *parkedPull) {
+	p.parked.Remove(pp.elem)
+	p.claimed = min(p.claimed, p.parked.Len())
+}
+
 // take pops the oldest parked pull request that has not expired, waiting
-// for one up to max (or until ctx ends).
-func (p *Pull) take(ctx context.Context, max time.Duration) (*parkedPull, error) {
-	deadline := time.NewTimer(max)
+// for one up to within (or until ctx ends).
+func (p *Pull) take(ctx context.Context, within time.Duration) (*parkedPull, error) {
+	deadline := time.NewTimer(within)
 	defer deadline.Stop()
 	for {
 		p.mu.Lock()
 		for e := p.parked.Front(); e != nil; e = p.parked.Front() {
-			pp := p.parked.Remove(e).(*parkedPull)
+			pp := e.Value.(*parkedPull)
 			if pp.timer.Stop() {
+				// One claim is used up by this hand-out.
+				p.claimed = max(p.claimed-1, 0)
+				p.removeLocked(pp)
 				p.mu.Unlock()
 				return pp, nil
 			}
+			// Its timer fired and is removing it.
+			p.removeLocked(pp)
 		}
 		p.mu.Unlock()
 		select {
@@ -475,7 +499,8 @@ func (p *Pull) StopPulls() {
 	_ = p.pullSub.Unsubscribe()
 	var answer []string
 	for e := p.parked.Front(); e != nil; e = p.parked.Front() {
-		pp := p.parked.Remove(e).(*parkedPull)
+		pp := e.Value.(*parkedPull)
+		p.removeLocked(pp)
 		if pp.timer.Stop() {
 			answer = append(answer, pp.reply)
 		}

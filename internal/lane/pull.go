@@ -64,13 +64,14 @@ const pullFetchWait = 500 * time.Millisecond
 // Next waits for a worker to ask here, then for up to as many jobs as
 // workers wait.
 func (s pullSource) Next(ctx context.Context, max int) ([]*queue.Msg, error) {
-	idle, err := s.pull.WaitIdle(ctx)
+	idle, err := s.pull.Claim(ctx, max)
 	if err != nil {
 		return nil, err
 	}
 	fetchCtx, cancel := context.WithTimeout(ctx, pullFetchWait)
 	defer cancel()
-	msgs, err := s.consumer.Next(fetchCtx, min(max, idle))
+	msgs, err := s.consumer.Next(fetchCtx, idle)
+	s.pull.Unclaim(idle - len(msgs))
 	if err != nil && ctx.Err() == nil && fetchCtx.Err() != nil {
 		// Nothing came in time: read the gate again. A job the server
 		// sends later is taken from the same pull request.
