@@ -58,6 +58,7 @@ func Example() {
 	msg.Data = []byte("hello")
 	if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID("welcome-42")); err != nil {
 		fmt.Println(err)
+		return
 	}
 	fmt.Println(<-done)
 
