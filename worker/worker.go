@@ -38,43 +38,32 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/api"
 )
 
-// Header names and status values of the wire protocol (docs/WORKERS.md).
+// Header names and status values of the wire protocol (docs/WORKERS.md),
+// documented one by one in package api.
 const (
-	// HeaderIdempotencyKey is the job's id.
-	HeaderIdempotencyKey = dispatch.HeaderIdempotencyKey
-	// HeaderThrottleKey is the job's key on a keyed lane.
-	HeaderThrottleKey = "Throttle-Key"
-	// HeaderLane names the job's lane.
-	HeaderLane = dispatch.HeaderLane
-	// HeaderAttempt is the job's attempt number, 1 for the first.
-	HeaderAttempt = dispatch.HeaderAttempt
-	// HeaderStatus is the verdict of a report, or of the throttler's
-	// answer to a pull request or to a report.
-	HeaderStatus = dispatch.HeaderStatus
-	// HeaderError is the reason given with a status.
-	HeaderError = dispatch.HeaderError
-	// HeaderRetryAfter in a "retry" report is the wait in seconds.
-	HeaderRetryAfter = dispatch.HeaderRetryAfter
-	// HeaderExpires in a pull request is how long it waits, in ms.
-	HeaderExpires = dispatch.HeaderExpires
-	// HeaderWorker in a pull request names the worker (logs only).
-	HeaderWorker = dispatch.HeaderWorker
-	// HeaderAck in a job is the subject its outcome is reported on.
-	HeaderAck = dispatch.HeaderAck
-	// HeaderLease in a job is its lease in ms.
-	HeaderLease = dispatch.HeaderLease
+	HeaderIdempotencyKey = api.HeaderIdempotencyKey
+	HeaderThrottleKey    = api.HeaderThrottleKey
+	HeaderLane           = api.HeaderLane
+	HeaderAttempt        = api.HeaderAttempt
+	HeaderStatus         = api.HeaderStatus
+	HeaderError          = api.HeaderError
+	HeaderRetryAfter     = api.HeaderRetryAfter
+	HeaderExpires        = api.HeaderExpires
+	HeaderWorker         = api.HeaderWorker
+	HeaderAck            = api.HeaderAck
+	HeaderLease          = api.HeaderLease
 
-	StatusDone     = "done"
-	StatusRetry    = "retry"
-	StatusDead     = "dead"
-	StatusRelease  = dispatch.StatusRelease
-	StatusProgress = dispatch.StatusProgress
-	StatusEmpty    = dispatch.StatusEmpty
-	StatusAccepted = dispatch.StatusAccepted
-	StatusRefused  = dispatch.StatusRefused
+	StatusDone     = api.StatusDone
+	StatusRetry    = api.StatusRetry
+	StatusDead     = api.StatusDead
+	StatusRelease  = api.StatusRelease
+	StatusProgress = api.StatusProgress
+	StatusEmpty    = api.StatusEmpty
+	StatusAccepted = api.StatusAccepted
+	StatusRefused  = api.StatusRefused
 )
 
 // Config configures a Pool. Subject is required; the zero value of every
@@ -103,12 +92,12 @@ type Config struct {
 // Validate returns an error naming the first bad field, or nil.
 func (c Config) Validate() error {
 	switch {
-	case !dispatch.ValidSubject(c.Subject):
+	case c.Subject == "" || strings.ContainsAny(c.Subject, "*> \t\r\n") || strings.Contains(c.Subject, ".."):
 		return fmt.Errorf("worker: Config.Subject: %q is not a literal NATS subject", c.Subject)
 	case c.Concurrency < 0:
 		return fmt.Errorf("worker: Config.Concurrency: %d is negative", c.Concurrency)
-	case c.PullWait < 0 || (c.PullWait > 0 && c.PullWait < dispatch.MinPullExpires) || c.PullWait > dispatch.MaxPullExpires:
-		return fmt.Errorf("worker: Config.PullWait: %v is not between %v and %v", c.PullWait, dispatch.MinPullExpires, dispatch.MaxPullExpires)
+	case c.PullWait < 0 || (c.PullWait > 0 && c.PullWait < api.MinPullExpires) || c.PullWait > api.MaxPullExpires:
+		return fmt.Errorf("worker: Config.PullWait: %v is not between %v and %v", c.PullWait, api.MinPullExpires, api.MaxPullExpires)
 	case c.StopTimeout < 0:
 		return fmt.Errorf("worker: Config.StopTimeout: %v is negative", c.StopTimeout)
 	case c.ReportTimeout < 0:

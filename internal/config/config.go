@@ -219,8 +219,11 @@ type Target struct {
 	HTTP *HTTPTarget `yaml:"http"`
 	NATS *NATSTarget `yaml:"nats"`
 	// Handler names an in-process Go handler registered with
-	// service.Service.Handle (library use).
-	Handler string `yaml:"handler"`
+	// service.Service.Handle. Only a program inside this module can
+	// register one (tests, benchmarks), so a file cannot set it: a Go
+	// program of another module serves a lane with the public worker
+	// package (a pull-mode NATS target) instead.
+	Handler string `yaml:"-"`
 }
 
 // NATSTarget delivers a job to a worker pool over NATS.
@@ -817,7 +820,7 @@ func (l *Lane) validate(p string) error {
 		}
 	}
 	if kinds != 1 {
-		return fail("target", "exactly one target kind is required (http, nats or handler)")
+		return fail("target", "exactly one target kind is required (http or nats)")
 	}
 	if l.Target.Handler != "" {
 		return nil

@@ -14,52 +14,17 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/throttler/throttler/api"
 )
 
-// The pull protocol (docs/WORKERS.md). A worker asks for its next job with
+// The pull protocol (docs/WORKERS.md; its wire names are in package api).
+// A worker asks for its next job with
 // a request to the work subject; an instance holding a paced job answers it
-// with the job, whose reply subject (also in HeaderAck) is the job's outcome
+// with the job, whose reply subject (also in api.HeaderAck) is the job's outcome
 // subject: <work subject>.ack.<holder>.<token>, with a random token that
 // only the worker handed the job learns. The worker reports on it.
 const (
-	// HeaderExpires in a pull request is how long, in milliseconds, the
-	// worker waits for an answer (DefaultPullExpires when absent).
-	HeaderExpires = "Throttler-Expires"
-	// HeaderWorker in a pull request names the worker, for logs only.
-	HeaderWorker = "Throttler-Worker"
-	// HeaderAck in a job handed to a worker is the subject its outcome
-	// goes to (the same as the message's reply subject).
-	HeaderAck = "Throttler-Ack"
-	// HeaderLease in a job handed to a worker is its lease in
-	// milliseconds: without an outcome or a "progress" report within it,
-	// the job is taken back and retried.
-	HeaderLease = "Throttler-Lease"
-	// headerThrottleKey carries Job.Key under the contract's name.
-	headerThrottleKey = "Throttle-Key"
-
-	// Status values of the pull protocol, beyond done, retry and dead.
-
-	// StatusProgress in an outcome extends the lease by the lease again.
-	StatusProgress = "progress"
-	// StatusRelease in an outcome hands the job back unstarted: it goes
-	// back to the queue at once, and no attempt is counted.
-	StatusRelease = "release"
-	// StatusEmpty answers a pull request that no job came for in time.
-	StatusEmpty = "empty"
-	// StatusAccepted answers an outcome that settled (or extended) the
-	// lease it was sent for.
-	StatusAccepted = "accepted"
-	// StatusRefused answers an outcome for a lease that does not exist
-	// (expired, settled, never handed out, another job's id); the reason
-	// is in HeaderError.
-	StatusRefused = "refused"
-
-	// DefaultPullExpires is a pull request's wait when it sets no
-	// HeaderExpires: below the nats CLI's default request timeout (5 s).
-	DefaultPullExpires = 4 * time.Second
-	// MinPullExpires and MaxPullExpires bound HeaderExpires.
-	MinPullExpires = 100 * time.Millisecond
-	MaxPullExpires = 5 * time.Minute
 	// DefaultLease is PullConfig.Lease's default.
 	DefaultLease = 30 * time.Second
 	// maxWorkerWait bounds how long a fetched job waits for a worker to
@@ -214,23 +179,23 @@ func (p *Pull) onPull(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	expires := DefaultPullExpires
-	if v := m.Header.Get(HeaderExpires); v != "" {
+	expires := api.DefaultPullExpires
+	if v := m.Header.Get(api.HeaderExpires); v != "" {
 		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || ms < 0 {
-			p.answer(m.Reply, StatusRefused, fmt.Sprintf("%s: %q is not a whole number of milliseconds", HeaderExpires, v))
+			p.answer(m.Reply, api.StatusRefused, fmt.Sprintf("%s: %q is not a whole number of milliseconds", api.HeaderExpires, v))
 			return
 		}
-		expires = min(max(time.Duration(ms)*time.Millisecond, MinPullExpires), MaxPullExpires)
+		expires = min(max(time.Duration(ms)*time.Millisecond, api.MinPullExpires), api.MaxPullExpires)
 	}
 	// Never hand a job out in the last tenth of the wait (at most 1 s):
 	// the worker must still be listening when it arrives.
 	wait := expires - min(expires/10, time.Second)
-	pp := &parkedPull{reply: m.Reply, worker: m.Header.Get(HeaderWorker)}
+	pp := &parkedPull{reply: m.Reply, worker: m.Header.Get(api.HeaderWorker)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
-		p.answer(m.Reply, StatusEmpty, "")
+		p.answer(m.Reply, api.StatusEmpty, "")
 		return
 	}
 	pp.elem = p.parked.PushBack(pp)
@@ -238,7 +203,7 @@ func (p *Pull) onPull(m *nats.Msg) {
 		p.mu.Lock()
 		p.removeLocked(pp)
 		p.mu.Unlock()
-		p.answer(pp.reply, StatusEmpty, "")
+		p.answer(pp.reply, api.StatusEmpty, "")
 	})
 	select {
 	case p.arrived <- struct{}{}:
@@ -361,11 +326,11 @@ func (p *Pull) deliver(ctx context.Context, job Job) Result {
 	msg.Header.Set(HeaderLane, job.Lane)
 	if job.Key != "" {
 		msg.Header.Set(HeaderKey, job.Key)
-		msg.Header.Set(headerThrottleKey, job.Key)
+		msg.Header.Set(api.HeaderThrottleKey, job.Key)
 	}
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(job.Attempt))
-	msg.Header.Set(HeaderAck, ack)
-	msg.Header.Set(HeaderLease, strconv.FormatInt(p.lease.Milliseconds(), 10))
+	msg.Header.Set(api.HeaderAck, ack)
+	msg.Header.Set(api.HeaderLease, strconv.FormatInt(p.lease.Milliseconds(), 10))
 	if err := p.nc.PublishMsg(msg); err != nil {
 		// Not handed over: back to the queue, nothing counted.
 		return Result{Verdict: Retry, Unstarted: true, Err: fmt.Errorf("dispatch: pull %s: hand over: %w", p.subject, err)}
@@ -402,7 +367,7 @@ func (p *Pull) onOutcome(m *nats.Msg) {
 		p.log.Warn("worker outcome refused", "subject", m.Subject, "reason", reason,
 			"id", m.Header.Get(HeaderIdempotencyKey), "status", m.Header.Get(HeaderStatus))
 		if m.Reply != "" {
-			p.answer(m.Reply, StatusRefused, reason)
+			p.answer(m.Reply, api.StatusRefused, reason)
 		}
 	}
 	if l == nil {
@@ -434,7 +399,7 @@ func (p *Pull) onOutcome(m *nats.Msg) {
 		return
 	}
 	if m.Reply != "" {
-		p.answer(m.Reply, StatusAccepted, "")
+		p.answer(m.Reply, api.StatusAccepted, "")
 	}
 }
 
@@ -451,7 +416,8 @@ func (p *Pull) finish(l *lease, res Result) bool {
 }
 
 // ParseOutcome reads a worker's outcome headers: Throttler-Status (absent
-// or "done", "retry" with an optional Retry-After in seconds, "dead",
+// or "done", "retry" with an optional Retry-After in seconds, at most
+// MaxPause, "dead",
 // "release", or "progress", which only extends the lease) and the optional
 // Throttler-Error. An unknown status is an error.
 func ParseOutcome(h nats.Header) (res Result, progress bool, err error) {
@@ -469,18 +435,20 @@ func ParseOutcome(h nats.Header) (res Result, progress bool, err error) {
 	case "retry":
 		res := Result{Verdict: Retry, Err: workerErr()}
 		if v := h.Get(HeaderRetryAfter); v != "" {
-			d, ok := parseDeltaSeconds(v)
+			f, ok := parseNonNegFloat(v)
 			if !ok {
 				return Result{}, false, fmt.Errorf("%s: %q is not a number of seconds", HeaderRetryAfter, v)
 			}
-			res.RetryAfter = d
+			// 0 asks for nothing: the lane's backoff applies. Longer
+			// than MaxPause is cut to it.
+			res.RetryAfter, _ = secondsToPause(f)
 		}
 		return res, false, nil
 	case "dead":
 		return Result{Verdict: Dead, Err: workerErr()}, false, nil
-	case StatusRelease:
+	case api.StatusRelease:
 		return Result{Verdict: Retry, Unstarted: true, Err: workerErr()}, false, nil
-	case StatusProgress:
+	case api.StatusProgress:
 		return Result{}, true, nil
 	}
 	return Result{}, false, fmt.Errorf("%s: %q is not one of done, retry, dead, release, progress", HeaderStatus, status)
@@ -507,7 +475,7 @@ func (p *Pull) StopPulls() {
 	}
 	p.mu.Unlock()
 	for _, r := range answer {
-		p.answer(r, StatusEmpty, "")
+		p.answer(r, api.StatusEmpty, "")
 	}
 }
 
