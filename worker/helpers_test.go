@@ -38,6 +38,8 @@ const (
 // fleet is a NATS server, a Redis and the throttler instances sharing them.
 type fleet struct {
 	natsURL string
+	// connOpts log the test's own connections in (conn, submit).
+	connOpts []nats.Option
 	redis   *testenv.Redis
 	cfg     config.Config
 	svcs    []*service.Service
@@ -47,8 +49,18 @@ type fleet struct {
 // jobs/s, max_inflight) sharing a nats-server and a Redis.
 func newFleet(t *testing.T, n int, rate string, maxInflight int, edit func(*config.Lane)) *fleet {
 	t.Helper()
-	natsSrv := testenv.StartNATS(t)
-	f := &fleet{natsURL: natsSrv.ClientURL(), redis: testenv.StartRedis(t)}
+	return newFleetOn(t, testenv.StartNATS(t).ClientURL(), n, rate, maxInflight, func(c *config.Config) {
+		if edit != nil {
+			edit(&c.Lanes[0])
+		}
+	})
+}
+
+// newFleetOn is newFleet on a given nats-server, with edit applied to
+// the whole configuration.
+func newFleetOn(t *testing.T, natsURL string, n int, rate string, maxInflight int, edit func(*config.Config)) *fleet {
+	t.Helper()
+	f := &fleet{natsURL: natsURL, redis: testenv.StartRedis(t)}
 	r, err := bucket.ParseRate(rate)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +75,7 @@ func newFleet(t *testing.T, n int, rate string, maxInflight int, edit func(*conf
 		Target: config.Target{NATS: &config.NATSTarget{Subject: workSubject, Mode: config.NATSModePull}},
 	}}
 	if edit != nil {
-		edit(&cfg.Lanes[0])
+		edit(&cfg)
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -107,7 +119,7 @@ func (f *fleet) start(t *testing.T) *service.Service {
 // conn is a NATS connection closed when the test ends.
 func (f *fleet) conn(t *testing.T, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(f.natsURL, opts...)
+	nc, err := nats.Connect(f.natsURL, append(append([]nats.Option{}, f.connOpts...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
