@@ -100,8 +100,9 @@ type Pull struct {
 	// leases, and no other instance's.
 	ackPrefix string
 
-	mu      sync.Mutex
-	parked  *list.List // of *parkedPull, oldest first
+	mu     sync.Mutex
+	parked *list.List // of *parkedPull, oldest first
+	// arrived is closed (and replaced) when a pull request is parked.
 	arrived chan struct{}
 	leases  map[string]*lease
 	pullSub *nats.Subscription
@@ -141,7 +142,7 @@ func OpenPull(nc *nats.Conn, cfg PullConfig) (*Pull, error) {
 		return nil, err
 	}
 	p := &Pull{nc: nc, subject: cfg.Subject, lease: cfg.Lease, log: cfg.Logger, parked: list.New(),
-		arrived: make(chan struct{}, 1), leases: map[string]*lease{}}
+		arrived: make(chan struct{}), leases: map[string]*lease{}}
 	if p.lease == 0 {
 		p.lease = DefaultLease
 	}
@@ -205,10 +206,9 @@ func (p *Pull) onPull(m *nats.Msg) {
 		p.mu.Unlock()
 		p.answer(pp.reply, api.StatusEmpty, "")
 	})
-	select {
-	case p.arrived <- struct{}{}:
-	default:
-	}
+	// Wake every waiter: the drain's Claim and the deliveries' take.
+	close(p.arrived)
+	p.arrived = make(chan struct{})
 }
 
 // answer replies to a pull request or an outcome with a status only.
@@ -236,9 +236,10 @@ func (p *Pull) Claim(ctx context.Context, max int) (int, error) {
 			p.mu.Unlock()
 			return n, nil
 		}
+		arrived := p.arrived
 		p.mu.Unlock()
 		select {
-		case <-p.arrived:
+		case <-arrived:
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -278,9 +279,10 @@ func (p *Pull) take(ctx context.Context, within time.Duration) (*parkedPull, err
 			// Its timer fired and is removing it.
 			p.removeLocked(pp)
 		}
+		arrived := p.arrived
 		p.mu.Unlock()
 		select {
-		case <-p.arrived:
+		case <-arrived:
 		case <-deadline.C:
 			return nil, ErrNoWorker
 		case <-ctx.Done():
