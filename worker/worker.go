@@ -78,7 +78,9 @@ type Config struct {
 	// unique.
 	Name string
 	// PullWait is how long one pull request waits for a job before the
-	// throttler answers "empty" and the worker asks again; 0 means 30 s.
+	// throttler answers "empty" and the worker asks again; 0 means 5 s.
+	// It also bounds how long a worker waits on an instance that died
+	// with its request (one that stops answers at once).
 	PullWait time.Duration
 	// StopTimeout bounds how long Run waits, once its context ended, for
 	// running handlers before cancelling their contexts; 0 means 30 s.
@@ -190,7 +192,7 @@ func New(nc *nats.Conn, cfg Config, h Handler) (*Pool, error) {
 		cfg.Concurrency = 1
 	}
 	if cfg.PullWait == 0 {
-		cfg.PullWait = 30 * time.Second
+		cfg.PullWait = 5 * time.Second
 	}
 	if cfg.StopTimeout == 0 {
 		cfg.StopTimeout = 30 * time.Second
