@@ -40,9 +40,9 @@ type fleet struct {
 	natsURL string
 	// connOpts log the test's own connections in (conn, submit).
 	connOpts []nats.Option
-	redis   *testenv.Redis
-	cfg     config.Config
-	svcs    []*service.Service
+	redis    *testenv.Redis
+	cfg      config.Config
+	svcs     []*service.Service
 }
 
 // newFleet starts n throttler instances with one pull-mode lane (rate
