@@ -95,6 +95,10 @@ type NATS struct {
 	// publish jobs on the public subjects of its lanes (all lanes when
 	// none are listed), and nothing else.
 	Publishers []Publisher `yaml:"publishers"`
+	// Workers are outside workers of the embedded server's pull-mode
+	// lanes: each may ask for jobs and report outcomes on its lanes' work
+	// subjects, and read its own inbox (_INBOX.<user>.>), nothing else.
+	Workers []Worker `yaml:"workers"`
 }
 
 // NATSTLS configures TLS to an external NATS server.
@@ -112,6 +116,18 @@ type Publisher struct {
 	Password string   `yaml:"password"`
 	Lanes    []string `yaml:"lanes"`
 }
+
+// Worker is a pull-mode worker user of the embedded NATS server.
+type Worker struct {
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// Lanes are the pull-mode lanes it serves; none means every one.
+	Lanes []string `yaml:"lanes"`
+}
+
+// workerUser is what a worker's user name may be: it is also a token of
+// its inbox prefix, _INBOX.<user>.
+var workerUser = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Redis says where the shared lane state lives.
 type Redis struct {
@@ -961,8 +977,13 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		if len(n.Publishers) > 0 && n.User == "" {
 			return fail("publishers", "need nats.user and nats.password for the throttler's own user")
 		}
+		if len(n.Workers) > 0 && n.User == "" {
+			return fail("workers", "need nats.user and nats.password for the throttler's own user")
+		}
 	} else if len(n.Publishers) > 0 {
 		return fail("publishers", "are users of the embedded server; on an external server give them the permissions in docs/OPERATIONS.md")
+	} else if len(n.Workers) > 0 {
+		return fail("workers", "are users of the embedded server; on an external server give them the permissions in docs/WORKERS.md")
 	}
 	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
 		return fail("tls.key_file", "tls.cert_file and tls.key_file go together")
@@ -984,6 +1005,31 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		for j, l := range p.Lanes {
 			if !known[l] {
 				return fail(fmt.Sprintf("%s.lanes[%d]", f, j), "no lane %q is configured", l)
+			}
+		}
+	}
+	pull := map[string]bool{}
+	for _, l := range lanes {
+		if l.Target.Pull() {
+			pull[l.Name] = true
+		}
+	}
+	for i, w := range n.Workers {
+		f := fmt.Sprintf("workers[%d]", i)
+		switch {
+		case w.User == "" || w.Password == "":
+			return fail(f, "needs user and password")
+		case !workerUser.MatchString(w.User):
+			return fail(f+".user", "%q must be 1-64 letters, digits, '_' or '-' (it names the worker's inbox, _INBOX.<user>)", w.User)
+		case users[w.User]:
+			return fail(f+".user", "%q is already a user", w.User)
+		case len(pull) == 0:
+			return fail(f, "no lane has target.nats.mode pull")
+		}
+		users[w.User] = true
+		for j, l := range w.Lanes {
+			if !pull[l] {
+				return fail(fmt.Sprintf("%s.lanes[%d]", f, j), "no pull-mode lane %q is configured", l)
 			}
 		}
 	}
