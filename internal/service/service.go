@@ -189,6 +189,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            auth,
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
+		MaxBatchItems:   s.cfg.HTTP.MaxBatchItems,
+		MaxBatchBytes:   s.cfg.HTTP.BatchBytes(),
 		Ready: func(context.Context) error {
 			if st := nc.Status(); st != nats.CONNECTED {
 				return fmt.Errorf("nats connection is %v", st)
