@@ -40,6 +40,9 @@ type LaneStatus struct {
 	// quota; Rate and Burst were derived from it.
 	Quota  *Quota `json:"quota,omitempty"`
 	Target string `json:"target"`
+	// Keyed is the per-key part of a keyed lane (per_key); absent on
+	// others.
+	Keyed *KeyedStatus `json:"keyed,omitempty"`
 	// Backlog: jobs stored and not yet done (waiting or in flight), all
 	// instances.
 	Backlog uint64 `json:"backlog"`
@@ -59,6 +62,19 @@ type LaneStatus struct {
 	PauseReason string `json:"pause_reason,omitempty"`
 	// Error says why some live counts are missing (JetStream away).
 	Error string `json:"error,omitempty"`
+}
+
+// KeyedStatus describes a keyed lane's per-key defaults and its keys on the
+// answering instance.
+type KeyedStatus struct {
+	PerKeyRate        float64 `json:"per_key_rate"`
+	PerKeyBurst       int     `json:"per_key_burst"`
+	PerKeyMaxInflight int     `json:"per_key_max_inflight"`
+	Ordered           bool    `json:"ordered"`
+	// KeysActive: keys with jobs that the answering instance reads;
+	// KeysPaused: of those, keys a downstream asked to wait.
+	KeysActive int `json:"keys_active"`
+	KeysPaused int `json:"keys_paused"`
 }
 
 // Quota is a target's documented limit: at most Limit starts in any window

@@ -33,6 +33,10 @@ type acker interface {
 // Job is the stored job.
 func (m *Msg) Job() Job { return m.job }
 
+// AddAttempts counts n more failed attempts of the job than its message
+// says (a keyed lane's ordered job retried in place).
+func (m *Msg) AddAttempts(n int) { m.job.Attempts += n }
+
 // Seq is the job's stream sequence.
 func (m *Msg) Seq() uint64 { return m.meta.Sequence.Stream }
 

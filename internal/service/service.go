@@ -27,6 +27,8 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/keyed/redisclaims"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/ingest"
@@ -125,12 +127,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, closeStore, err := s.openStore(ctx, m)
+	store, pair, claims, closeStore, err := s.openStore(ctx, m, claim.ID())
 	if err != nil {
 		return err
 	}
 	closers = append(closers, closeStore)
 	store = countingStore{store, m}
+	pair = countingPair{pair, m}
 
 	q, err := queue.New(nc, s.log.With("component", "queue"))
 	if err != nil {
@@ -153,7 +156,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	closers = append(closers, hub.Close)
 	deps := lane.Deps{
-		NATS: nc, Queue: q, Store: store, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		NATS: nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -377,14 +380,16 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 	}
 }
 
-// openStore returns the lane state store: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Store, func(), error) {
+// openStore returns the lane state store, the same states for keyed lanes'
+// slots, and the keyed lanes' claims: Redis when configured, else memory.
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string) (bucket.Store, bucket.PairStore, keyed.Claims, func(), error) {
 	if s.cfg.Redis.URL == "" {
-		return &bucket.Memory{}, func() {}, nil
+		mem := &bucket.Memory{}
+		return mem, mem, keyed.Local{}, func() {}, nil
 	}
 	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
@@ -392,12 +397,12 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	pipe, err := client.AutoPipeline()
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
 	if err := rcfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	store := redisbucket.New(pipe, rcfg)
 	m.WatchRestored(store.Restored)
@@ -406,7 +411,8 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	if err := client.Ping(pctx).Err(); err != nil {
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
-	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
+	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
+	return store, store, claims, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
 
 // redisOptions reads redis.url in the form of redis.mode and makes one set
@@ -483,6 +489,17 @@ func (c countingStore) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit
 func (c countingStore) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, d time.Duration) error {
 	c.count(k, "pause")
 	return c.Store.Pause(ctx, k, l, d)
+}
+
+// countingPair counts keyed lanes' slot reservations like countingStore.
+type countingPair struct {
+	bucket.PairStore
+	m *metrics.Metrics
+}
+
+func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit) (bucket.PairReservation, error) {
+	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
+	return c.PairStore.ReservePair(ctx, k, ll, kl)
 }
 
 // directory implements ingest.Directory over the running lanes.

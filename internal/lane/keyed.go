@@ -1,0 +1,397 @@
+package lane
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// keyedRun drives a keyed lane (per_key): instead of one consumer and one
+// drain, it asks keyed.Sched which key starts next, reads that key's next
+// job by subject (queue.KeyedReader), reserves its slot under the key's and
+// the lane's limits in one step (bucket.PairStore), and starts it at the
+// slot. Keys are claimed (keyed.Claims) so that one instance at a time reads
+// a key: its jobs then start in order.
+type keyedRun struct {
+	l      *Lane
+	reader *queue.KeyedReader
+	sched  *keyed.Sched
+	pair   bucket.PairStore
+	claims keyed.Claims
+	// permits bounds the lane's dispatches on this instance (max_inflight).
+	permits chan struct{}
+	wake    chan struct{}
+
+	mu      sync.Mutex
+	cursor  map[string]uint64     // per claimed key: the next sequence to read
+	held    map[string]*queue.Msg // per claimed key: its next job, read, not started
+	tries   map[uint64]int        // ordered keys: failed attempts of a job retried in place
+	pending map[string]struct{}   // keys with new jobs, to claim
+
+	inflight atomic.Int64
+}
+
+// sweepEvery is how often an instance lists the keys with stored jobs and
+// claims the ones nobody holds (after a crash, or at start); refreshEvery is
+// how often it refreshes its claims (liveness and owner keys).
+const (
+	sweepEvery   = 5 * time.Second
+	refreshEvery = 2 * time.Second
+	ownEvery     = time.Minute
+)
+
+func newKeyedRun(l *Lane) (*keyedRun, error) {
+	r, err := l.d.Queue.KeyedReader(l.cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	k := &keyedRun{
+		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
+		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
+	}
+	k.sched = keyed.New(l.keyOpts)
+	r.OnRequeue = k.requeue
+	l.d.Queue.OnStored(l.cfg.Name, k.announce)
+	return k, nil
+}
+
+// keyOpts are a key's scheduling settings.
+func (l *Lane) keyOpts(key string) keyed.Opts {
+	return keyed.Opts{Weight: 1, MaxInflight: l.cfg.PerKey.MaxInflight}
+}
+
+// keyLimit is a key's limit.
+func (l *Lane) keyLimit(key string) bucket.Limit {
+	return bucket.Limit{Rate: l.cfg.PerKey.Rate.PerSecond(), Burst: l.cfg.PerKey.Burst}
+}
+
+// announce hears that key has a new job (stored by this instance). It must
+// not block: the claim is made by the claimer goroutine.
+func (k *keyedRun) announce(key string) {
+	k.mu.Lock()
+	k.pending[key] = struct{}{}
+	k.mu.Unlock()
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// requeue hears that a job of key was handed back to wait in place: it is
+// the key's next job again.
+func (k *keyedRun) requeue(key string, seq uint64) {
+	k.mu.Lock()
+	if c, ok := k.cursor[key]; !ok || seq < c {
+		k.cursor[key] = seq
+	}
+	if m := k.held[key]; m != nil && m.Seq() > seq {
+		delete(k.held, key)
+	}
+	k.mu.Unlock()
+	k.sched.Add(key, k.l.d.Clock.Now())
+}
+
+// run drives the lane until ctx ends, then waits for its dispatches.
+func (k *keyedRun) run(ctx context.Context) {
+	var helpers sync.WaitGroup
+	helpers.Go(func() { k.claimer(ctx) })
+	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
+	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
+	k.loop(ctx)
+	helpers.Wait()
+	// Hand back the jobs read and not started: they stay in the stream.
+	k.mu.Lock()
+	k.held = map[string]*queue.Msg{}
+	k.mu.Unlock()
+	for range cap(k.permits) {
+		k.permits <- struct{}{}
+	}
+}
+
+// claimer claims keys that got jobs, sweeps for keys nobody holds, and
+// keeps this instance's claims alive.
+func (k *keyedRun) claimer(ctx context.Context) {
+	name := k.l.cfg.Name
+	sweep := time.NewTicker(sweepEvery)
+	defer sweep.Stop()
+	refresh := time.NewTicker(refreshEvery)
+	defer refresh.Stop()
+	lastOwn := time.Now()
+	k.sweep(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-sweep.C:
+			k.sweep(ctx)
+		case <-refresh.C:
+			if time.Since(lastOwn) >= ownEvery {
+				lastOwn = time.Now()
+				keys := k.sched.Keys()
+				got, err := k.claims.Claim(ctx, name, keys)
+				if err == nil {
+					k.dropLost(keys, got)
+				}
+			} else {
+				_, _ = k.claims.Claim(ctx, name, nil)
+			}
+		}
+		k.mu.Lock()
+		var keys []string
+		for key := range k.pending {
+			keys = append(keys, key)
+		}
+		clear(k.pending)
+		k.mu.Unlock()
+		if len(keys) > 0 {
+			k.claim(ctx, keys)
+		}
+	}
+}
+
+// claim takes keys that got jobs; a key this instance already reads only
+// needs telling.
+func (k *keyedRun) claim(ctx context.Context, keys []string) {
+	now := k.l.d.Clock.Now()
+	var unknown []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			k.sched.Add(key, now)
+		} else {
+			unknown = append(unknown, key)
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	got, err := k.claims.Claim(ctx, k.l.cfg.Name, unknown)
+	if err != nil {
+		k.l.log.Warn("claiming keys failed; the sweep tries again", "keys", len(unknown), "err", err)
+	}
+	now = k.l.d.Clock.Now()
+	for _, key := range got {
+		k.sched.Add(key, now)
+	}
+}
+
+// sweep claims the keys with stored jobs that no live instance holds.
+func (k *keyedRun) sweep(ctx context.Context) {
+	keys, err := k.reader.Keys(ctx)
+	if err != nil {
+		k.l.log.Debug("listing keys with jobs failed", "err", err)
+		return
+	}
+	k.claim(ctx, keys)
+}
+
+// dropLost forgets the keys another instance took over (this one stopped
+// answering for longer than the claims' liveness).
+func (k *keyedRun) dropLost(had, kept []string) {
+	still := make(map[string]bool, len(kept))
+	for _, key := range kept {
+		still[key] = true
+	}
+	for _, key := range had {
+		if !still[key] && k.sched.Forget(key) {
+			k.l.log.Warn("key taken over by another instance", "key", key)
+			k.forget(key)
+		}
+	}
+}
+
+// forget drops what this instance remembers of key.
+func (k *keyedRun) forget(key string) {
+	k.mu.Lock()
+	delete(k.cursor, key)
+	delete(k.held, key)
+	k.mu.Unlock()
+}
+
+// idle releases key's claim once it has no jobs left here, then looks once
+// more: a job stored by another instance meanwhile (which could not claim
+// the key) is found and the key claimed again.
+func (k *keyedRun) idle(ctx context.Context, key string) {
+	k.forget(key)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := k.claims.Release(ctx, k.l.cfg.Name, key); err != nil {
+		k.l.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
+	}
+	if m, err := k.reader.Next(ctx, key, 1); err != nil || m != nil {
+		k.announce(key)
+	}
+}
+
+// retryWait is how long a key waits after its read or its reservation
+// failed (JetStream or the state store away).
+const retryWait = 100 * time.Millisecond
+
+// loop starts jobs: one key at a time, at the lane's next slot.
+func (k *keyedRun) loop(ctx context.Context) {
+	l := k.l
+	clk := l.d.Clock
+	laneNext := clk.Now()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sleepUntil := func(t time.Time) bool {
+		d := t.Sub(clk.Now())
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		return clk.Sleep(ctx, d) == nil
+	}
+	for ctx.Err() == nil {
+		select {
+		case k.permits <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		// Choose at the lane's next slot, not before: a key that gets
+		// jobs meanwhile competes for it.
+		if !sleepUntil(laneNext) {
+			<-k.permits
+			return
+		}
+		now := clk.Now()
+		key, wait := k.sched.Next(now, laneNext)
+		if key == "" {
+			<-k.permits
+			if wait < 0 || wait > time.Second {
+				wait = time.Second
+			}
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			case <-k.sched.Wake():
+				if !timer.Stop() {
+					<-timer.C
+				}
+			}
+			continue
+		}
+		msg, err := k.next(ctx, key)
+		if err != nil {
+			<-k.permits
+			l.log.Warn("reading a key's next job failed", "key", key, "err", err)
+			k.sched.NotReady(key, now.Add(retryWait))
+			continue
+		}
+		if msg == nil {
+			<-k.permits
+			if k.sched.Empty(key, now) {
+				go k.idle(ctx, key)
+			}
+			continue
+		}
+		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key))
+		if err != nil {
+			<-k.permits
+			(*observer)(l).PacerDown(true, err)
+			l.log.Warn("pacer unavailable, keyed lane waits", "err", err)
+			k.sched.NotReady(key, now.Add(retryWait))
+			if clk.Sleep(ctx, retryWait) != nil {
+				return
+			}
+			continue
+		}
+		(*observer)(l).PacerDown(false, nil)
+		laneNext = now.Add(res.LaneNext)
+		if !res.OK {
+			<-k.permits
+			k.sched.NotReady(key, now.Add(res.KeyNext))
+			continue
+		}
+		k.take(key, msg)
+		k.sched.Started(key, now.Add(res.KeyNext))
+		due := now.Add(res.Due)
+		l.assigned(msg, leaky.Slot{Due: due, Free: res.Free})
+		l.d.Metrics.SlotsReserved.WithLabelValues(l.cfg.Name).Inc()
+		if !sleepUntil(due) {
+			_ = msg.Release()
+			k.sched.Settled(key, clk.Now())
+			<-k.permits
+			return
+		}
+		(*observer)(l).Started(max(clk.Now().Sub(due), 0))
+		k.inflight.Add(1)
+		l.start(ctx, msg, func() {
+			k.inflight.Add(-1)
+			if k.sched.Settled(key, clk.Now()) {
+				go k.idle(ctx, key)
+			}
+			<-k.permits
+		})
+	}
+}
+
+// next returns key's next job: the one read before, or a fresh read after
+// the key's cursor.
+func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, error) {
+	k.mu.Lock()
+	m, from := k.held[key], k.cursor[key]
+	k.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	m, err := k.reader.Next(ctx, key, from)
+	if err != nil || m == nil {
+		return m, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n := k.tries[m.Seq()]; n > 0 {
+		m.AddAttempts(n)
+	}
+	k.held[key] = m
+	return m, nil
+}
+
+// take marks msg as started: the key's cursor moves past it.
+func (k *keyedRun) take(key string, msg *queue.Msg) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.held, key)
+	if c := msg.Seq() + 1; c > k.cursor[key] {
+		k.cursor[key] = c
+	}
+}
+
+// retryInPlace counts a failed attempt of an ordered key's job, which waits
+// in place (a retry behind the key's later jobs would break their order).
+func (k *keyedRun) retryInPlace(msg *queue.Msg) {
+	k.mu.Lock()
+	k.tries[msg.Seq()]++
+	k.mu.Unlock()
+}
+
+// settledJob forgets a job's in-place attempts once it left the stream.
+func (k *keyedRun) settledJob(msg *queue.Msg) {
+	k.mu.Lock()
+	delete(k.tries, msg.Seq())
+	k.mu.Unlock()
+}
+
+// pauseKey holds one key for d (its downstream asked to wait): locally, and
+// in the key's shared state so that no instance starts it meanwhile.
+func (k *keyedRun) pauseKey(key string, d time.Duration) {
+	l := k.l
+	d = min(d, l.bounds.MaxPause)
+	k.sched.Pause(key, l.d.Clock.Now().Add(d))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Store.Pause(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.keyLimit(key), d); err != nil {
+		l.log.Warn("pausing the key in the shared state failed", "key", key, "for", d.String(), "err", err)
+		return
+	}
+	l.log.Info("downstream asked the key to wait", "key", key, "for", d.String())
+}
