@@ -98,7 +98,7 @@ func simulate(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bucket
 			s.Empty(key, now)
 			continue
 		}
-		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, sk.limit)
+		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, sk.limit, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

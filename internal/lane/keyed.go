@@ -33,8 +33,16 @@ type keyedRun struct {
 	held    map[string]*queue.Msg // per claimed key: its next job, read, not started
 	tries   map[uint64]int        // ordered keys: failed attempts of a job retried in place
 	pending map[string]struct{}   // keys with new jobs, to claim
+	// epoch per key moves when one of its jobs goes back (a slot given
+	// up, a wait in place): its later jobs waiting for their slots then go
+	// back too, so that they never start before it (FIFO per key).
+	epoch map[string]uint64
 
 	inflight atomic.Int64
+	missed   atomic.Uint64 // slots given up: woken too late for them
+	// waiting counts the jobs waiting for their slot on their own
+	// goroutines (startAt).
+	waiting sync.WaitGroup
 }
 
 // sweepEvery is how often an instance lists the keys with stored jobs and
@@ -54,7 +62,7 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 	k := &keyedRun{
 		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
 		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
-		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, epoch: map[string]uint64{},
 	}
 	k.sched = keyed.New(l.keyOpts)
 	r.OnRequeue = k.requeue
@@ -94,6 +102,7 @@ func (k *keyedRun) requeue(key string, seq uint64) {
 	if m := k.held[key]; m != nil && m.Seq() > seq {
 		delete(k.held, key)
 	}
+	k.epoch[key]++
 	k.mu.Unlock()
 	k.sched.Add(key, k.l.d.Clock.Now())
 }
@@ -105,6 +114,7 @@ func (k *keyedRun) run(ctx context.Context) {
 	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
 	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
 	k.loop(ctx)
+	k.waiting.Wait()
 	helpers.Wait()
 	// Hand back the jobs read and not started: they stay in the stream.
 	k.mu.Lock()
@@ -212,6 +222,7 @@ func (k *keyedRun) forget(key string) {
 	k.mu.Lock()
 	delete(k.cursor, key)
 	delete(k.held, key)
+	delete(k.epoch, key)
 	k.mu.Unlock()
 }
 
@@ -234,19 +245,36 @@ func (k *keyedRun) idle(ctx context.Context, key string) {
 // failed (JetStream or the state store away).
 const retryWait = 100 * time.Millisecond
 
-// loop starts jobs: one key at a time, at the lane's next slot.
+// lookahead is how far ahead of a slot the loop chooses its key and
+// reserves it: the read and the reservation then happen before the slot,
+// which starts exactly on time (a reservation made after its key's slot
+// would push every later slot of the key back by the delay).
+const lookahead = 50 * time.Millisecond
+
+// loop chooses keys and reserves their slots, one at a time, a little ahead
+// of the lane's next slot; each job waits for its slot on its own
+// goroutine, so a key whose slot is further away never holds another.
 func (k *keyedRun) loop(ctx context.Context) {
 	l := k.l
 	clk := l.d.Clock
 	laneNext := clk.Now()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	sleepUntil := func(t time.Time) bool {
-		d := t.Sub(clk.Now())
+	pause := func(d time.Duration) bool {
 		if d <= 0 {
 			return ctx.Err() == nil
 		}
-		return clk.Sleep(ctx, d) == nil
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+		case <-k.sched.Wake():
+			if !timer.Stop() {
+				<-timer.C
+			}
+		}
+		return true
 	}
 	for ctx.Err() == nil {
 		select {
@@ -254,28 +282,23 @@ func (k *keyedRun) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		// Choose at the lane's next slot, not before: a key that gets
-		// jobs meanwhile competes for it.
-		if !sleepUntil(laneNext) {
+		// Choose at the lane's next slot (less the lookahead), not
+		// before: a key that gets jobs meanwhile competes for it.
+		if d := laneNext.Add(-lookahead).Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
 			<-k.permits
 			return
 		}
 		now := clk.Now()
-		key, wait := k.sched.Next(now, laneNext)
+		// Keys due within the lookahead; when the lane's cap binds, only
+		// those ready by the lane's slot (no lane capacity lost).
+		key, wait := k.sched.Next(now, later(now.Add(lookahead), laneNext.Add(bucket.PairSlack)))
 		if key == "" {
 			<-k.permits
 			if wait < 0 || wait > time.Second {
 				wait = time.Second
 			}
-			timer.Reset(wait)
-			select {
-			case <-ctx.Done():
+			if !pause(wait - lookahead) {
 				return
-			case <-timer.C:
-			case <-k.sched.Wake():
-				if !timer.Stop() {
-					<-timer.C
-				}
 			}
 			continue
 		}
@@ -293,7 +316,8 @@ func (k *keyedRun) loop(ctx context.Context) {
 			}
 			continue
 		}
-		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key))
+		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key), lookahead)
+		now = clk.Now()
 		if err != nil {
 			<-k.permits
 			(*observer)(l).PacerDown(true, err)
@@ -311,27 +335,60 @@ func (k *keyedRun) loop(ctx context.Context) {
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
-		k.take(key, msg)
+		epoch := k.take(key, msg)
 		k.sched.Started(key, now.Add(res.KeyNext))
 		due := now.Add(res.Due)
 		l.assigned(msg, leaky.Slot{Due: due, Free: res.Free})
 		l.d.Metrics.SlotsReserved.WithLabelValues(l.cfg.Name).Inc()
-		if !sleepUntil(due) {
-			_ = msg.Release()
-			k.sched.Settled(key, clk.Now())
-			<-k.permits
-			return
-		}
-		(*observer)(l).Started(max(clk.Now().Sub(due), 0))
 		k.inflight.Add(1)
-		l.start(ctx, msg, func() {
-			k.inflight.Add(-1)
-			if k.sched.Settled(key, clk.Now()) {
-				go k.idle(ctx, key)
-			}
-			<-k.permits
-		})
+		k.waiting.Add(1)
+		// A start may come at most max(2 ms, the shorter of the two
+		// periods) after its slot, as on unkeyed lanes: both bounds then
+		// hold with W widened by that much.
+		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), l.keyLimit(key).Period()))
+		go k.startAt(ctx, key, msg, due, maxLate, epoch)
 	}
+}
+
+// startAt starts msg at due (its permit is held), or hands it back when ctx
+// ends first.
+func (k *keyedRun) startAt(ctx context.Context, key string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
+	l, clk := k.l, k.l.d.Clock
+	defer k.waiting.Done()
+	done := func() {
+		k.inflight.Add(-1)
+		if k.sched.Settled(key, clk.Now()) {
+			go k.idle(ctx, key)
+		}
+		<-k.permits
+	}
+	if d := due.Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
+		_ = msg.Release()
+		done()
+		return
+	}
+	k.mu.Lock()
+	behind := k.epoch[key] != epoch // an earlier job of the key went back
+	k.mu.Unlock()
+	late := clk.Now().Sub(due)
+	if behind || late > maxLate {
+		// Woken too late (a stall, a loaded machine): the slot is given
+		// up, never used closer to the next one; the job is again its
+		// key's next.
+		k.missed.Add(1)
+		_ = msg.Release()
+		done()
+		return
+	}
+	(*observer)(l).Started(max(late, 0))
+	l.start(ctx, msg, done)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
 }
 
 // next returns key's next job: the one read before, or a fresh read after
@@ -356,14 +413,16 @@ func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, error) {
 	return m, nil
 }
 
-// take marks msg as started: the key's cursor moves past it.
-func (k *keyedRun) take(key string, msg *queue.Msg) {
+// take marks msg as started: the key's cursor moves past it. It returns
+// the key's epoch.
+func (k *keyedRun) take(key string, msg *queue.Msg) uint64 {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.held, key)
 	if c := msg.Seq() + 1; c > k.cursor[key] {
 		k.cursor[key] = c
 	}
+	return k.epoch[key]
 }
 
 // retryInPlace counts a failed attempt of an ordered key's job, which waits

@@ -188,7 +188,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 			return err
 		}
 		m.PacerUp.WithLabelValues(name).Set(1)
-		m.WatchMissed(name, func() uint64 { return 0 })
+		m.WatchMissed(name, l.keyed.missed.Load)
 		l.starts.begin(l.d.Clock.Now())
 		m.WatchLane(name, l.metricState)
 		return nil

@@ -497,9 +497,9 @@ type countingPair struct {
 	m *metrics.Metrics
 }
 
-func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit) (bucket.PairReservation, error) {
+func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
 	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
-	return c.PairStore.ReservePair(ctx, k, ll, kl)
+	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
 }
 
 // directory implements ingest.Directory over the running lanes.

@@ -48,7 +48,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		}
 		for i, st := range steps {
 			c.Advance(start.Add(st.at).Sub(c.Now()))
-			r, err := s.ReservePair(ctx, st.k, lane, slow)
+			r, err := s.ReservePair(ctx, st.k, lane, slow, 0)
 			if err != nil {
 				t.Fatalf("step %d: %v", i, err)
 			}
@@ -60,6 +60,29 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		}
 	})
 
+	t.Run("PairReservedAheadOfTheKeysSlot", func(t *testing.T) {
+		c := NewClock()
+		s := pair(t, newStore(t, c))
+		lane := bucket.Limit{Rate: 100, Burst: 10}
+		kl := bucket.Limit{Rate: 10, Burst: 1} // T = 100ms
+		k := bucket.Key{Lane: "demo", Sub: "a"}
+		if r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond); err != nil || !r.OK || !r.Free {
+			t.Fatalf("first: %+v, %v", r, err)
+		}
+		c.Advance(85 * time.Millisecond)
+		// 15ms before the key's slot: too early without a lead, fine with 20ms.
+		if r, err := s.ReservePair(ctx, k, lane, kl, 0); err != nil || r.OK {
+			t.Fatalf("without a lead: %+v, %v", r, err)
+		}
+		r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond)
+		if err != nil || !r.OK || r.Free {
+			t.Fatalf("with a 20ms lead: %+v, %v", r, err)
+		}
+		// The slot is the key's own, exactly: no drift from asking early.
+		near(t, "due", r.Due, 15*time.Millisecond)
+		near(t, "key next", r.KeyNext, 115*time.Millisecond)
+	})
+
 	t.Run("PairLaneCapBindsAndDelays", func(t *testing.T) {
 		c := NewClock()
 		s := pair(t, newStore(t, c))
@@ -67,7 +90,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		fast := bucket.Limit{Rate: 1000, Burst: 100}
 		var dues []time.Duration
 		for i := range 5 {
-			r, err := s.ReservePair(ctx, bucket.Key{Lane: "demo", Sub: string(rune('a' + i))}, lane, fast)
+			r, err := s.ReservePair(ctx, bucket.Key{Lane: "demo", Sub: string(rune('a' + i))}, lane, fast, 0)
 			if err != nil || !r.OK {
 				t.Fatalf("reservation %d: %+v, %v", i, r, err)
 			}
@@ -90,7 +113,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		for range 1500 {
 			c.Advance(time.Duration(rng.IntN(12)) * time.Millisecond)
 			k := bucket.Key{Lane: "demo", Sub: string(rune('a' + rng.IntN(8)))}
-			r, err := s.ReservePair(ctx, k, lane, keyLim)
+			r, err := s.ReservePair(ctx, k, lane, keyLim, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,12 +146,12 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		if err := st.Pause(ctx, a, kl, time.Second); err != nil {
 			t.Fatal(err)
 		}
-		r, err := s.ReservePair(ctx, a, lane, kl)
+		r, err := s.ReservePair(ctx, a, lane, kl, 0)
 		if err != nil || r.OK {
 			t.Fatalf("paused key reserved: %+v, %v", r, err)
 		}
 		near(t, "paused key next", r.KeyNext, time.Second)
-		if r, err := s.ReservePair(ctx, b, lane, kl); err != nil || !r.OK || !r.Free {
+		if r, err := s.ReservePair(ctx, b, lane, kl, 0); err != nil || !r.OK || !r.Free {
 			t.Fatalf("other key held by a's pause: %+v, %v", r, err)
 		}
 	})

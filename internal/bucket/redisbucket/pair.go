@@ -12,7 +12,7 @@ import (
 
 // pairScript reserves one slot of a keyed lane (bucket.ReservePair): KEYS[1]
 // is the lane's state (with the prelude's arguments and floor), KEYS[2] the
-// key's; ARGV[4] is bucket.PairSlack in ns, ARGV[7] and ARGV[8] the key's
+// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] and ARGV[8] the key's
 // period and tolerance in ns. The key's state has no floor: a key whose state
 // Redis lost starts with a full bucket (at most one burst too many for that
 // key), the lane-wide state is restored as for every lane. It returns {ok,
@@ -51,7 +51,7 @@ var _ bucket.PairStore = (*Store)(nil)
 // ReservePair implements bucket.PairStore: one slot of key k under both its
 // own limit kl and the lane-wide limit ll, in one script call (both keys
 // share the lane's hash tag).
-func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit) (bucket.PairReservation, error) {
+func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
 	if err := checkLimit(ll, 1); err != nil {
 		return bucket.PairReservation{}, err
 	}
@@ -70,7 +70,7 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 	laneKey := s.Key(bucket.Key{Lane: k.Lane})
 	s.calls.Add(1)
 	reply, err := pairScript.Run(ctx, s.client, []string{laneKey, s.Key(k)},
-		now, int64(ll.Period()), int64(ll.Tolerance()), int64(bucket.PairSlack), s.ttlMs, s.floors.get(laneKey),
+		now, int64(ll.Period()), int64(ll.Tolerance()), int64(max(ahead, bucket.PairSlack)), s.ttlMs, s.floors.get(laneKey),
 		int64(kl.Period()), int64(kl.Tolerance())).Result()
 	if err != nil {
 		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
