@@ -77,6 +77,28 @@ type KeyedStatus struct {
 	KeysPaused int `json:"keys_paused"`
 }
 
+// KeyStatus is one key of a keyed lane (GET|PATCH /v1/lanes/{lane}/keys/{key}):
+// its limits (the lane's per_key defaults, or its override) and its state on
+// the answering instance.
+type KeyStatus struct {
+	Lane        string  `json:"lane"`
+	Key         string  `json:"key"`
+	Rate        float64 `json:"rate"`
+	Burst       int     `json:"burst"`
+	MaxInflight int     `json:"max_inflight"`
+	Weight      float64 `json:"weight"`
+	// Paused: an operator paused the key (PATCH); PausedUntil: a
+	// downstream asked it to wait until then (RFC 3339), on this instance.
+	Paused      bool   `json:"paused"`
+	PausedUntil string `json:"paused_until,omitempty"`
+	// Overridden: the key has an override of its own.
+	Overridden bool `json:"overridden"`
+	// Active: the answering instance reads the key's jobs now; InFlight
+	// counts them there.
+	Active   bool `json:"active"`
+	InFlight int  `json:"in_flight"`
+}
+
 // Quota is a target's documented limit: at most Limit starts in any window
 // of Per.
 type Quota struct {

@@ -86,6 +86,9 @@ type Config struct {
 	Lanes Directory
 	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
 	DeadLetters DeadLetters
+	// Keys serves the keys of keyed lanes (GET|PATCH
+	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
+	Keys KeyDirectory
 	Ready       Ready
 	Metrics     *metrics.Metrics
 	// MetricsHandler serves /metrics.
@@ -132,6 +135,7 @@ func New(cfg Config) (*Handler, error) {
 	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
 	h.routeAdmin()
+	h.routeKeys()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {

@@ -32,6 +32,8 @@ type Opts struct {
 	// MaxInflight bounds the key's jobs started and not yet settled; 0
 	// means 1. A key at its bound is not chosen until one settles.
 	MaxInflight int
+	// Paused holds the key (an operator paused it) until it is cleared.
+	Paused bool
 }
 
 type state int8
@@ -42,6 +44,7 @@ const (
 	busy                 // chosen: the runtime reads and reserves for it
 	blocked              // at its in-flight bound
 	drained              // no job left to read, jobs still in flight
+	held                 // paused by its settings (Opts.Paused)
 )
 
 type entry struct {
@@ -124,8 +127,13 @@ func (s *Sched) Add(key string, now time.Time) (isNew bool) {
 	return false
 }
 
-// toWaiting puts e in the waiting heap at the later of at and its pause.
+// toWaiting puts e in the waiting heap at the later of at and its pause
+// (held instead while its settings pause it).
 func (s *Sched) toWaiting(e *entry, at time.Time) {
+	if e.opts.Paused {
+		e.eligible, e.st = at, held
+		return
+	}
 	if at.Before(e.paused) {
 		at = e.paused
 	}
@@ -292,7 +300,15 @@ func (s *Sched) SetOpts(key string, o Opts) {
 		return
 	}
 	e.opts = norm(o)
-	if e.st == blocked && e.inflight < e.opts.MaxInflight {
+	switch {
+	case o.Paused && (e.st == waiting || e.st == ready):
+		if e.st == waiting {
+			heap.Remove(&s.wait, e.idx)
+		} else {
+			heap.Remove(&s.ready, e.idx)
+		}
+		e.st = held
+	case !o.Paused && e.st == held, e.st == blocked && e.inflight < e.opts.MaxInflight:
 		s.toWaiting(e, e.eligible)
 	}
 	s.signal()
@@ -314,7 +330,7 @@ func (s *Sched) Stats(now time.Time) Stats {
 	defer s.mu.Unlock()
 	st := Stats{Active: len(s.keys)}
 	for _, e := range s.keys {
-		if e.paused.After(now) {
+		if e.paused.After(now) || e.opts.Paused {
 			st.Paused++
 		}
 		st.Inflight += e.inflight

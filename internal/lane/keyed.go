@@ -70,16 +70,6 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 	return k, nil
 }
 
-// keyOpts are a key's scheduling settings.
-func (l *Lane) keyOpts(key string) keyed.Opts {
-	return keyed.Opts{Weight: 1, MaxInflight: l.cfg.PerKey.MaxInflight}
-}
-
-// keyLimit is a key's limit.
-func (l *Lane) keyLimit(key string) bucket.Limit {
-	return bucket.Limit{Rate: l.cfg.PerKey.Rate.PerSecond(), Burst: l.cfg.PerKey.Burst}
-}
-
 // announce hears that key has a new job (stored by this instance). It must
 // not block: the claim is made by the claimer goroutine.
 func (k *keyedRun) announce(key string) {

@@ -54,6 +54,9 @@ type Deps struct {
 	// by lanes with per_key.
 	Pair   bucket.PairStore
 	Claims keyed.Claims
+	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
+	// overrides); nil keeps them in memory only.
+	Limits *queue.Limits
 	Guard *dispatch.Guard
 	// Handlers are in-process targets by name (target: {handler: name}).
 	Handlers map[string]dispatch.Target
@@ -95,6 +98,9 @@ type Lane struct {
 	delivered atomic.Uint64
 	rateGauge prometheus.Gauge
 	starts    startWindow // for the utilization gauge
+
+	overMu sync.Mutex
+	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
 
 	mu        sync.Mutex
 	pacerDown bool
@@ -228,6 +234,11 @@ func (l *Lane) Name() string { return l.cfg.Name }
 // lane's retry mover beside it, then hands back what the drain holds and
 // waits for the deliveries it started (bounded by Deps.DispatchCtx).
 func (l *Lane) Run(ctx context.Context) {
+	var watch sync.WaitGroup
+	defer watch.Wait()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watch.Go(func() { l.watchLimits(watchCtx) })
 	if l.keyed != nil {
 		l.keyed.run(ctx)
 		return
@@ -434,8 +445,8 @@ func (l *Lane) onControl(m *nats.Msg) {
 }
 
 // SetLimit changes the lane's limit here at once and on every other
-// instance through the control subject. It lasts until the instances
-// restart.
+// instance through the control subject, and stores it (Deps.Limits) so
+// that it outlives restarts.
 func (l *Lane) SetLimit(lim bucket.Limit) error {
 	c := control{Kind: kindLimit, Rate: lim.Rate, Burst: lim.Burst}
 	if _, err := parseControl(c.encode(), l.bounds); err != nil {
@@ -444,6 +455,14 @@ func (l *Lane) SetLimit(lim bucket.Limit) error {
 	l.limit.Store(&lim)
 	if err := l.publish(c); err != nil {
 		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	if l.d.Limits != nil {
+		// Stored, so that it outlives the instances' restarts.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := l.d.Limits.PutLane(ctx, l.cfg.Name, queue.LaneLimit{Rate: lim.Rate, Burst: lim.Burst, At: time.Now().UTC()}); err != nil {
+			return fmt.Errorf("storing the limit: %w", err)
+		}
 	}
 	return nil
 }

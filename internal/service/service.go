@@ -9,6 +9,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -27,12 +28,12 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
-	"github.com/throttler/throttler/internal/keyed"
-	"github.com/throttler/throttler/internal/keyed/redisclaims"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/instance"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/keyed/redisclaims"
 	"github.com/throttler/throttler/internal/lane"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
@@ -155,8 +156,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, hub.Close)
+	limits, err := q.EnsureLimits(ctx, s.cfg.NATS.Replicas)
+	if err != nil {
+		return err
+	}
 	deps := lane.Deps{
-		NATS: nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		Limits: limits,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -185,7 +191,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	httpAPI, err := ingest.New(ingest.Config{
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
@@ -500,6 +506,30 @@ type countingPair struct {
 func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
 	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
 	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
+}
+
+// KeyStatus implements ingest.KeyDirectory.
+func (d *directory) KeyStatus(_ context.Context, name, key string) (api.KeyStatus, error) {
+	st, err := d.byName[name].KeyStatus(key)
+	return st, keyErr(err)
+}
+
+// SetKey implements ingest.KeyDirectory.
+func (d *directory) SetKey(ctx context.Context, name, key string, c ingest.KeyChange, by string) (api.KeyStatus, error) {
+	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
+	if c.Rate != nil {
+		r := c.Rate.PerSecond()
+		lc.Rate = &r
+	}
+	st, err := d.byName[name].SetKey(ctx, key, lc, by)
+	return st, keyErr(err)
+}
+
+func keyErr(err error) error {
+	if errors.Is(err, lane.ErrNotKeyed) {
+		return ingest.ErrNotKeyed
+	}
+	return err
 }
 
 // directory implements ingest.Directory over the running lanes.
