@@ -20,7 +20,6 @@
 package keyed
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 )
@@ -45,12 +44,13 @@ const (
 	blocked              // at its in-flight bound
 	drained              // no job left to read, jobs still in flight
 	held                 // paused by its settings (Opts.Paused)
+	gone                 // forgotten
 )
 
 type entry struct {
 	key      string
 	st       state
-	idx      int // index in its heap
+	gen      uint32 // its one valid heap item carries this (older ones are stale)
 	eligible time.Time
 	paused   time.Time
 	start    float64 // SFQ start tag while ready
@@ -65,8 +65,8 @@ type entry struct {
 type Sched struct {
 	mu      sync.Mutex
 	keys    map[string]*entry
-	wait    waitHeap
-	ready   readyHeap
+	wait    kheap
+	ready   kheap
 	vtime   float64
 	seq     uint64
 	optsFor func(key string) Opts
@@ -79,7 +79,7 @@ func New(optsFor func(key string) Opts) *Sched {
 	if optsFor == nil {
 		optsFor = func(string) Opts { return Opts{} }
 	}
-	return &Sched{keys: map[string]*entry{}, optsFor: optsFor, wake: make(chan struct{}, 1)}
+	return &Sched{keys: map[string]*entry{}, optsFor: optsFor, wake: make(chan struct{}, 1), ready: kheap{byTag: true}}
 }
 
 // Wake is signalled when a key may have become ready earlier than the last
@@ -138,7 +138,7 @@ func (s *Sched) toWaiting(e *entry, at time.Time) {
 		at = e.paused
 	}
 	e.eligible, e.st = at, waiting
-	heap.Push(&s.wait, e)
+	s.wait.push(e)
 }
 
 // Next chooses the ready key with the smallest start tag, counting as ready
@@ -152,18 +152,20 @@ func (s *Sched) Next(now, horizon time.Time) (key string, wait time.Duration) {
 	if horizon.Before(now) {
 		horizon = now
 	}
-	for s.wait.Len() > 0 && !s.wait[0].eligible.After(horizon) {
-		e := heap.Pop(&s.wait).(*entry)
+	h := horizon.UnixNano()
+	for it := s.wait.top(waiting); it != nil && it.at <= h; it = s.wait.top(waiting) {
+		e := s.wait.pop()
 		e.st, e.start = ready, max(e.finish, s.vtime)
-		heap.Push(&s.ready, e)
+		s.ready.push(e)
 	}
-	if s.ready.Len() == 0 {
-		if s.wait.Len() == 0 {
+	if s.ready.top(ready) == nil {
+		it := s.wait.top(waiting)
+		if it == nil {
 			return "", -1
 		}
-		return "", max(s.wait[0].eligible.Sub(now), 0)
+		return "", max(it.e.eligible.Sub(now), 0)
 	}
-	e := heap.Pop(&s.ready).(*entry)
+	e := s.ready.pop()
 	s.vtime = e.start
 	e.finish = e.start + 1/e.opts.Weight
 	e.st, e.more = busy, false
@@ -218,6 +220,7 @@ func (s *Sched) Empty(key string, now time.Time) (idle bool) {
 		e.more = false
 		s.toWaiting(e, now)
 	case e.inflight == 0:
+		e.st = gone
 		delete(s.keys, key)
 		return true
 	default:
@@ -243,6 +246,7 @@ func (s *Sched) Settled(key string, now time.Time) (idle bool) {
 		s.toWaiting(e, later(now, e.eligible))
 		s.signal()
 	case e.st == drained && e.inflight == 0:
+		e.st = gone
 		delete(s.keys, key)
 		return true
 	}
@@ -263,10 +267,9 @@ func (s *Sched) Pause(key string, until time.Time) {
 	case waiting:
 		if e.eligible.Before(until) {
 			e.eligible = until
-			heap.Fix(&s.wait, e.idx)
+			s.wait.push(e) // the older item goes stale
 		}
 	case ready:
-		heap.Remove(&s.ready, e.idx)
 		e.finish = e.start // it did not use its turn
 		s.toWaiting(e, until)
 	}
@@ -281,12 +284,7 @@ func (s *Sched) Forget(key string) bool {
 	if e == nil {
 		return false
 	}
-	switch e.st {
-	case waiting:
-		heap.Remove(&s.wait, e.idx)
-	case ready:
-		heap.Remove(&s.ready, e.idx)
-	}
+	e.st, e.gen = gone, e.gen+1 // its heap items go stale
 	delete(s.keys, key)
 	return true
 }
@@ -302,12 +300,7 @@ func (s *Sched) SetOpts(key string, o Opts) {
 	e.opts = norm(o)
 	switch {
 	case o.Paused && (e.st == waiting || e.st == ready):
-		if e.st == waiting {
-			heap.Remove(&s.wait, e.idx)
-		} else {
-			heap.Remove(&s.ready, e.idx)
-		}
-		e.st = held
+		e.st, e.gen = held, e.gen+1
 	case !o.Paused && e.st == held, e.st == blocked && e.inflight < e.opts.MaxInflight:
 		s.toWaiting(e, e.eligible)
 	}
@@ -368,41 +361,103 @@ func (s *Sched) Keys() []string {
 	return out
 }
 
-// waitHeap orders keys by eligible, then by arrival.
-type waitHeap []*entry
-
-func (h waitHeap) Len() int { return len(h) }
-func (h waitHeap) Less(i, j int) bool {
-	if !h[i].eligible.Equal(h[j].eligible) {
-		return h[i].eligible.Before(h[j].eligible)
-	}
-	return h[i].seq < h[j].seq
-}
-func (h waitHeap) Swap(i, j int)  { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
-func (h *waitHeap) Push(x any)    { e := x.(*entry); e.idx = len(*h); *h = append(*h, e) }
-func (h *waitHeap) Pop() any      { return pop((*[]*entry)(h)) }
-func (h readyHeap) Len() int      { return len(h) }
-func (h readyHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
-func (h *readyHeap) Push(x any)   { e := x.(*entry); e.idx = len(*h); *h = append(*h, e) }
-func (h *readyHeap) Pop() any     { return pop((*[]*entry)(h)) }
-
-// readyHeap orders keys by start tag, then by arrival.
-type readyHeap []*entry
-
-func (h readyHeap) Less(i, j int) bool {
-	if h[i].start != h[j].start {
-		return h[i].start < h[j].start
-	}
-	return h[i].seq < h[j].seq
+// kheap is a binary heap of keys with their sort keys held inline, so that
+// comparisons and moves touch only the heap's own array (10,000 keys and
+// more do not fit a CPU cache; following each key's pointer per level would
+// cost a cache miss per level). A key is removed lazily: its entry's
+// generation moves on, and an item of an older generation is dropped when
+// it reaches the top. The waiting heap orders by eligible time, the ready
+// heap by start tag (byTag); ties go to the key that came first.
+type kheap struct {
+	items []item
+	byTag bool
 }
 
-func pop(h *[]*entry) any {
-	old := *h
-	n := len(old)
-	e := old[n-1]
-	old[n-1] = nil
-	*h = old[:n-1]
-	e.idx = -1
+type item struct {
+	at  int64   // eligible, Unix ns (waiting heap)
+	tag float64 // start tag (ready heap)
+	seq uint64
+	gen uint32
+	e   *entry
+}
+
+func (h *kheap) less(i, j int) bool {
+	a, b := &h.items[i], &h.items[j]
+	if h.byTag {
+		if a.tag != b.tag {
+			return a.tag < b.tag
+		}
+	} else if a.at != b.at {
+		return a.at < b.at
+	}
+	return a.seq < b.seq
+}
+
+func (h *kheap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h.less(j, i) {
+			break
+		}
+		h.items[i], h.items[j] = h.items[j], h.items[i]
+		j = i
+	}
+}
+
+func (h *kheap) down(i int) {
+	n := len(h.items)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		j := l
+		if r := l + 1; r < n && h.less(r, l) {
+			j = r
+		}
+		if !h.less(j, i) {
+			return
+		}
+		h.items[i], h.items[j] = h.items[j], h.items[i]
+		i = j
+	}
+}
+
+// push adds e (as of now: its eligible time or start tag); any item of e
+// already in a heap goes stale.
+func (h *kheap) push(e *entry) {
+	e.gen++
+	it := item{seq: e.seq, gen: e.gen, e: e}
+	if h.byTag {
+		it.tag = e.start
+	} else {
+		it.at = e.eligible.UnixNano()
+	}
+	h.items = append(h.items, it)
+	h.up(len(h.items) - 1)
+}
+
+// top is the first valid item (the entry in state st), or nil.
+func (h *kheap) top(st state) *item {
+	for len(h.items) > 0 {
+		it := &h.items[0]
+		if it.gen == it.e.gen && it.e.st == st {
+			return it
+		}
+		h.pop()
+	}
+	return nil
+}
+
+func (h *kheap) pop() *entry {
+	n := len(h.items) - 1
+	e := h.items[0].e
+	h.items[0] = h.items[n]
+	h.items[n] = item{}
+	h.items = h.items[:n]
+	if n > 0 {
+		h.down(0)
+	}
 	return e
 }
 
