@@ -87,12 +87,12 @@ func (k *keyedRun) announce(key string) {
 func (k *keyedRun) requeue(key string, seq uint64) {
 	k.mu.Lock()
 	if c, ok := k.cursor[key]; !ok || seq < c {
+		// Read again from it; the key's later jobs already read or
+		// reserved go back too (a new epoch).
 		k.cursor[key] = seq
-	}
-	if m := k.held[key]; m != nil && m.Seq() > seq {
 		delete(k.held, key)
+		k.epoch[key]++
 	}
-	k.epoch[key]++
 	k.mu.Unlock()
 	k.sched.Add(key, k.l.d.Clock.Now())
 }
@@ -292,7 +292,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			}
 			continue
 		}
-		msg, err := k.next(ctx, key)
+		msg, readEpoch, err := k.next(ctx, key)
 		if err != nil {
 			<-k.permits
 			l.log.Warn("reading a key's next job failed", "key", key, "err", err)
@@ -325,7 +325,16 @@ func (k *keyedRun) loop(ctx context.Context) {
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
-		epoch := k.take(key, msg)
+		epoch, ok := k.take(key, msg, readEpoch)
+		if !ok {
+			// An earlier job of the key went back while this one was
+			// read and reserved: it must not start first. Its slot is
+			// lost; the key reads again in order.
+			<-k.permits
+			k.missed.Add(1)
+			k.sched.NotReady(key, now.Add(res.KeyNext))
+			continue
+		}
 		k.sched.Started(key, now.Add(res.KeyNext))
 		due := now.Add(res.Due)
 		l.assigned(msg, leaky.Slot{Due: due, Free: res.Free})
@@ -360,8 +369,15 @@ func (k *keyedRun) startAt(ctx context.Context, key string, msg *queue.Msg, due 
 	k.mu.Lock()
 	behind := k.epoch[key] != epoch // an earlier job of the key went back
 	k.mu.Unlock()
+	if behind {
+		// An earlier job of the key went back, and the key reads again
+		// from it: this one stays stored and is read again in its turn.
+		// It must not move the key's cursor or epoch itself.
+		done()
+		return
+	}
 	late := clk.Now().Sub(due)
-	if behind || late > maxLate {
+	if late > maxLate {
 		// Woken too late (a stall, a loaded machine): the slot is given
 		// up, never used closer to the next one; the job is again its
 		// key's next.
@@ -382,37 +398,43 @@ func later(a, b time.Time) time.Time {
 }
 
 // next returns key's next job: the one read before, or a fresh read after
-// the key's cursor.
-func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, error) {
+// the key's cursor; and the key's epoch it was read under.
+func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, uint64, error) {
 	k.mu.Lock()
-	m, from := k.held[key], k.cursor[key]
+	m, from, epoch := k.held[key], k.cursor[key], k.epoch[key]
 	k.mu.Unlock()
 	if m != nil {
-		return m, nil
+		return m, epoch, nil
 	}
 	m, err := k.reader.Next(ctx, key, from)
 	if err != nil || m == nil {
-		return m, err
+		return m, epoch, err
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if n := k.tries[m.Seq()]; n > 0 {
 		m.AddAttempts(n)
 	}
-	k.held[key] = m
-	return m, nil
+	if k.epoch[key] == epoch {
+		k.held[key] = m
+	}
+	return m, epoch, nil
 }
 
-// take marks msg as started: the key's cursor moves past it. It returns
-// the key's epoch.
-func (k *keyedRun) take(key string, msg *queue.Msg) uint64 {
+// take marks msg as started: the key's cursor moves past it. It refuses
+// (ok false) when the key's epoch moved since msg was read under readEpoch:
+// an earlier job went back and must start first.
+func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uint64, ok bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.epoch[key] != readEpoch {
+		return 0, false
+	}
 	delete(k.held, key)
 	if c := msg.Seq() + 1; c > k.cursor[key] {
 		k.cursor[key] = c
 	}
-	return k.epoch[key]
+	return readEpoch, true
 }
 
 // retryInPlace counts a failed attempt of an ordered key's job, which waits

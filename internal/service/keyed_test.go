@@ -277,7 +277,7 @@ func TestKeyedLaneCapSharedFairly(t *testing.T) {
 	for i := range 10 {
 		key := fmt.Sprintf("k%d", i)
 		keys = append(keys, key)
-		publishKeyed(t, natsSrv.ClientURL(), key, 60)
+		publishKeyed(t, natsSrv.ClientURL(), key, 80)
 	}
 	moved := intakeDone(t, natsSrv.ClientURL())
 	waitFor(t, 15*time.Second, "5 s of starts", func() bool {
@@ -285,7 +285,7 @@ func TestKeyedLaneCapSharedFairly(t *testing.T) {
 		for _, k := range keys {
 			n += tgt.count(k)
 		}
-		return n >= 220
+		return n >= 300
 	})
 	// Every window from when the intake has moved every job (before, the
 	// machine is busy moving them and starts come late, closer to the next).
@@ -308,19 +308,28 @@ func TestKeyedLaneCapSharedFairly(t *testing.T) {
 	// unkeyed lanes, plus 15 ms for the hop to the target.
 	lim := bucket.Limit{Rate: cap, Burst: 1}
 	buckettest.CheckWindows(t, rel, lim, lim.Period()+15*time.Millisecond)
-	// Shares over 4 s.
-	from, to := t0, t0.Add(4*time.Second)
+	// Shares over 6 s: each key a tenth of what the lane started, within
+	// 10 %; and the lane near its cap (a slot woken too late for on a
+	// loaded machine is given up, so a little under it).
+	from, to := t0, t0.Add(6*time.Second)
+	counts := map[string]int{}
+	total := 0
 	for _, k := range keys {
-		n := 0
 		for _, a := range tgt.of(k) {
 			if !a.at.Before(from) && a.at.Before(to) {
-				n++
+				counts[k]++
+				total++
 			}
 		}
-		if share, want := float64(n)/4, cap/10; math.Abs(share-want)/want > 0.10 {
-			t.Errorf("key %s got %.2f/s of the lane's %.2f/s, want %.2f ± 10%%", k, share, cap, want)
-		}
 		checkFIFO(t, k, tgt.of(k))
+	}
+	for _, k := range keys {
+		if share, want := float64(counts[k]), float64(total)/10; math.Abs(share-want)/want > 0.10 {
+			t.Errorf("key %s got %d of the lane's %d starts, want %.1f ± 10%%", k, counts[k], total, want)
+		}
+	}
+	if got := float64(total) / 6; got < 0.9*cap {
+		t.Errorf("the lane started %.2f/s, want about its cap of %.2f/s", got, cap)
 	}
 }
 

