@@ -33,6 +33,7 @@ type keyedRun struct {
 	held    map[string]*queue.Msg // per claimed key: its next job, read, not started
 	tries   map[uint64]int        // ordered keys: failed attempts of a job retried in place
 	pending map[string]struct{}   // keys with new jobs, to claim
+	idled   map[string]struct{}   // keys with no jobs left, to release
 	// epoch per key moves when one of its jobs goes back (a slot given
 	// up, a wait in place): its later jobs waiting for their slots then go
 	// back too, so that they never start before it (FIFO per key).
@@ -62,7 +63,7 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 	k := &keyedRun{
 		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
 		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
-		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, epoch: map[string]uint64{},
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
 	}
 	k.sched = keyed.New(l.keyOpts)
 	r.OnRequeue = k.requeue
@@ -154,6 +155,7 @@ func (k *keyedRun) claimer(ctx context.Context) {
 		if len(keys) > 0 {
 			k.claim(ctx, keys)
 		}
+		k.release(ctx)
 	}
 }
 
@@ -216,18 +218,47 @@ func (k *keyedRun) forget(key string) {
 	k.mu.Unlock()
 }
 
-// idle releases key's claim once it has no jobs left here, then looks once
-// more: a job stored by another instance meanwhile (which could not claim
-// the key) is found and the key claimed again.
-func (k *keyedRun) idle(ctx context.Context, key string) {
-	k.forget(key)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := k.claims.Release(ctx, k.l.cfg.Name, key); err != nil {
-		k.l.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
+// markIdle hands key, which has no jobs left here, to the claimer to
+// release (claims and releases are made by one goroutine, in order).
+func (k *keyedRun) markIdle(key string) {
+	k.mu.Lock()
+	k.idled[key] = struct{}{}
+	k.mu.Unlock()
+	select {
+	case k.wake <- struct{}{}:
+	default:
 	}
-	if m, err := k.reader.Next(ctx, key, 1); err != nil || m != nil {
-		k.announce(key)
+}
+
+// release gives up the claims of the keys that went idle, unless they got
+// jobs again meanwhile, then looks once more: a job stored by another
+// instance meanwhile (which could not claim the key) is found and the key
+// claimed again.
+func (k *keyedRun) release(ctx context.Context) {
+	k.mu.Lock()
+	keys := make([]string, 0, len(k.idled))
+	for key := range k.idled {
+		keys = append(keys, key)
+	}
+	clear(k.idled)
+	k.mu.Unlock()
+	var again []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			continue // it got jobs again: still this instance's
+		}
+		k.forget(key)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := k.claims.Release(rctx, k.l.cfg.Name, key); err != nil {
+			k.l.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
+		}
+		if m, err := k.reader.Next(rctx, key, 1); err != nil || m != nil {
+			again = append(again, key)
+		}
+		cancel()
+	}
+	if len(again) > 0 {
+		k.claim(ctx, again)
 	}
 }
 
@@ -302,7 +333,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		if msg == nil {
 			<-k.permits
 			if k.sched.Empty(key, now) {
-				go k.idle(ctx, key)
+				k.markIdle(key)
 			}
 			continue
 		}
@@ -357,7 +388,7 @@ func (k *keyedRun) startAt(ctx context.Context, key string, msg *queue.Msg, due 
 	done := func() {
 		k.inflight.Add(-1)
 		if k.sched.Settled(key, clk.Now()) {
-			go k.idle(ctx, key)
+			k.markIdle(key)
 		}
 		<-k.permits
 	}
