@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"math"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -61,11 +62,13 @@ func TestKeyOverridesStoredAndApplied(t *testing.T) {
 	publishKeyed(t, natsSrv.ClientURL(), "fast", 60)
 	publishKeyed(t, natsSrv.ClientURL(), "slow", 40)
 	waitFor(t, 15*time.Second, "fast's jobs", func() bool { return tgt.count("fast") >= 60 })
-	// 50/s, not per_key's 10/s (a slot woken too late for on a loaded
-	// machine is given up: a few % under).
-	if r := spacingRate(tgt.of("fast")); math.Abs(r-50)/50 > 0.12 {
-		t.Errorf("overridden key ran at %.2f/s, want 50", r)
+	// The override's 50/s, not per_key's 10/s: never over it, and far
+	// over 10/s (a slot woken too late for on a loaded machine is given
+	// up, so the rate can fall a little under 50/s).
+	if r := spacingRate(tgt.of("fast")); r > 50*1.03 || r < 30 {
+		t.Errorf("overridden key ran at %.2f/s, want 50 (never over, far over per_key's 10)", r)
 	}
+	buckettest.CheckWindows(t, startsOf(tgt.of("fast")), bucket.Limit{Rate: 50, Burst: 1}, 20*time.Millisecond)
 	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo/keys/slow", `{"paused":true}`, &st); code != http.StatusOK || !st.Paused {
 		t.Fatalf("pause: %d %+v", code, st)
 	}
