@@ -176,8 +176,8 @@ type Lane struct {
 	// the subject throttle.<lane>.<key>) gets its own bucket with these
 	// defaults, under the lane's own rate, burst and max_inflight as a
 	// lane-wide cap. nil: the lane is not keyed.
-	PerKey *PerKey `yaml:"per_key"`
-	Retry  Retry   `yaml:"retry"`
+	PerKey   *PerKey  `yaml:"per_key"`
+	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
 }

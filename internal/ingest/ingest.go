@@ -89,9 +89,9 @@ type Config struct {
 	DeadLetters DeadLetters
 	// Keys serves the keys of keyed lanes (GET|PATCH
 	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
-	Keys KeyDirectory
-	Ready       Ready
-	Metrics     *metrics.Metrics
+	Keys    KeyDirectory
+	Ready   Ready
+	Metrics *metrics.Metrics
 	// MetricsHandler serves /metrics.
 	MetricsHandler http.Handler
 	Logger         *slog.Logger

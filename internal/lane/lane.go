@@ -58,7 +58,7 @@ type Deps struct {
 	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
 	// overrides); nil keeps them in memory only.
 	Limits *queue.Limits
-	Guard *dispatch.Guard
+	Guard  *dispatch.Guard
 	// Handlers are in-process targets by name (target: {handler: name}).
 	Handlers map[string]dispatch.Target
 	Metrics  *metrics.Metrics

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -217,10 +216,9 @@ func (r *KeyedReader) Keys(ctx context.Context) ([]string, error) {
 // keyedAck settles a message read by subject: done deletes it; handed back
 // it stays, the oldest of its key again.
 type keyedAck struct {
-	r    *KeyedReader
-	key  string
-	seq  uint64
-	once sync.Once
+	r   *KeyedReader
+	key string
+	seq uint64
 }
 
 func (a *keyedAck) Ack() error {

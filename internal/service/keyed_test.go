@@ -450,4 +450,3 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 	// (checked after the fact: the key count never leaves the API).
 	_ = svc
 }
-
