@@ -230,6 +230,9 @@ func registry(t *testing.T) map[string]*dto.MetricFamily {
 	y := fmt.Sprintf(`listen: 127.0.0.1:0
 nats: {data_dir: %q}
 dispatch: {allow_networks: [127.0.0.0/8]}
+callers:
+  per_ip: {limit: 120, window: 1m}
+  plans: {free: {rate: 10/min, burst: 10}}
 lanes:
   - name: demo
     rate: 20
@@ -396,7 +399,9 @@ func TestOperationsDocsFollowTheCode(t *testing.T) {
 		return out
 	}
 
-	// Registered only with Redis (the store that can lose states).
+	// Registered only with Redis (the store that can lose states). The
+	// caller quotas' metrics exist with a callers section, which the
+	// registry's config has.
 	conditional := map[string]bool{"throttler_pacer_states_restored_total": true}
 	documented := rows("Metrics")
 	for name := range registry(t) {
