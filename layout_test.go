@@ -57,6 +57,8 @@ func TestImportRules(t *testing.T) {
 			"a lane knows nothing of the HTTP API or of the wiring"},
 		{"api", []string{module + "/internal/"},
 			"the public wire types depend on nothing of the service"},
+		{"client", []string{module + "/internal/", "github.com/nats-io/", "github.com/redis/", "github.com/prometheus/"},
+			"the public Go client needs only the wire types and net/http: another module imports it"},
 		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10"),
 			"the service binary links no load tool and no peer library"},
 	} {

@@ -1,0 +1,319 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/throttler/throttler/api"
+)
+
+// SubmitOptions are the optional parts of a submission. The zero value
+// (or a nil pointer) submits with a fresh idempotency key and no key.
+type SubmitOptions struct {
+	// IdempotencyKey becomes the job id (Idempotency-Key header): a second
+	// submission with the same one within the server's dedup window is not
+	// stored again. Empty: the client makes one, the same on every retry.
+	IdempotencyKey string
+	// Key is the job's key on a keyed lane (Throttle-Key header).
+	Key string
+	// ContentType is stored with the job and sent to the target
+	// (default application/octet-stream).
+	ContentType string
+}
+
+// Submit stores one job in lane. The answer says whether it started at
+// once (api.StateAdmitted) or waits (api.StateQueued, with an estimated
+// wait); Duplicate is set when the idempotency key was already stored.
+func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *SubmitOptions) (*api.Accepted, error) {
+	var o SubmitOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.IdempotencyKey == "" {
+		o.IdempotencyKey = newIdempotencyKey()
+	}
+	h := http.Header{}
+	h.Set("Idempotency-Key", o.IdempotencyKey)
+	if o.Key != "" {
+		h.Set("Throttle-Key", o.Key)
+	}
+	ct := o.ContentType
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	h.Set("Content-Type", ct)
+	if payload == nil {
+		payload = []byte{}
+	}
+	var out api.Accepted
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs"}, header: h, body: payload}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// BatchItem is one job of SubmitBatch.
+type BatchItem struct {
+	// IdempotencyKey becomes the job id; empty: the client makes one.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Payload is the job's body, any JSON value.
+	Payload json.RawMessage `json:"payload"`
+}
+
+// BatchResult is the server's answer for one item of a batch: Accepted
+// when the job was stored, else Problem says why that item was refused.
+type BatchResult struct {
+	Accepted *api.Accepted
+	Problem  *api.Problem
+}
+
+// SubmitBatch stores items in lane with one request (POST
+// /v1/lanes/{lane}/jobs:batch). The answer has one result per item, in
+// order; each item stands alone. key, when not empty, is the Throttle-Key
+// of every item (keyed lanes). Items without an idempotency key get one
+// (the slice is not modified), so that a retried batch stores each job once.
+func (c *Client) SubmitBatch(ctx context.Context, lane, key string, items []BatchItem) ([]BatchResult, error) {
+	send := make([]BatchItem, len(items))
+	for i, it := range items {
+		if it.IdempotencyKey == "" {
+			it.IdempotencyKey = newIdempotencyKey()
+		}
+		if it.Payload == nil {
+			it.Payload = json.RawMessage("null")
+		}
+		send[i] = it
+	}
+	body, err := json.Marshal(send)
+	if err != nil {
+		return nil, fmt.Errorf("client: batch: %w", err)
+	}
+	h := http.Header{}
+	if key != "" {
+		h.Set("Throttle-Key", key)
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs:batch"}, header: h, body: body}, &raw); err != nil {
+		return nil, err
+	}
+	return decodeBatch(raw, len(items))
+}
+
+// decodeBatch reads the batch answer: {"results":[…]} (or a bare array),
+// each element an accepted job or a problem.
+func decodeBatch(raw json.RawMessage, n int) ([]BatchResult, error) {
+	var elems []json.RawMessage
+	if s := strings.TrimSpace(string(raw)); strings.HasPrefix(s, "[") {
+		if err := json.Unmarshal(raw, &elems); err != nil {
+			return nil, fmt.Errorf("client: batch answer: %w", err)
+		}
+	} else {
+		var obj struct {
+			Results []json.RawMessage `json:"results"`
+		}
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("client: batch answer: %w", err)
+		}
+		elems = obj.Results
+	}
+	if len(elems) != n {
+		return nil, fmt.Errorf("client: batch answer has %d results for %d items", len(elems), n)
+	}
+	out := make([]BatchResult, n)
+	for i, e := range elems {
+		var p api.Problem
+		if err := json.Unmarshal(e, &p); err != nil {
+			return nil, fmt.Errorf("client: batch result %d: %w", i, err)
+		}
+		if p.Type != "" || p.Status >= 400 {
+			out[i].Problem = &p
+			continue
+		}
+		var a api.Accepted
+		if err := json.Unmarshal(e, &a); err != nil {
+			return nil, fmt.Errorf("client: batch result %d: %w", i, err)
+		}
+		out[i].Accepted = &a
+	}
+	return out, nil
+}
+
+// Lanes lists every lane with its limits and live state (GET /v1/lanes).
+func (c *Client) Lanes(ctx context.Context) ([]api.LaneStatus, error) {
+	var out api.Lanes
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes"}}, &out); err != nil {
+		return nil, err
+	}
+	return out.Lanes, nil
+}
+
+// LaneChange is a change of a lane's limits; an empty Rate or a nil Burst
+// keeps that value.
+type LaneChange struct {
+	Rate  Rate `json:"rate,omitempty"`
+	Burst *int `json:"burst,omitempty"`
+}
+
+// Rate is a rate as written in the config file: "50/s", "120/min",
+// "1000/h", or a bare number of jobs per second ("0.5"), which is sent as a
+// JSON number.
+type Rate string
+
+// MarshalJSON writes a bare number as a number, anything else as a string
+// for the server to parse (and refuse, naming the field, when it is not a
+// rate).
+func (r Rate) MarshalJSON() ([]byte, error) {
+	if f, err := strconv.ParseFloat(string(r), 64); err == nil {
+		return json.Marshal(f)
+	}
+	return json.Marshal(string(r))
+}
+
+// SetLane changes a lane's rate and/or burst on every instance (PATCH
+// /v1/lanes/{lane}) and returns the lane's new state. Needs an admin key.
+func (c *Client) SetLane(ctx context.Context, lane string, change LaneChange) (*api.LaneStatus, error) {
+	body, err := json.Marshal(change)
+	if err != nil {
+		return nil, err
+	}
+	var out api.LaneStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeadLetters lists one page of a lane's dead letters, oldest first,
+// without payloads: those after sequence after, at most limit (0: the
+// server's default of 100; at most 1000). NextAfter in the answer, when
+// not 0, is the after of the next page.
+func (c *Client) DeadLetters(ctx context.Context, lane string, after uint64, limit int) (*api.DeadLetters, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatUint(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out api.DeadLetters
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "dead"}, query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeadLetter reads one dead letter with its payload. Needs an admin key.
+func (c *Client) DeadLetter(ctx context.Context, lane string, seq uint64) (*api.DeadLetter, error) {
+	var out api.DeadLetter
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: deadPath(lane, seq)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReplayDead puts one dead letter back at the tail of its lane (attempts
+// reset, id kept) and deletes it; it returns the job id.
+func (c *Client) ReplayDead(ctx context.Context, lane string, seq uint64) (string, error) {
+	var out struct {
+		ID string `json:"id"`
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: append(deadPath(lane, seq), "replay")}, &out); err != nil {
+		return "", err
+	}
+	return out.ID, nil
+}
+
+// ReplayAllDead replays a lane's dead letters, oldest first, at most max
+// of them in this call (0: the server's bound of 100000), and returns how
+// many it replayed. Call it again until it returns fewer than max to
+// replay more, reporting progress in between.
+func (c *Client) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+	q := url.Values{}
+	if max > 0 {
+		q.Set("max", strconv.Itoa(max))
+	}
+	var out struct {
+		Replayed int `json:"replayed"`
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "dead", "replay"}, query: q}, &out); err != nil {
+		return 0, err
+	}
+	return out.Replayed, nil
+}
+
+// DeleteDead deletes one dead letter.
+func (c *Client) DeleteDead(ctx context.Context, lane string, seq uint64) error {
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: deadPath(lane, seq)}, nil)
+	return err
+}
+
+// PurgeDead deletes every dead letter of a lane.
+func (c *Client) PurgeDead(ctx context.Context, lane string) error {
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: []string{"v1", "lanes", lane, "dead"}}, nil)
+	return err
+}
+
+func deadPath(lane string, seq uint64) []string {
+	return []string{"v1", "lanes", lane, "dead", strconv.FormatUint(seq, 10)}
+}
+
+// KeyStatus is one key of a keyed lane: its limits (the lane's per_key
+// values or the key's own overrides) and its live state.
+type KeyStatus struct {
+	Key         string  `json:"key"`
+	Rate        float64 `json:"rate"`
+	Burst       int     `json:"burst"`
+	MaxInflight int     `json:"max_inflight,omitempty"`
+	Weight      float64 `json:"weight,omitempty"`
+	Paused      bool    `json:"paused"`
+	Backlog     uint64  `json:"backlog"`
+	InFlight    int     `json:"in_flight"`
+}
+
+// KeyChange overrides a key's limits; nil fields keep their value.
+type KeyChange struct {
+	Rate        Rate     `json:"rate,omitempty"`
+	Burst       *int     `json:"burst,omitempty"`
+	MaxInflight *int     `json:"max_inflight,omitempty"`
+	Weight      *float64 `json:"weight,omitempty"`
+	Paused      *bool    `json:"paused,omitempty"`
+}
+
+// Keys lists the active keys of a keyed lane, busiest first (GET
+// /v1/lanes/{lane}/keys).
+func (c *Client) Keys(ctx context.Context, lane string) ([]KeyStatus, error) {
+	var out struct {
+		Keys []KeyStatus `json:"keys"`
+	}
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "keys"}}, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
+}
+
+// Key reads one key of a keyed lane (GET /v1/lanes/{lane}/keys/{key}).
+func (c *Client) Key(ctx context.Context, lane, key string) (*KeyStatus, error) {
+	var out KeyStatus
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "keys", key}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetKey changes one key's overrides (PATCH /v1/lanes/{lane}/keys/{key}).
+// Needs an admin key.
+func (c *Client) SetKey(ctx context.Context, lane, key string, change KeyChange) (*KeyStatus, error) {
+	body, err := json.Marshal(change)
+	if err != nil {
+		return nil, err
+	}
+	var out KeyStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane, "keys", key}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
