@@ -44,7 +44,7 @@ func loadOpenAPI(t *testing.T) *v3.Document {
 		for _, e := range verrs {
 			t.Errorf("%s: %s: %s", openAPIPath, e.Message, e.Reason)
 			for _, se := range e.SchemaValidationErrors {
-				t.Errorf("  %s: %s", se.Location, se.Reason)
+				t.Errorf("  %s: %s", se.KeywordLocation, se.Reason)
 			}
 		}
 		t.FailNow()
@@ -89,11 +89,11 @@ func openAPIRoute(pattern string) (route string, ok bool) {
 	if path == "/" {
 		return "", false
 	}
-	path = strings.TrimSuffix(path, "{$}")
-	path = restWildcard.ReplaceAllString(path, "{$1}")
 	if strings.HasSuffix(path, "/") {
-		path += "{path}"
+		path += "{path}" // a subtree
 	}
+	path = strings.TrimSuffix(path, "{$}") // exactly the path with its slash
+	path = restWildcard.ReplaceAllString(path, "{$1}")
 	return method + " " + path, true
 }
 
