@@ -80,9 +80,13 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatalf("bad idempotency key: %v", err)
 	}
 
-	lanes, err := c.Lanes(ctx)
-	if err != nil || len(lanes) != 3 || lanes[0].Name != "demo" || lanes[0].Rate != 50 || lanes[0].Delivered != 2 {
-		t.Fatalf("lanes: %+v %v", lanes, err)
+	var lanes []api.LaneStatus
+	eventually(t, 10*time.Second, "2 delivered in GET /v1/lanes", func() bool {
+		lanes, err = c.Lanes(ctx)
+		return err == nil && len(lanes) == 3 && lanes[0].Delivered == 2
+	})
+	if lanes[0].Name != "demo" || lanes[0].Rate != 50 || lanes[0].Burst != 10 || lanes[1].Name != "failing" {
+		t.Fatalf("lanes: %+v", lanes)
 	}
 	burst := 20
 	st, err := c.SetLane(ctx, "demo", client.LaneChange{Rate: "120/min", Burst: &burst})
@@ -116,21 +120,24 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatalf("second page: %+v %v", page, err)
 	}
 	one, err := c.DeadLetter(ctx, "failing", dead.Dead[0].Seq)
-	if err != nil || one.ID != "f-0" || string(one.Payload) != `{"n":0}` || one.LastStatus != 422 {
+	// Jobs die in the order their deliveries end; each keeps its id and payload.
+	var n int
+	if err != nil || one.ID != dead.Dead[0].ID || fmt.Sprintf("f-%d", mustScan(t, one.ID, "f-%d", &n)) != one.ID ||
+		string(one.Payload) != fmt.Sprintf(`{"n":%d}`, n) || one.LastStatus != 422 {
 		t.Fatalf("one dead letter: %+v %v", one, err)
 	}
 	if _, err := c.DeadLetter(ctx, "failing", 999999); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("missing dead letter: %v", err)
 	}
 	id, err := c.ReplayDead(ctx, "failing", dead.Dead[0].Seq)
-	if err != nil || id != "f-0" {
+	if err != nil || id != one.ID {
 		t.Fatalf("replay: %q %v", id, err)
 	}
 	if err := c.DeleteDead(ctx, "failing", dead.Dead[1].Seq); err != nil {
 		t.Fatal(err)
 	}
-	// 3 left, plus f-0 again once its replay dies: replay in chunks of 2.
-	eventually(t, 20*time.Second, "f-0 dead again", func() bool {
+	// 3 left, plus the replayed one once it dies again: replay in chunks of 2.
+	eventually(t, 20*time.Second, "the replayed job dead again", func() bool {
 		d, err := c.DeadLetters(ctx, "failing", 0, 0)
 		return err == nil && len(d.Dead) == 4
 	})
@@ -138,8 +145,14 @@ func TestAgainstServer(t *testing.T) {
 	if err != nil || n1 != 2 {
 		t.Fatalf("replay 2: %d %v", n1, err)
 	}
+	eventually(t, 20*time.Second, "the 2 replayed jobs dead again", func() bool {
+		d, err := c.DeadLetters(ctx, "failing", 0, 0)
+		return err == nil && len(d.Dead) == 4
+	})
+	// All 4: the jobs that die again during the call are not replayed
+	// again by it.
 	n2, err := c.ReplayAllDead(ctx, "failing", 0)
-	if err != nil || n2 != 2 {
+	if err != nil || n2 != 4 {
 		t.Fatalf("replay the rest: %d %v", n2, err)
 	}
 	eventually(t, 20*time.Second, "4 dead again", func() bool {
@@ -257,4 +270,13 @@ func TestBatchAgainstServer(t *testing.T) {
 		t.Fatalf("batch: %+v", res)
 	}
 	eventually(t, 10*time.Second, "2 deliveries", func() bool { return s.delivered.Load() == 2 })
+}
+
+// mustScan reads one number from s by format.
+func mustScan(t *testing.T, s, format string, n *int) int {
+	t.Helper()
+	if _, err := fmt.Sscanf(s, format, n); err != nil {
+		t.Fatalf("%q: %v", s, err)
+	}
+	return *n
 }
