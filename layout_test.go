@@ -59,7 +59,9 @@ func TestImportRules(t *testing.T) {
 			"the public wire types depend on nothing of the service"},
 		{"client", []string{module + "/internal/", "github.com/nats-io/", "github.com/redis/", "github.com/prometheus/"},
 			"the public Go client needs only the wire types and net/http: another module imports it"},
-		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10"),
+		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),
+			"the status page's files speak the public HTTP API and import nothing of the service"},
+		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),
 			"the service binary links no load tool and no peer library"},
 	} {
 		if _, err := os.Stat(rule.pkg); err != nil {

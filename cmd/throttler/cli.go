@@ -184,7 +184,7 @@ func cmdLanes(ctx context.Context, args []string, getenv func(string) string, st
 
 func printLanes(w io.Writer, lanes []api.LaneStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tRATE/S\tBURST\tIN FLIGHT\tBACKLOG\tWAITING\tRETRYING\tDEAD\tDELIVERED\tSTATE\tTARGET")
+	fmt.Fprintln(tw, "LANE\tRATE/S\tBURST\tIN FLIGHT\tBACKLOG\tWAITING\tRETRYING\tDEAD\tDELIVERED\tUTIL\tSTATE\tTARGET")
 	for _, l := range lanes {
 		rate := fmtFloat(l.Rate)
 		if l.EffectiveRate != l.Rate && l.EffectiveRate > 0 {
@@ -198,9 +198,11 @@ func printLanes(w io.Writer, lanes []api.LaneStatus) {
 			state = "paused: " + l.PauseReason
 		case l.Paused:
 			state = "paused"
+		case l.Adaptive:
+			state = "running (adaptive)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Name, rate, l.Burst, l.InFlight, l.MaxInflight,
-			l.Backlog, l.Waiting, l.Retrying, l.Dead, l.Delivered, state, l.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%.0f%%\t%s\t%s\n", l.Name, rate, l.Burst, l.InFlight, l.MaxInflight,
+			l.Backlog, l.Waiting, l.Retrying, l.Dead, l.Delivered, 100*l.Utilization, state, l.Target)
 	}
 	tw.Flush()
 }

@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+	"github.com/throttler/throttler/api"
 )
 
 // openAPIPath is the API description the tests hold to the router.
@@ -220,4 +222,50 @@ func problemTypes(t *testing.T) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestOpenAPISchemasMatchWireTypes: each schema's properties are the JSON
+// names of its wire type in package api, no more and no fewer, and the
+// required ones are those without omitempty.
+func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
+	doc := loadOpenAPI(t)
+	for name, typ := range map[string]any{
+		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
+		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
+	} {
+		proxy, ok := doc.Components.Schemas.Get(name)
+		if !ok {
+			t.Errorf("docs/openapi.yaml has no schema %s", name)
+			continue
+		}
+		schema := proxy.Schema()
+		var documented []string
+		for k := range schema.Properties.KeysFromOldest() {
+			documented = append(documented, k)
+		}
+		var fields, required []string
+		rt := reflect.TypeOf(typ)
+		for i := range rt.NumField() {
+			tag := rt.Field(i).Tag.Get("json")
+			n, opts, _ := strings.Cut(tag, ",")
+			if n == "-" || n == "" {
+				continue
+			}
+			fields = append(fields, n)
+			if !strings.Contains(opts, "omitempty") {
+				required = append(required, n)
+			}
+		}
+		slices.Sort(documented)
+		slices.Sort(fields)
+		if !slices.Equal(documented, fields) {
+			t.Errorf("schema %s has properties %v; api.%s has %v", name, documented, rt.Name(), fields)
+		}
+		req := slices.Clone(schema.Required)
+		slices.Sort(req)
+		slices.Sort(required)
+		if !slices.Equal(req, required) {
+			t.Errorf("schema %s requires %v; api.%s always writes %v", name, req, rt.Name(), required)
+		}
+	}
 }

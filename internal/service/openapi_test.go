@@ -59,7 +59,7 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	}
 	svc, _ := start(t, cfg)
 	base := "http://" + svc.Addr()
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	defer client.CloseIdleConnections()
 
 	// call sends one request and validates it (valid requests only: a
@@ -173,6 +173,14 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	call(true, "GET", "/v1/lanes/nope/dead", nil, "", 404)
 
 	// Operations.
+	call(true, "GET", "/v1/whoami", nil, "", 200)
+	call(true, "GET", "/ui", nil, "", 301)
+	// GET /ui/ itself is not validated: the validator reads it as /ui
+	// (trailing slash dropped), which is the 301.
+	call(true, "GET", "/ui/app.js", nil, "", 200)
+	call(true, "GET", "/ui/app.css", nil, "", 200)
+	call(true, "GET", "/ui/icon.svg", nil, "", 200)
+	call(true, "GET", "/ui/no-such-file", nil, "", 404)
 	call(true, "GET", "/healthz", nil, "", 200)
 	call(true, "GET", "/readyz", nil, "", 200)
 	call(true, "GET", "/metrics", nil, "", 200)
