@@ -59,6 +59,8 @@ func TestImportRules(t *testing.T) {
 			"the public wire types depend on nothing of the service"},
 		{"client", []string{module + "/internal/", "github.com/nats-io/", "github.com/redis/", "github.com/prometheus/"},
 			"the public Go client needs only the wire types and net/http: another module imports it"},
+		{"worker", []string{module + "/internal/"},
+			"a public package links nothing of the service into its users' programs"},
 		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),
 			"the status page's files speak the public HTTP API and import nothing of the service"},
 		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),

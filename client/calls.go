@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 
 	"github.com/throttler/throttler/api"
 )
@@ -57,34 +56,17 @@ func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *
 	return &out, nil
 }
 
-// BatchItem is one job of SubmitBatch.
-type BatchItem struct {
-	// IdempotencyKey becomes the job id; empty: the client makes one.
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
-	// Payload is the job's body, any JSON value.
-	Payload json.RawMessage `json:"payload"`
-}
-
-// BatchResult is the server's answer for one item of a batch: Accepted
-// when the job was stored, else Problem says why that item was refused.
-type BatchResult struct {
-	Accepted *api.Accepted
-	Problem  *api.Problem
-}
-
 // SubmitBatch stores items in lane with one request (POST
 // /v1/lanes/{lane}/jobs:batch). The answer has one result per item, in
-// order; each item stands alone. key, when not empty, is the Throttle-Key
-// of every item (keyed lanes). Items without an idempotency key get one
-// (the slice is not modified), so that a retried batch stores each job once.
-func (c *Client) SubmitBatch(ctx context.Context, lane, key string, items []BatchItem) ([]BatchResult, error) {
-	send := make([]BatchItem, len(items))
+// order; each item stands alone (a refused one has Status ≥ 400 and a
+// Problem; nothing of it was stored). Items without an idempotency key get
+// one (the slice is not modified), so that a retried batch stores each job
+// once.
+func (c *Client) SubmitBatch(ctx context.Context, lane string, items []api.BatchItem) (*api.BatchAccepted, error) {
+	send := make([]api.BatchItem, len(items))
 	for i, it := range items {
 		if it.IdempotencyKey == "" {
 			it.IdempotencyKey = newIdempotencyKey()
-		}
-		if it.Payload == nil {
-			it.Payload = json.RawMessage("null")
 		}
 		send[i] = it
 	}
@@ -92,54 +74,14 @@ func (c *Client) SubmitBatch(ctx context.Context, lane, key string, items []Batc
 	if err != nil {
 		return nil, fmt.Errorf("client: batch: %w", err)
 	}
-	h := http.Header{}
-	if key != "" {
-		h.Set("Throttle-Key", key)
-	}
-	var raw json.RawMessage
-	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs:batch"}, header: h, body: body}, &raw); err != nil {
+	var out api.BatchAccepted
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs:batch"}, body: body}, &out); err != nil {
 		return nil, err
 	}
-	return decodeBatch(raw, len(items))
-}
-
-// decodeBatch reads the batch answer: {"results":[…]} (or a bare array),
-// each element an accepted job or a problem.
-func decodeBatch(raw json.RawMessage, n int) ([]BatchResult, error) {
-	var elems []json.RawMessage
-	if s := strings.TrimSpace(string(raw)); strings.HasPrefix(s, "[") {
-		if err := json.Unmarshal(raw, &elems); err != nil {
-			return nil, fmt.Errorf("client: batch answer: %w", err)
-		}
-	} else {
-		var obj struct {
-			Results []json.RawMessage `json:"results"`
-		}
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return nil, fmt.Errorf("client: batch answer: %w", err)
-		}
-		elems = obj.Results
+	if len(out.Results) != len(items) {
+		return &out, fmt.Errorf("client: batch answer has %d results for %d items", len(out.Results), len(items))
 	}
-	if len(elems) != n {
-		return nil, fmt.Errorf("client: batch answer has %d results for %d items", len(elems), n)
-	}
-	out := make([]BatchResult, n)
-	for i, e := range elems {
-		var p api.Problem
-		if err := json.Unmarshal(e, &p); err != nil {
-			return nil, fmt.Errorf("client: batch result %d: %w", i, err)
-		}
-		if p.Type != "" || p.Status >= 400 {
-			out[i].Problem = &p
-			continue
-		}
-		var a api.Accepted
-		if err := json.Unmarshal(e, &a); err != nil {
-			return nil, fmt.Errorf("client: batch result %d: %w", i, err)
-		}
-		out[i].Accepted = &a
-	}
-	return out, nil
+	return &out, nil
 }
 
 // Lanes lists every lane with its limits and live state (GET /v1/lanes).

@@ -255,21 +255,3 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
-
-func TestDecodeBatch(t *testing.T) {
-	for _, raw := range []string{
-		`{"results":[{"id":"a","lane":"l","state":"queued","eta_ms":3},{"type":"urn:throttler:problem:invalid-header","title":"Bad Request","status":400,"field":"idempotency_key"}]}`,
-		`[{"id":"a","lane":"l","state":"queued","eta_ms":3},{"type":"urn:throttler:problem:invalid-header","title":"Bad Request","status":400,"field":"idempotency_key"}]`,
-	} {
-		res, err := decodeBatch(json.RawMessage(raw), 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res[0].Accepted == nil || res[0].Accepted.ETAMillis != 3 || res[1].Problem == nil || res[1].Problem.Field != "idempotency_key" {
-			t.Fatalf("%s: %+v", raw, res)
-		}
-	}
-	if _, err := decodeBatch(json.RawMessage(`{"results":[]}`), 1); err == nil {
-		t.Fatal("a short answer was accepted")
-	}
-}

@@ -161,6 +161,57 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 	return Decision{Room: d.Allowed, SlotWait: d.RetryAfter, Backlog: n, Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter}, nil
 }
 
+// DecideN decides on n jobs of lane (and key) submitted together, as n
+// calls of Decide one after the other would if each job were stored before
+// the next one is decided: job i counts the i jobs before it in the backlog
+// (max_backlog, max_wait), in the bucket's room, and in its SlotWait (a
+// job the bucket has no room for waits a period more per job of the batch
+// queued before it: Decision.ETA then takes the jobs queued ahead of the
+// whole batch). It reads the backlog and
+// the state once. out[i] is job i's decision; errs[i], when not nil, is the
+// *RejectError that refuses it (the jobs after a refused one are refused
+// too: the backlog only grows within a batch).
+func (a *Admitter) DecideN(ctx context.Context, lane Lane, key string, n int) (out []Decision, errs []error) {
+	out, errs = make([]Decision, n), make([]error, n)
+	if n == 0 {
+		return out, errs
+	}
+	d, err := a.Decide(ctx, lane, key)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return out, errs
+	}
+	period := lane.Limit.Period()
+	for i := range out {
+		b := d.Backlog + int64(i)
+		switch {
+		case b >= lane.MaxBacklog:
+			errs[i] = &RejectError{Lane: lane.Name, Field: "max_backlog", Backlog: b, RetryAfter: waitFor(b-lane.MaxBacklog+1, period)}
+			continue
+		case lane.MaxWait > 0 && waitFor(b, period) > lane.MaxWait:
+			errs[i] = &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: b, RetryAfter: waitFor(b, period) - lane.MaxWait}
+			continue
+		}
+		di := d
+		di.Backlog = b
+		di.Room = d.Room && (i == 0 || i < d.Remaining)
+		di.Remaining = max(d.Remaining-i, 0)
+		if !di.Room {
+			// Behind the jobs of the batch before it: the ones the bucket
+			// has room for start at once, the others one period apart.
+			queued := int64(i)
+			if d.Room {
+				queued = int64(i-max(d.Remaining, 1)) + 1
+			}
+			di.SlotWait = d.SlotWait + waitFor(queued, period)
+		}
+		out[i] = di
+	}
+	return out, errs
+}
+
 // Refresh reads the lane's state again for d, which Decide made a while ago
 // (intake waited to hear a slot): the next free slot has moved since. An
 // unreachable store leaves d as it was.

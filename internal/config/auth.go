@@ -101,6 +101,25 @@ type HTTP struct {
 	// MaxBodyInflight bounds the bytes of request bodies being read at
 	// once across all requests; a request over it is answered 503.
 	MaxBodyInflight ByteSize `yaml:"max_body_inflight"`
+	// MaxBatchItems bounds the jobs of one batch submission
+	// (POST /v1/lanes/{lane}/jobs:batch).
+	MaxBatchItems int `yaml:"max_batch_items"`
+	// MaxBatchBytes bounds the body of one batch submission; zero means
+	// 8 MiB, or MaxBodyInflight if that is less (BatchBytes).
+	MaxBatchBytes ByteSize `yaml:"max_batch_bytes"`
+}
+
+// DefaultMaxBatchBytes is http.max_batch_bytes when the file leaves it out
+// (and max_body_inflight is not smaller).
+const DefaultMaxBatchBytes = 8 << 20
+
+// BatchBytes is the bound of one batch body: max_batch_bytes, else the
+// default capped at max_body_inflight.
+func (h HTTP) BatchBytes() int64 {
+	if h.MaxBatchBytes > 0 {
+		return int64(h.MaxBatchBytes)
+	}
+	return min(DefaultMaxBatchBytes, int64(h.MaxBodyInflight))
 }
 
 // DefaultHTTP is the http section a file leaves out.
@@ -111,6 +130,7 @@ func DefaultHTTP() HTTP {
 		IdleTimeout:       Duration(2 * time.Minute),
 		MaxConnections:    1024,
 		MaxBodyInflight:   64 << 20,
+		MaxBatchItems:     1000,
 	}
 }
 
@@ -173,6 +193,12 @@ func (c *Config) validateAccess() error {
 		return fail("http.idle_timeout", "must be greater than 0")
 	case h.MaxConnections < 1 || h.MaxConnections > 1_000_000:
 		return fail("http.max_connections", "must be between 1 and 1000000, got %d", h.MaxConnections)
+	case h.MaxBatchItems < 1 || h.MaxBatchItems > 100_000:
+		return fail("http.max_batch_items", "must be between 1 and 100000, got %d", h.MaxBatchItems)
+	case h.MaxBatchBytes < 0:
+		return fail("http.max_batch_bytes", "must not be negative")
+	case h.MaxBatchBytes > h.MaxBodyInflight:
+		return fail("http.max_batch_bytes", "%d bytes is more than http.max_body_inflight (%d): such a batch could never be read", int64(h.MaxBatchBytes), int64(h.MaxBodyInflight))
 	}
 	for i, l := range c.Lanes {
 		if l.MaxBody > h.MaxBodyInflight {

@@ -21,10 +21,12 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
@@ -36,6 +38,8 @@ import (
 // wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	// DecideN decides on n jobs submitted together (a batch).
+	DecideN(ctx context.Context, lane admission.Lane, key string, n int) ([]admission.Decision, []error)
 	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
 }
 
@@ -43,6 +47,9 @@ type Admitter interface {
 // stored one.
 type Publisher interface {
 	Publish(ctx context.Context, job queue.Job) (queue.PubResult, error)
+	// PublishBatch stores jobs of one lane with asynchronous publishes in
+	// one window: one result per job, in order.
+	PublishBatch(ctx context.Context, lane string, jobs []queue.Job) ([]queue.BatchResult, error)
 	Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error)
 }
 
@@ -95,6 +102,10 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
+	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
+	MaxBatchItems int
+	MaxBatchBytes int64
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -106,6 +117,8 @@ type Handler struct {
 	// keys is nil when the API was built without keys (anonymous).
 	keys   atomic.Pointer[keySet]
 	bodies *budget
+	// lanesSeen caches per-lane values of the submit path (*laneCache).
+	lanesSeen sync.Map
 }
 
 // New builds the handler.
@@ -122,6 +135,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	// Each route says what its caller needs (docs/API.md, Authentication).
 	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.authorize(needSubmit, h.submitBatch))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -208,7 +222,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		tooBig()
 		return
 	}
-	release, ok := h.bodies.take(r.ContentLength, lane.MaxBody)
+	reserved, ok := h.bodies.reserve(r.ContentLength, lane.MaxBody)
 	if !ok {
 		// Close the connection rather than read the body to keep it.
 		w.Header().Set("Connection", "close")
@@ -216,7 +230,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
 		return
 	}
-	defer release()
+	defer h.bodies.give(reserved)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
 	if err != nil {
 		var over *http.MaxBytesError
@@ -310,11 +324,16 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if res.Duplicate {
 		state = "duplicate"
 	}
-	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
-	setRateHeaders(w.Header(), name, dec)
-	w.Header().Set("Content-Type", "application/json")
+	lc := h.laneCache(name)
+	lc.submitted(state).Inc()
+	setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
 	w.WriteHeader(http.StatusAccepted)
-	_ = json.NewEncoder(w).Encode(out)
+	buf := answerBufs.Get().(*[]byte)
+	*buf = appendAccepted((*buf)[:0], out)
+	_, _ = w.Write(*buf)
+	if cap(*buf) <= 4<<10 {
+		answerBufs.Put(buf)
+	}
 }
 
 // A job is "admitted" when its slot was free (the lane had room) and it
@@ -344,13 +363,139 @@ func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, 
 // setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the
 // IETF draft RateLimit-Policy / RateLimit form.
 func setRateHeaders(h http.Header, lane string, d admission.Decision) {
-	window := int64(math.Ceil(float64(d.Limit.Burst) / d.Limit.Rate))
+	setRateHeadersQuoted(h, strconv.Quote(lane), d, false)
+}
+
+// Canonical header keys, so that setting them costs no canonicalization.
+const (
+	hdrLimit       = "X-Ratelimit-Limit"
+	hdrRemaining   = "X-Ratelimit-Remaining"
+	hdrReset       = "X-Ratelimit-Reset"
+	hdrPolicy      = "Ratelimit-Policy"
+	hdrRateLimit   = "Ratelimit"
+	hdrContentType = "Content-Type"
+)
+
+// setRateHeadersQuoted is setRateHeaders with the lane already quoted
+// (laneCache.quoted); withJSON also sets Content-Type: application/json.
+// The values share one backing array: two allocations for six headers.
+func setRateHeadersQuoted(h http.Header, quoted string, d admission.Decision, withJSON bool) {
+	window := max(int64(math.Ceil(float64(d.Limit.Burst)/d.Limit.Rate)), 1)
 	reset := int64(math.Ceil(d.Reset.Seconds()))
-	h.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit.Burst))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", lane, d.Limit.Burst, max(window, 1)))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", lane, d.Remaining, reset))
+	var b [128]byte
+	p := strconv.AppendInt(b[:0], int64(d.Limit.Burst), 10)
+	nLimit := len(p)
+	p = strconv.AppendInt(p, int64(d.Remaining), 10)
+	nRemaining := len(p)
+	p = strconv.AppendInt(p, reset, 10)
+	nReset := len(p)
+	p = append(p, quoted...)
+	p = append(p, ";q="...)
+	p = strconv.AppendInt(p, int64(d.Limit.Burst), 10)
+	p = append(p, ";w="...)
+	p = strconv.AppendInt(p, window, 10)
+	nPolicy := len(p)
+	p = append(p, quoted...)
+	p = append(p, ";r="...)
+	p = strconv.AppendInt(p, int64(d.Remaining), 10)
+	p = append(p, ";t="...)
+	p = strconv.AppendInt(p, reset, 10)
+	all := string(p)
+	vals := make([]string, 6)
+	vals[0], vals[1], vals[2] = all[:nLimit], all[nLimit:nRemaining], all[nRemaining:nReset]
+	vals[3], vals[4] = all[nReset:nPolicy], all[nPolicy:]
+	h[hdrLimit], h[hdrRemaining], h[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+	h[hdrPolicy], h[hdrRateLimit] = vals[3:4:4], vals[4:5:5]
+	if withJSON {
+		vals[5] = "application/json"
+		h[hdrContentType] = vals[5:6:6]
+	}
+}
+
+// answerBufs holds buffers for the 202 answers.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// appendAccepted appends a as encoding/json would write it, newline
+// included, without reflection.
+func appendAccepted(b []byte, a api.Accepted) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, a.ID)
+	b = append(b, `,"lane":`...)
+	b = appendJSONString(b, a.Lane)
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, a.State)
+	b = append(b, `,"eta_ms":`...)
+	b = strconv.AppendInt(b, a.ETAMillis, 10)
+	if a.Duplicate {
+		b = append(b, `,"duplicate":true`...)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it (HTML characters included).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' && c < 0x80 {
+			continue
+		}
+		if c >= 0x80 {
+			// Not in ids or lane names; leave UTF-8 to encoding/json.
+			q, _ := json.Marshal(s)
+			return append(b[:len(b)-1], q...)
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// laneCache holds what intake computes once per lane: the quoted name of
+// the rate-limit headers and the lane's HTTP submission counters.
+type laneCache struct {
+	quoted                      string
+	admitted, queued, duplicate prometheus.Counter
+}
+
+func (c *laneCache) submitted(state string) prometheus.Counter {
+	switch state {
+	case api.StateAdmitted:
+		return c.admitted
+	case api.StateQueued:
+		return c.queued
+	}
+	return c.duplicate
+}
+
+// laneCache returns the cache of a configured lane (name was found in the
+// directory, so the set of names is bounded).
+func (h *Handler) laneCache(name string) *laneCache {
+	if c, ok := h.lanesSeen.Load(name); ok {
+		return c.(*laneCache)
+	}
+	s := h.cfg.Metrics.Submitted
+	c := &laneCache{quoted: strconv.Quote(name),
+		admitted: s.WithLabelValues(name, api.StateAdmitted, "http"), queued: s.WithLabelValues(name, api.StateQueued, "http"),
+		duplicate: s.WithLabelValues(name, "duplicate", "http")}
+	v, _ := h.lanesSeen.LoadOrStore(name, c)
+	return v.(*laneCache)
 }
 
 func validKey(k string) error {

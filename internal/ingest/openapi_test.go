@@ -232,6 +232,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 	for name, typ := range map[string]any{
 		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
+		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
 	} {
 		proxy, ok := doc.Components.Schemas.Get(name)
 		if !ok {

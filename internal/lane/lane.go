@@ -78,6 +78,7 @@ type Lane struct {
 	log      *slog.Logger
 	target   dispatch.Target
 	closeTgt func()
+	pull     *dispatch.Pull // pull mode only (pull.go)
 	consumer *queue.Consumer
 	drain    *leaky.Drain[*queue.Msg]
 	backoff  dispatch.Backoff
@@ -128,7 +129,7 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 		return nil, fmt.Errorf("target.handler: no handler %q is registered (service.Handle)", h)
 	}
 	var err error
-	if l.target, l.closeTgt, err = dispatch.Open(ctx, targetConfig(cfg.Target, d.Handlers), d.Guard, d.NATS); err != nil {
+	if l.target, l.closeTgt, err = l.openTarget(ctx); err != nil {
 		return nil, err
 	}
 	if err := l.setUp(ctx, lim); err != nil {
@@ -178,7 +179,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		return err
 	}
 	l.drain, err = leaky.New(leaky.Config[*queue.Msg]{
-		Source:      l.consumer,
+		Source:      l.source(),
 		Pacer:       leaky.StorePacer{Store: l.d.Store, Key: bucket.Key{Lane: name}, Limit: l.EffectiveLimit},
 		PausedUntil: l.pausedUntil,
 		Assigned:    l.assigned,
@@ -212,6 +213,7 @@ func (l *Lane) Run(ctx context.Context) {
 	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
 	_ = l.drain.Run(ctx)
+	l.stopPulls()
 	l.consumer.Close()
 	stopKeep()
 	helpers.Wait()

@@ -75,7 +75,8 @@ const minWait = time.Second
 // docs/DESIGN.md ("Retries and dead letters"):
 //
 //   - done → Ack;
-//   - cut short by a stop → Release (not the target's fault);
+//   - cut short by a stop, or never started (a pull-mode worker handed it
+//     back) → Release (not the target's fault);
 //   - 429, or 503 with a wait → Wait in place for the longest of the asked
 //     delay, the lane pause and minWait, without counting an attempt;
 //   - another failure before the last attempt → Retry after the target's
@@ -88,7 +89,7 @@ func Settle(o Outcome, backoff func(attempt int) time.Duration) Action {
 	switch {
 	case res.Verdict == dispatch.Done:
 		return Action{Kind: Ack}
-	case o.Stopping:
+	case o.Stopping || res.Unstarted:
 		return Action{Kind: Release}
 	case res.Verdict == dispatch.Retry && rateLimited(res):
 		return Action{Kind: Wait, Delay: max(res.RetryAfter, res.PauseLane, minWait), RateLimited: true}

@@ -234,7 +234,9 @@ func notifyAddress(v string) string {
 
 // New returns a Queue on the connection nc. It starts nothing.
 func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
-	js, err := jetstream.New(nc)
+	// An asynchronous publish (PublishBatch) whose acknowledgement never
+	// comes is failed after publishTimeout, like a synchronous one.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}

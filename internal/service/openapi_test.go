@@ -118,6 +118,10 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	call(false, "POST", "/v1/lanes/demo/jobs", map[string]string{"Idempotency-Key": "has space"}, "x", 400)
 	call(true, "POST", "/v1/lanes/nope/jobs", nil, "x", 404)
 	call(false, "POST", "/v1/lanes/demo/jobs", nil, strings.Repeat("x", 2<<20), 413)
+	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
+		`[{"idempotency_key":"b-1","payload":{"n":1}},{"payload_base64":"AAE=","content_type":"application/octet-stream"}]`, 202)
+	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
+		`[{"idempotency_key":"b-2","payload":2},{"idempotency_key":"has space","payload":3}]`, 207)
 	// The full lane: one job admitted, one queued, then 429.
 	call(true, "POST", "/v1/lanes/full/jobs", nil, "a", 202)
 	for i := 0; ; i++ {

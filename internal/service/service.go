@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -188,6 +189,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            auth,
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
+		MaxBatchItems:   s.cfg.HTTP.MaxBatchItems,
+		MaxBatchBytes:   s.cfg.HTTP.BatchBytes(),
 		Ready: func(context.Context) error {
 			if st := nc.Status(); st != nats.CONNECTED {
 				return fmt.Errorf("nats connection is %v", st)
@@ -328,7 +331,8 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		pubs = append(pubs, queue.EmbeddedPublisher{User: p.User, Password: p.Password, Lanes: p.Lanes})
 	}
 	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: n.DataDir, Listen: n.Listen,
-		MaxPayload: s.maxMessage(), User: n.User, Password: n.Password, Publishers: pubs, Logger: s.log.With("component", "nats")})
+		MaxPayload: s.maxMessage(), User: n.User, Password: n.Password, Publishers: pubs, Workers: s.embeddedWorkers(),
+		Logger: s.log.With("component", "nats")})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -514,6 +518,24 @@ func (d *directory) Status(ctx context.Context) []api.LaneStatus {
 	out := make([]api.LaneStatus, 0, len(d.order))
 	for _, l := range d.order {
 		out = append(out, l.Status(ctx))
+	}
+	return out
+}
+
+// embeddedWorkers are the pull-mode worker users of the embedded server,
+// each allowed the work and outcome subjects of its lanes (every pull-mode
+// lane when it lists none).
+func (s *Service) embeddedWorkers() []queue.EmbeddedWorker {
+	var out []queue.EmbeddedWorker
+	for _, w := range s.cfg.NATS.Workers {
+		var publish []string
+		for _, l := range s.cfg.Lanes {
+			if !l.Target.Pull() || (len(w.Lanes) > 0 && !slices.Contains(w.Lanes, l.Name)) {
+				continue
+			}
+			publish = append(publish, l.Target.NATS.Subject, dispatch.AckPrefix(l.Target.NATS.Subject)+".>")
+		}
+		out = append(out, queue.EmbeddedWorker{User: w.User, Password: w.Password, Publish: publish})
 	}
 	return out
 }
