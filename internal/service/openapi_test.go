@@ -121,7 +121,7 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
 		`[{"idempotency_key":"b-1","payload":{"n":1}},{"payload_base64":"AAE=","content_type":"application/octet-stream"}]`, 202)
 	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
-		`[{"idempotency_key":"b-2","payload":2},{"idempotency_key":"has space","payload":3}]`, 207)
+		`[{"idempotency_key":"b-2","payload":2},{"idempotency_key":"has space","payload":3}]`, 400)
 	// The full lane: one job admitted, one queued, then 429.
 	call(true, "POST", "/v1/lanes/full/jobs", nil, "a", 202)
 	for i := 0; ; i++ {
