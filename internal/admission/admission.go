@@ -88,6 +88,9 @@ type Lane struct {
 	MaxBacklog int64
 	// MaxWait refuses jobs whose estimated wait is longer; zero: no bound.
 	MaxWait time.Duration
+	// KeyLimit, on a keyed lane, is the job's key's limit: a job has room
+	// only when both its key's bucket and the lane's have. nil: not keyed.
+	KeyLimit *bucket.Limit
 }
 
 // Backlog counts a lane's stored, unfinished jobs (waiting or in flight),
@@ -153,7 +156,7 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 		return Decision{}, &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: n,
 			RetryAfter: wait - lane.MaxWait}
 	}
-	d, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	d, err := a.peek(ctx, lane, key)
 	if err != nil {
 		a.log.Warn("state store unavailable, queueing", "lane", lane.Name, "err", err)
 		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true}, nil
@@ -216,12 +219,39 @@ func (a *Admitter) DecideN(ctx context.Context, lane Lane, key string, n int) (o
 // (intake waited to hear a slot): the next free slot has moved since. An
 // unreachable store leaves d as it was.
 func (a *Admitter) Refresh(ctx context.Context, lane Lane, key string, d Decision) Decision {
-	p, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	p, err := a.peek(ctx, lane, key)
 	if err != nil {
 		return d
 	}
 	d.Room, d.SlotWait, d.Remaining, d.Reset = p.Allowed, p.RetryAfter, p.Remaining, p.ResetAfter
 	return d
+}
+
+// peek reads the lane's state, and on a keyed lane the key's too: room only
+// when both have it, the later of their next free slots.
+func (a *Admitter) peek(ctx context.Context, lane Lane, key string) (bucket.Decision, error) {
+	if lane.KeyLimit == nil {
+		return a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	}
+	d, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name}, lane.Limit)
+	if err != nil || key == "" {
+		return d, err
+	}
+	k, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, *lane.KeyLimit)
+	if err != nil {
+		return d, err
+	}
+	d.Allowed = d.Allowed && k.Allowed
+	d.Remaining = min(d.Remaining, k.Remaining)
+	d.RetryAfter = max(d.RetryAfter, k.RetryAfter)
+	d.ResetAfter = max(d.ResetAfter, k.ResetAfter)
+	if !d.Allowed {
+		d.Remaining = 0
+		if d.RetryAfter == 0 {
+			d.RetryAfter = max(k.RetryAfter, time.Nanosecond)
+		}
+	}
+	return d, nil
 }
 
 // waitFor is the time n jobs take to drain at one per period.

@@ -187,10 +187,29 @@ type Lane struct {
 	// AckWait is how long the jobs a crashed instance held stay invisible to
 	// the others; live instances keep their jobs alive with in-progress acks.
 	// Zero means DefaultAckWait (ApplyDefaults).
-	AckWait  Duration `yaml:"ack_wait"`
+	AckWait Duration `yaml:"ack_wait"`
+	// PerKey makes the lane keyed: every key (the Throttle-Key header, or
+	// the subject throttle.<lane>.<key>) gets its own bucket with these
+	// defaults, under the lane's own rate, burst and max_inflight as a
+	// lane-wide cap. nil: the lane is not keyed.
+	PerKey   *PerKey  `yaml:"per_key"`
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
+}
+
+// PerKey is every key's default limit on a keyed lane.
+type PerKey struct {
+	// Rate and Burst are each key's bucket.
+	Rate  bucket.Rate `yaml:"rate"`
+	Burst int         `yaml:"burst"`
+	// MaxInflight bounds each key's jobs in flight; 0 means the lane's
+	// max_inflight.
+	MaxInflight int `yaml:"max_inflight"`
+	// Ordered: a key's next job starts only after the previous one is
+	// settled (delivered, or dead); a failing job holds its key, not the
+	// lane. It implies max_inflight 1.
+	Ordered bool `yaml:"ordered"`
 }
 
 // Quota is a target's documented limit: at most Limit requests in any window
@@ -502,6 +521,17 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.AckWait == 0 {
 		l.AckWait = Duration(DefaultAckWait)
+	}
+	if k := l.PerKey; k != nil {
+		if k.Burst == 0 {
+			k.Burst = 1
+		}
+		if k.MaxInflight == 0 {
+			k.MaxInflight = l.MaxInflight
+		}
+		if k.Ordered {
+			k.MaxInflight = 1
+		}
 	}
 	if l.AdmitWait == 0 {
 		l.AdmitWait = Duration(DefaultAdmitWait)
@@ -816,6 +846,19 @@ func (l *Lane) validate(p string) error {
 		return fail("retry.backoff_base", "must be greater than 0")
 	case l.Retry.BackoffMax < l.Retry.BackoffBase:
 		return fail("retry.backoff_max", "must be at least retry.backoff_base")
+	}
+	if k := l.PerKey; k != nil {
+		if k.Rate.IsZero() {
+			return fail("per_key.rate", "is required on a keyed lane (per_key), e.g. 5/s")
+		}
+		if err := (bucket.Limit{Rate: k.Rate.PerSecond(), Burst: k.Burst}).Validate(); errors.As(err, &le) {
+			return fail("per_key."+le.Field, "%s", le.Msg)
+		} else if err != nil {
+			return fail("per_key.rate", "%v", err)
+		}
+		if k.MaxInflight < 1 || k.MaxInflight > l.MaxInflight {
+			return fail("per_key.max_inflight", "must be between 1 and the lane's max_inflight (%d), got %d", l.MaxInflight, k.MaxInflight)
+		}
 	}
 	if a := l.Adaptive; a.Enabled {
 		switch {

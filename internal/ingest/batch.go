@@ -129,10 +129,30 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		reject(*p, "bad_body", 0)
 		return
 	}
+	if p := keysOf(jobs, name, lane.Admission.KeyLimit != nil); p != nil {
+		reject(*p, "missing_throttle_key", 0)
+		return
+	}
 	if !h.chargeCaller(w, r, len(jobs)) {
 		return
 	}
 	h.storeBatch(w, r, name, lane, jobs)
+}
+
+// keysOf applies a lane's keying to a checked batch: on a keyed lane every
+// item needs its throttle_key (as every single job needs its Throttle-Key);
+// on a lane without keys the field is ignored, as the header is.
+func keysOf(jobs []batchJob, lane string, keyed bool) *api.Problem {
+	for i := range jobs {
+		switch {
+		case !keyed:
+			jobs[i].job.Key = ""
+		case jobs[i].job.Key == "":
+			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "/" + strconv.Itoa(i) + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, lane)}
+		}
+	}
+	return nil
 }
 
 func (h *Handler) maxBatchItems() int {
@@ -240,7 +260,7 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 		job.ID = nuid.Next()
 	}
 	if it.ThrottleKey != "" {
-		if err := validThrottleKey(it.ThrottleKey); err != nil {
+		if err := queue.ValidKey(it.ThrottleKey); err != nil {
 			return bad(http.StatusBadRequest, "/throttle_key", "throttle_key: %v", err)
 		}
 	}
@@ -282,26 +302,6 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 	return job, nil
 }
 
-// maxThrottleKey is the longest Throttle-Key.
-const maxThrottleKey = 255
-
-// validThrottleKey accepts a key that can end a NATS subject: visible
-// ASCII without the wildcards * and >, no empty token between dots.
-func validThrottleKey(k string) error {
-	if len(k) > maxThrottleKey {
-		return fmt.Errorf("the key is %d bytes; at most %d are allowed", len(k), maxThrottleKey)
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c <= ' ' || c > '~' || c == '*' || c == '>' {
-			return fmt.Errorf("the key has a byte %q at %d; visible ASCII other than * and > is allowed", c, i)
-		}
-	}
-	if strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
-		return fmt.Errorf("the key has an empty token between dots")
-	}
-	return nil
-}
-
 // storeBatch decides on every job of a checked batch, stores the ones
 // admission takes in one window of asynchronous publishes, and answers one
 // result per job.
@@ -324,7 +324,25 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			fresh = append(fresh, i)
 		}
 	}
-	decs, errs := h.cfg.Admitter.DecideN(ctx, lane.Admission, "", len(fresh))
+	// On a keyed lane each key has a bucket of its own: the items of one key
+	// are decided together, in their order, beside the other keys'.
+	decs, errs := make([]admission.Decision, len(fresh)), make([]error, len(fresh))
+	byKey := map[string][]int{} // key → indexes into fresh
+	var keys []string
+	for k, i := range fresh {
+		key := jobs[i].job.Key
+		if _, ok := byKey[key]; !ok {
+			keys = append(keys, key)
+		}
+		byKey[key] = append(byKey[key], k)
+	}
+	for _, key := range keys {
+		ks := byKey[key]
+		d, e := h.cfg.Admitter.DecideN(ctx, lane.Admission, key, len(ks))
+		for j, k := range ks {
+			decs[k], errs[k] = d[j], e[j]
+		}
+	}
 	var (
 		toStore []queue.Job
 		stored  []struct{ i, k int } // batch index and decision index of toStore[j]

@@ -60,6 +60,9 @@ type Slots interface {
 	Expect(lane, id string) (wait func(ctx context.Context, max time.Duration) (t queue.Told, ok bool), cancel func())
 }
 
+// HeaderThrottleKey names a keyed lane's key on a submission.
+const HeaderThrottleKey = "Throttle-Key"
+
 // Lane is what intake needs of a lane.
 type Lane struct {
 	Admission admission.Lane
@@ -91,8 +94,11 @@ type Config struct {
 	Lanes Directory
 	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
 	DeadLetters DeadLetters
-	Ready       Ready
-	Metrics     *metrics.Metrics
+	// Keys serves the keys of keyed lanes (GET|PATCH
+	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
+	Keys    KeyDirectory
+	Ready   Ready
+	Metrics *metrics.Metrics
 	// MetricsHandler serves /metrics.
 	MetricsHandler http.Handler
 	Logger         *slog.Logger
@@ -149,6 +155,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.Handle("GET /ui", ui.Handler())
 	h.mux.Handle("GET /ui/", ui.Handler())
 	h.routeAdmin()
+	h.routeKeys()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -206,6 +213,21 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	} else {
 		id = nuid.Next()
 	}
+	key := ""
+	if lane.Admission.KeyLimit != nil {
+		// A keyed lane: the key picks the job's bucket and order.
+		key = r.Header.Get(HeaderThrottleKey)
+		if key == "" {
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+				Detail: fmt.Sprintf("lane %s is keyed: every job needs a Throttle-Key header naming its key", name)}, "missing_throttle_key", 0)
+			return
+		}
+		if err := queue.ValidKey(key); err != nil {
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+				Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key", 0)
+			return
+		}
+	}
 	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
 		reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
@@ -246,7 +268,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, "")
+	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {
@@ -259,7 +281,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it
@@ -311,7 +333,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		default:
 			// No slot yet: jobs wait ahead of it. The decision is as old as
 			// the wait; the next free slot has moved since.
-			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, "", dec)
+			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, key, dec)
 			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
 		}
 	default:

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -72,9 +73,75 @@ func TestBatchIntake(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("%d deliveries, want 4", len(got))
 	}
+	// The burst's two jobs start together and may reach the target in
+	// either order; the queued ones come after them, in order.
+	if got[0].id > got[1].id {
+		got[0], got[1] = got[1], got[0]
+	}
 	for i, want := range []string{"j0", "j1", "j2", "j3"} {
 		if got[i].id != want || got[i].body != `{"id":"`+want+`"}` || got[i].ct != "application/json" {
 			t.Errorf("delivery %d: %+v, want %s", i, got[i], want)
 		}
+	}
+}
+
+// TestKeyedBatch: on a keyed lane a batch item without a throttle_key
+// refuses the whole batch with a problem naming the item's field, and
+// nothing is stored; with keys, every item is stored under its key, each
+// key's jobs reach the target in order with their Throttle-Key, and a key's
+// burst is decided on its own bucket, not its neighbour's.
+func TestKeyedBatch(t *testing.T) {
+	kt := newKeyedTarget(t)
+	cfg := keyedConfig(t, kt.srv.URL, 100, 10, 5, 1)
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	post := func(body string) (int, []byte) {
+		t.Helper()
+		resp, err := client.Post("http://"+svc.Addr()+"/v1/lanes/demo/jobs:batch", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, raw
+	}
+
+	code, raw := post(`[{"idempotency_key":"n0","payload":1,"throttle_key":"a"},{"idempotency_key":"n1","payload":2}]`)
+	var p api.Problem
+	if err := json.Unmarshal(raw, &p); err != nil || code != http.StatusBadRequest || p.Field != "/1/throttle_key" {
+		t.Fatalf("item without a key: %d %s, want 400 naming /1/throttle_key", code, raw)
+	}
+
+	var items []string
+	for i, key := range []string{"a", "b", "a", "b", "a"} {
+		items = append(items, fmt.Sprintf(`{"idempotency_key":"k%d","payload":%d,"throttle_key":%q}`, i, i, key))
+	}
+	code, raw = post("[" + strings.Join(items, ",") + "]")
+	var a api.BatchAccepted
+	if err := json.Unmarshal(raw, &a); err != nil || code != http.StatusAccepted || a.Accepted != 5 {
+		t.Fatalf("keyed batch: %d %s", code, raw)
+	}
+	// Each key's burst is 1: the first job of a and of b may start at once;
+	// the later ones of each key wait for their key's own slot.
+	for _, i := range []int{2, 3, 4} {
+		if a.Results[i].State != api.StateQueued {
+			t.Errorf("item %d: %+v, want queued behind its key's first job", i, a.Results[i])
+		}
+	}
+	waitFor(t, 15*time.Second, "5 deliveries", func() bool { return kt.count("a")+kt.count("b") >= 5 })
+	for key, want := range map[string][]string{"a": {"k0", "k2", "k4"}, "b": {"k1", "k3"}} {
+		got := kt.of(key)
+		if len(got) != len(want) {
+			t.Fatalf("key %s: %d deliveries, want %d", key, len(got), len(want))
+		}
+		for i := range want {
+			if got[i].id != want[i] {
+				t.Errorf("key %s delivery %d: %s, want %s", key, i, got[i].id, want[i])
+			}
+		}
+	}
+	if n := kt.count("") + kt.count("n0"); n != 0 {
+		t.Errorf("%d deliveries without a key or from the refused batch", n)
 	}
 }

@@ -9,6 +9,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -32,6 +33,8 @@ import (
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/instance"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/keyed/redisclaims"
 	"github.com/throttler/throttler/internal/lane"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
@@ -126,12 +129,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, closeStore, err := s.openStore(ctx, m)
+	store, pair, claims, closeStore, err := s.openStore(ctx, m, claim.ID())
 	if err != nil {
 		return err
 	}
 	closers = append(closers, closeStore)
 	store = countingStore{store, m}
+	pair = countingPair{pair, m}
 
 	q, err := queue.New(nc, s.log.With("component", "queue"))
 	if err != nil {
@@ -153,8 +157,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, hub.Close)
+	limits, err := q.EnsureLimits(ctx, s.cfg.NATS.Replicas)
+	if err != nil {
+		return err
+	}
 	deps := lane.Deps{
-		NATS: nc, Queue: q, Store: store, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		Limits: limits,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -183,7 +192,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	httpAPI, err := ingest.New(ingest.Config{
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
@@ -381,14 +390,16 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 	}
 }
 
-// openStore returns the lane state store: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Store, func(), error) {
+// openStore returns the lane state store, the same states for keyed lanes'
+// slots, and the keyed lanes' claims: Redis when configured, else memory.
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string) (bucket.Store, bucket.PairStore, keyed.Claims, func(), error) {
 	if s.cfg.Redis.URL == "" {
-		return &bucket.Memory{}, func() {}, nil
+		mem := &bucket.Memory{}
+		return mem, mem, keyed.Local{}, func() {}, nil
 	}
 	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
@@ -396,12 +407,12 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	pipe, err := client.AutoPipeline()
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
 	if err := rcfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	store := redisbucket.New(pipe, rcfg)
 	m.WatchRestored(store.Restored)
@@ -410,7 +421,8 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	if err := client.Ping(pctx).Err(); err != nil {
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
-	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
+	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
+	return store, store, claims, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
 
 // redisOptions reads redis.url in the form of redis.mode and makes one set
@@ -487,6 +499,41 @@ func (c countingStore) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit
 func (c countingStore) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, d time.Duration) error {
 	c.count(k, "pause")
 	return c.Store.Pause(ctx, k, l, d)
+}
+
+// countingPair counts keyed lanes' slot reservations like countingStore.
+type countingPair struct {
+	bucket.PairStore
+	m *metrics.Metrics
+}
+
+func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
+	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
+}
+
+// KeyStatus implements ingest.KeyDirectory.
+func (d *directory) KeyStatus(_ context.Context, name, key string) (api.KeyStatus, error) {
+	st, err := d.byName[name].KeyStatus(key)
+	return st, keyErr(err)
+}
+
+// SetKey implements ingest.KeyDirectory.
+func (d *directory) SetKey(ctx context.Context, name, key string, c ingest.KeyChange, by string) (api.KeyStatus, error) {
+	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
+	if c.Rate != nil {
+		r := c.Rate.PerSecond()
+		lc.Rate = &r
+	}
+	st, err := d.byName[name].SetKey(ctx, key, lc, by)
+	return st, keyErr(err)
+}
+
+func keyErr(err error) error {
+	if errors.Is(err, lane.ErrNotKeyed) {
+		return ingest.ErrNotKeyed
+	}
+	return err
 }
 
 // directory implements ingest.Directory over the running lanes.
