@@ -203,19 +203,6 @@ func deadPath(lane string, seq uint64) []string {
 	return []string{"v1", "lanes", lane, "dead", strconv.FormatUint(seq, 10)}
 }
 
-// KeyStatus is one key of a keyed lane: its limits (the lane's per_key
-// values or the key's own overrides) and its live state.
-type KeyStatus struct {
-	Key         string  `json:"key"`
-	Rate        float64 `json:"rate"`
-	Burst       int     `json:"burst"`
-	MaxInflight int     `json:"max_inflight,omitempty"`
-	Weight      float64 `json:"weight,omitempty"`
-	Paused      bool    `json:"paused"`
-	Backlog     uint64  `json:"backlog"`
-	InFlight    int     `json:"in_flight"`
-}
-
 // KeyChange overrides a key's limits; nil fields keep their value.
 type KeyChange struct {
 	Rate        Rate     `json:"rate,omitempty"`
@@ -223,23 +210,14 @@ type KeyChange struct {
 	MaxInflight *int     `json:"max_inflight,omitempty"`
 	Weight      *float64 `json:"weight,omitempty"`
 	Paused      *bool    `json:"paused,omitempty"`
-}
-
-// Keys lists the active keys of a keyed lane, busiest first (GET
-// /v1/lanes/{lane}/keys).
-func (c *Client) Keys(ctx context.Context, lane string) ([]KeyStatus, error) {
-	var out struct {
-		Keys []KeyStatus `json:"keys"`
-	}
-	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "keys"}}, &out); err != nil {
-		return nil, err
-	}
-	return out.Keys, nil
+	// Reset drops the key's override: it follows the lane's per_key
+	// values again.
+	Reset bool `json:"reset,omitempty"`
 }
 
 // Key reads one key of a keyed lane (GET /v1/lanes/{lane}/keys/{key}).
-func (c *Client) Key(ctx context.Context, lane, key string) (*KeyStatus, error) {
-	var out KeyStatus
+func (c *Client) Key(ctx context.Context, lane, key string) (*api.KeyStatus, error) {
+	var out api.KeyStatus
 	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "keys", key}}, &out); err != nil {
 		return nil, err
 	}
@@ -248,12 +226,12 @@ func (c *Client) Key(ctx context.Context, lane, key string) (*KeyStatus, error) 
 
 // SetKey changes one key's overrides (PATCH /v1/lanes/{lane}/keys/{key}).
 // Needs an admin key.
-func (c *Client) SetKey(ctx context.Context, lane, key string, change KeyChange) (*KeyStatus, error) {
+func (c *Client) SetKey(ctx context.Context, lane, key string, change KeyChange) (*api.KeyStatus, error) {
 	body, err := json.Marshal(change)
 	if err != nil {
 		return nil, err
 	}
-	var out KeyStatus
+	var out api.KeyStatus
 	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane, "keys", key}, body: body}, &out); err != nil {
 		return nil, err
 	}

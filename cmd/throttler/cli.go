@@ -482,9 +482,9 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 }
 
 const keysUsage = `usage:
-  throttler keys LANE                       the active keys of a keyed lane
+  throttler keys LANE                       a keyed lane: per-key limits, active and paused keys
   throttler keys LANE KEY                   one key: limits, overrides, state
-  throttler keys set LANE KEY [--rate 5/s] [--burst 2] [--max-inflight 4] [--weight 2] [--pause|--resume]
+  throttler keys set LANE KEY [--rate 5/s] [--burst 2] [--max-inflight 4] [--weight 2] [--pause|--resume] [--reset]
   (global flags: --server, --key, --json, --timeout)
 `
 
@@ -503,6 +503,7 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 		weight := fs.Float64("weight", 0, "the key's weight when the lane-wide cap binds")
 		pause := fs.Bool("pause", false, "pause the key")
 		resume := fs.Bool("resume", false, "resume the key")
+		reset := fs.Bool("reset", false, "drop the key's override (back to the lane's per_key values)")
 		pos, err := e.parse(fs, args[1:])
 		if err != nil {
 			return err
@@ -524,6 +525,8 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 			case "weight":
 				ch.Weight = weight
 			case "pause", "resume":
+			case "reset":
+				ch.Reset = *reset
 			default:
 				n-- // a global flag
 			}
@@ -545,7 +548,7 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if e.json {
 			return e.printJSON(k)
 		}
-		printKeys(stdout, []client.KeyStatus{*k})
+		printKeys(stdout, []api.KeyStatus{*k})
 		return nil
 	}
 	fs := e.flags("keys", getenv)
@@ -556,18 +559,28 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	switch len(pos) {
 	case 1:
-		keys, err := e.c.Keys(ctx, pos[0])
+		lanes, err := e.c.Lanes(ctx)
 		if err != nil {
 			return err
 		}
-		if e.json {
-			if keys == nil {
-				keys = []client.KeyStatus{}
+		for _, l := range lanes {
+			if l.Name != pos[0] {
+				continue
 			}
-			return e.printJSON(map[string]any{"keys": keys})
+			if l.Keyed == nil {
+				return fmt.Errorf("%w: lane %s is not keyed", client.ErrNotFound, l.Name)
+			}
+			if e.json {
+				return e.printJSON(map[string]any{"lane": l.Name, "keyed": l.Keyed})
+			}
+			k := l.Keyed
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "LANE\tPER-KEY RATE/S\tBURST\tMAX IN FLIGHT\tORDERED\tKEYS ACTIVE\tKEYS PAUSED\tLANE RATE/S")
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%s\n", l.Name, fmtFloat(k.PerKeyRate), k.PerKeyBurst, k.PerKeyMaxInflight,
+				k.Ordered, k.KeysActive, k.KeysPaused, fmtFloat(l.Rate))
+			return tw.Flush()
 		}
-		printKeys(stdout, keys)
-		return nil
+		return fmt.Errorf("%w: no lane named %q", client.ErrNotFound, pos[0])
 	case 2:
 		k, err := e.c.Key(ctx, pos[0], pos[1])
 		if err != nil {
@@ -576,30 +589,28 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if e.json {
 			return e.printJSON(k)
 		}
-		printKeys(stdout, []client.KeyStatus{*k})
+		printKeys(stdout, []api.KeyStatus{*k})
 		return nil
 	}
 	fmt.Fprint(stderr, keysUsage)
 	return usageError("keys takes LANE [KEY], got %d arguments", len(pos))
 }
 
-func printKeys(w io.Writer, keys []client.KeyStatus) {
+func printKeys(w io.Writer, keys []api.KeyStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tRATE/S\tBURST\tIN FLIGHT\tBACKLOG\tWEIGHT\tSTATE")
+	fmt.Fprintln(tw, "LANE\tKEY\tRATE/S\tBURST\tIN FLIGHT\tWEIGHT\tOVERRIDE\tSTATE")
 	for _, k := range keys {
-		state := "running"
-		if k.Paused {
+		state := "idle"
+		switch {
+		case k.Paused:
 			state = "paused"
+		case k.PausedUntil != "":
+			state = "waiting until " + k.PausedUntil
+		case k.Active:
+			state = "active"
 		}
-		inflight := strconv.Itoa(k.InFlight)
-		if k.MaxInflight > 0 {
-			inflight += "/" + strconv.Itoa(k.MaxInflight)
-		}
-		weight := "-"
-		if k.Weight > 0 {
-			weight = fmtFloat(k.Weight)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", k.Key, fmtFloat(k.Rate), k.Burst, inflight, k.Backlog, weight, state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\t%v\t%s\n", k.Lane, k.Key, fmtFloat(k.Rate), k.Burst, k.InFlight, k.MaxInflight,
+			fmtFloat(k.Weight), k.Overridden, state)
 	}
 	tw.Flush()
 }

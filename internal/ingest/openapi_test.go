@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -126,7 +127,8 @@ func TestOpenAPIRoute(t *testing.T) {
 // entry (or the reverse) fails here.
 func TestOpenAPIMatchesRouter(t *testing.T) {
 	doc := loadOpenAPI(t)
-	f := newFixture(t, nil)
+	// Every optional part of the API on.
+	f := newFixture(t, func(c *Config) { c.Keys = noKeys{} })
 	var served []string
 	for _, p := range f.h.routes() {
 		if r, ok := openAPIRoute(p); ok {
@@ -233,6 +235,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
 		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
+		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{},
 	} {
 		proxy, ok := doc.Components.Schemas.Get(name)
 		if !ok {
@@ -269,4 +272,15 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 			t.Errorf("schema %s requires %v; api.%s always writes %v", name, req, rt.Name(), required)
 		}
 	}
+}
+
+// noKeys is a KeyDirectory that knows no key: it turns the keys routes on.
+type noKeys struct{}
+
+func (noKeys) KeyStatus(context.Context, string, string) (api.KeyStatus, error) {
+	return api.KeyStatus{}, ErrNotKeyed
+}
+
+func (noKeys) SetKey(context.Context, string, string, KeyChange, string) (api.KeyStatus, error) {
+	return api.KeyStatus{}, ErrNotKeyed
 }
