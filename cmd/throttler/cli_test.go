@@ -55,7 +55,12 @@ lanes:
     rate: 500/s
     burst: 50
     target: {http: {url: %s, timeout: 5s}}
-`, addr, filepath.Join(dir, "data"), hash("ops-secret"), hash("viewer-secret"), ok.URL, refuse.URL)
+  - name: hooks
+    rate: 50/s
+    burst: 5
+    per_key: {rate: 5/s, burst: 2}
+    target: {http: {url: %s, timeout: 5s}}
+`, addr, filepath.Join(dir, "data"), hash("ops-secret"), hash("viewer-secret"), ok.URL, refuse.URL, ok.URL)
 	path := filepath.Join(dir, "throttler.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
 		t.Fatal(err)
@@ -109,7 +114,7 @@ func TestCLIAgainstServer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, env, "lanes", "--json")
 	var lanes api.Lanes
-	if err := json.Unmarshal([]byte(out), &lanes); code != 0 || err != nil || len(lanes.Lanes) != 2 || lanes.Lanes[0].Name != "demo" {
+	if err := json.Unmarshal([]byte(out), &lanes); code != 0 || err != nil || len(lanes.Lanes) != 3 || lanes.Lanes[0].Name != "demo" {
 		t.Fatalf("lanes --json: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
 	code, out, errOut = cli(t, []string{"THROTTLER_SERVER=" + url, "THROTTLER_KEY="}, "lanes")
@@ -139,6 +144,21 @@ func TestCLIAgainstServer(t *testing.T) {
 	want(t, "lane set with an unknown flag", code, out, errOut, 2, "", "flag provided but not defined")
 	code, out, errOut = cli(t, ops, "frobnicate")
 	want(t, "unknown command", code, out, errOut, 2, "", "unknown command")
+
+	// Keys of a keyed lane.
+	code, out, errOut = cli(t, env, "keys", "hooks")
+	want(t, "keys hooks", code, out, errOut, 0, "PER-KEY RATE/S", "")
+	code, out, errOut = cli(t, env, "keys", "demo")
+	want(t, "keys of a lane that is not keyed", code, out, errOut, 3, "", "not keyed")
+	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-1", "--rate", "2/s", "--burst", "3")
+	want(t, "keys set", code, out, errOut, 0, "cust-1", "")
+	code, out, errOut = cli(t, env, "keys", "hooks", "cust-1", "--json")
+	var ks api.KeyStatus
+	if err := json.Unmarshal([]byte(out), &ks); code != 0 || err != nil || ks.Rate != 2 || ks.Burst != 3 || !ks.Overridden {
+		t.Fatalf("keys hooks cust-1 --json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	code, out, errOut = cli(t, env, "keys", "set", "hooks", "cust-1", "--pause")
+	want(t, "keys set with a read key", code, out, errOut, 4, "", "403")
 
 	// Dead letters: 30 jobs to the failing lane.
 	c, err := client.New(url, client.WithAPIKey("ops-secret"))
