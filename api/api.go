@@ -77,6 +77,47 @@ type LaneStatus struct {
 	Recent429Seconds int    `json:"recent_429_seconds"`
 	// Error says why some live counts are missing (JetStream away).
 	Error string `json:"error,omitempty"`
+	// CallerUtilization, with caller quotas on, is the jobs callers
+	// submitted to the lane through this instance over the last minute,
+	// divided by what the lane's rate drains in a minute.
+	CallerUtilization *float64 `json:"caller_utilization,omitempty"`
+}
+
+// PlanStatus is one caller plan, in GET /v1/lanes and GET
+// /v1/callers/plans.
+type PlanStatus struct {
+	Name string `json:"name"`
+	// Rate is the plan's rate as written ("10/min").
+	Rate    string `json:"rate"`
+	Burst   int    `json:"burst"`
+	Observe bool   `json:"observe"`
+	// Utilization is the tokens the plan's callers took through this
+	// instance over the last minute, divided by what the plan allows the
+	// callers active in it (Callers).
+	Utilization float64 `json:"utilization"`
+	Callers     int     `json:"callers"`
+}
+
+// Plans is the body of GET /v1/callers/plans.
+type Plans struct {
+	Plans []PlanStatus `json:"plans"`
+	// AnonymousPlan is the plan anonymous callers share, per client IP.
+	AnonymousPlan string `json:"anonymous_plan"`
+	// DefaultPlan is the plan of keys that name none; "" for none.
+	DefaultPlan string `json:"default_plan,omitempty"`
+	// KeyPlans are the plans set through PUT /v1/callers/keys/{key}/plan
+	// since the last reload, by key id.
+	KeyPlans map[string]string `json:"key_plans,omitempty"`
+	// PerIP is the per-IP layer: limit requests per window_seconds; limit
+	// 0 when off.
+	PerIP PerIP `json:"per_ip"`
+}
+
+// PerIP is the per-IP layer of the caller quotas.
+type PerIP struct {
+	Limit         int64 `json:"limit"`
+	WindowSeconds int64 `json:"window_seconds"`
+	Observe       bool  `json:"observe"`
 }
 
 // KeyedStatus describes a keyed lane's per-key defaults and its keys on the
@@ -139,6 +180,9 @@ type Quota struct {
 // Lanes is the body of GET /v1/lanes.
 type Lanes struct {
 	Lanes []LaneStatus `json:"lanes"`
+	// Plans, with caller quotas on, are the caller plans and their
+	// utilization.
+	Plans []PlanStatus `json:"plans,omitempty"`
 }
 
 // DeadLetter is one stored dead letter.

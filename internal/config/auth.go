@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/quota"
 )
 
 // Auth says who may call the HTTP API and which Host names it answers to.
@@ -43,8 +45,9 @@ type Key struct {
 	SHA256 string `yaml:"sha256"`
 	// Scopes: submit, submit:<lane>, read, admin (admin implies the others).
 	Scopes []string `yaml:"scopes"`
-	// Plan names the caller quota the key's requests count against; stored
-	// and checked for form only.
+	// Plan names the caller plan the key's requests count against
+	// (callers.plans); empty: callers.default_plan. Without a callers
+	// section it is checked for form only.
 	Plan string `yaml:"plan"`
 }
 
@@ -137,7 +140,6 @@ func DefaultHTTP() HTTP {
 var (
 	keyID   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	hexSum  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-	planRe  = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	hostRe  = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$`)
 	maxKeys = 10_000
 )
@@ -162,7 +164,7 @@ func (c *Config) validateAccess() error {
 		return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	a := c.Auth
-	if err := validateKeys("auth.keys", a.Keys, c.Lanes); err != nil {
+	if err := validateKeys("auth.keys", a.Keys, c.Lanes, c.Callers); err != nil {
 		return err
 	}
 	if a.Anonymous && c.HasKeys() {
@@ -210,7 +212,7 @@ func (c *Config) validateAccess() error {
 
 // validateKeys checks a list of keys; field names the list ("auth.keys",
 // or "" for a keys file, whose entries are then [0], [1], …).
-func validateKeys(field string, keys []Key, lanes []Lane) error {
+func validateKeys(field string, keys []Key, lanes []Lane, callers *Callers) error {
 	if len(keys) > maxKeys {
 		return &Error{Field: field, Msg: fmt.Sprintf("%d keys; at most %d", len(keys), maxKeys)}
 	}
@@ -247,8 +249,11 @@ func validateKeys(field string, keys []Key, lanes []Lane) error {
 				return fail(fmt.Sprintf("scopes[%d]", j), "no lane named %q is configured", lane)
 			}
 		}
-		if k.Plan != "" && !planRe.MatchString(k.Plan) {
+		if k.Plan != "" && !quota.ValidPlanName(k.Plan) {
 			return fail("plan", "%q must be 1-64 letters, digits, '_' or '-'", k.Plan)
+		}
+		if _, ok := callers.plan(k.Plan); k.Plan != "" && callers != nil && !ok {
+			return fail("plan", "no plan named %q in callers.plans", k.Plan)
 		}
 	}
 	return nil
@@ -275,7 +280,7 @@ func (c *Config) LoadKeys() ([]Key, error) {
 	if len(fromFile) == 0 {
 		return nil, &Error{File: path, Msg: "no keys: a keys file must list at least one key"}
 	}
-	if err := validateKeys("", fromFile, c.Lanes); err != nil {
+	if err := validateKeys("", fromFile, c.Lanes, c.Callers); err != nil {
 		return nil, inFile(err, path)
 	}
 	for i, k := range fromFile {

@@ -46,6 +46,9 @@ type Config struct {
 	TLS TLS `yaml:"tls"`
 	// HTTP bounds the HTTP server: timeouts, connections, bodies.
 	HTTP HTTP `yaml:"http"`
+	// Callers are the caller quotas (per client IP, per API key's plan);
+	// nil (no callers section) turns them off. See callers.go.
+	Callers *Callers `yaml:"callers"`
 
 	// getenv is the environment Parse read, for the _env secrets of a
 	// keys_file read later (LoadKeys); nil: none.
@@ -196,6 +199,12 @@ type Lane struct {
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
+	// Cost is what one job of the lane costs a caller's plan, in tokens
+	// (caller quotas); zero means 1.
+	Cost int `yaml:"cost"`
+	// Observe computes, logs and counts the caller quota refusals of the
+	// lane's submissions without enforcing them.
+	Observe bool `yaml:"observe"`
 }
 
 // PerKey is every key's default limit on a keyed lane.
@@ -468,6 +477,9 @@ var sections = strings.NewReplacer(
 	"in type config.Key", "in a key",
 	"in type config.TLS", "in tls",
 	"in type config.HTTP", "in http",
+	"in type config.Callers", "in callers",
+	"in type config.PerIP", "in callers.per_ip",
+	"in type config.Plan", "in a plan",
 )
 
 // yamlMessage turns a decoder error into one line per problem, each with its
@@ -490,6 +502,9 @@ func lookup(getenv func(string) string, key string) (string, bool) {
 func (c *Config) ApplyDefaults() {
 	for i := range c.Lanes {
 		c.Lanes[i].applyDefaults()
+	}
+	if c.Callers != nil {
+		c.Callers.applyDefaults()
 	}
 }
 
@@ -535,6 +550,9 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.AdmitWait == 0 {
 		l.AdmitWait = Duration(DefaultAdmitWait)
+	}
+	if l.Cost == 0 {
+		l.Cost = 1
 	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
@@ -601,8 +619,11 @@ func (e *Error) Error() string {
 
 var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// laneRate matches the path of a lane's rate.
-var laneRate = regexp.MustCompile(`^lanes\[[0-9]+\]\.rate$`)
+// laneRate matches the path of a lane's or a plan's rate.
+var laneRate = regexp.MustCompile(`^(lanes\[[0-9]+\]|callers\.plans\.[^.]+)\.rate$`)
+
+// MaxCost bounds a lane's per-job cost.
+const MaxCost = 1000
 
 // reservedLaneName reports whether a lane may not be called name because its
 // stream, THROTTLE_<name>, would be one of the streams every lane shares
@@ -770,6 +791,11 @@ func (c *Config) Validate() error {
 	if err := c.validateWorkSubjects(); err != nil {
 		return err
 	}
+	if c.Callers != nil {
+		if err := c.Callers.validate(); err != nil {
+			return err
+		}
+	}
 	return c.validateAccess()
 }
 
@@ -834,6 +860,8 @@ func (l *Lane) validate(p string) error {
 		return fail("ack_wait", "must be greater than 0")
 	case l.AdmitWait < 0 || l.AdmitWait > Duration(10*time.Second):
 		return fail("admit_wait", "must be between 0 and 10s, got %v", l.AdmitWait.D())
+	case l.Cost < 1 || l.Cost > MaxCost:
+		return fail("cost", "must be between 1 and %d tokens per job, got %d", MaxCost, l.Cost)
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -858,6 +886,11 @@ func (l *Lane) validate(p string) error {
 		}
 		if k.MaxInflight < 1 || k.MaxInflight > l.MaxInflight {
 			return fail("per_key.max_inflight", "must be between 1 and the lane's max_inflight (%d), got %d", l.MaxInflight, k.MaxInflight)
+		}
+		if l.Target.Pull() {
+			// Pull-mode workers ask the lane's drain for work; a keyed
+			// lane's jobs are chosen key by key and never pass through it.
+			return fail("per_key", "a keyed lane cannot use target.nats.mode pull (use mode request, or a lane without per_key)")
 		}
 	}
 	if a := l.Adaptive; a.Enabled {

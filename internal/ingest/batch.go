@@ -52,15 +52,6 @@ type batchJob struct {
 	first int
 }
 
-// chargeCaller is where a batch costs its caller one unit of the caller's
-// quota per item (cost), before anything is stored; a refusal is answered
-// here and returns false. Caller quotas are not wired into intake yet, so
-// it takes every batch.
-func (h *Handler) chargeCaller(_ http.ResponseWriter, _ *http.Request, cost int) bool {
-	_ = cost
-	return true
-}
-
 func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
 	reject := func(p api.Problem, reason string, retry time.Duration) {
@@ -133,7 +124,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		reject(*p, "missing_throttle_key", 0)
 		return
 	}
-	if !h.chargeCaller(w, r, len(jobs)) {
+	// The batch costs its caller the lane's cost per item, before
+	// anything is stored; a refusal (429, or 413 over the plan's burst) is
+	// answered there.
+	if !h.chargeJobs(w, r, lane, len(jobs)) {
 		return
 	}
 	h.storeBatch(w, r, name, lane, jobs)
@@ -485,7 +479,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	}
 	if answer.Accepted > 0 {
 		last.Remaining = max(last.Remaining-1, 0)
-		setRateHeaders(w.Header(), name, last)
+		setRateHeaders(w.Header(), r, name, last)
 	}
 	status := http.StatusAccepted
 	if answer.Failed > 0 {

@@ -77,6 +77,9 @@ func (p *fakePublisher) Ahead(context.Context, string, uint64, time.Duration) (i
 type fakeLanes struct {
 	maxBody  int64
 	setLimit atomic.Int64
+	// cost and observe are lane demo's caller quota settings.
+	cost    int
+	observe bool
 }
 
 func (d *fakeLanes) Lane(name string) (Lane, bool) {
@@ -84,7 +87,7 @@ func (d *fakeLanes) Lane(name string) (Lane, bool) {
 		return Lane{}, false
 	}
 	return Lane{Admission: admission.Lane{Name: name, Limit: bucket.Limit{Rate: 20, Burst: 10}, MaxBacklog: 1000},
-		MaxBody: d.maxBody, AdmitWait: time.Millisecond}, true
+		MaxBody: d.maxBody, AdmitWait: time.Millisecond, Cost: map[bool]int{true: d.cost}[name == "demo"], Observe: d.observe && name == "demo"}, true
 }
 
 func (d *fakeLanes) Status(context.Context) []api.LaneStatus {

@@ -31,6 +31,7 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/quota"
 	"github.com/throttler/throttler/internal/ui"
 )
 
@@ -70,6 +71,12 @@ type Lane struct {
 	// AdmitWait bounds the wait to hear the slot of a job whose lane has
 	// room (config admit_wait).
 	AdmitWait time.Duration
+	// Cost is what one job costs a caller's plan, in tokens (caller
+	// quotas); 0 counts as 1.
+	Cost int
+	// Observe only logs and counts the caller quota refusals of the lane's
+	// submissions.
+	Observe bool
 }
 
 // Directory finds lanes, reports their live state and changes their limits.
@@ -108,6 +115,8 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// Callers, when set, turns the caller quotas on (callers.go).
+	Callers *Callers
 	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
 	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
 	MaxBatchItems int
@@ -123,6 +132,9 @@ type Handler struct {
 	// keys is nil when the API was built without keys (anonymous).
 	keys   atomic.Pointer[keySet]
 	bodies *budget
+	// callers is nil while caller quotas are off.
+	callers atomic.Pointer[callerSet]
+	usage   quota.Usage
 	// lanesSeen caches per-lane values of the submit path (*laneCache).
 	lanesSeen sync.Map
 }
@@ -139,9 +151,19 @@ func New(cfg Config) (*Handler, error) {
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
+	if c := cfg.Callers; c != nil {
+		if c.Limiter == nil {
+			return nil, errors.New("ingest: Config.Callers.Limiter is required")
+		}
+		h.callers.Store(&callerSet{CallerPolicy: c.Policy})
+		h.initCallerMetrics(c.Policy)
+		cfg.Metrics.Callers.Watch(h.utilization)
+	}
 	// Each route says what its caller needs (docs/API.md, Authentication).
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.authorize(needSubmit, h.submitBatch))
+	// A job costs its lane's cost in caller tokens; a batch is charged
+	// once its items are counted (chargeJobs).
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -155,6 +177,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.Handle("GET /ui", ui.Handler())
 	h.mux.Handle("GET /ui/", ui.Handler())
 	h.routeAdmin()
+	h.routeCallers()
 	h.routeKeys()
 	if cfg.MetricsHandler != nil {
 		n := needRead
@@ -173,6 +196,9 @@ func New(cfg Config) (*Handler, error) {
 // ServeHTTP implements http.Handler: the Host and cross-site checks, then
 // the route (which checks the caller's key).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cs := h.callers.Load(); cs != nil && len(cs.TrustedProxies) > 0 {
+		r = r.WithContext(context.WithValue(r.Context(), clientIPCtx{}, resolveClientIP(r, cs.TrustedProxies)))
+	}
 	if !h.checkBrowser(w, r) {
 		return
 	}
@@ -348,7 +374,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	lc := h.laneCache(name)
 	lc.submitted(state).Inc()
-	setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
+	if callerPolicies(w.Header(), r, name, dec) {
+		w.Header().Set("Content-Type", "application/json")
+	} else {
+		setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
+	}
 	w.WriteHeader(http.StatusAccepted)
 	buf := answerBufs.Get().(*[]byte)
 	*buf = appendAccepted((*buf)[:0], out)
@@ -382,10 +412,32 @@ func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, 
 	return dec.ETA(ahead)
 }
 
-// setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the
-// IETF draft RateLimit-Policy / RateLimit form.
-func setRateHeaders(h http.Header, lane string, d admission.Decision) {
+// setRateHeaders writes the rate-limit headers of a job's answer: every
+// policy (the caller's per-IP and plan policies from r's context, then the
+// lane's bucket) in RateLimit-Policy and RateLimit, and in X-RateLimit-*
+// the caller's plan when one applies, else its per-IP layer, else the
+// lane's bucket. Without caller policies it is the lane's alone.
+func setRateHeaders(h http.Header, r *http.Request, lane string, d admission.Decision) {
+	if callerPolicies(h, r, lane, d) {
+		return
+	}
 	setRateHeadersQuoted(h, strconv.Quote(lane), d, false)
+}
+
+// callerPolicies writes the headers with the caller's policies when r has
+// any, and reports whether it did.
+func callerPolicies(h http.Header, r *http.Request, lane string, d admission.Decision) bool {
+	info, ok := r.Context().Value(callerInfoCtx{}).(*callerInfo)
+	if !ok || len(info.policies) == 0 {
+		return false
+	}
+	pols := append(append([]ratePolicy(nil), info.policies...), lanePolicy(lane, d))
+	primary := info.primary
+	if primary < 0 {
+		primary = len(pols) - 1
+	}
+	writeRateHeaders(h, pols, primary)
+	return true
 }
 
 // Canonical header keys, so that setting them costs no canonicalization.
@@ -402,7 +454,9 @@ const (
 // (laneCache.quoted); withJSON also sets Content-Type: application/json.
 // The values share one backing array: two allocations for six headers.
 func setRateHeadersQuoted(h http.Header, quoted string, d admission.Decision, withJSON bool) {
-	window := max(int64(math.Ceil(float64(d.Limit.Burst)/d.Limit.Rate)), 1)
+	// The lane's rate as a whole count per window, exactly (20/s is
+	// q=20;w=1), as lanePolicy writes it.
+	count, window := wholeQuota(d.Limit.Rate)
 	reset := int64(math.Ceil(d.Reset.Seconds()))
 	var b [128]byte
 	p := strconv.AppendInt(b[:0], int64(d.Limit.Burst), 10)
@@ -413,7 +467,7 @@ func setRateHeadersQuoted(h http.Header, quoted string, d admission.Decision, wi
 	nReset := len(p)
 	p = append(p, quoted...)
 	p = append(p, ";q="...)
-	p = strconv.AppendInt(p, int64(d.Limit.Burst), 10)
+	p = strconv.AppendInt(p, count, 10)
 	p = append(p, ";w="...)
 	p = strconv.AppendInt(p, window, 10)
 	nPolicy := len(p)
@@ -536,8 +590,12 @@ func callerOf(r *http.Request) string {
 	return "anonymous"
 }
 
-// clientIP is the address the request came from.
+// clientIP is the address the request came from: through a trusted proxy,
+// the client's (resolveClientIP), else the socket peer's.
 func clientIP(r *http.Request) string {
+	if ip, ok := r.Context().Value(clientIPCtx{}).(string); ok {
+		return ip
+	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
@@ -556,8 +614,16 @@ func metricLane(d Directory, name string) string {
 func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	out := api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)}
+	if cs := h.callers.Load(); cs != nil {
+		for i := range out.Lanes {
+			u := h.laneUtilization(out.Lanes[i].Name, out.Lanes[i].Rate)
+			out.Lanes[i].CallerUtilization = &u
+		}
+		out.Plans = h.planStatus(cs)
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)})
+	_ = json.NewEncoder(w).Encode(out)
 }
 
 func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {

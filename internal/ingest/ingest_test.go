@@ -51,10 +51,10 @@ func TestRetryAfterSeconds(t *testing.T) {
 
 func TestRateHeaders(t *testing.T) {
 	h := http.Header{}
-	setRateHeaders(h, "demo", admission.Decision{Limit: bucket.Limit{Rate: 20, Burst: 10}, Remaining: 3, Reset: 1500 * time.Millisecond})
+	setRateHeaders(h, httptest.NewRequest("POST", "/", nil), "demo", admission.Decision{Limit: bucket.Limit{Rate: 20, Burst: 10}, Remaining: 3, Reset: 1500 * time.Millisecond})
 	want := map[string]string{
 		"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "2",
-		"RateLimit-Policy": `"demo";q=10;w=1`, "RateLimit": `"demo";r=3;t=2`,
+		"RateLimit-Policy": `"demo";q=20;w=1`, "RateLimit": `"demo";r=3;t=2`,
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {

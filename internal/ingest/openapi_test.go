@@ -235,7 +235,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
 		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
-		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{},
+		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
 	} {
 		proxy, ok := doc.Components.Schemas.Get(name)
 		if !ok {

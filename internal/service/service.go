@@ -59,7 +59,14 @@ type Service struct {
 
 	// access holds what Reload swaps: API keys, TLS certificate.
 	access access
+	// reloadConfig, when set, reads the config file again for Reload.
+	reloadConfig func() (config.Config, error)
 }
+
+// ReloadConfigWith makes Reload read the config file again through load
+// (the API keys in it and the callers section take effect; other settings
+// need a restart). Call it before Run.
+func (s *Service) ReloadConfigWith(load func() (config.Config, error)) { s.reloadConfig = load }
 
 // Handle registers an in-process target under name, for lanes whose config
 // says target: {handler: name}. Call it before Run. It lets a Go program
@@ -129,7 +136,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, pair, claims, closeStore, err := s.openStore(ctx, m, claim.ID())
+	store, pair, claims, rc, closeStore, err := s.openStore(ctx, m, claim.ID())
 	if err != nil {
 		return err
 	}
@@ -167,8 +174,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
-	lanes := &directory{byName: map[string]*lane.Lane{}}
+	lanes := &directory{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}}
 	for i, lc := range s.cfg.Lanes {
+		lanes.cfg[lc.Name] = lc
 		l, err := lane.New(ctx, lc, deps)
 		if err != nil {
 			// Named like a config error: the field is where to look.
@@ -191,7 +199,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	callers := s.callers(rc, m, names(s.cfg.Lanes))
 	httpAPI, err := ingest.New(ingest.Config{
+		Callers:  callers,
 		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
@@ -230,12 +240,12 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	drainCtx, stopDrains := context.WithCancel(ctx)
 	defer stopDrains()
 	var drains sync.WaitGroup
-	names := make([]string, 0, len(lanes.order))
+	laneNames := make([]string, 0, len(lanes.order))
 	for _, l := range lanes.order {
 		drains.Go(func() { l.Run(drainCtx) })
-		names = append(names, l.Name())
+		laneNames = append(laneNames, l.Name())
 	}
-	drains.Go(func() { watchQueues(drainCtx, q, names, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
+	drains.Go(func() { watchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)
@@ -391,15 +401,16 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 }
 
 // openStore returns the lane state store, the same states for keyed lanes'
-// slots, and the keyed lanes' claims: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string) (bucket.Store, bucket.PairStore, keyed.Claims, func(), error) {
+// slots, the keyed lanes' claims, and the Redis client the caller quotas
+// share: Redis when configured, else memory (and a nil client).
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string) (bucket.Store, bucket.PairStore, keyed.Claims, *redis.AutoPipeliner, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		mem := &bucket.Memory{}
-		return mem, mem, keyed.Local{}, func() {}, nil
+		return mem, mem, keyed.Local{}, nil, func() {}, nil
 	}
 	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
 	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
@@ -407,12 +418,12 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 	pipe, err := client.AutoPipeline()
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
 	if err := rcfg.Validate(); err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
 	store := redisbucket.New(pipe, rcfg)
 	m.WatchRestored(store.Restored)
@@ -422,7 +433,7 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
 	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
-	return store, store, claims, func() { _ = pipe.Close(); _ = client.Close() }, nil
+	return store, store, claims, pipe, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
 
 // redisOptions reads redis.url in the form of redis.mode and makes one set
@@ -540,6 +551,7 @@ func keyErr(err error) error {
 type directory struct {
 	byName map[string]*lane.Lane
 	order  []*lane.Lane
+	cfg    map[string]config.Lane
 }
 
 func (d *directory) Lane(name string) (ingest.Lane, bool) {
@@ -547,7 +559,8 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 	if !ok {
 		return ingest.Lane{}, false
 	}
-	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait()}, true
+	c := d.cfg[name]
+	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}, true
 }
 
 func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {
