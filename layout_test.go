@@ -57,6 +57,8 @@ func TestImportRules(t *testing.T) {
 			"a lane knows nothing of the HTTP API or of the wiring"},
 		{"api", []string{module + "/internal/"},
 			"the public wire types depend on nothing of the service"},
+		{"client", []string{module + "/internal/", "github.com/nats-io/", "github.com/redis/", "github.com/prometheus/"},
+			"the public Go client needs only the wire types and net/http: another module imports it"},
 		{"worker", []string{module + "/internal/"},
 			"a public package links nothing of the service into its users' programs"},
 		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),

@@ -4,6 +4,7 @@
 //
 //	throttler serve --config configs/throttler.yaml   # the service (SIGHUP: reload keys, caller quotas and certificate)
 //	throttler sink --listen 127.0.0.1:9000            # a target that logs arrivals
+//	throttler lanes|lane|dead|keys …  --server URL --key K   # the CLI (docs/CLI.md)
 //	throttler version
 package main
 
@@ -43,10 +44,10 @@ func main() {
 	ctx, stop := signalContext()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, errUsage) {
+		if err != errUsage { // a bare errUsage: the usage is printed already
 			fmt.Fprintln(os.Stderr, "throttler:", err)
 		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -71,7 +72,17 @@ var errUsage = errors.New("usage")
 const usage = `usage:
   throttler serve --config FILE     run the service
   throttler sink [--listen ADDR]    run a target that logs what arrives (default 127.0.0.1:9000)
+  throttler lanes [--watch]         the lanes of a running server, as a table
+  throttler lane set LANE --rate 50/s --burst 10
+  throttler dead ls|show|replay|purge LANE [SEQ]
+  throttler keys LANE [KEY]         the keys of a keyed lane
   throttler version                 print the version
+
+The commands that talk to a server take --server URL (env THROTTLER_SERVER,
+default http://127.0.0.1:8080), --key SECRET (env THROTTLER_KEY), --json and
+--timeout. Exit codes: 0 ok, 1 error, 2 usage or invalid request, 3 not
+found, 4 no key or not allowed, 5 still throttled after retries
+(docs/CLI.md).
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -84,6 +95,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, args[1:], getenv, stderr)
 	case "sink":
 		return runSink(ctx, args[1:], stdout, stderr)
+	case "lanes":
+		return cmdLanes(ctx, args[1:], getenv, stdout, stderr)
+	case "lane":
+		return cmdLane(ctx, args[1:], getenv, stdout, stderr)
+	case "dead":
+		return cmdDead(ctx, args[1:], getenv, stdout, stderr)
+	case "keys":
+		return cmdKeys(ctx, args[1:], getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "throttler", describe(readBuild()))
 		return nil

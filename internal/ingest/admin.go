@@ -162,7 +162,16 @@ func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string)
 }
 
 func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, maxReplayAll)
+	limit := maxReplayAll
+	if s := r.URL.Query().Get("max"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxReplayAll {
+			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "max",
+				Detail: fmt.Sprintf("max must be a whole number from 1 to %d", maxReplayAll)}
+		}
+		limit = n
+	}
+	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, limit)
 	if err != nil {
 		p := storeProblem(err)
 		p.Detail = fmt.Sprintf("replayed %d, then: %v", n, err)

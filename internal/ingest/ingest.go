@@ -126,7 +126,7 @@ type Config struct {
 // Handler is the HTTP API. Create it with New.
 type Handler struct {
 	cfg      Config
-	mux      *http.ServeMux
+	mux      *router
 	draining atomic.Bool
 	answers  *answers
 	// keys is nil when the API was built without keys (anonymous).
@@ -147,7 +147,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight)}
+	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight)}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}

@@ -191,8 +191,20 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 }
 
 // ReplayAllDead replays every dead letter of lane, oldest first, up to max;
-// it returns how many it replayed.
+// it returns how many it replayed. Only the dead letters stored when it
+// began are replayed: a replayed job that dies again during the call (its
+// target still refuses it) is stored behind them and stays dead, instead of
+// being replayed over and over up to max.
 func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+	st, err := q.deadStream()
+	if err != nil {
+		return 0, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
+	}
+	last := info.State.LastSeq
 	n := 0
 	var after uint64
 	for n < max {
@@ -204,6 +216,9 @@ func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (int, e
 			return n, nil
 		}
 		for _, d := range page {
+			if d.Seq > last {
+				return n, nil
+			}
 			if _, err := q.ReplayDead(ctx, lane, d.Seq); err != nil {
 				return n, err
 			}

@@ -1,0 +1,239 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/throttler/throttler/api"
+)
+
+// SubmitOptions are the optional parts of a submission. The zero value
+// (or a nil pointer) submits with a fresh idempotency key and no key.
+type SubmitOptions struct {
+	// IdempotencyKey becomes the job id (Idempotency-Key header): a second
+	// submission with the same one within the server's dedup window is not
+	// stored again. Empty: the client makes one, the same on every retry.
+	IdempotencyKey string
+	// Key is the job's key on a keyed lane (Throttle-Key header).
+	Key string
+	// ContentType is stored with the job and sent to the target
+	// (default application/octet-stream).
+	ContentType string
+}
+
+// Submit stores one job in lane. The answer says whether it started at
+// once (api.StateAdmitted) or waits (api.StateQueued, with an estimated
+// wait); Duplicate is set when the idempotency key was already stored.
+func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *SubmitOptions) (*api.Accepted, error) {
+	var o SubmitOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.IdempotencyKey == "" {
+		o.IdempotencyKey = newIdempotencyKey()
+	}
+	h := http.Header{}
+	h.Set("Idempotency-Key", o.IdempotencyKey)
+	if o.Key != "" {
+		h.Set("Throttle-Key", o.Key)
+	}
+	ct := o.ContentType
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	h.Set("Content-Type", ct)
+	if payload == nil {
+		payload = []byte{}
+	}
+	var out api.Accepted
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs"}, header: h, body: payload}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SubmitBatch stores items in lane with one request (POST
+// /v1/lanes/{lane}/jobs:batch). The answer has one result per item, in
+// order; each item stands alone (a refused one has Status ≥ 400 and a
+// Problem; nothing of it was stored). Items without an idempotency key get
+// one (the slice is not modified), so that a retried batch stores each job
+// once.
+func (c *Client) SubmitBatch(ctx context.Context, lane string, items []api.BatchItem) (*api.BatchAccepted, error) {
+	send := make([]api.BatchItem, len(items))
+	for i, it := range items {
+		if it.IdempotencyKey == "" {
+			it.IdempotencyKey = newIdempotencyKey()
+		}
+		send[i] = it
+	}
+	body, err := json.Marshal(send)
+	if err != nil {
+		return nil, fmt.Errorf("client: batch: %w", err)
+	}
+	var out api.BatchAccepted
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "jobs:batch"}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	if len(out.Results) != len(items) {
+		return &out, fmt.Errorf("client: batch answer has %d results for %d items", len(out.Results), len(items))
+	}
+	return &out, nil
+}
+
+// Lanes lists every lane with its limits and live state (GET /v1/lanes).
+func (c *Client) Lanes(ctx context.Context) ([]api.LaneStatus, error) {
+	var out api.Lanes
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes"}}, &out); err != nil {
+		return nil, err
+	}
+	return out.Lanes, nil
+}
+
+// LaneChange is a change of a lane's limits; an empty Rate or a nil Burst
+// keeps that value.
+type LaneChange struct {
+	Rate  Rate `json:"rate,omitempty"`
+	Burst *int `json:"burst,omitempty"`
+}
+
+// Rate is a rate as written in the config file: "50/s", "120/min",
+// "1000/h", or a bare number of jobs per second ("0.5"), which is sent as a
+// JSON number.
+type Rate string
+
+// MarshalJSON writes a bare number as a number, anything else as a string
+// for the server to parse (and refuse, naming the field, when it is not a
+// rate).
+func (r Rate) MarshalJSON() ([]byte, error) {
+	if f, err := strconv.ParseFloat(string(r), 64); err == nil {
+		return json.Marshal(f)
+	}
+	return json.Marshal(string(r))
+}
+
+// SetLane changes a lane's rate and/or burst on every instance (PATCH
+// /v1/lanes/{lane}) and returns the lane's new state. Needs an admin key.
+func (c *Client) SetLane(ctx context.Context, lane string, change LaneChange) (*api.LaneStatus, error) {
+	body, err := json.Marshal(change)
+	if err != nil {
+		return nil, err
+	}
+	var out api.LaneStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeadLetters lists one page of a lane's dead letters, oldest first,
+// without payloads: those after sequence after, at most limit (0: the
+// server's default of 100; at most 1000). NextAfter in the answer, when
+// not 0, is the after of the next page.
+func (c *Client) DeadLetters(ctx context.Context, lane string, after uint64, limit int) (*api.DeadLetters, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatUint(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out api.DeadLetters
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "dead"}, query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeadLetter reads one dead letter with its payload. Needs an admin key.
+func (c *Client) DeadLetter(ctx context.Context, lane string, seq uint64) (*api.DeadLetter, error) {
+	var out api.DeadLetter
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: deadPath(lane, seq)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReplayDead puts one dead letter back at the tail of its lane (attempts
+// reset, id kept) and deletes it; it returns the job id.
+func (c *Client) ReplayDead(ctx context.Context, lane string, seq uint64) (string, error) {
+	var out struct {
+		ID string `json:"id"`
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: append(deadPath(lane, seq), "replay")}, &out); err != nil {
+		return "", err
+	}
+	return out.ID, nil
+}
+
+// ReplayAllDead replays a lane's dead letters, oldest first, at most max
+// of them in this call (0: the server's bound of 100000), and returns how
+// many it replayed. Call it again until it returns fewer than max to
+// replay more, reporting progress in between.
+func (c *Client) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+	q := url.Values{}
+	if max > 0 {
+		q.Set("max", strconv.Itoa(max))
+	}
+	var out struct {
+		Replayed int `json:"replayed"`
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "dead", "replay"}, query: q}, &out); err != nil {
+		return 0, err
+	}
+	return out.Replayed, nil
+}
+
+// DeleteDead deletes one dead letter.
+func (c *Client) DeleteDead(ctx context.Context, lane string, seq uint64) error {
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: deadPath(lane, seq)}, nil)
+	return err
+}
+
+// PurgeDead deletes every dead letter of a lane.
+func (c *Client) PurgeDead(ctx context.Context, lane string) error {
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: []string{"v1", "lanes", lane, "dead"}}, nil)
+	return err
+}
+
+func deadPath(lane string, seq uint64) []string {
+	return []string{"v1", "lanes", lane, "dead", strconv.FormatUint(seq, 10)}
+}
+
+// KeyChange overrides a key's limits; nil fields keep their value.
+type KeyChange struct {
+	Rate        Rate     `json:"rate,omitempty"`
+	Burst       *int     `json:"burst,omitempty"`
+	MaxInflight *int     `json:"max_inflight,omitempty"`
+	Weight      *float64 `json:"weight,omitempty"`
+	Paused      *bool    `json:"paused,omitempty"`
+	// Reset drops the key's override: it follows the lane's per_key
+	// values again.
+	Reset bool `json:"reset,omitempty"`
+}
+
+// Key reads one key of a keyed lane (GET /v1/lanes/{lane}/keys/{key}).
+func (c *Client) Key(ctx context.Context, lane, key string) (*api.KeyStatus, error) {
+	var out api.KeyStatus
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: []string{"v1", "lanes", lane, "keys", key}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetKey changes one key's overrides (PATCH /v1/lanes/{lane}/keys/{key}).
+// Needs an admin key.
+func (c *Client) SetKey(ctx context.Context, lane, key string, change KeyChange) (*api.KeyStatus, error) {
+	body, err := json.Marshal(change)
+	if err != nil {
+		return nil, err
+	}
+	var out api.KeyStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane, "keys", key}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,286 @@
+package ingest
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
+	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+	"github.com/throttler/throttler/api"
+)
+
+// openAPIPath is the API description the tests hold to the router.
+const openAPIPath = "../../docs/openapi.yaml"
+
+// loadOpenAPI parses docs/openapi.yaml and checks it with a third-party
+// validator (libopenapi-validator: the document against the OpenAPI 3.1
+// schema, every schema compilable).
+func loadOpenAPI(t *testing.T) *v3.Document {
+	t.Helper()
+	raw, err := os.ReadFile(openAPIPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := libopenapi.NewDocument(raw)
+	if err != nil {
+		t.Fatalf("%s: %v", openAPIPath, err)
+	}
+	if v := doc.GetVersion(); !strings.HasPrefix(v, "3.1") {
+		t.Fatalf("%s: openapi %s, want 3.1.x", openAPIPath, v)
+	}
+	v, errs := validator.NewValidator(doc)
+	if len(errs) > 0 {
+		t.Fatalf("%s: %v", openAPIPath, errs)
+	}
+	if ok, verrs := v.ValidateDocument(); !ok {
+		for _, e := range verrs {
+			t.Errorf("%s: %s: %s", openAPIPath, e.Message, e.Reason)
+			for _, se := range e.SchemaValidationErrors {
+				t.Errorf("  %s: %s", se.KeywordLocation, se.Reason)
+			}
+		}
+		t.FailNow()
+	}
+	m, err := doc.BuildV3Model()
+	if err != nil {
+		t.Fatalf("%s: %v", openAPIPath, err)
+	}
+	return &m.Model
+}
+
+// documentedRoutes lists "METHOD /path" of every operation in the document.
+func documentedRoutes(doc *v3.Document) []string {
+	var out []string
+	for path, item := range doc.Paths.PathItems.FromOldest() {
+		for method := range item.GetOperations().KeysFromOldest() {
+			out = append(out, strings.ToUpper(method)+" "+path)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+var (
+	// "{name...}" (rest of the path) reads as "{name}" in OpenAPI.
+	restWildcard = regexp.MustCompile(`\{([A-Za-z0-9_]+)\.\.\.\}`)
+)
+
+// openAPIRoute turns a ServeMux pattern into the "METHOD /path" it must be
+// documented as: "{x...}" becomes "{x}", "{$}" goes, a subtree "/ui/"
+// becomes "/ui/{path}", and a pattern without a method is documented as a
+// GET. The catch-all "/" (the not-found answer) needs no entry: ok is
+// false.
+func openAPIRoute(pattern string) (route string, ok bool) {
+	method, path, found := strings.Cut(pattern, " ")
+	if !found {
+		method, path = "GET", pattern
+	}
+	if i := strings.Index(path, "/"); i > 0 {
+		path = path[i:] // a host in the pattern
+	}
+	if path == "/" {
+		return "", false
+	}
+	if strings.HasSuffix(path, "/") {
+		path += "{path}" // a subtree
+	}
+	path = strings.TrimSuffix(path, "{$}") // exactly the path with its slash
+	path = restWildcard.ReplaceAllString(path, "{$1}")
+	return method + " " + path, true
+}
+
+func TestOpenAPIRoute(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"GET /v1/lanes", "GET /v1/lanes", true},
+		{"POST /v1/lanes/{lane}/jobs:batch", "POST /v1/lanes/{lane}/jobs:batch", true},
+		{"GET /ui/{file...}", "GET /ui/{file}", true},
+		{"GET /ui/", "GET /ui/{path}", true},
+		{"GET /ui/{$}", "GET /ui/", true},
+		{"/metrics", "GET /metrics", true},
+		{"/", "", false},
+	} {
+		got, ok := openAPIRoute(tc.in)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("openAPIRoute(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestOpenAPIMatchesRouter: every route the handler registers (with every
+// optional part of the API turned on) is in docs/openapi.yaml, and the
+// document lists no route the handler does not serve. The route list comes
+// from the handler's own router, so a route added in code without its doc
+// entry (or the reverse) fails here.
+func TestOpenAPIMatchesRouter(t *testing.T) {
+	doc := loadOpenAPI(t)
+	// Every optional part of the API on.
+	f := newFixture(t, func(c *Config) { c.Keys = noKeys{} })
+	var served []string
+	for _, p := range f.h.routes() {
+		if r, ok := openAPIRoute(p); ok {
+			served = append(served, r)
+		}
+	}
+	slices.Sort(served)
+	served = slices.Compact(served)
+	if len(served) < 10 {
+		t.Fatalf("the router lists only %d routes (%v); the check would prove little", len(served), served)
+	}
+	documented := documentedRoutes(doc)
+	for _, r := range served {
+		if !slices.Contains(documented, r) {
+			t.Errorf("%s is served but not in docs/openapi.yaml", r)
+		}
+	}
+	for _, r := range documented {
+		if !slices.Contains(served, r) {
+			t.Errorf("%s is in docs/openapi.yaml but not served", r)
+		}
+	}
+}
+
+// TestOpenAPIDocumentsEveryProblemType: every Problem* constant of this
+// package (read from its source) is in the Problem schema's type enum, and
+// the enum has nothing else.
+func TestOpenAPIDocumentsEveryProblemType(t *testing.T) {
+	doc := loadOpenAPI(t)
+	problem, ok := doc.Components.Schemas.Get("Problem")
+	if !ok {
+		t.Fatal("no Problem schema")
+	}
+	typ, ok := problem.Schema().Properties.Get("type")
+	if !ok {
+		t.Fatal("Problem has no type property")
+	}
+	var documented []string
+	for _, n := range typ.Schema().Enum {
+		documented = append(documented, n.Value)
+	}
+	code := problemTypes(t)
+	if len(code) < 10 {
+		t.Fatalf("found only %d problem types in the source: %v", len(code), code)
+	}
+	for _, c := range code {
+		if !slices.Contains(documented, c) {
+			t.Errorf("problem type %s is not in the Problem schema of docs/openapi.yaml", c)
+		}
+	}
+	for _, d := range documented {
+		if !slices.Contains(code, d) {
+			t.Errorf("docs/openapi.yaml lists problem type %s, which the code never answers", d)
+		}
+	}
+}
+
+// problemTypes reads the string constants named Problem* of this package.
+func problemTypes(t *testing.T) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.CONST {
+				continue
+			}
+			for _, s := range g.Specs {
+				vs := s.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if !strings.HasPrefix(n.Name, "Problem") || i >= len(vs.Values) {
+						continue
+					}
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						v, _ := strconv.Unquote(lit.Value)
+						out = append(out, v)
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestOpenAPISchemasMatchWireTypes: each schema's properties are the JSON
+// names of its wire type in package api, no more and no fewer, and the
+// required ones are those without omitempty.
+func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
+	doc := loadOpenAPI(t)
+	for name, typ := range map[string]any{
+		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
+		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
+		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
+		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
+	} {
+		proxy, ok := doc.Components.Schemas.Get(name)
+		if !ok {
+			t.Errorf("docs/openapi.yaml has no schema %s", name)
+			continue
+		}
+		schema := proxy.Schema()
+		var documented []string
+		for k := range schema.Properties.KeysFromOldest() {
+			documented = append(documented, k)
+		}
+		var fields, required []string
+		rt := reflect.TypeOf(typ)
+		for i := range rt.NumField() {
+			tag := rt.Field(i).Tag.Get("json")
+			n, opts, _ := strings.Cut(tag, ",")
+			if n == "-" || n == "" {
+				continue
+			}
+			fields = append(fields, n)
+			if !strings.Contains(opts, "omitempty") {
+				required = append(required, n)
+			}
+		}
+		slices.Sort(documented)
+		slices.Sort(fields)
+		if !slices.Equal(documented, fields) {
+			t.Errorf("schema %s has properties %v; api.%s has %v", name, documented, rt.Name(), fields)
+		}
+		req := slices.Clone(schema.Required)
+		slices.Sort(req)
+		slices.Sort(required)
+		if !slices.Equal(req, required) {
+			t.Errorf("schema %s requires %v; api.%s always writes %v", name, req, rt.Name(), required)
+		}
+	}
+}
+
+// noKeys is a KeyDirectory that knows no key: it turns the keys routes on.
+type noKeys struct{}
+
+func (noKeys) KeyStatus(context.Context, string, string) (api.KeyStatus, error) {
+	return api.KeyStatus{}, ErrNotKeyed
+}
+
+func (noKeys) SetKey(context.Context, string, string, KeyChange, string) (api.KeyStatus, error) {
+	return api.KeyStatus{}, ErrNotKeyed
+}

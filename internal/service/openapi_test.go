@@ -1,0 +1,195 @@
+package service_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
+	verrors "github.com/pb33f/libopenapi-validator/errors"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/config"
+)
+
+// TestOpenAPIAnswersOfARunningServer sends real requests to a running
+// service and checks each request and answer against docs/openapi.yaml
+// (libopenapi-validator): status documented, headers and bodies matching
+// their schemas, problem bodies included. internal/ingest checks that the
+// document lists exactly the router's routes.
+func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := libopenapi.NewDocument(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, errs := validator.NewValidator(doc)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+
+	rec := newRecorder(t)
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusBadRequest)
+	}))
+	t.Cleanup(refuse.Close)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 50, 10)
+	slow, err := bucket.ParseRate("1/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing, full := cfg.Lanes[0], cfg.Lanes[0]
+	failing.Name = "failing"
+	failing.Target = config.Target{HTTP: &config.HTTPTarget{URL: refuse.URL, Method: "POST", Timeout: config.Duration(5 * time.Second)}}
+	full.Name, full.Rate, full.Burst, full.MaxBacklog = "full", slow, 1, 1
+	cfg.Lanes = append(cfg.Lanes, failing, full)
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := start(t, cfg)
+	base := "http://" + svc.Addr()
+	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	defer client.CloseIdleConnections()
+
+	// call sends one request and validates it (valid requests only: a
+	// request the test makes bad on purpose is checked for its answer
+	// alone) and its answer.
+	call := func(validRequest bool, method, path string, hdr map[string]string, body string, wantStatus int) []byte {
+		t.Helper()
+		newReq := func() *http.Request {
+			var r io.Reader
+			if body != "" {
+				r = strings.NewReader(body)
+			}
+			req, err := http.NewRequest(method, base+path, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range hdr {
+				req.Header.Set(k, v)
+			}
+			return req
+		}
+		resp, err := client.Do(newReq())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != wantStatus {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, got, wantStatus)
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(got))
+		req := newReq()
+		var ok bool
+		var verrs []*verrors.ValidationError
+		if validRequest {
+			ok, verrs = v.ValidateHttpRequestResponse(req, resp)
+		} else {
+			ok, verrs = v.ValidateHttpResponse(req, resp)
+		}
+		if !ok || len(verrs) > 0 {
+			for _, e := range verrs {
+				t.Errorf("%s %s → %d: %v", method, path, resp.StatusCode, e)
+			}
+			t.Logf("answer: %s %s", resp.Header, got)
+		}
+		return got
+	}
+	// Submissions: admitted or queued, a duplicate, refusals.
+	js := map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}
+	call(true, "POST", "/v1/lanes/demo/jobs", js, `{"n":1}`, 202)
+	dup := call(true, "POST", "/v1/lanes/demo/jobs", js, `{"n":1}`, 202)
+	if !strings.Contains(string(dup), `"duplicate":true`) {
+		t.Fatalf("second submission: %s", dup)
+	}
+	call(true, "POST", "/v1/lanes/demo/jobs", nil, "", 202)
+	call(false, "POST", "/v1/lanes/demo/jobs", map[string]string{"Idempotency-Key": "has space"}, "x", 400)
+	call(true, "POST", "/v1/lanes/nope/jobs", nil, "x", 404)
+	call(false, "POST", "/v1/lanes/demo/jobs", nil, strings.Repeat("x", 2<<20), 413)
+	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
+		`[{"idempotency_key":"b-1","payload":{"n":1}},{"payload_base64":"AAE=","content_type":"application/octet-stream"}]`, 202)
+	call(true, "POST", "/v1/lanes/demo/jobs:batch", map[string]string{"Content-Type": "application/json"},
+		`[{"idempotency_key":"b-2","payload":2},{"idempotency_key":"has space","payload":3}]`, 400)
+	// The full lane: one job admitted, one queued, then 429.
+	call(true, "POST", "/v1/lanes/full/jobs", nil, "a", 202)
+	for i := 0; ; i++ {
+		resp, err := client.Post(base+"/v1/lanes/full/jobs", "text/plain", strings.NewReader("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 429 {
+			break
+		}
+		if i == 5 {
+			t.Fatalf("the full lane took %d jobs", i+2)
+		}
+	}
+	call(true, "POST", "/v1/lanes/full/jobs", nil, "c", 429)
+
+	// Lanes and limits.
+	call(true, "GET", "/v1/lanes", nil, "", 200)
+	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":"60/s","burst":20}`, 200)
+	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":40}`, 200)
+	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":"fast"}`, 400)
+	call(false, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"speed":1}`, 400)
+	call(true, "PATCH", "/v1/lanes/nope", map[string]string{"Content-Type": "application/json"}, `{"burst":2}`, 404)
+
+	// Dead letters: the failing lane's target refuses every job for good.
+	for i := range 3 {
+		call(true, "POST", "/v1/lanes/failing/jobs", map[string]string{"Content-Type": "application/json", "Idempotency-Key": fmt.Sprintf("f-%d", i)}, `{"f":1}`, 202)
+	}
+	var page struct {
+		Dead []struct {
+			Seq uint64 `json:"seq"`
+		} `json:"dead"`
+	}
+	waitFor(t, 20*time.Second, "3 dead letters", func() bool {
+		page.Dead = nil
+		_ = json.Unmarshal(call(true, "GET", "/v1/lanes/failing/dead", nil, "", 200), &page)
+		return len(page.Dead) == 3
+	})
+	call(true, "GET", "/v1/lanes/failing/dead?limit=2", nil, "", 200)
+	call(false, "GET", "/v1/lanes/failing/dead?limit=0", nil, "", 400)
+	seq := fmt.Sprint(page.Dead[0].Seq)
+	call(true, "GET", "/v1/lanes/failing/dead/"+seq, nil, "", 200)
+	call(false, "GET", "/v1/lanes/failing/dead/abc", nil, "", 400)
+	call(true, "GET", "/v1/lanes/failing/dead/999999", nil, "", 404)
+	call(true, "POST", "/v1/lanes/failing/dead/"+seq+"/replay", nil, "", 200)
+	call(true, "DELETE", "/v1/lanes/failing/dead/"+fmt.Sprint(page.Dead[1].Seq), nil, "", 204)
+	call(true, "POST", "/v1/lanes/failing/dead/replay?max=1", nil, "", 200)
+	call(false, "POST", "/v1/lanes/failing/dead/replay?max=0", nil, "", 400)
+	call(true, "POST", "/v1/lanes/failing/dead/replay", nil, "", 200)
+	call(true, "DELETE", "/v1/lanes/failing/dead", nil, "", 204)
+	call(true, "GET", "/v1/lanes/nope/dead", nil, "", 404)
+
+	// Operations.
+	call(true, "GET", "/v1/whoami", nil, "", 200)
+	call(true, "GET", "/ui", nil, "", 301)
+	// GET /ui/ itself is not validated: the validator reads it as /ui
+	// (trailing slash dropped), which is the 301.
+	call(true, "GET", "/ui/app.js", nil, "", 200)
+	call(true, "GET", "/ui/app.css", nil, "", 200)
+	call(true, "GET", "/ui/icon.svg", nil, "", 200)
+	call(true, "GET", "/ui/no-such-file", nil, "", 404)
+	call(true, "GET", "/healthz", nil, "", 200)
+	call(true, "GET", "/readyz", nil, "", 200)
+	call(true, "GET", "/metrics", nil, "", 200)
+	call(true, "GET", "/metrics", map[string]string{"Accept": "application/openmetrics-text; version=1.0.0"}, "", 200)
+	if t.Failed() {
+		t.Log("docs/openapi.yaml and the server disagree; fix whichever is wrong")
+	}
+}
