@@ -13,11 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // openAPIPath is the API description the tests hold to the router.
@@ -128,7 +130,7 @@ func TestOpenAPIRoute(t *testing.T) {
 func TestOpenAPIMatchesRouter(t *testing.T) {
 	doc := loadOpenAPI(t)
 	// Every optional part of the API on.
-	f := newFixture(t, func(c *Config) { c.Keys = noKeys{} })
+	f := callerFixture(t, clock.NewManual(time.Unix(0, 0)), func(c *Config) { c.Keys = noKeys{} })
 	var served []string
 	for _, p := range f.h.routes() {
 		if r, ok := openAPIRoute(p); ok {
@@ -236,6 +238,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
 		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
 		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
+		"Plans": api.Plans{}, "PerIP": api.PerIP{},
 	} {
 		proxy, ok := doc.Components.Schemas.Get(name)
 		if !ok {
