@@ -35,6 +35,7 @@ type laneList struct {
 		Name          string  `json:"name"`
 		EffectiveRate float64 `json:"effective_rate"`
 		Backlog       uint64  `json:"backlog"`
+		Retrying      uint64  `json:"retrying"`
 		Delivered     uint64  `json:"delivered"`
 		InFlight      int     `json:"in_flight"`
 		Paused        bool    `json:"paused"`
