@@ -146,7 +146,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	}
 	resp.Body.Close()
 	waitFor(t, 5*time.Second, "the replayed job", func() bool { return tgt.count("doomed-1") == 4 })
-	time.Sleep(100 * time.Millisecond)
+	waitSettled(t, svc.Addr())
 	if n := tgt.count("doomed-1"); n != 4 {
 		t.Fatalf("replay delivered %d times", n-3)
 	}
@@ -221,7 +221,7 @@ func TestDuplicateSubmissionDeliveredOnce(t *testing.T) {
 		t.Fatalf("answers %q", bodies)
 	}
 	waitFor(t, 5*time.Second, "one delivery", func() bool { return tgt.count("dup-1") >= 1 })
-	time.Sleep(300 * time.Millisecond)
+	waitSettled(t, svc.Addr())
 	if n := tgt.count("dup-1"); n != 1 {
 		t.Fatalf("delivered %d times", n)
 	}

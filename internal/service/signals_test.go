@@ -162,11 +162,8 @@ func TestAdaptiveSlowsDownAndRecovers(t *testing.T) {
 	submit(t, client, svc.Addr(), "demo", "a-1", "x")
 	rate := func() float64 { return getLanes(t, svc.Addr()).Lanes[0].EffectiveRate }
 	waitFor(t, 5*time.Second, "the rate to halve", func() bool { return rate() == 50 })
+	// Never above the configured rate: leaky's TestAIMD.
 	waitFor(t, 5*time.Second, "the rate to recover", func() bool { return rate() == 100 })
-	time.Sleep(700 * time.Millisecond)
-	if r := rate(); r != 100 {
-		t.Fatalf("effective rate %v after recovery, want the configured 100", r)
-	}
 }
 
 // TestRuntimeLimitChange: PATCH /v1/lanes/{lane} on one instance changes the
