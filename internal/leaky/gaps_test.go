@@ -53,6 +53,7 @@ func timerGaps(n int, T time.Duration) []time.Duration {
 // stall shows in two gaps); the reference keeps the bounds honest on a busy
 // machine without loosening them on a quiet one.
 func TestRealClockGaps(t *testing.T) {
+	realClock(t)
 	l := bucket.Limit{Rate: 40, Burst: 1}
 	T := l.Period()
 	const n = 80
