@@ -82,7 +82,10 @@ func TestPauseHoldsEveryInstance(t *testing.T) {
 			after = append(after, d)
 		}
 	}
-	if len(after) == 0 || after[0] < 1950*time.Millisecond {
+	if limitedAt.IsZero() || len(after) == 0 {
+		t.Fatalf("no 429 answered (at %v) or no delivery after it (%d deliveries)", limitedAt, len(at))
+	}
+	if after[0] < 1950*time.Millisecond {
 		t.Fatalf("a request reached the target %v after the 429 asked for 2 s", after[0])
 	}
 	if after[0] > 2500*time.Millisecond {
