@@ -183,3 +183,86 @@ func TestAIMDEdges(t *testing.T) {
 		t.Fatalf("factor %v one interval after the decrease, want 0.6: an equal adoption postponed the step", f)
 	}
 }
+
+// frozenClock never reaches a future time: Sleep waits for ctx.
+type frozenClock struct{ *clock.Manual }
+
+func (frozenClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestStopGivesBackHeldItems: items the drain holds when its run ends
+// (fetched, waiting for their slots) go back to the Source, every one.
+func TestStopGivesBackHeldItems(t *testing.T) {
+	t.Parallel()
+	clk := frozenClock{buckettest.NewClock()}
+	ctx, cancel := context.WithCancel(context.Background())
+	src := &blockingSource{ch: make(chan item, 8)}
+	for _, it := range items(8) {
+		src.ch <- it
+	}
+	l := bucket.Limit{Rate: 1, Burst: 1}
+	var started []int
+	d, _ := leaky.New(leaky.Config[item]{
+		Source: src, Clock: clk, MaxInflight: 8, Batch: 8,
+		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start: func(_ context.Context, it item, done func()) {
+			started = append(started, it.n)
+			done()
+			cancel() // stop while the others wait for their slots
+		},
+	})
+	if err := d.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v", err)
+	}
+	if len(started) != 1 || len(src.ch) != 7 {
+		t.Fatalf("started %v, %d back in the source; want 1 started and the 7 others back", started, len(src.ch))
+	}
+}
+
+// flakySource answers its first calls with an error or with nothing at
+// all, then hands out its items.
+type flakySource struct {
+	sliceSource
+	script []error // one entry per early call: an error, or nil for an empty batch
+	calls  int
+}
+
+func (s *flakySource) Next(ctx context.Context, max int) ([]item, error) {
+	if s.calls < len(s.script) {
+		err := s.script[s.calls]
+		s.calls++
+		return nil, err
+	}
+	return s.sliceSource.Next(ctx, max)
+}
+
+// TestFetchTroubleIsRetried: a fetch that fails is retried after
+// RetryBackoff, an empty one at once; every item still starts, in order.
+func TestFetchTroubleIsRetried(t *testing.T) {
+	t.Parallel()
+	clk := buckettest.NewClock()
+	t0 := clk.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	boom := errors.New("jetstream away")
+	src := &flakySource{sliceSource: sliceSource{items: items(3), cancel: cancel}, script: []error{boom, nil, boom, nil}}
+	l := bucket.Limit{Rate: 1000, Burst: 10}
+	var order []int
+	d, _ := leaky.New(leaky.Config[item]{
+		Source: src, Clock: clk, MaxInflight: 4, Batch: 4, RetryBackoff: 300 * time.Millisecond,
+		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start: func(_ context.Context, it item, done func()) { order = append(order, it.n); done() },
+	})
+	d.Run(ctx)
+	if len(order) != 3 || order[0] != 0 || order[2] != 2 {
+		t.Fatalf("started %v, want [0 1 2]", order)
+	}
+	if waited := clk.Now().Sub(t0); waited != 600*time.Millisecond {
+		t.Fatalf("waited %v for two failed fetches and two empty ones, want 2 × 300ms", waited)
+	}
+}
