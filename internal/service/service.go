@@ -48,7 +48,7 @@ type Service struct {
 	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
 	guardTiming instance.Timing
 	// queueStatsEvery is how often the lanes' JetStream-derived gauges
-	// are read; zero: defaultQueueStatsEvery.
+	// are read; zero: lane.DefaultQueueStatsEvery.
 	queueStatsEvery time.Duration
 
 	handlers map[string]dispatch.Target
@@ -223,7 +223,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		drains.Go(func() { l.Run(drainCtx) })
 		names = append(names, l.Name())
 	}
-	drains.Go(func() { watchQueues(drainCtx, q, names, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
+	drains.Go(func() { lane.WatchQueues(drainCtx, q, names, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)
