@@ -54,6 +54,17 @@ func TestLimitValidate(t *testing.T) {
 	}
 }
 
+// TestLimitValidateSaysWhy: a rate that is no positive number and one out
+// of range are told apart.
+func TestLimitValidateSaysWhy(t *testing.T) {
+	t.Parallel()
+	for rate, want := range map[float64]string{0: "greater than 0", -2: "greater than 0", bucket.MinRate / 2: "between"} {
+		if err := (bucket.Limit{Rate: rate, Burst: 1}).Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rate %v: %v, want %q", rate, err, want)
+		}
+	}
+}
+
 // TestLimitDerived: period (rounded up to the nanosecond), tolerance and
 // the string form.
 func TestLimitDerived(t *testing.T) {
