@@ -141,3 +141,22 @@ func TestMemorySweepKeepsBusyStates(t *testing.T) {
 		t.Fatalf("after a sweep the busy lane reads %+v, %v: its backlog was dropped", d, err)
 	}
 }
+
+// TestParseRateBounds: a rate of exactly the longest text taken, and a
+// window of six digits, the most taken, both parse.
+func TestParseRateBounds(t *testing.T) {
+	t.Parallel()
+	long := "20/s" + strings.Repeat(" ", 60) // 64 bytes
+	if r, err := bucket.ParseRate(long); err != nil || r.PerSecond() != 20 {
+		t.Errorf("ParseRate(%d bytes) = %v, %v", len(long), r, err)
+	}
+	if _, err := bucket.ParseRate(long + " "); err == nil {
+		t.Errorf("ParseRate(%d bytes) took a text over the bound", len(long)+1)
+	}
+	if r, err := bucket.ParseRate("100000/100000s"); err != nil || r.PerSecond() != 1 {
+		t.Errorf("ParseRate(100000/100000s) = %v, %v; want 1/s", r, err)
+	}
+	if _, err := bucket.ParseRate("1/1000000s"); err == nil {
+		t.Error("a window of seven digits was taken")
+	}
+}
