@@ -160,3 +160,16 @@ func TestParseRateBounds(t *testing.T) {
 		t.Error("a window of seven digits was taken")
 	}
 }
+
+// TestQuotaWholeDay: a rate whose whole-count window is exactly a day is
+// told per day.
+func TestQuotaWholeDay(t *testing.T) {
+	t.Parallel()
+	r, err := bucket.ParseRate("0.5/12h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, per := r.Quota(); n != 1 || per != 24*time.Hour {
+		t.Fatalf("0.5/12h reads as %v per %v, want 1 per 24h", n, per)
+	}
+}
