@@ -173,3 +173,24 @@ func TestQuotaWholeDay(t *testing.T) {
 		t.Fatalf("0.5/12h reads as %v per %v, want 1 per 24h", n, per)
 	}
 }
+
+// TestQuotaHugeLateness: a lateness bound whose product with the room just
+// reaches the 128-bit division's limit is refused, not a panic.
+func TestQuotaHugeLateness(t *testing.T) {
+	t.Parallel()
+	// room 2^36 × maxLate 2^28 s: the high word of the product is exactly
+	// per (1 s in ns).
+	q := bucket.Quota{Limit: 1<<36 + 1, Per: time.Second, Burst: 1}
+	if _, err := q.Rate(time.Duration(1e9) << 28); err == nil {
+		t.Fatal("a quota that leaves no room was taken")
+	}
+}
+
+// TestRateUnmarshalEmpty: an empty JSON value is an error, not a panic.
+func TestRateUnmarshalEmpty(t *testing.T) {
+	t.Parallel()
+	var r bucket.Rate
+	if err := r.UnmarshalJSON(nil); err == nil {
+		t.Fatal("an empty value was taken")
+	}
+}
