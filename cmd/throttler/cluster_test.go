@@ -126,7 +126,7 @@ func postState(client *http.Client, addr, id string) (int, string) {
 // labels the exact label set as it appears ({lane="demo",op="reserve"}).
 // It returns -1 when the sample is absent or /metrics does not answer.
 func metric(addr, name, labels string) float64 {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := pollClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return -1
 	}

@@ -116,7 +116,7 @@ func startBinary(t *testing.T, bin, path, addr string) *proc {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := pollClient.Get("http://" + addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -220,6 +220,10 @@ func post(client *http.Client, addr, id string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// pollClient is the HTTP client of the tests' reads and polls: a read
+// never hangs past its timeout, so a poll's deadline holds.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
 
 // poll is testenv.Eventually, the suite's one polling helper.
 var poll = testenv.Eventually

@@ -44,7 +44,7 @@ type laneList struct {
 
 func getLanes(t *testing.T, addr string) laneList {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/v1/lanes")
+	resp, err := pollClient.Get("http://" + addr + "/v1/lanes")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func retryConfig(t *testing.T, url string, maxAttempts int) config.Config {
 
 func deadList(t *testing.T, addr string) []api.DeadLetter {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/v1/lanes/demo/dead")
+	resp, err := pollClient.Get("http://" + addr + "/v1/lanes/demo/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		t.Fatalf("target saw %d attempts, want 3", n)
 	}
 	// Inspect it with its payload.
-	resp, err := http.Get(fmt.Sprintf("http://%s/v1/lanes/demo/dead/%d", svc.Addr(), d.Seq))
+	resp, err := pollClient.Get(fmt.Sprintf("http://%s/v1/lanes/demo/dead/%d", svc.Addr(), d.Seq))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	}
 	// Bad parameters are problems that name the field.
 	for _, path := range []string{"/v1/lanes/demo/dead/abc", "/v1/lanes/demo/dead?limit=0"} {
-		resp, _ := http.Get("http://" + svc.Addr() + path)
+		resp, _ := pollClient.Get("http://" + svc.Addr() + path)
 		var p problem
 		json.NewDecoder(resp.Body).Decode(&p)
 		resp.Body.Close()

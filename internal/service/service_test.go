@@ -64,6 +64,10 @@ func (r *recorder) snapshot() []arrival {
 	return append([]arrival(nil), r.arrivals...)
 }
 
+// pollClient is the HTTP client of the tests' reads and polls: a read
+// never hangs past its timeout, so a poll's deadline holds.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
 // waitFor is testenv.Eventually, the suite's one polling helper.
 var waitFor = testenv.Eventually
 
@@ -258,7 +262,7 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 		t.Fatalf("the burst took %v to drain, want 4.5s ± 3%%", span)
 	}
 	t.Logf("100 jobs: 10 admitted, 90 queued, drained in %v", span)
-	resp, err := http.Get("http://" + svc.Addr() + "/metrics")
+	resp, err := pollClient.Get("http://" + svc.Addr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +311,7 @@ func TestRestartMidDrainLosesNothing(t *testing.T) {
 	svc2, _ := start(t, cfg)
 	defer func() {
 		t.Logf("deliveries: %d", len(rec.snapshot()))
-		resp, err := http.Get("http://" + svc2.Addr() + "/v1/lanes")
+		resp, err := pollClient.Get("http://" + svc2.Addr() + "/v1/lanes")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
