@@ -57,7 +57,9 @@ func TestImportRules(t *testing.T) {
 			"a lane knows nothing of the HTTP API or of the wiring"},
 		{"api", []string{module + "/internal/"},
 			"the public wire types depend on nothing of the service"},
-		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10"),
+		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),
+			"the status page's files speak the public HTTP API and import nothing of the service"},
+		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),
 			"the service binary links no load tool and no peer library"},
 	} {
 		if _, err := os.Stat(rule.pkg); err != nil {

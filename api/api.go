@@ -57,8 +57,36 @@ type LaneStatus struct {
 	// downstream asked it to wait.
 	Paused      bool   `json:"paused"`
 	PauseReason string `json:"pause_reason,omitempty"`
+	// PausedUntil, while a downstream's pause holds the lane, is when it
+	// ends.
+	PausedUntil *time.Time `json:"paused_until,omitempty"`
+	// Adaptive: the lane's adaptive mode is on (EffectiveRate follows the
+	// target's rate-limit answers).
+	Adaptive bool `json:"adaptive"`
+	// Utilization: this instance's starts over the last minute divided by
+	// what the configured rate allows in it (the
+	// throttler_lane_utilization gauge); a lane drained by several
+	// instances sums theirs.
+	Utilization float64 `json:"utilization"`
+	// Recent429: answers 429 Too Many Requests from the lane's target to
+	// this instance over the last Recent429Seconds.
+	Recent429        uint64 `json:"recent_429"`
+	Recent429Seconds int    `json:"recent_429_seconds"`
 	// Error says why some live counts are missing (JetStream away).
 	Error string `json:"error,omitempty"`
+}
+
+// Whoami is the body of GET /v1/whoami: who the caller's key is and what
+// it may do. Without API keys every caller is anonymous and may do
+// everything.
+type Whoami struct {
+	Anonymous bool   `json:"anonymous"`
+	Key       string `json:"key,omitempty"`
+	Admin     bool   `json:"admin"`
+	Read      bool   `json:"read"`
+	Submit    bool   `json:"submit"`
+	// SubmitLanes are the lanes a key with submit:<lane> scopes may submit to.
+	SubmitLanes []string `json:"submit_lanes,omitempty"`
 }
 
 // Quota is a target's documented limit: at most Limit starts in any window

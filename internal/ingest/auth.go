@@ -115,6 +115,8 @@ const (
 	needRead
 	needSubmit // to the request's {lane}
 	needAdmin
+	// needKey: any known key, whatever its scopes (who am I).
+	needKey
 )
 
 func (n need) String() string {
@@ -125,6 +127,8 @@ func (n need) String() string {
 		return "submit"
 	case needAdmin:
 		return "admin"
+	case needKey:
+		return "any"
 	}
 	return "none"
 }
@@ -146,11 +150,29 @@ func (s Scopes) allow(n need, lane string) bool {
 		}
 	case needAdmin:
 		return s.Admin
+	case needKey:
+		return true
 	}
 	return false
 }
 
 type callerCtx struct{}
+
+// scopesCtx holds the Scopes of the request's key.
+type scopesCtx struct{}
+
+// whoami answers who the caller's key is and what it may do (the status
+// page shows admin controls only to admin keys; the server checks each
+// call anyway).
+func (h *Handler) whoami(w http.ResponseWriter, r *http.Request) {
+	out := api.Whoami{Anonymous: true, Admin: true, Read: true, Submit: true}
+	if s, ok := r.Context().Value(scopesCtx{}).(Scopes); ok {
+		out = api.Whoami{Key: callerOf(r), Admin: s.Admin, Read: s.Admin || s.Read, Submit: s.Admin || s.Submit,
+			SubmitLanes: s.SubmitLanes}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, out)
+}
 
 // authorize wraps a route that needs n: without keys every caller passes
 // as anonymous; with keys the request must carry a known one (401) that
@@ -183,7 +205,8 @@ func (h *Handler) authorize(n need, next http.HandlerFunc) http.HandlerFunc {
 				fmt.Sprintf("the API key %s lacks the %s scope that %s needs", k.ID, scope, route(r)))
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), callerCtx{}, k.ID)))
+		ctx := context.WithValue(r.Context(), callerCtx{}, k.ID)
+		next(w, r.WithContext(context.WithValue(ctx, scopesCtx{}, k.Scopes)))
 	}
 }
 

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/throttler/throttler/api"
 )
 
 // do sends one request through the handler; secret "" sends no
@@ -72,6 +75,10 @@ var routes = []struct {
 	{"GET", "/metrics", "", needRead, 200},
 	{"GET", "/healthz", "", needNothing, 200},
 	{"GET", "/readyz", "", needNothing, 200},
+	{"GET", "/v1/whoami", "", needKey, 200},
+	// The status page's files hold no data.
+	{"GET", "/ui/", "", needNothing, 200},
+	{"GET", "/ui/app.js", "", needNothing, 200},
 }
 
 // TestRouteScopes: every route × every kind of caller. No key or an
@@ -85,10 +92,10 @@ func TestRouteScopes(t *testing.T) {
 		{"none", "", func(n need) bool { return n == needNothing }},
 		{"unknown", "secret-nobody", func(n need) bool { return n == needNothing }},
 		{"admin", "secret-admin", func(need) bool { return true }},
-		{"read", "secret-read", func(n need) bool { return n == needNothing || n == needRead }},
-		{"submit", "secret-submit", func(n need) bool { return n == needNothing || n == needSubmit }},
-		{"submit-demo", "secret-submit-demo", func(n need) bool { return n == needNothing || n == needSubmit }},
-		{"submit-other", "secret-submit-other", func(n need) bool { return n == needNothing }},
+		{"read", "secret-read", func(n need) bool { return n == needNothing || n == needKey || n == needRead }},
+		{"submit", "secret-submit", func(n need) bool { return n == needNothing || n == needKey || n == needSubmit }},
+		{"submit-demo", "secret-submit-demo", func(n need) bool { return n == needNothing || n == needKey || n == needSubmit }},
+		{"submit-other", "secret-submit-other", func(n need) bool { return n == needNothing || n == needKey }},
 	}
 	for _, rt := range routes {
 		for _, c := range callers {
@@ -421,5 +428,36 @@ func TestScopesAllow(t *testing.T) {
 	}
 	if a := (Scopes{Admin: true}); !a.allow(needRead, "") || !a.allow(needSubmit, "x") || !a.allow(needAdmin, "") {
 		t.Fatal("admin implies read and submit")
+	}
+}
+
+// TestWhoami: GET /v1/whoami names the caller's key and its scopes (the
+// status page shows admin controls by it); without keys the caller is
+// anonymous and may do everything.
+func TestWhoami(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Auth.Keys = tableKeys })
+	cases := []struct {
+		secret string
+		want   api.Whoami
+	}{
+		{"secret-admin", api.Whoami{Key: "admin", Admin: true, Read: true, Submit: true}},
+		{"secret-read", api.Whoami{Key: "read", Read: true}},
+		{"secret-submit-demo", api.Whoami{Key: "submit-demo", SubmitLanes: []string{"demo"}}},
+	}
+	for _, c := range cases {
+		rec := do(f.h, "GET", "/v1/whoami", c.secret, "", nil)
+		var got api.Whoami
+		if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &got) != nil || !reflect.DeepEqual(got, c.want) {
+			t.Fatalf("%s: %d %s, want %+v", c.secret, rec.Code, rec.Body, c.want)
+		}
+		if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+			t.Fatalf("Cache-Control %q", cc)
+		}
+	}
+	open := newFixture(t, nil)
+	rec := do(open.h, "GET", "/v1/whoami", "", "", nil)
+	var got api.Whoami
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &got) != nil || !reflect.DeepEqual(got, api.Whoami{Anonymous: true, Admin: true, Read: true, Submit: true}) {
+		t.Fatalf("anonymous: %d %s", rec.Code, rec.Body)
 	}
 }

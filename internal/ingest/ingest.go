@@ -29,6 +29,7 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/ui"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -128,6 +129,11 @@ func New(cfg Config) (*Handler, error) {
 		io.WriteString(w, "ok\n")
 	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
+	h.mux.HandleFunc("GET /v1/whoami", h.authorize(needKey, h.whoami))
+	// The status page's files hold no data and need no key; the page
+	// asks the API (with the operator's key) for everything it shows.
+	h.mux.Handle("GET /ui", ui.Handler())
+	h.mux.Handle("GET /ui/", ui.Handler())
 	h.routeAdmin()
 	if cfg.MetricsHandler != nil {
 		n := needRead

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,7 @@ type Lane struct {
 	delivered atomic.Uint64
 	rateGauge prometheus.Gauge
 	starts    startWindow // for the utilization gauge
+	limited   startWindow // the target's 429 answers, for the status
 
 	mu        sync.Mutex
 	pacerDown bool
@@ -193,6 +195,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	m.PacerUp.WithLabelValues(name).Set(1)
 	m.WatchMissed(name, l.drain.Missed)
 	l.starts.begin(l.d.Clock.Now())
+	l.limited.begin(l.d.Clock.Now())
 	m.WatchLane(name, l.metricState)
 	return nil
 }
@@ -243,6 +246,9 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		})
 		l.d.Metrics.DispatchSeconds.WithLabelValues(l.cfg.Name).Observe(res.Took.Seconds())
 		l.d.Metrics.Dispatched.WithLabelValues(l.cfg.Name, res.Verdict.String()).Inc()
+		if res.Status == http.StatusTooManyRequests {
+			l.limited.add(l.d.Clock.Now())
+		}
 		if res.PauseLane > 0 {
 			l.pause(res.PauseLane)
 		}
@@ -444,9 +450,15 @@ func (l *Lane) slowDown() {
 // JetStream are missing (and Error says why) while it is away.
 func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	lim := l.EffectiveLimit()
+	conf := l.limit.Load().Rate
+	now := l.d.Clock.Now()
+	starts, span := l.starts.count(now)
+	limited, _ := l.limited.count(now)
 	st := api.LaneStatus{
-		Name: l.cfg.Name, Rate: l.limit.Load().Rate, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
+		Name: l.cfg.Name, Rate: conf, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(), Target: describeTarget(l.cfg.Target),
+		Adaptive: l.aimd != nil, Utilization: utilization(starts, span, conf),
+		Recent429: uint64(limited), Recent429Seconds: windowSeconds,
 	}
 	if q := l.cfg.Quota; q != nil {
 		st.Quota = &api.Quota{Limit: q.Limit, Per: q.Per.D().String(), Burst: q.Burst}
@@ -455,8 +467,9 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	switch {
 	case l.pacerDown:
 		st.Paused, st.PauseReason = true, "lane state store unavailable"
-	case l.d.Clock.Now().Before(l.pauseTill):
-		st.Paused, st.PauseReason = true, "downstream asked to wait until "+l.pauseTill.UTC().Format(time.RFC3339)
+	case now.Before(l.pauseTill):
+		until := l.pauseTill.UTC()
+		st.Paused, st.PauseReason, st.PausedUntil = true, "downstream asked to wait until "+until.Format(time.RFC3339), &until
 	}
 	l.mu.Unlock()
 	stats, err := l.d.Queue.Stats(ctx, l.cfg.Name)

@@ -1,0 +1,125 @@
+package ui
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// lanesAnswer is a GET /v1/lanes answer with what the service's own
+// browser test (internal/service) cannot produce there: a keyed lane with
+// its key counts and busiest keys, a lane slowed by adaptive mode, a quota
+// and a sub-1/s rate.
+const lanesAnswer = `{"lanes":[
+ {"name":"tenants","rate":100,"effective_rate":100,"burst":20,"max_inflight":32,"max_backlog":100000,
+  "target":"POST https://api.example.com/hook","backlog":4200,"waiting":4180,"in_flight":20,"delivered":0,
+  "dead":0,"retrying":3,"paused":false,"adaptive":false,"utilization":1.01,"recent_429":0,"recent_429_seconds":60,
+  "keyed":{"per_key_rate":5,"per_key_burst":2,"per_key_max_inflight":2,"ordered":true,"keys_active":312,"keys_paused":4},
+  "keys":[{"key":"acme","backlog":900,"in_flight":2},{"key":"globex","backlog":1500,"in_flight":2,"paused":true},
+   {"key":"initech","backlog":10},{"key":"umbrella","backlog":300},{"key":"hooli","backlog":20},{"key":"wayne","backlog":1}]},
+ {"name":"slow","rate":0.5,"effective_rate":0.25,"burst":1,"max_inflight":4,"max_backlog":1000,"target":"nats jobs.slow",
+  "backlog":950,"waiting":949,"in_flight":1,"delivered":0,"dead":0,"retrying":0,"paused":false,"adaptive":true,
+  "utilization":0.5,"recent_429":7,"recent_429_seconds":60,"quota":{"limit":1800,"per":"1h0m0s","burst":1}}]}`
+
+type rendered struct {
+	Summary string   `json:"summary"`
+	Keys    []string `json:"keys"`
+	Globex  string   `json:"globex"`
+	State   string   `json:"state"`
+	Rate    string   `json:"rate"`
+	ETA     string   `json:"eta"`
+	R429    string   `json:"r429"`
+	Login   bool     `json:"login"`
+}
+
+// TestPageRendersLaneKinds renders a synthetic lanes answer in headless
+// chromium (the same flags as the service's browser test) and checks how
+// the page shows a keyed lane (key counts, per-key limits, the five
+// busiest keys by backlog) and an adaptive lane slowed to half its
+// sub-1/s rate, with its quota, ETA and 429s. It fails when chromium is
+// missing.
+func TestPageRendersLaneKinds(t *testing.T) {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("this test needs Debian's chromium, which is not installed (%v): apt-get install -y chromium (.ci/run installs it)", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ui/", Handler())
+	mux.HandleFunc("GET /v1/whoami", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"anonymous":true,"admin":true,"read":true,"submit":true}`))
+	})
+	mux.HandleFunc("GET /v1/lanes", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(lanesAnswer))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	profile := t.TempDir()
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromedp.ExecPath(bin),
+		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
+		chromedp.NoFirstRun, chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(profile), chromedp.WindowSize(1366, 768))
+	defer cancelAlloc()
+	bctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	ctx, cancel := context.WithTimeout(bctx, 60*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	var problems []string
+	console := chromedp.Console(ctx)
+	go func() {
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				mu.Lock()
+				problems = append(problems, m.Text)
+				mu.Unlock()
+			}
+		}
+	}()
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr.detail[data-lane="tenants"] .keyed-summary`))); err != nil {
+		t.Fatalf("the page did not show the keyed lane: %v", err)
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[rendered](`(() => {
+	  const d = document.querySelector('tr.detail[data-lane="tenants"]');
+	  const slow = (f) => document.querySelector('tr.lane[data-lane="slow"] td[data-field="' + f + '"]').textContent;
+	  return {
+	    summary: d.querySelector(".keyed-summary").textContent,
+	    keys: Array.from(d.querySelectorAll(".key")).map((k) => k.dataset.key),
+	    globex: d.querySelector('.key[data-key="globex"]').textContent,
+	    state: slow("state"), rate: slow("rate"), eta: slow("eta"), r429: slow("r429"),
+	    login: !document.getElementById("login").hidden,
+	  };
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"keyed", "312 keys active", "4 paused", "per key 5/s, burst 2", "2 in flight per key", "ordered"} {
+		if !strings.Contains(got.Summary, want) {
+			t.Errorf("keyed summary %q lacks %q", got.Summary, want)
+		}
+	}
+	if strings.Join(got.Keys, ",") != "globex,acme,umbrella,hooli,initech" || !strings.Contains(got.Globex, "paused") {
+		t.Errorf("busiest keys %v (globex: %q); want the five with the largest backlog, globex paused", got.Keys, got.Globex)
+	}
+	if got.State != "runningadaptive 50%" || got.Rate != "15/minof 30/minquota 1,800 per 1h" || got.ETA != "1 h 3 min" || got.R429 != "7" || got.Login {
+		t.Errorf("slow lane: %+v", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the page logged errors: %v", problems)
+	}
+}
