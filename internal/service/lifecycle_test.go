@@ -353,17 +353,18 @@ func TestDeadLetterAdmin(t *testing.T) {
 		}
 	})
 	cfg := retryConfig(t, g.url, 3)
-	cfg.Lanes[0].MaxBacklog, cfg.Lanes[0].MaxInflight = 3, 1
+	cfg.Lanes[0].MaxBacklog, cfg.Lanes[0].MaxInflight = 4, 1 // room for the 4 replayed at once
 	svc, _ := start(t, cfg)
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/dead"
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := range 5 {
+		// One at a time: the lane holds at most 4.
 		if code, _, _ := submit(t, client, svc.Addr(), "demo", fmt.Sprintf("dead-%d", i), fmt.Sprintf("p%d", i)); code != http.StatusAccepted {
 			t.Fatalf("status %d", code)
 		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("%d dead letters", i+1), func() bool { return len(deadList(t, svc.Addr())) == i+1 })
 	}
-	waitFor(t, 10*time.Second, "5 dead letters", func() bool { return len(deadList(t, svc.Addr())) == 5 })
 
 	// Paging: oldest first, next_after only on a full page.
 	page := func(query string) deadPage {
@@ -407,15 +408,15 @@ func TestDeadLetterAdmin(t *testing.T) {
 		t.Fatalf("%d dead letters after deleting one, want 4", n)
 	}
 
-	// Fill the lane (max_backlog 3): one job held by the target, two
+	// Fill the lane (max_backlog 4): one job held by the target, three
 	// waiting.
 	g.set(func(id string) bool { return strings.HasPrefix(id, "fill-") }, nil)
-	for i := range 3 {
+	for i := range 4 {
 		if code, _, _ := submit(t, client, svc.Addr(), "demo", fmt.Sprintf("fill-%d", i), "x"); code != http.StatusAccepted {
 			t.Fatalf("fill %d: status %d", i, code)
 		}
 	}
-	waitFor(t, 5*time.Second, "the lane to be full", func() bool { return getLanes(t, svc.Addr()).Lanes[0].Backlog == 3 })
+	waitFor(t, 5*time.Second, "the lane to be full", func() bool { return getLanes(t, svc.Addr()).Lanes[0].Backlog == 4 })
 	for _, path := range []string{fmt.Sprintf("/%d/replay", seen[1].Seq), "/replay"} {
 		code, body := do(t, client, "POST", base+path)
 		var prob problem
