@@ -57,6 +57,8 @@ func TestImportRules(t *testing.T) {
 			"a lane knows nothing of the HTTP API or of the wiring"},
 		{"api", []string{module + "/internal/"},
 			"the public wire types depend on nothing of the service"},
+		{"worker", []string{module + "/internal/"},
+			"a public package links nothing of the service into its users' programs"},
 		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),
 			"the status page's files speak the public HTTP API and import nothing of the service"},
 		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),

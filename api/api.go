@@ -40,6 +40,9 @@ type LaneStatus struct {
 	// quota; Rate and Burst were derived from it.
 	Quota  *Quota `json:"quota,omitempty"`
 	Target string `json:"target"`
+	// Keyed is the per-key part of a keyed lane (per_key); absent on
+	// others.
+	Keyed *KeyedStatus `json:"keyed,omitempty"`
 	// Backlog: jobs stored and not yet done (waiting or in flight), all
 	// instances.
 	Backlog uint64 `json:"backlog"`
@@ -74,6 +77,82 @@ type LaneStatus struct {
 	Recent429Seconds int    `json:"recent_429_seconds"`
 	// Error says why some live counts are missing (JetStream away).
 	Error string `json:"error,omitempty"`
+	// CallerUtilization, with caller quotas on, is the jobs callers
+	// submitted to the lane through this instance over the last minute,
+	// divided by what the lane's rate drains in a minute.
+	CallerUtilization *float64 `json:"caller_utilization,omitempty"`
+}
+
+// PlanStatus is one caller plan, in GET /v1/lanes and GET
+// /v1/callers/plans.
+type PlanStatus struct {
+	Name string `json:"name"`
+	// Rate is the plan's rate as written ("10/min").
+	Rate    string `json:"rate"`
+	Burst   int    `json:"burst"`
+	Observe bool   `json:"observe"`
+	// Utilization is the tokens the plan's callers took through this
+	// instance over the last minute, divided by what the plan allows the
+	// callers active in it (Callers).
+	Utilization float64 `json:"utilization"`
+	Callers     int     `json:"callers"`
+}
+
+// Plans is the body of GET /v1/callers/plans.
+type Plans struct {
+	Plans []PlanStatus `json:"plans"`
+	// AnonymousPlan is the plan anonymous callers share, per client IP.
+	AnonymousPlan string `json:"anonymous_plan"`
+	// DefaultPlan is the plan of keys that name none; "" for none.
+	DefaultPlan string `json:"default_plan,omitempty"`
+	// KeyPlans are the plans set through PUT /v1/callers/keys/{key}/plan
+	// since the last reload, by key id.
+	KeyPlans map[string]string `json:"key_plans,omitempty"`
+	// PerIP is the per-IP layer: limit requests per window_seconds; limit
+	// 0 when off.
+	PerIP PerIP `json:"per_ip"`
+}
+
+// PerIP is the per-IP layer of the caller quotas.
+type PerIP struct {
+	Limit         int64 `json:"limit"`
+	WindowSeconds int64 `json:"window_seconds"`
+	Observe       bool  `json:"observe"`
+}
+
+// KeyedStatus describes a keyed lane's per-key defaults and its keys on the
+// answering instance.
+type KeyedStatus struct {
+	PerKeyRate        float64 `json:"per_key_rate"`
+	PerKeyBurst       int     `json:"per_key_burst"`
+	PerKeyMaxInflight int     `json:"per_key_max_inflight"`
+	Ordered           bool    `json:"ordered"`
+	// KeysActive: keys with jobs that the answering instance reads;
+	// KeysPaused: of those, keys a downstream asked to wait.
+	KeysActive int `json:"keys_active"`
+	KeysPaused int `json:"keys_paused"`
+}
+
+// KeyStatus is one key of a keyed lane (GET|PATCH /v1/lanes/{lane}/keys/{key}):
+// its limits (the lane's per_key defaults, or its override) and its state on
+// the answering instance.
+type KeyStatus struct {
+	Lane        string  `json:"lane"`
+	Key         string  `json:"key"`
+	Rate        float64 `json:"rate"`
+	Burst       int     `json:"burst"`
+	MaxInflight int     `json:"max_inflight"`
+	Weight      float64 `json:"weight"`
+	// Paused: an operator paused the key (PATCH); PausedUntil: a
+	// downstream asked it to wait until then (RFC 3339), on this instance.
+	Paused      bool   `json:"paused"`
+	PausedUntil string `json:"paused_until,omitempty"`
+	// Overridden: the key has an override of its own.
+	Overridden bool `json:"overridden"`
+	// Active: the answering instance reads the key's jobs now; InFlight
+	// counts them there.
+	Active   bool `json:"active"`
+	InFlight int  `json:"in_flight"`
 }
 
 // Whoami is the body of GET /v1/whoami: who the caller's key is and what
@@ -101,6 +180,9 @@ type Quota struct {
 // Lanes is the body of GET /v1/lanes.
 type Lanes struct {
 	Lanes []LaneStatus `json:"lanes"`
+	// Plans, with caller quotas on, are the caller plans and their
+	// utilization.
+	Plans []PlanStatus `json:"plans,omitempty"`
 }
 
 // DeadLetter is one stored dead letter.

@@ -2,7 +2,7 @@
 // work: jobs come in over HTTP or NATS, wait durably on JetStream, and leave
 // at a constant, globally shared rate.
 //
-//	throttler serve --config configs/throttler.yaml   # the service (SIGHUP: reload keys and certificate)
+//	throttler serve --config configs/throttler.yaml   # the service (SIGHUP: reload keys, caller quotas and certificate)
 //	throttler sink --listen 127.0.0.1:9000            # a target that logs arrivals
 //	throttler version
 package main
@@ -114,6 +114,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.NewBuildInfo(b))
 	svc := service.New(cfg, logger, reg)
+	svc.ReloadConfigWith(func() (config.Config, error) { return config.Load(*path, getenv) })
 	stopReload := reloadOnHUP(logger, svc)
 	err = svc.Run(ctx)
 	stopReload()
@@ -124,8 +125,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	return err
 }
 
-// reloadOnHUP makes SIGHUP reload the service's keys file and TLS
-// certificate (service.Reload logs what it did); stop ends it.
+// reloadOnHUP makes SIGHUP reload the service's API keys, caller quotas
+// and TLS certificate (service.Reload logs what it did); stop ends it.
 func reloadOnHUP(logger *slog.Logger, svc *service.Service) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -135,7 +136,7 @@ func reloadOnHUP(logger *slog.Logger, svc *service.Service) (stop func()) {
 		for {
 			select {
 			case <-hup:
-				logger.Info("SIGHUP: reloading auth.keys_file and the TLS certificate")
+				logger.Info("SIGHUP: reloading the API keys, the caller quotas and the TLS certificate")
 				_ = svc.Reload() // logged by the service
 			case <-done:
 				return

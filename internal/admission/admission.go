@@ -88,6 +88,9 @@ type Lane struct {
 	MaxBacklog int64
 	// MaxWait refuses jobs whose estimated wait is longer; zero: no bound.
 	MaxWait time.Duration
+	// KeyLimit, on a keyed lane, is the job's key's limit: a job has room
+	// only when both its key's bucket and the lane's have. nil: not keyed.
+	KeyLimit *bucket.Limit
 }
 
 // Backlog counts a lane's stored, unfinished jobs (waiting or in flight),
@@ -153,7 +156,7 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 		return Decision{}, &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: n,
 			RetryAfter: wait - lane.MaxWait}
 	}
-	d, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	d, err := a.peek(ctx, lane, key)
 	if err != nil {
 		a.log.Warn("state store unavailable, queueing", "lane", lane.Name, "err", err)
 		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true}, nil
@@ -161,16 +164,94 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 	return Decision{Room: d.Allowed, SlotWait: d.RetryAfter, Backlog: n, Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter}, nil
 }
 
+// DecideN decides on n jobs of lane (and key) submitted together, as n
+// calls of Decide one after the other would if each job were stored before
+// the next one is decided: job i counts the i jobs before it in the backlog
+// (max_backlog, max_wait), in the bucket's room, and in its SlotWait (a
+// job the bucket has no room for waits a period more per job of the batch
+// queued before it: Decision.ETA then takes the jobs queued ahead of the
+// whole batch). It reads the backlog and
+// the state once. out[i] is job i's decision; errs[i], when not nil, is the
+// *RejectError that refuses it (the jobs after a refused one are refused
+// too: the backlog only grows within a batch).
+func (a *Admitter) DecideN(ctx context.Context, lane Lane, key string, n int) (out []Decision, errs []error) {
+	out, errs = make([]Decision, n), make([]error, n)
+	if n == 0 {
+		return out, errs
+	}
+	d, err := a.Decide(ctx, lane, key)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return out, errs
+	}
+	period := lane.Limit.Period()
+	for i := range out {
+		b := d.Backlog + int64(i)
+		switch {
+		case b >= lane.MaxBacklog:
+			errs[i] = &RejectError{Lane: lane.Name, Field: "max_backlog", Backlog: b, RetryAfter: waitFor(b-lane.MaxBacklog+1, period)}
+			continue
+		case lane.MaxWait > 0 && waitFor(b, period) > lane.MaxWait:
+			errs[i] = &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: b, RetryAfter: waitFor(b, period) - lane.MaxWait}
+			continue
+		}
+		di := d
+		di.Backlog = b
+		di.Room = d.Room && (i == 0 || i < d.Remaining)
+		di.Remaining = max(d.Remaining-i, 0)
+		if !di.Room {
+			// Behind the jobs of the batch before it: the ones the bucket
+			// has room for start at once, the others one period apart.
+			queued := int64(i)
+			if d.Room {
+				queued = int64(i-max(d.Remaining, 1)) + 1
+			}
+			di.SlotWait = d.SlotWait + waitFor(queued, period)
+		}
+		out[i] = di
+	}
+	return out, errs
+}
+
 // Refresh reads the lane's state again for d, which Decide made a while ago
 // (intake waited to hear a slot): the next free slot has moved since. An
 // unreachable store leaves d as it was.
 func (a *Admitter) Refresh(ctx context.Context, lane Lane, key string, d Decision) Decision {
-	p, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	p, err := a.peek(ctx, lane, key)
 	if err != nil {
 		return d
 	}
 	d.Room, d.SlotWait, d.Remaining, d.Reset = p.Allowed, p.RetryAfter, p.Remaining, p.ResetAfter
 	return d
+}
+
+// peek reads the lane's state, and on a keyed lane the key's too: room only
+// when both have it, the later of their next free slots.
+func (a *Admitter) peek(ctx context.Context, lane Lane, key string) (bucket.Decision, error) {
+	if lane.KeyLimit == nil {
+		return a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, lane.Limit)
+	}
+	d, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name}, lane.Limit)
+	if err != nil || key == "" {
+		return d, err
+	}
+	k, err := a.store.Peek(ctx, bucket.Key{Lane: lane.Name, Sub: key}, *lane.KeyLimit)
+	if err != nil {
+		return d, err
+	}
+	d.Allowed = d.Allowed && k.Allowed
+	d.Remaining = min(d.Remaining, k.Remaining)
+	d.RetryAfter = max(d.RetryAfter, k.RetryAfter)
+	d.ResetAfter = max(d.ResetAfter, k.ResetAfter)
+	if !d.Allowed {
+		d.Remaining = 0
+		if d.RetryAfter == 0 {
+			d.RetryAfter = max(k.RetryAfter, time.Nanosecond)
+		}
+	}
+	return d, nil
 }
 
 // waitFor is the time n jobs take to drain at one per period.

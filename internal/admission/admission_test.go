@@ -188,3 +188,58 @@ func TestBacklogUnknownIsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideN: a batch is decided as if its jobs came one after the other:
+// room for the bucket's burst, then queued, then refused at max_backlog.
+func TestDecideN(t *testing.T) {
+	ctx := context.Background()
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 3}, MaxBacklog: 5}
+	store := &bucket.Memory{Clock: buckettest.NewClock()}
+	backlog := &fixedBacklog{n: 1}
+	a, err := admission.New(admission.Config{Store: store, Backlog: backlog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs := a.DecideN(ctx, lane, "", 6)
+	for i, want := range []struct {
+		room      bool
+		remaining int
+		backlog   int64
+		refused   bool
+	}{{true, 3, 1, false}, {true, 2, 2, false}, {true, 1, 3, false}, {false, 0, 4, false}, {refused: true}, {refused: true}} {
+		var rej *admission.RejectError
+		if want.refused {
+			if !errors.As(errs[i], &rej) || rej.Field != "max_backlog" || rej.Backlog != int64(i+1) {
+				t.Errorf("job %d: %v, want refused at max_backlog with backlog %d", i, errs[i], i+1)
+			}
+			continue
+		}
+		d := out[i]
+		wantWait := time.Duration(0)
+		if !want.room {
+			wantWait = 50 * time.Millisecond // the first job after the burst
+		}
+		if errs[i] != nil || d.Room != want.room || d.Remaining != want.remaining || d.Backlog != want.backlog || d.SlotWait != wantWait {
+			t.Errorf("job %d: %+v %v, want room=%v remaining=%d backlog=%d", i, d, errs[i], want.room, want.remaining, want.backlog)
+		}
+	}
+	if out, errs := a.DecideN(ctx, lane, "", 0); len(out) != 0 || len(errs) != 0 {
+		t.Fatalf("empty batch: %v %v", out, errs)
+	}
+	// No room at all: the first job waits for the next free slot, each
+	// one after it a period more.
+	if _, err := store.Reserve(ctx, bucket.Key{Lane: "demo"}, lane.Limit, 3); err != nil {
+		t.Fatal(err)
+	}
+	backlog.n = 0
+	out, _ = a.DecideN(ctx, lane, "", 3)
+	for i, d := range out {
+		if d.Room || d.SlotWait != time.Duration(i+1)*50*time.Millisecond {
+			t.Errorf("no room, job %d: %+v, want SlotWait %v", i, d, time.Duration(i+1)*50*time.Millisecond)
+		}
+	}
+	backlog.n = 5
+	if _, errs := a.DecideN(ctx, lane, "", 2); !errors.Is(errs[0], admission.ErrBacklogFull) || !errors.Is(errs[1], admission.ErrBacklogFull) {
+		t.Fatalf("full lane: %v", errs)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/quota"
+	"github.com/throttler/throttler/internal/quota/redisquota"
 )
 
 // admissionGoroutines is the number of concurrent deciders on each side.
@@ -124,6 +126,45 @@ func runAdmission(ctx context.Context, e *env) ([]Result, error) {
 	if piped.Err != nil {
 		return nil, fmt.Errorf("bench: admission reference on the autopipeliner: %w", piped.Err)
 	}
+	// Both caller quota layers in front of the same admission: one script
+	// for the per-IP window and the plan bucket, then the lane's decision,
+	// as a job submission makes them. Each goroutine is its own client IP
+	// and key, with limits so high that every check admits.
+	quotas := redisquota.New(pipe, redisquota.Config{Prefix: "bench-" + e.run})
+	reqs := make([]quota.Request, admissionGoroutines)
+	for i := range reqs {
+		reqs[i] = quota.Request{IP: "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256), PerIP: quota.Window{Limit: 1_000_000_000, Length: time.Hour},
+			Caller: "key:bench-" + strconv.Itoa(i), Plan: lim, Cost: 1}
+	}
+	both := func(ctx context.Context, w, i int) error {
+		res, err := quotas.Check(ctx, reqs[w])
+		if err == nil && (!res.IP.Allowed || !res.Plan.Allowed) {
+			err = fmt.Errorf("caller quota refused: %+v", res)
+		}
+		if err != nil {
+			return err
+		}
+		return decide(ctx, w, i)
+	}
+	closedLoop(ctx, admissionGoroutines, min(e.dur/5, time.Second), maxOps, e.prog, "warm-up caller quotas", both)
+	var bestBoth, bestLane loadResult
+	for r := range rounds {
+		o := closedLoop(ctx, admissionGoroutines, e.dur, maxOps, e.prog, fmt.Sprintf("caller quotas + lane round %d/%d", r+1, rounds), both)
+		if o.Err != nil {
+			return nil, fmt.Errorf("bench: admission with caller quotas: %w", o.Err)
+		}
+		if o.Rate() > bestBoth.Rate() {
+			bestBoth = o
+		}
+		l := closedLoop(ctx, admissionGoroutines, e.dur, maxOps, e.prog, fmt.Sprintf("lane only round %d/%d", r+1, rounds), decide)
+		if l.Err != nil {
+			return nil, fmt.Errorf("bench: admission: %w", l.Err)
+		}
+		if l.Rate() > bestLane.Rate() {
+			bestLane = l
+		}
+	}
+	const quotaGoal = "≤ 1.30×"
 	return []Result{{
 		ID: Admission, Scenario: name,
 		Ours:      fmt.Sprintf("%s (%s)", fmtRate(bestOurs.Rate()), fmtLat(bestOurs.Lat)),
@@ -133,5 +174,15 @@ func runAdmission(ctx context.Context, e *env) ([]Result, error) {
 		Verdict:   verdict(bestOurs.Rate() >= 1.5*bestRef.Rate()),
 		Note: fmt.Sprintf("ours runs on go-redis's autopipeliner as in the service, redis_rate on a plain client with a pool of %d as its docs show; "+
 			"redis_rate on the same autopipeliner makes %s (%s)", admissionGoroutines, fmtRate(piped.Rate()), fmtLat(piped.Lat)),
+	}, {
+		ID: Admission, Scenario: fmt.Sprintf("admission with both caller quota layers, Redis, %d goroutines (vs lane-only admission)", admissionGoroutines),
+		Ours:      fmt.Sprintf("%s (%s)", fmtRate(bestBoth.Rate()), fmtLat(bestBoth.Lat)),
+		Reference: fmt.Sprintf("%s (%s)", fmtRate(bestLane.Rate()), fmtLat(bestLane.Lat)),
+		// The cost of the layers: how many times slower a decision is.
+		Ratio:   fmtRatio(bestLane.Rate(), bestBoth.Rate()),
+		Goal:    quotaGoal,
+		Verdict: verdict(bestLane.Rate() <= 1.3*bestBoth.Rate()),
+		Note: "per-IP window and plan bucket in one script (one round trip), then the lane's decision, in turn as intake makes them; " +
+			"the ratio is lane-only decisions/s over decisions/s with both layers",
 	}}, nil
 }

@@ -17,6 +17,8 @@
 //     10,000 jobs/s, at the sink, against go.uber.org/ratelimit Take().
 //   - latency: an admitted job, HTTP in → target, at 1,000 jobs/s, against a
 //     direct POST to the same target.
+//   - peers: nginx limit_req in delay mode in front of the same sink, at the
+//     same rate with the same jobs as one of our lanes.
 //   - rss: the resident memory of a throttler process (the real binary)
 //     holding a 1,000,000-job backlog, with embedded and with external NATS.
 //
@@ -51,10 +53,11 @@ const (
 	Pacing    = "pacing"
 	Latency   = "latency"
 	RSS       = "rss"
+	Peers     = "peers"
 )
 
 // Scenarios lists every scenario id in the order they run.
-var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS}
+var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers}
 
 // Config configures a Run. The zero value runs every scenario in full mode
 // with embedded NATS and a redis-server of its own (when one is on PATH).
@@ -172,6 +175,7 @@ var scenarioFuncs = map[string]scenario{
 	Pacing:    runPacing,
 	Latency:   runLatency,
 	RSS:       runRSS,
+	Peers:     runPeers,
 }
 
 // Run runs the selected scenarios one after the other and returns their

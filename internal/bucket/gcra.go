@@ -175,6 +175,36 @@ func Admit(now, tat time.Time, l Limit) (Decision, time.Time) {
 	return d, newTAT
 }
 
+// AdmitN is Admit for a request that costs n tokens at once (a batch of n
+// jobs, or a lane whose jobs cost more than one token): allowed iff the
+// bucket holds n tokens now, that is now ≥ tat + (n−1)·T − τ; then tat =
+// max(tat, now) + n·T. AdmitN(now, tat, l, 1) is Admit. n = 0 takes nothing
+// and reports the state (Allowed is then true unless the bucket is empty).
+// A cost over the burst is never allowed; callers refuse it before asking.
+func AdmitN(now, tat time.Time, l Limit, n int) (Decision, time.Time) {
+	period, tau := l.Period(), l.Tolerance()
+	if tat.Before(now) {
+		tat = now
+	}
+	cost := time.Duration(n) * period
+	allowAt := tat.Add(cost - period - tau)
+	if now.Before(allowAt) {
+		return Decision{
+			Allowed:    false,
+			Remaining:  0,
+			RetryAfter: allowAt.Sub(now),
+			ResetAfter: tat.Sub(now),
+		}, tat
+	}
+	newTAT := tat.Add(cost)
+	d := Decision{Allowed: true, ResetAfter: newTAT.Sub(now)}
+	d.Remaining = remaining(now, newTAT, period, tau)
+	if d.Remaining == 0 {
+		d.RetryAfter = newTAT.Add(-tau).Sub(now)
+	}
+	return d, newTAT
+}
+
 // Peek reports what Admit would answer at now without changing the state.
 func Peek(now, tat time.Time, l Limit) Decision {
 	d, _ := Admit(now, tat, l)

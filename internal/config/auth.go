@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/quota"
 )
 
 // Auth says who may call the HTTP API and which Host names it answers to.
@@ -43,8 +45,9 @@ type Key struct {
 	SHA256 string `yaml:"sha256"`
 	// Scopes: submit, submit:<lane>, read, admin (admin implies the others).
 	Scopes []string `yaml:"scopes"`
-	// Plan names the caller quota the key's requests count against; stored
-	// and checked for form only.
+	// Plan names the caller plan the key's requests count against
+	// (callers.plans); empty: callers.default_plan. Without a callers
+	// section it is checked for form only.
 	Plan string `yaml:"plan"`
 }
 
@@ -101,6 +104,25 @@ type HTTP struct {
 	// MaxBodyInflight bounds the bytes of request bodies being read at
 	// once across all requests; a request over it is answered 503.
 	MaxBodyInflight ByteSize `yaml:"max_body_inflight"`
+	// MaxBatchItems bounds the jobs of one batch submission
+	// (POST /v1/lanes/{lane}/jobs:batch).
+	MaxBatchItems int `yaml:"max_batch_items"`
+	// MaxBatchBytes bounds the body of one batch submission; zero means
+	// 8 MiB, or MaxBodyInflight if that is less (BatchBytes).
+	MaxBatchBytes ByteSize `yaml:"max_batch_bytes"`
+}
+
+// DefaultMaxBatchBytes is http.max_batch_bytes when the file leaves it out
+// (and max_body_inflight is not smaller).
+const DefaultMaxBatchBytes = 8 << 20
+
+// BatchBytes is the bound of one batch body: max_batch_bytes, else the
+// default capped at max_body_inflight.
+func (h HTTP) BatchBytes() int64 {
+	if h.MaxBatchBytes > 0 {
+		return int64(h.MaxBatchBytes)
+	}
+	return min(DefaultMaxBatchBytes, int64(h.MaxBodyInflight))
 }
 
 // DefaultHTTP is the http section a file leaves out.
@@ -111,13 +133,13 @@ func DefaultHTTP() HTTP {
 		IdleTimeout:       Duration(2 * time.Minute),
 		MaxConnections:    1024,
 		MaxBodyInflight:   64 << 20,
+		MaxBatchItems:     1000,
 	}
 }
 
 var (
 	keyID   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	hexSum  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-	planRe  = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	hostRe  = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$`)
 	maxKeys = 10_000
 )
@@ -142,7 +164,7 @@ func (c *Config) validateAccess() error {
 		return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	a := c.Auth
-	if err := validateKeys("auth.keys", a.Keys, c.Lanes); err != nil {
+	if err := validateKeys("auth.keys", a.Keys, c.Lanes, c.Callers); err != nil {
 		return err
 	}
 	if a.Anonymous && c.HasKeys() {
@@ -173,6 +195,12 @@ func (c *Config) validateAccess() error {
 		return fail("http.idle_timeout", "must be greater than 0")
 	case h.MaxConnections < 1 || h.MaxConnections > 1_000_000:
 		return fail("http.max_connections", "must be between 1 and 1000000, got %d", h.MaxConnections)
+	case h.MaxBatchItems < 1 || h.MaxBatchItems > 100_000:
+		return fail("http.max_batch_items", "must be between 1 and 100000, got %d", h.MaxBatchItems)
+	case h.MaxBatchBytes < 0:
+		return fail("http.max_batch_bytes", "must not be negative")
+	case h.MaxBatchBytes > h.MaxBodyInflight:
+		return fail("http.max_batch_bytes", "%d bytes is more than http.max_body_inflight (%d): such a batch could never be read", int64(h.MaxBatchBytes), int64(h.MaxBodyInflight))
 	}
 	for i, l := range c.Lanes {
 		if l.MaxBody > h.MaxBodyInflight {
@@ -184,7 +212,7 @@ func (c *Config) validateAccess() error {
 
 // validateKeys checks a list of keys; field names the list ("auth.keys",
 // or "" for a keys file, whose entries are then [0], [1], …).
-func validateKeys(field string, keys []Key, lanes []Lane) error {
+func validateKeys(field string, keys []Key, lanes []Lane, callers *Callers) error {
 	if len(keys) > maxKeys {
 		return &Error{Field: field, Msg: fmt.Sprintf("%d keys; at most %d", len(keys), maxKeys)}
 	}
@@ -221,8 +249,11 @@ func validateKeys(field string, keys []Key, lanes []Lane) error {
 				return fail(fmt.Sprintf("scopes[%d]", j), "no lane named %q is configured", lane)
 			}
 		}
-		if k.Plan != "" && !planRe.MatchString(k.Plan) {
+		if k.Plan != "" && !quota.ValidPlanName(k.Plan) {
 			return fail("plan", "%q must be 1-64 letters, digits, '_' or '-'", k.Plan)
+		}
+		if _, ok := callers.plan(k.Plan); k.Plan != "" && callers != nil && !ok {
+			return fail("plan", "no plan named %q in callers.plans", k.Plan)
 		}
 	}
 	return nil
@@ -249,7 +280,7 @@ func (c *Config) LoadKeys() ([]Key, error) {
 	if len(fromFile) == 0 {
 		return nil, &Error{File: path, Msg: "no keys: a keys file must list at least one key"}
 	}
-	if err := validateKeys("", fromFile, c.Lanes); err != nil {
+	if err := validateKeys("", fromFile, c.Lanes, c.Callers); err != nil {
 		return nil, inFile(err, path)
 	}
 	for i, k := range fromFile {

@@ -46,6 +46,9 @@ type Config struct {
 	TLS TLS `yaml:"tls"`
 	// HTTP bounds the HTTP server: timeouts, connections, bodies.
 	HTTP HTTP `yaml:"http"`
+	// Callers are the caller quotas (per client IP, per API key's plan);
+	// nil (no callers section) turns them off. See callers.go.
+	Callers *Callers `yaml:"callers"`
 
 	// getenv is the environment Parse read, for the _env secrets of a
 	// keys_file read later (LoadKeys); nil: none.
@@ -95,6 +98,10 @@ type NATS struct {
 	// publish jobs on the public subjects of its lanes (all lanes when
 	// none are listed), and nothing else.
 	Publishers []Publisher `yaml:"publishers"`
+	// Workers are outside workers of the embedded server's pull-mode
+	// lanes: each may ask for jobs and report outcomes on its lanes' work
+	// subjects, and read its own inbox (_INBOX.<user>.>), nothing else.
+	Workers []Worker `yaml:"workers"`
 }
 
 // NATSTLS configures TLS to an external NATS server.
@@ -112,6 +119,18 @@ type Publisher struct {
 	Password string   `yaml:"password"`
 	Lanes    []string `yaml:"lanes"`
 }
+
+// Worker is a pull-mode worker user of the embedded NATS server.
+type Worker struct {
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// Lanes are the pull-mode lanes it serves; none means every one.
+	Lanes []string `yaml:"lanes"`
+}
+
+// workerUser is what a worker's user name may be: it is also a token of
+// its inbox prefix, _INBOX.<user>.
+var workerUser = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Redis says where the shared lane state lives.
 type Redis struct {
@@ -171,10 +190,35 @@ type Lane struct {
 	// AckWait is how long the jobs a crashed instance held stay invisible to
 	// the others; live instances keep their jobs alive with in-progress acks.
 	// Zero means DefaultAckWait (ApplyDefaults).
-	AckWait  Duration `yaml:"ack_wait"`
+	AckWait Duration `yaml:"ack_wait"`
+	// PerKey makes the lane keyed: every key (the Throttle-Key header, or
+	// the subject throttle.<lane>.<key>) gets its own bucket with these
+	// defaults, under the lane's own rate, burst and max_inflight as a
+	// lane-wide cap. nil: the lane is not keyed.
+	PerKey   *PerKey  `yaml:"per_key"`
 	Retry    Retry    `yaml:"retry"`
 	Adaptive Adaptive `yaml:"adaptive"`
 	Target   Target   `yaml:"target"`
+	// Cost is what one job of the lane costs a caller's plan, in tokens
+	// (caller quotas); zero means 1.
+	Cost int `yaml:"cost"`
+	// Observe computes, logs and counts the caller quota refusals of the
+	// lane's submissions without enforcing them.
+	Observe bool `yaml:"observe"`
+}
+
+// PerKey is every key's default limit on a keyed lane.
+type PerKey struct {
+	// Rate and Burst are each key's bucket.
+	Rate  bucket.Rate `yaml:"rate"`
+	Burst int         `yaml:"burst"`
+	// MaxInflight bounds each key's jobs in flight; 0 means the lane's
+	// max_inflight.
+	MaxInflight int `yaml:"max_inflight"`
+	// Ordered: a key's next job starts only after the previous one is
+	// settled (delivered, or dead); a failing job holds its key, not the
+	// lane. It implies max_inflight 1.
+	Ordered bool `yaml:"ordered"`
 }
 
 // Quota is a target's documented limit: at most Limit requests in any window
@@ -219,8 +263,11 @@ type Target struct {
 	HTTP *HTTPTarget `yaml:"http"`
 	NATS *NATSTarget `yaml:"nats"`
 	// Handler names an in-process Go handler registered with
-	// service.Service.Handle (library use).
-	Handler string `yaml:"handler"`
+	// service.Service.Handle. Only a program inside this module can
+	// register one (tests, benchmarks), so a file cannot set it: a Go
+	// program of another module serves a lane with the public worker
+	// package (a pull-mode NATS target) instead.
+	Handler string `yaml:"-"`
 }
 
 // NATSTarget delivers a job to a worker pool over NATS.
@@ -230,7 +277,23 @@ type NATSTarget struct {
 	// JetStream publishes to a stream (its ack means done) instead of
 	// request/reply.
 	JetStream bool `yaml:"jetstream"`
+	// Mode is how jobs reach the workers: NATSModeRequest (the default:
+	// a request to the subject's queue group per job) or NATSModePull
+	// (each worker asks for its next job when it is free; docs/WORKERS.md).
+	Mode string `yaml:"mode"`
+	// Lease bounds how long a pull-mode worker holds a job without
+	// reporting; 0 means dispatch.DefaultLease. Pull mode only.
+	Lease Duration `yaml:"lease"`
 }
+
+// Modes of a NATS target.
+const (
+	NATSModeRequest = "request"
+	NATSModePull    = "pull"
+)
+
+// Pull reports whether the target is a pull-mode NATS target.
+func (t Target) Pull() bool { return t.NATS != nil && t.NATS.Mode == NATSModePull }
 
 // HTTPTarget delivers a job as an HTTP request.
 type HTTPTarget struct {
@@ -414,6 +477,9 @@ var sections = strings.NewReplacer(
 	"in type config.Key", "in a key",
 	"in type config.TLS", "in tls",
 	"in type config.HTTP", "in http",
+	"in type config.Callers", "in callers",
+	"in type config.PerIP", "in callers.per_ip",
+	"in type config.Plan", "in a plan",
 )
 
 // yamlMessage turns a decoder error into one line per problem, each with its
@@ -436,6 +502,9 @@ func lookup(getenv func(string) string, key string) (string, bool) {
 func (c *Config) ApplyDefaults() {
 	for i := range c.Lanes {
 		c.Lanes[i].applyDefaults()
+	}
+	if c.Callers != nil {
+		c.Callers.applyDefaults()
 	}
 }
 
@@ -468,8 +537,22 @@ func (l *Lane) applyDefaults() {
 	if l.AckWait == 0 {
 		l.AckWait = Duration(DefaultAckWait)
 	}
+	if k := l.PerKey; k != nil {
+		if k.Burst == 0 {
+			k.Burst = 1
+		}
+		if k.MaxInflight == 0 {
+			k.MaxInflight = l.MaxInflight
+		}
+		if k.Ordered {
+			k.MaxInflight = 1
+		}
+	}
 	if l.AdmitWait == 0 {
 		l.AdmitWait = Duration(DefaultAdmitWait)
+	}
+	if l.Cost == 0 {
+		l.Cost = 1
 	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
@@ -494,8 +577,16 @@ func (l *Lane) applyDefaults() {
 			a.Interval = Duration(5 * time.Second)
 		}
 	}
-	if n := l.Target.NATS; n != nil && n.Timeout == 0 {
-		n.Timeout = Duration(DefaultTimeout)
+	if n := l.Target.NATS; n != nil {
+		if n.Timeout == 0 {
+			n.Timeout = Duration(DefaultTimeout)
+		}
+		if n.Mode == "" {
+			n.Mode = NATSModeRequest
+		}
+		if n.Mode == NATSModePull && n.Lease == 0 {
+			n.Lease = Duration(dispatch.DefaultLease)
+		}
 	}
 	if h := l.Target.HTTP; h != nil {
 		if h.Method == "" {
@@ -528,8 +619,11 @@ func (e *Error) Error() string {
 
 var laneName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// laneRate matches the path of a lane's rate.
-var laneRate = regexp.MustCompile(`^lanes\[[0-9]+\]\.rate$`)
+// laneRate matches the path of a lane's or a plan's rate.
+var laneRate = regexp.MustCompile(`^(lanes\[[0-9]+\]|callers\.plans\.[^.]+)\.rate$`)
+
+// MaxCost bounds a lane's per-job cost.
+const MaxCost = 1000
 
 // reservedLaneName reports whether a lane may not be called name because its
 // stream, THROTTLE_<name>, would be one of the streams every lane shares
@@ -694,7 +788,39 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if err := c.validateWorkSubjects(); err != nil {
+		return err
+	}
+	if c.Callers != nil {
+		if err := c.Callers.validate(); err != nil {
+			return err
+		}
+	}
 	return c.validateAccess()
+}
+
+// validateWorkSubjects refuses a NATS subject shared by a pull-mode lane
+// and any other lane: the pull requests of one lane's workers would be
+// answered with the other lane's jobs, or a request-mode lane's jobs would
+// reach the instances as pull requests.
+func (c *Config) validateWorkSubjects() error {
+	pullAt := map[string]int{}
+	for i, l := range c.Lanes {
+		if l.Target.Pull() {
+			pullAt[l.Target.NATS.Subject] = i
+		}
+	}
+	for i, l := range c.Lanes {
+		n := l.Target.NATS
+		if n == nil {
+			continue
+		}
+		if j, ok := pullAt[n.Subject]; ok && j != i {
+			return &Error{Field: fmt.Sprintf("lanes[%d].target.nats.subject", max(i, j)),
+				Msg: fmt.Sprintf("%q is the pull-mode work subject of lanes[%d]: a pull-mode lane needs a subject of its own", n.Subject, min(i, j))}
+		}
+	}
+	return nil
 }
 
 // validate checks one lane's fields; field names start with prefix.
@@ -734,6 +860,8 @@ func (l *Lane) validate(p string) error {
 		return fail("ack_wait", "must be greater than 0")
 	case l.AdmitWait < 0 || l.AdmitWait > Duration(10*time.Second):
 		return fail("admit_wait", "must be between 0 and 10s, got %v", l.AdmitWait.D())
+	case l.Cost < 1 || l.Cost > MaxCost:
+		return fail("cost", "must be between 1 and %d tokens per job, got %d", MaxCost, l.Cost)
 	}
 	switch {
 	case l.MaxWait < 0:
@@ -746,6 +874,24 @@ func (l *Lane) validate(p string) error {
 		return fail("retry.backoff_base", "must be greater than 0")
 	case l.Retry.BackoffMax < l.Retry.BackoffBase:
 		return fail("retry.backoff_max", "must be at least retry.backoff_base")
+	}
+	if k := l.PerKey; k != nil {
+		if k.Rate.IsZero() {
+			return fail("per_key.rate", "is required on a keyed lane (per_key), e.g. 5/s")
+		}
+		if err := (bucket.Limit{Rate: k.Rate.PerSecond(), Burst: k.Burst}).Validate(); errors.As(err, &le) {
+			return fail("per_key."+le.Field, "%s", le.Msg)
+		} else if err != nil {
+			return fail("per_key.rate", "%v", err)
+		}
+		if k.MaxInflight < 1 || k.MaxInflight > l.MaxInflight {
+			return fail("per_key.max_inflight", "must be between 1 and the lane's max_inflight (%d), got %d", l.MaxInflight, k.MaxInflight)
+		}
+		if l.Target.Pull() {
+			// Pull-mode workers ask the lane's drain for work; a keyed
+			// lane's jobs are chosen key by key and never pass through it.
+			return fail("per_key", "a keyed lane cannot use target.nats.mode pull (use mode request, or a lane without per_key)")
+		}
 	}
 	if a := l.Adaptive; a.Enabled {
 		switch {
@@ -766,7 +912,7 @@ func (l *Lane) validate(p string) error {
 		}
 	}
 	if kinds != 1 {
-		return fail("target", "exactly one target kind is required (http, nats or handler)")
+		return fail("target", "exactly one target kind is required (http or nats)")
 	}
 	if l.Target.Handler != "" {
 		return nil
@@ -782,6 +928,25 @@ func (l *Lane) validate(p string) error {
 		}
 		if n.Timeout <= 0 {
 			return fail("target.nats.timeout", "must be greater than 0")
+		}
+		switch n.Mode {
+		case "", NATSModeRequest:
+			if n.Lease != 0 {
+				return fail("target.nats.lease", "applies to mode pull only")
+			}
+		case NATSModePull:
+			if n.JetStream {
+				return fail("target.nats.mode", "pull cannot be combined with jetstream: true (workers of a stream pull from the stream itself)")
+			}
+			if n.Lease < 0 {
+				return fail("target.nats.lease", "must not be negative")
+			}
+			if err := (dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D()}).Validate(); err != nil {
+				return fail("target.nats", "%v", err)
+			}
+			return nil
+		default:
+			return fail("target.nats.mode", "%q is not one of request, pull", n.Mode)
 		}
 		if err := (dispatch.NATSConfig{Subject: n.Subject, Timeout: n.Timeout.D(), JetStream: n.JetStream}).Validate(); err != nil {
 			return fail("target.nats", "%v", err)
@@ -888,8 +1053,13 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		if len(n.Publishers) > 0 && n.User == "" {
 			return fail("publishers", "need nats.user and nats.password for the throttler's own user")
 		}
+		if len(n.Workers) > 0 && n.User == "" {
+			return fail("workers", "need nats.user and nats.password for the throttler's own user")
+		}
 	} else if len(n.Publishers) > 0 {
 		return fail("publishers", "are users of the embedded server; on an external server give them the permissions in docs/OPERATIONS.md")
+	} else if len(n.Workers) > 0 {
+		return fail("workers", "are users of the embedded server; on an external server give them the permissions in docs/WORKERS.md")
 	}
 	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
 		return fail("tls.key_file", "tls.cert_file and tls.key_file go together")
@@ -911,6 +1081,31 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		for j, l := range p.Lanes {
 			if !known[l] {
 				return fail(fmt.Sprintf("%s.lanes[%d]", f, j), "no lane %q is configured", l)
+			}
+		}
+	}
+	pull := map[string]bool{}
+	for _, l := range lanes {
+		if l.Target.Pull() {
+			pull[l.Name] = true
+		}
+	}
+	for i, w := range n.Workers {
+		f := fmt.Sprintf("workers[%d]", i)
+		switch {
+		case w.User == "" || w.Password == "":
+			return fail(f, "needs user and password")
+		case !workerUser.MatchString(w.User):
+			return fail(f+".user", "%q must be 1-64 letters, digits, '_' or '-' (it names the worker's inbox, _INBOX.<user>)", w.User)
+		case users[w.User]:
+			return fail(f+".user", "%q is already a user", w.User)
+		case len(pull) == 0:
+			return fail(f, "no lane has target.nats.mode pull")
+		}
+		users[w.User] = true
+		for j, l := range w.Lanes {
+			if !pull[l] {
+				return fail(fmt.Sprintf("%s.lanes[%d]", f, j), "no pull-mode lane %q is configured", l)
 			}
 		}
 	}

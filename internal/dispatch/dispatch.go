@@ -64,6 +64,10 @@ type Result struct {
 	// PauseLane is how long the downstream asked the whole lane to wait
 	// (429/503 Retry-After, an exhausted RateLimit); zero for none.
 	PauseLane time.Duration
+	// Unstarted: the job never reached the target (no worker took it,
+	// or a worker handed it back unstarted); it goes back to the queue at
+	// once and no attempt is counted.
+	Unstarted bool
 	// Took is how long the delivery took.
 	Took time.Duration
 }

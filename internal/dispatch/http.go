@@ -27,6 +27,9 @@ const (
 	UserAgent = "throttler"
 	// HeaderIdempotencyKey carries the job id to the target.
 	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderThrottleKey carries a keyed lane's key (Job.Key) to the
+	// target, HTTP or NATS.
+	HeaderThrottleKey = "Throttle-Key"
 
 	// maxIdlePerHost keeps enough warm connections for high rates to one
 	// host (Go's default of 2 would open a new connection per request).
@@ -75,7 +78,7 @@ type HTTPConfig struct {
 func reservedHeader(name string) bool {
 	switch http.CanonicalHeaderKey(name) {
 	case "Host", "Content-Length", "Transfer-Encoding", "Connection",
-		"Idempotency-Key", "Webhook-Id", "Webhook-Timestamp", "Webhook-Signature":
+		"Idempotency-Key", "Throttle-Key", "Webhook-Id", "Webhook-Timestamp", "Webhook-Signature":
 		return true
 	}
 	return false
@@ -85,7 +88,7 @@ func reservedHeader(name string) bool {
 // HTTPConfig.Headers) and returns an error naming the first bad header in
 // name order, or nil. A name must be an RFC 9110 token and not one the
 // target sets itself (Host, Content-Length, Transfer-Encoding, Connection,
-// Idempotency-Key, webhook-*); a value may hold visible characters, spaces
+// Idempotency-Key, Throttle-Key, webhook-*); a value may hold visible characters, spaces
 // and tabs, nothing else (a CR or LF would inject headers, and Go refuses
 // to send other control characters). The message has no package prefix:
 // callers say where the headers came from.
@@ -228,7 +231,7 @@ func (h *HTTP) Close() { h.transport.CloseIdleConnections() }
 
 // Deliver sends job as one request: the payload is the body, with the
 // job's Content-Type (default application/octet-stream), Idempotency-Key =
-// job.ID, the static headers and, with signing, the Standard Webhooks
+// job.ID, Throttle-Key = job.Key on a keyed lane, the static headers and, with signing, the Standard Webhooks
 // headers. The attempt is bounded by the configured Timeout and by ctx.
 func (h *HTTP) Deliver(ctx context.Context, job Job) Result {
 	return timed(func() Result { return h.deliver(ctx, job) })
@@ -251,6 +254,9 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	// Idempotency-Key also lets the transport replay the request on a
 	// keep-alive connection that the server had closed.
 	req.Header.Set(HeaderIdempotencyKey, job.ID)
+	if job.Key != "" {
+		req.Header.Set(HeaderThrottleKey, job.Key)
+	}
 	for k, v := range h.signer.Sign(job.ID, job.Payload) {
 		req.Header[k] = v
 	}

@@ -16,7 +16,8 @@ import (
 const (
 	// HeaderLane carries Job.Lane to a NATS worker.
 	HeaderLane = "Throttler-Lane"
-	// HeaderKey carries Job.Key to a NATS worker (only when not empty).
+	// HeaderKey carries Job.Key to a NATS worker (only when not empty),
+	// beside HeaderThrottleKey.
 	HeaderKey = "Throttler-Key"
 	// HeaderAttempt carries Job.Attempt to a NATS worker.
 	HeaderAttempt = "Throttler-Attempt"
@@ -153,7 +154,8 @@ func (n *NATS) deliver(ctx context.Context, job Job) Result {
 	msg.Header.Set("Content-Type", ct)
 	msg.Header.Set(HeaderLane, job.Lane)
 	if job.Key != "" {
-		msg.Header.Set(HeaderKey, job.Key)
+		msg.Header.Set(HeaderThrottleKey, job.Key)
+		msg.Header.Set(HeaderKey, job.Key) // its name before keyed lanes
 	}
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(job.Attempt))
 

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -43,6 +42,9 @@ type Key struct {
 	ID     string
 	SHA256 [sha256.Size]byte
 	Scopes Scopes
+	// Plan names the caller plan the key counts against (Callers); "":
+	// the default plan.
+	Plan string
 }
 
 // Scopes is what a key may do. Admin implies Read and Submit.
@@ -174,40 +176,43 @@ func (h *Handler) whoami(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// authorize wraps a route that needs n: without keys every caller passes
-// as anonymous; with keys the request must carry a known one (401) that
-// has the scope (403).
+// authorize wraps a route that needs n and submits no job: without keys
+// every caller passes as anonymous; with keys the request must carry a
+// known one (401) that has the scope (403). The per-IP caller quota comes
+// first (guard).
 func (h *Handler) authorize(n need, next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		set := h.keys.Load()
-		if set == nil || n == needNothing {
-			next(w, r)
-			return
-		}
-		secret, why := bearer(r.Header.Get("Authorization"))
-		if why != "" {
+	return h.guard(n, -1, next)
+}
+
+// identify finds the request's key in set and whether it may call a route
+// that needs n, without answering: refusal, when not nil, answers 401 or
+// 403.
+func (h *Handler) identify(w http.ResponseWriter, r *http.Request, set *keySet, n need) (*Key, func()) {
+	secret, why := bearer(r.Header.Get("Authorization"))
+	if why != "" {
+		return nil, func() {
 			h.refuse(w, r, "anonymous", http.StatusUnauthorized, ProblemUnauthorized, "Authorization", why, why)
-			return
 		}
-		k := set.match(secret)
-		if k == nil {
+	}
+	k := set.match(secret)
+	if k == nil {
+		return nil, func() {
 			h.refuse(w, r, "unknown key", http.StatusUnauthorized, ProblemUnauthorized, "Authorization",
 				"unknown_key", "the API key is not known")
-			return
 		}
-		lane := r.PathValue("lane")
-		if !k.Scopes.allow(n, lane) {
+	}
+	lane := r.PathValue("lane")
+	if !k.Scopes.allow(n, lane) {
+		return k, func() {
 			scope := n.String()
 			if n == needSubmit {
 				scope = fmt.Sprintf("submit or submit:%s", lane)
 			}
 			h.refuse(w, r, k.ID, http.StatusForbidden, ProblemForbidden, "Authorization", "missing_scope",
 				fmt.Sprintf("the API key %s lacks the %s scope that %s needs", k.ID, scope, route(r)))
-			return
 		}
-		ctx := context.WithValue(r.Context(), callerCtx{}, k.ID)
-		next(w, r.WithContext(context.WithValue(ctx, scopesCtx{}, k.Scopes)))
 	}
+	return k, nil
 }
 
 // bearer takes the secret out of an Authorization header; why says what

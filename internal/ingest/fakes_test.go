@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,16 +31,43 @@ func (fakeAdmitter) Decide(_ context.Context, l admission.Lane, _ string) (admis
 	return admission.Decision{Limit: l.Limit, Remaining: 1, Reset: time.Second}, nil
 }
 
+func (a fakeAdmitter) DecideN(ctx context.Context, l admission.Lane, key string, n int) ([]admission.Decision, []error) {
+	out, errs := make([]admission.Decision, n), make([]error, n)
+	for i := range out {
+		out[i], errs[i] = a.Decide(ctx, l, key)
+	}
+	return out, errs
+}
+
 func (fakeAdmitter) Refresh(_ context.Context, _ admission.Lane, _ string, d admission.Decision) admission.Decision {
 	return d
 }
 
 type fakePublisher struct {
-	n atomic.Uint64
+	n       atomic.Uint64
+	mu      sync.Mutex
+	batched []queue.Job
 }
 
 func (p *fakePublisher) Publish(context.Context, queue.Job) (queue.PubResult, error) {
 	return queue.PubResult{Seq: p.n.Add(1)}, nil
+}
+
+// PublishBatch stores every job, except that an id starting with "full-"
+// meets a full lane.
+func (p *fakePublisher) PublishBatch(_ context.Context, lane string, jobs []queue.Job) ([]queue.BatchResult, error) {
+	out := make([]queue.BatchResult, len(jobs))
+	for i, j := range jobs {
+		if strings.HasPrefix(j.ID, "full-") {
+			out[i].Err = fmt.Errorf("lane %s: %w", lane, queue.ErrBacklogFull)
+			continue
+		}
+		p.mu.Lock()
+		p.batched = append(p.batched, j)
+		p.mu.Unlock()
+		out[i].Seq = p.n.Add(1)
+	}
+	return out, nil
 }
 
 func (p *fakePublisher) Ahead(context.Context, string, uint64, time.Duration) (int64, error) {
@@ -49,6 +77,9 @@ func (p *fakePublisher) Ahead(context.Context, string, uint64, time.Duration) (i
 type fakeLanes struct {
 	maxBody  int64
 	setLimit atomic.Int64
+	// cost and observe are lane demo's caller quota settings.
+	cost    int
+	observe bool
 }
 
 func (d *fakeLanes) Lane(name string) (Lane, bool) {
@@ -56,7 +87,7 @@ func (d *fakeLanes) Lane(name string) (Lane, bool) {
 		return Lane{}, false
 	}
 	return Lane{Admission: admission.Lane{Name: name, Limit: bucket.Limit{Rate: 20, Burst: 10}, MaxBacklog: 1000},
-		MaxBody: d.maxBody, AdmitWait: time.Millisecond}, true
+		MaxBody: d.maxBody, AdmitWait: time.Millisecond, Cost: map[bool]int{true: d.cost}[name == "demo"], Observe: d.observe && name == "demo"}, true
 }
 
 func (d *fakeLanes) Status(context.Context) []api.LaneStatus {

@@ -21,14 +21,17 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/quota"
 	"github.com/throttler/throttler/internal/ui"
 )
 
@@ -36,6 +39,8 @@ import (
 // wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	// DecideN decides on n jobs submitted together (a batch).
+	DecideN(ctx context.Context, lane admission.Lane, key string, n int) ([]admission.Decision, []error)
 	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
 }
 
@@ -43,6 +48,9 @@ type Admitter interface {
 // stored one.
 type Publisher interface {
 	Publish(ctx context.Context, job queue.Job) (queue.PubResult, error)
+	// PublishBatch stores jobs of one lane with asynchronous publishes in
+	// one window: one result per job, in order.
+	PublishBatch(ctx context.Context, lane string, jobs []queue.Job) ([]queue.BatchResult, error)
 	Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error)
 }
 
@@ -53,6 +61,9 @@ type Slots interface {
 	Expect(lane, id string) (wait func(ctx context.Context, max time.Duration) (t queue.Told, ok bool), cancel func())
 }
 
+// HeaderThrottleKey names a keyed lane's key on a submission.
+const HeaderThrottleKey = "Throttle-Key"
+
 // Lane is what intake needs of a lane.
 type Lane struct {
 	Admission admission.Lane
@@ -60,6 +71,12 @@ type Lane struct {
 	// AdmitWait bounds the wait to hear the slot of a job whose lane has
 	// room (config admit_wait).
 	AdmitWait time.Duration
+	// Cost is what one job costs a caller's plan, in tokens (caller
+	// quotas); 0 counts as 1.
+	Cost int
+	// Observe only logs and counts the caller quota refusals of the lane's
+	// submissions.
+	Observe bool
 }
 
 // Directory finds lanes, reports their live state and changes their limits.
@@ -84,8 +101,11 @@ type Config struct {
 	Lanes Directory
 	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
 	DeadLetters DeadLetters
-	Ready       Ready
-	Metrics     *metrics.Metrics
+	// Keys serves the keys of keyed lanes (GET|PATCH
+	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
+	Keys    KeyDirectory
+	Ready   Ready
+	Metrics *metrics.Metrics
 	// MetricsHandler serves /metrics.
 	MetricsHandler http.Handler
 	Logger         *slog.Logger
@@ -95,6 +115,12 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// Callers, when set, turns the caller quotas on (callers.go).
+	Callers *Callers
+	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
+	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
+	MaxBatchItems int
+	MaxBatchBytes int64
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -106,6 +132,11 @@ type Handler struct {
 	// keys is nil when the API was built without keys (anonymous).
 	keys   atomic.Pointer[keySet]
 	bodies *budget
+	// callers is nil while caller quotas are off.
+	callers atomic.Pointer[callerSet]
+	usage   quota.Usage
+	// lanesSeen caches per-lane values of the submit path (*laneCache).
+	lanesSeen sync.Map
 }
 
 // New builds the handler.
@@ -120,8 +151,19 @@ func New(cfg Config) (*Handler, error) {
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
+	if c := cfg.Callers; c != nil {
+		if c.Limiter == nil {
+			return nil, errors.New("ingest: Config.Callers.Limiter is required")
+		}
+		h.callers.Store(&callerSet{CallerPolicy: c.Policy})
+		h.initCallerMetrics(c.Policy)
+		cfg.Metrics.Callers.Watch(h.utilization)
+	}
 	// Each route says what its caller needs (docs/API.md, Authentication).
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.submit))
+	// A job costs its lane's cost in caller tokens; a batch is charged
+	// once its items are counted (chargeJobs).
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -135,6 +177,8 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.Handle("GET /ui", ui.Handler())
 	h.mux.Handle("GET /ui/", ui.Handler())
 	h.routeAdmin()
+	h.routeCallers()
+	h.routeKeys()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -152,6 +196,9 @@ func New(cfg Config) (*Handler, error) {
 // ServeHTTP implements http.Handler: the Host and cross-site checks, then
 // the route (which checks the caller's key).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cs := h.callers.Load(); cs != nil && len(cs.TrustedProxies) > 0 {
+		r = r.WithContext(context.WithValue(r.Context(), clientIPCtx{}, resolveClientIP(r, cs.TrustedProxies)))
+	}
 	if !h.checkBrowser(w, r) {
 		return
 	}
@@ -192,6 +239,21 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	} else {
 		id = nuid.Next()
 	}
+	key := ""
+	if lane.Admission.KeyLimit != nil {
+		// A keyed lane: the key picks the job's bucket and order.
+		key = r.Header.Get(HeaderThrottleKey)
+		if key == "" {
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+				Detail: fmt.Sprintf("lane %s is keyed: every job needs a Throttle-Key header naming its key", name)}, "missing_throttle_key", 0)
+			return
+		}
+		if err := queue.ValidKey(key); err != nil {
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+				Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key", 0)
+			return
+		}
+	}
 	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
 		reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
@@ -208,7 +270,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		tooBig()
 		return
 	}
-	release, ok := h.bodies.take(r.ContentLength, lane.MaxBody)
+	reserved, ok := h.bodies.reserve(r.ContentLength, lane.MaxBody)
 	if !ok {
 		// Close the connection rather than read the body to keep it.
 		w.Header().Set("Connection", "close")
@@ -216,7 +278,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
 		return
 	}
-	defer release()
+	defer h.bodies.give(reserved)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
 	if err != nil {
 		var over *http.MaxBytesError
@@ -232,7 +294,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, "")
+	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {
@@ -245,7 +307,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it
@@ -297,7 +359,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		default:
 			// No slot yet: jobs wait ahead of it. The decision is as old as
 			// the wait; the next free slot has moved since.
-			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, "", dec)
+			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, key, dec)
 			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
 		}
 	default:
@@ -310,11 +372,20 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if res.Duplicate {
 		state = "duplicate"
 	}
-	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
-	setRateHeaders(w.Header(), name, dec)
-	w.Header().Set("Content-Type", "application/json")
+	lc := h.laneCache(name)
+	lc.submitted(state).Inc()
+	if callerPolicies(w.Header(), r, name, dec) {
+		w.Header().Set("Content-Type", "application/json")
+	} else {
+		setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
+	}
 	w.WriteHeader(http.StatusAccepted)
-	_ = json.NewEncoder(w).Encode(out)
+	buf := answerBufs.Get().(*[]byte)
+	*buf = appendAccepted((*buf)[:0], out)
+	_, _ = w.Write(*buf)
+	if cap(*buf) <= 4<<10 {
+		answerBufs.Put(buf)
+	}
 }
 
 // A job is "admitted" when its slot was free (the lane had room) and it
@@ -341,16 +412,166 @@ func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, 
 	return dec.ETA(ahead)
 }
 
-// setRateHeaders writes the lane's bucket in the X-RateLimit-* form and the
-// IETF draft RateLimit-Policy / RateLimit form.
-func setRateHeaders(h http.Header, lane string, d admission.Decision) {
-	window := int64(math.Ceil(float64(d.Limit.Burst) / d.Limit.Rate))
+// setRateHeaders writes the rate-limit headers of a job's answer: every
+// policy (the caller's per-IP and plan policies from r's context, then the
+// lane's bucket) in RateLimit-Policy and RateLimit, and in X-RateLimit-*
+// the caller's plan when one applies, else its per-IP layer, else the
+// lane's bucket. Without caller policies it is the lane's alone.
+func setRateHeaders(h http.Header, r *http.Request, lane string, d admission.Decision) {
+	if callerPolicies(h, r, lane, d) {
+		return
+	}
+	setRateHeadersQuoted(h, strconv.Quote(lane), d, false)
+}
+
+// callerPolicies writes the headers with the caller's policies when r has
+// any, and reports whether it did.
+func callerPolicies(h http.Header, r *http.Request, lane string, d admission.Decision) bool {
+	info, ok := r.Context().Value(callerInfoCtx{}).(*callerInfo)
+	if !ok || len(info.policies) == 0 {
+		return false
+	}
+	pols := append(append([]ratePolicy(nil), info.policies...), lanePolicy(lane, d))
+	primary := info.primary
+	if primary < 0 {
+		primary = len(pols) - 1
+	}
+	writeRateHeaders(h, pols, primary)
+	return true
+}
+
+// Canonical header keys, so that setting them costs no canonicalization.
+const (
+	hdrLimit       = "X-Ratelimit-Limit"
+	hdrRemaining   = "X-Ratelimit-Remaining"
+	hdrReset       = "X-Ratelimit-Reset"
+	hdrPolicy      = "Ratelimit-Policy"
+	hdrRateLimit   = "Ratelimit"
+	hdrContentType = "Content-Type"
+)
+
+// setRateHeadersQuoted is setRateHeaders with the lane already quoted
+// (laneCache.quoted); withJSON also sets Content-Type: application/json.
+// The values share one backing array: two allocations for six headers.
+func setRateHeadersQuoted(h http.Header, quoted string, d admission.Decision, withJSON bool) {
+	// The lane's rate as a whole count per window, exactly (20/s is
+	// q=20;w=1), as lanePolicy writes it.
+	count, window := wholeQuota(d.Limit.Rate)
 	reset := int64(math.Ceil(d.Reset.Seconds()))
-	h.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit.Burst))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(d.Remaining))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", lane, d.Limit.Burst, max(window, 1)))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", lane, d.Remaining, reset))
+	var b [128]byte
+	p := strconv.AppendInt(b[:0], int64(d.Limit.Burst), 10)
+	nLimit := len(p)
+	p = strconv.AppendInt(p, int64(d.Remaining), 10)
+	nRemaining := len(p)
+	p = strconv.AppendInt(p, reset, 10)
+	nReset := len(p)
+	p = append(p, quoted...)
+	p = append(p, ";q="...)
+	p = strconv.AppendInt(p, count, 10)
+	p = append(p, ";w="...)
+	p = strconv.AppendInt(p, window, 10)
+	nPolicy := len(p)
+	p = append(p, quoted...)
+	p = append(p, ";r="...)
+	p = strconv.AppendInt(p, int64(d.Remaining), 10)
+	p = append(p, ";t="...)
+	p = strconv.AppendInt(p, reset, 10)
+	all := string(p)
+	vals := make([]string, 6)
+	vals[0], vals[1], vals[2] = all[:nLimit], all[nLimit:nRemaining], all[nRemaining:nReset]
+	vals[3], vals[4] = all[nReset:nPolicy], all[nPolicy:]
+	h[hdrLimit], h[hdrRemaining], h[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+	h[hdrPolicy], h[hdrRateLimit] = vals[3:4:4], vals[4:5:5]
+	if withJSON {
+		vals[5] = "application/json"
+		h[hdrContentType] = vals[5:6:6]
+	}
+}
+
+// answerBufs holds buffers for the 202 answers.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// appendAccepted appends a as encoding/json would write it, newline
+// included, without reflection.
+func appendAccepted(b []byte, a api.Accepted) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, a.ID)
+	b = append(b, `,"lane":`...)
+	b = appendJSONString(b, a.Lane)
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, a.State)
+	b = append(b, `,"eta_ms":`...)
+	b = strconv.AppendInt(b, a.ETAMillis, 10)
+	if a.Duplicate {
+		b = append(b, `,"duplicate":true`...)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it (HTML characters included).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' && c < 0x80 {
+			continue
+		}
+		if c >= 0x80 {
+			// Not in ids or lane names; leave UTF-8 to encoding/json.
+			q, _ := json.Marshal(s)
+			return append(b[:len(b)-1], q...)
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// laneCache holds what intake computes once per lane: the quoted name of
+// the rate-limit headers and the lane's HTTP submission counters.
+type laneCache struct {
+	quoted                      string
+	admitted, queued, duplicate prometheus.Counter
+}
+
+func (c *laneCache) submitted(state string) prometheus.Counter {
+	switch state {
+	case api.StateAdmitted:
+		return c.admitted
+	case api.StateQueued:
+		return c.queued
+	}
+	return c.duplicate
+}
+
+// laneCache returns the cache of a configured lane (name was found in the
+// directory, so the set of names is bounded).
+func (h *Handler) laneCache(name string) *laneCache {
+	if c, ok := h.lanesSeen.Load(name); ok {
+		return c.(*laneCache)
+	}
+	s := h.cfg.Metrics.Submitted
+	c := &laneCache{quoted: strconv.Quote(name),
+		admitted: s.WithLabelValues(name, api.StateAdmitted, "http"), queued: s.WithLabelValues(name, api.StateQueued, "http"),
+		duplicate: s.WithLabelValues(name, "duplicate", "http")}
+	v, _ := h.lanesSeen.LoadOrStore(name, c)
+	return v.(*laneCache)
 }
 
 func validKey(k string) error {
@@ -369,8 +590,12 @@ func callerOf(r *http.Request) string {
 	return "anonymous"
 }
 
-// clientIP is the address the request came from.
+// clientIP is the address the request came from: through a trusted proxy,
+// the client's (resolveClientIP), else the socket peer's.
 func clientIP(r *http.Request) string {
+	if ip, ok := r.Context().Value(clientIPCtx{}).(string); ok {
+		return ip
+	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
@@ -389,8 +614,16 @@ func metricLane(d Directory, name string) string {
 func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	out := api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)}
+	if cs := h.callers.Load(); cs != nil {
+		for i := range out.Lanes {
+			u := h.laneUtilization(out.Lanes[i].Name, out.Lanes[i].Rate)
+			out.Lanes[i].CallerUtilization = &u
+		}
+		out.Plans = h.planStatus(cs)
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(api.Lanes{Lanes: h.cfg.Lanes.Status(ctx)})
+	_ = json.NewEncoder(w).Encode(out)
 }
 
 func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {

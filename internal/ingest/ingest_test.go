@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"bytes"
+	"encoding/json"
 	"github.com/throttler/throttler/api"
 	"net/http"
 	"net/http/httptest"
@@ -49,10 +51,10 @@ func TestRetryAfterSeconds(t *testing.T) {
 
 func TestRateHeaders(t *testing.T) {
 	h := http.Header{}
-	setRateHeaders(h, "demo", admission.Decision{Limit: bucket.Limit{Rate: 20, Burst: 10}, Remaining: 3, Reset: 1500 * time.Millisecond})
+	setRateHeaders(h, httptest.NewRequest("POST", "/", nil), "demo", admission.Decision{Limit: bucket.Limit{Rate: 20, Burst: 10}, Remaining: 3, Reset: 1500 * time.Millisecond})
 	want := map[string]string{
 		"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "2",
-		"RateLimit-Policy": `"demo";q=10;w=1`, "RateLimit": `"demo";r=3;t=2`,
+		"RateLimit-Policy": `"demo";q=20;w=1`, "RateLimit": `"demo";r=3;t=2`,
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {
@@ -72,6 +74,25 @@ func TestProblemBody(t *testing.T) {
 	for _, want := range []string{`"type":"urn:throttler:problem:backlog-full"`, `"title":"Too Many Requests"`, `"status":429`, `"field":"max_backlog"`, `"instance":"/v1/lanes/x/jobs"`, `"retry_after_seconds":3`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("body %s lacks %s", body, want)
+		}
+	}
+}
+
+// TestAppendAccepted: the hand-written 202 body is byte for byte what
+// encoding/json writes.
+func TestAppendAccepted(t *testing.T) {
+	for _, a := range []api.Accepted{
+		{ID: "order-1", Lane: "demo", State: api.StateAdmitted},
+		{ID: `a"b\c<d>&e`, Lane: "l_2", State: api.StateQueued, ETAMillis: 1234, Duplicate: true},
+		{ID: "ctl\x01\n\t\r", Lane: "x", State: api.StateQueued, ETAMillis: -1},
+		{ID: "ünï", Lane: "demo", State: api.StateQueued},
+	} {
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(a); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendAccepted(nil, a); string(got) != want.String() {
+			t.Errorf("appendAccepted(%+v) = %s, want %s", a, got, want.String())
 		}
 	}
 }

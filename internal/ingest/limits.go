@@ -33,22 +33,39 @@ func newBudget(max int64) *budget {
 // unknown (-1). ok is false when that would go over the bound; release
 // gives the bytes back.
 func (b *budget) take(length, limit int64) (release func(), ok bool) {
+	n, ok := b.reserve(length, limit)
+	if !ok {
+		return nil, false
+	}
+	var once sync.Once
+	return func() { once.Do(func() { b.give(n) }) }, true
+}
+
+// reserve is take without a closure (the submit path calls it for every
+// job): it returns the bytes reserved, to hand to give exactly once.
+func (b *budget) reserve(length, limit int64) (int64, bool) {
 	n := length
 	if n < 0 {
 		n = limit
 	}
 	if b == nil || n == 0 {
-		return func() {}, true
+		return 0, true
 	}
 	for {
 		used := b.used.Load()
 		if used+n > b.max {
-			return nil, false
+			return 0, false
 		}
 		if b.used.CompareAndSwap(used, used+n) {
-			var once sync.Once
-			return func() { once.Do(func() { b.used.Add(-n) }) }, true
+			return n, true
 		}
+	}
+}
+
+// give returns bytes that reserve took.
+func (b *budget) give(n int64) {
+	if b != nil && n != 0 {
+		b.used.Add(-n)
 	}
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
@@ -49,7 +50,15 @@ type Deps struct {
 	Queue *queue.Queue
 	// Store holds the lanes' GCRA states (memory or Redis).
 	Store bucket.Store
-	Guard *dispatch.Guard
+	// Pair takes the slots of keyed lanes (the same states as Store), and
+	// Claims decides which instance reads each key; both are needed only
+	// by lanes with per_key.
+	Pair   bucket.PairStore
+	Claims keyed.Claims
+	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
+	// overrides); nil keeps them in memory only.
+	Limits *queue.Limits
+	Guard  *dispatch.Guard
 	// Handlers are in-process targets by name (target: {handler: name}).
 	Handlers map[string]dispatch.Target
 	Metrics  *metrics.Metrics
@@ -78,11 +87,13 @@ type Lane struct {
 	log      *slog.Logger
 	target   dispatch.Target
 	closeTgt func()
+	pull     *dispatch.Pull // pull mode only (pull.go)
 	consumer *queue.Consumer
 	drain    *leaky.Drain[*queue.Msg]
 	backoff  dispatch.Backoff
 	control  *nats.Subscription
 	bounds   controlBounds
+	keyed    *keyedRun // nil unless the lane is keyed (per_key)
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
@@ -90,6 +101,9 @@ type Lane struct {
 	rateGauge prometheus.Gauge
 	starts    startWindow // for the utilization gauge
 	limited   startWindow // the target's 429 answers, for the status
+
+	overMu sync.Mutex
+	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
 
 	mu        sync.Mutex
 	pacerDown bool
@@ -128,7 +142,7 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 		return nil, fmt.Errorf("target.handler: no handler %q is registered (service.Handle)", h)
 	}
 	var err error
-	if l.target, l.closeTgt, err = dispatch.Open(ctx, targetConfig(cfg.Target, d.Handlers), d.Guard, d.NATS); err != nil {
+	if l.target, l.closeTgt, err = l.openTarget(ctx); err != nil {
 		return nil, err
 	}
 	if err := l.setUp(ctx, lim); err != nil {
@@ -167,18 +181,35 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	}
 	l.control = sub
 	batch := leaky.BatchFor(lim.Rate, l.cfg.MaxInflight)
-	if err := l.d.Queue.EnsureLane(ctx, queue.LaneSpec{
+	spec := queue.LaneSpec{
 		Name: name, MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight, Prefetch: batch,
 		AckWait: l.cfg.AckWait.D(), MaxBody: int64(l.cfg.MaxBody), MaxBytes: int64(l.cfg.MaxBytes),
 		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
-	}); err != nil {
+	}
+	if l.cfg.PerKey != nil {
+		if l.d.Pair == nil || l.d.Claims == nil {
+			return errors.New("per_key: the lane is keyed but no keyed pacer was given (Deps.Pair, Deps.Claims)")
+		}
+		if err := l.d.Queue.EnsureKeyedLane(ctx, spec); err != nil {
+			return err
+		}
+		if l.keyed, err = newKeyedRun(l); err != nil {
+			return err
+		}
+		m.PacerUp.WithLabelValues(name).Set(1)
+		m.WatchMissed(name, l.keyed.missed.Load)
+		l.starts.begin(l.d.Clock.Now())
+		m.WatchLane(name, l.metricState)
+		return nil
+	}
+	if err := l.d.Queue.EnsureLane(ctx, spec); err != nil {
 		return err
 	}
 	if l.consumer, err = l.d.Queue.Consumer(name); err != nil {
 		return err
 	}
 	l.drain, err = leaky.New(leaky.Config[*queue.Msg]{
-		Source:      l.consumer,
+		Source:      l.source(),
 		Pacer:       leaky.StorePacer{Store: l.d.Store, Key: bucket.Key{Lane: name}, Limit: l.EffectiveLimit},
 		PausedUntil: l.pausedUntil,
 		Assigned:    l.assigned,
@@ -207,11 +238,21 @@ func (l *Lane) Name() string { return l.cfg.Name }
 // lane's retry mover beside it, then hands back what the drain holds and
 // waits for the deliveries it started (bounded by Deps.DispatchCtx).
 func (l *Lane) Run(ctx context.Context) {
+	var watch sync.WaitGroup
+	defer watch.Wait()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watch.Go(func() { l.watchLimits(watchCtx) })
+	if l.keyed != nil {
+		l.keyed.run(ctx)
+		return
+	}
 	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
 	_ = l.drain.Run(ctx)
+	l.stopPulls()
 	l.consumer.Close()
 	stopKeep()
 	helpers.Wait()
@@ -235,7 +276,7 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		defer done()
 		defer inflight.Dec()
 		job := msg.Job()
-		if job.Outside && msg.FirstDelivery() {
+		if job.Outside && msg.FirstDelivery() && job.Attempts == 0 {
 			// A job published on the lane's subject: intake of its own,
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
@@ -249,7 +290,11 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
-		if res.PauseLane > 0 {
+		switch {
+		case res.PauseLane > 0 && l.keyed != nil:
+			// A keyed lane's downstream is the key's: it waits alone.
+			l.keyed.pauseKey(job.Key, res.PauseLane)
+		case res.PauseLane > 0:
 			l.pause(res.PauseLane)
 		}
 		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: l.d.DispatchCtx.Err() != nil},
@@ -278,6 +323,9 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 	log := l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
 	switch act.Kind {
 	case Ack:
+		if l.keyed != nil {
+			l.keyed.settledJob(msg)
+		}
 		l.delivered.Add(1)
 		if err := msg.Ack(); err != nil {
 			log.Warn("ack failed; the job may be delivered again", "ack_err", err)
@@ -286,21 +334,33 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		}
 	case Release:
 		_ = msg.Release()
-	case Wait:
-		l.slowDown()
-		log.Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
-		_ = msg.Wait(act.Delay)
 	case Retry:
+		if l.keyed != nil && l.cfg.PerKey.Ordered {
+			// An ordered key's failing job holds its key, in place: a
+			// copy at the tail would start after the key's later jobs.
+			l.keyed.retryInPlace(msg)
+			log.Warn("delivery failed, retrying in place (ordered key)", "key", job.Key, "retry_in", act.Delay.String())
+			l.keyed.sched.Pause(job.Key, l.d.Clock.Now().Add(act.Delay))
+			_ = msg.Wait(act.Delay)
+			return
+		}
 		log.Warn("delivery failed, retrying later", "retry_in", act.Delay.String())
 		if err := msg.Retry(ctx, act.Delay); err != nil {
 			log.Warn("requeue failed; the job waits in place", "requeue_err", err)
 		}
+	case Wait:
+		l.slowDown()
+		log.Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
+		_ = msg.Wait(act.Delay)
 	case Dead:
 		l.d.Metrics.DeadLettered.WithLabelValues(l.cfg.Name).Inc()
 		log.Error("job dead-lettered", "reason", act.Reason)
 		if err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
 		} else {
+			if l.keyed != nil {
+				l.keyed.settledJob(msg)
+			}
 			l.settled(msg)
 		}
 	}
@@ -326,7 +386,12 @@ func (l *Lane) EffectiveLimit() bucket.Limit {
 
 // Admission is what intake needs to decide on one of the lane's jobs.
 func (l *Lane) Admission() admission.Lane {
-	return admission.Lane{Name: l.cfg.Name, Limit: l.EffectiveLimit(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()}
+	a := admission.Lane{Name: l.cfg.Name, Limit: l.EffectiveLimit(), MaxBacklog: l.cfg.MaxBacklog, MaxWait: l.cfg.MaxWait.D()}
+	if l.keyed != nil {
+		kl := l.keyLimit("")
+		a.KeyLimit = &kl
+	}
+	return a
 }
 
 // MaxBody is the largest payload the lane takes, in bytes.
@@ -388,8 +453,8 @@ func (l *Lane) onControl(m *nats.Msg) {
 }
 
 // SetLimit changes the lane's limit here at once and on every other
-// instance through the control subject. It lasts until the instances
-// restart.
+// instance through the control subject, and stores it (Deps.Limits) so
+// that it outlives restarts.
 func (l *Lane) SetLimit(lim bucket.Limit) error {
 	c := control{Kind: kindLimit, Rate: lim.Rate, Burst: lim.Burst}
 	if _, err := parseControl(c.encode(), l.bounds); err != nil {
@@ -398,6 +463,14 @@ func (l *Lane) SetLimit(lim bucket.Limit) error {
 	l.limit.Store(&lim)
 	if err := l.publish(c); err != nil {
 		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	if l.d.Limits != nil {
+		// Stored, so that it outlives the instances' restarts.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := l.d.Limits.PutLane(ctx, l.cfg.Name, queue.LaneLimit{Rate: lim.Rate, Burst: lim.Burst, At: time.Now().UTC()}); err != nil {
+			return fmt.Errorf("storing the limit: %w", err)
+		}
 	}
 	return nil
 }
@@ -478,6 +551,13 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 		return st
 	}
 	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
+	if k := l.keyed; k != nil {
+		ks := k.sched.Stats(l.d.Clock.Now())
+		st.InFlight = int(k.inflight.Load())
+		st.Waiting = stats.Stored - min(stats.Stored, uint64(st.InFlight))
+		st.Keyed = &api.KeyedStatus{PerKeyRate: l.cfg.PerKey.Rate.PerSecond(), PerKeyBurst: l.cfg.PerKey.Burst,
+			PerKeyMaxInflight: l.cfg.PerKey.MaxInflight, Ordered: l.cfg.PerKey.Ordered, KeysActive: ks.Active, KeysPaused: ks.Paused}
+	}
 	if n, err := l.d.Queue.CountDead(ctx, l.cfg.Name); err == nil {
 		st.Dead = n
 	}

@@ -81,7 +81,12 @@ func (l *Lane) metricState() metrics.LaneState {
 	l.mu.Lock()
 	paused := now.Before(l.pauseTill)
 	l.mu.Unlock()
-	return metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
+	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
+	if k := l.keyed; k != nil {
+		ks := k.sched.Stats(now)
+		st.KeysActive, st.KeysPaused = ks.Active, ks.Paused
+	}
+	return st
 }
 
 // started records the start of msg's delivery: its queue wait, and one

@@ -75,7 +75,8 @@ const minWait = time.Second
 // docs/DESIGN.md ("Retries and dead letters"):
 //
 //   - done → Ack;
-//   - cut short by a stop → Release (not the target's fault);
+//   - cut short by a stop, or never started (a pull-mode worker handed it
+//     back) → Release (not the target's fault);
 //   - 429, or 503 with a wait → Wait in place for the longest of the asked
 //     delay, the lane pause and minWait, without counting an attempt;
 //   - another failure before the last attempt → Retry after the target's
@@ -90,7 +91,7 @@ func Settle(o Outcome, backoff func(attempt int) time.Duration) Action {
 	if res.Verdict == dispatch.Done {
 		return Action{Kind: Ack}
 	}
-	if o.Stopping {
+	if o.Stopping || res.Unstarted {
 		return Action{Kind: Release}
 	}
 	if res.Verdict != dispatch.Retry {

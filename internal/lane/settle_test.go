@@ -61,6 +61,8 @@ func TestSettle(t *testing.T) {
 			Action{Kind: Release}, Release},
 		{"a stop releases a refusal", Outcome{Result: res(dispatch.Dead, 400), Attempt: 1, MaxAttempts: 3, Stopping: true},
 			Action{Kind: Release}, Release},
+		{"a job handed back unstarted is released, even on the last attempt", Outcome{Result: dispatch.Result{Verdict: dispatch.Retry, Unstarted: true, Err: errBoom}, Attempt: 3, MaxAttempts: 3},
+			Action{Kind: Release}, Release},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Settle(tc.o, backoff)

@@ -73,6 +73,7 @@ func TestDrainHonoursPause(t *testing.T) {
 		Start: func(_ context.Context, it item, done func()) {
 			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
 			done()
+			src.started()
 		},
 	})
 	d.Run(ctx)

@@ -76,10 +76,11 @@ func TestBatchBoundsEachReserve(t *testing.T) {
 		l := bucket.Limit{Rate: 100, Burst: 1}
 		pacer := &countingPacer{clock: clk, limit: 1000, stop: cancel,
 			p: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}}
+		src := &sliceSource{items: items(24), cancel: cancel}
 		d, err := leaky.New(leaky.Config[item]{
-			Source: &sliceSource{items: items(24), cancel: cancel}, Pacer: pacer, Clock: clk,
+			Source: src, Pacer: pacer, Clock: clk,
 			MaxInflight: tc.maxInflight, Batch: tc.batch,
-			Start: func(_ context.Context, _ item, done func()) { done() },
+			Start: func(_ context.Context, _ item, done func()) { done(); src.started() },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -154,12 +155,13 @@ func TestMaxLateBound(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		l := bucket.Limit{Rate: 1000, Burst: 1}
 		started := 0
+		src := &sliceSource{items: items(40), cancel: cancel}
 		d, _ := leaky.New(leaky.Config[item]{
-			Source: &sliceSource{items: items(40), cancel: cancel}, Clock: clk, MaxInflight: 64,
+			Source: src, Clock: clk, MaxInflight: 64,
 			Batch:   leaky.BatchFor(l.Rate, 64),
 			MaxLate: tc.maxLate,
 			Pacer:   leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-			Start:   func(_ context.Context, _ item, done func()) { started++; done() },
+			Start:   func(_ context.Context, _ item, done func()) { started++; done(); src.started() },
 		})
 		d.Run(ctx)
 		cancel()
@@ -312,7 +314,7 @@ func TestFetchTroubleIsRetried(t *testing.T) {
 	d, _ := leaky.New(leaky.Config[item]{
 		Source: src, Clock: clk, MaxInflight: 4, Batch: 4, RetryBackoff: 300 * time.Millisecond,
 		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-		Start: func(_ context.Context, it item, done func()) { order = append(order, it.n); done() },
+		Start: func(_ context.Context, it item, done func()) { order = append(order, it.n); done(); src.started() },
 	})
 	d.Run(ctx)
 	if len(order) != 3 || order[0] != 0 || order[2] != 2 {

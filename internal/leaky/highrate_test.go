@@ -184,6 +184,7 @@ func TestStallDoesNotClump(t *testing.T) {
 			starts = append(starts, clock.Now().Sub(clock.t0))
 			order = append(order, it.n)
 			done()
+			src.started()
 		},
 	})
 	if err != nil {
@@ -242,6 +243,7 @@ func TestPartialFetchesShareOneCall(t *testing.T) {
 		Start: func(_ context.Context, _ item, done func()) {
 			starts = append(starts, clock.Now().Sub(t0))
 			done()
+			src.started()
 		},
 	})
 	if err != nil {

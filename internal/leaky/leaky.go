@@ -2,7 +2,9 @@
 // reserving dispatch slots from the lane's shared GCRA state and starting each
 // job at its slot, never earlier.
 //
-// A Drain repeats three steps: take up to Batch queued items from its Source,
+// A Drain repeats three steps: take up to Batch queued items from its Source
+// (read ahead on a goroutine of its own, so the next items are there before
+// the current ones have all started),
 // take an in-flight permit for each (at most MaxInflight dispatches run at
 // once), and start each item at a slot, reserving Batch slots in one call to
 // the Pacer whenever the slots left from the last call do not cover the items
@@ -200,11 +202,40 @@ func New[T any](cfg Config[T]) (*Drain[T], error) {
 // was there in time, an admitted job came late). Safe for concurrent use.
 func (d *Drain[T]) Missed() uint64 { return d.missed.Load() }
 
+// fetched is one answer of Source.Next, handed from the fetcher to Run.
+type fetched[T any] struct {
+	items []T
+	err   error
+}
+
 // Run drains until ctx ends, then waits for every dispatch it started to call
 // done and returns ctx's error. Items it holds unstarted go back to the Source.
+//
+// The Source is read ahead on a goroutine of its own: while the drain starts
+// one batch at its slots, the next one is already being fetched, so a
+// queue's round trip never sits between the last slot of a batch and the
+// first of the next (no batch boundaries). At most one fetched batch waits
+// beside the one being started; both count in the queue's in-flight bound.
 func (d *Drain[T]) Run(ctx context.Context) error {
 	var held []T
+	ahead := make(chan fetched[T], 1)
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	fetcherDone := make(chan struct{})
+	go d.fetch(fetchCtx, ahead, fetcherDone)
+	// giveBackAhead hands a batch fetched ahead back to the queue.
+	giveBackAhead := func() {
+		select {
+		case f := <-ahead:
+			if len(f.items) > 0 {
+				d.cfg.Source.Release(f.items)
+			}
+		default:
+		}
+	}
 	defer func() {
+		stopFetch()
+		<-fetcherDone
+		giveBackAhead()
 		if len(held) > 0 {
 			d.cfg.Source.Release(held)
 		}
@@ -215,19 +246,17 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 	}()
 	for {
 		if len(held) == 0 {
-			items, err := d.cfg.Source.Next(ctx, d.cfg.Batch)
-			if ctx.Err() != nil {
-				held = items // given back by the deferred Release
+			var f fetched[T]
+			select {
+			case f = <-ahead:
+			case <-ctx.Done():
 				return ctx.Err()
 			}
-			if err != nil {
-				d.cfg.Logger.Warn("queue fetch failed", "err", err)
-				if d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
-					return ctx.Err()
-				}
-				continue
+			if f.err != nil {
+				d.cfg.Logger.Warn("queue fetch failed", "err", f.err)
+				continue // the fetcher backs off before its next try
 			}
-			held = items
+			held = f.items
 			if len(held) == 0 {
 				continue
 			}
@@ -268,11 +297,41 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 				held = append(rest, held[n:]...)
 				return ctx.Err()
 			}
+			// Everything this drain holds goes back, so that another
+			// instance may take it.
 			d.cfg.Source.Release(append(rest, held[n:]...))
+			giveBackAhead()
 			held = nil
 			continue
 		}
 		held = held[n:]
+	}
+}
+
+// fetch reads the Source ahead of the drain until ctx ends, one answer at a
+// time into ahead; a failed read is passed on and retried after
+// RetryBackoff. Items read when ctx ends go back to the Source.
+func (d *Drain[T]) fetch(ctx context.Context, ahead chan<- fetched[T], done chan<- struct{}) {
+	defer close(done)
+	for ctx.Err() == nil {
+		items, err := d.cfg.Source.Next(ctx, d.cfg.Batch)
+		if ctx.Err() != nil {
+			if len(items) > 0 {
+				d.cfg.Source.Release(items)
+			}
+			return
+		}
+		select {
+		case ahead <- fetched[T]{items: items, err: err}:
+		case <-ctx.Done():
+			if len(items) > 0 {
+				d.cfg.Source.Release(items)
+			}
+			return
+		}
+		if err != nil && d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
+			return
+		}
 	}
 }
 

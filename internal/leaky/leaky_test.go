@@ -19,31 +19,55 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // item is one queued job of these tests: its number in queue order.
 type item struct{ n int }
 
-// sliceSource hands out its items in order and cancels the run when empty.
+// sliceSource hands out its items in order and cancels the run once every
+// item has started (started) or gone back (Release): the drain reads ahead,
+// so an empty source does not mean the run is over.
 type sliceSource struct {
 	mu       sync.Mutex
 	items    []item
+	total    int // items at the start; set by the first Next
+	begun    bool
+	nstarted int
 	released []item
 	cancel   context.CancelFunc
 }
 
 func (s *sliceSource) Next(ctx context.Context, max int) ([]item, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	if !s.begun {
+		s.begun, s.total = true, len(s.items)
+	}
 	if len(s.items) == 0 {
-		s.cancel()
+		s.mu.Unlock()
+		<-ctx.Done()
 		return nil, ctx.Err()
 	}
+	defer s.mu.Unlock()
 	n := min(max, len(s.items))
 	out := s.items[:n]
 	s.items = s.items[n:]
 	return out, nil
 }
 
+// started counts a start; tests call it from their Starter.
+func (s *sliceSource) started() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nstarted++
+	s.checkDone()
+}
+
+func (s *sliceSource) checkDone() {
+	if s.begun && len(s.items) == 0 && s.nstarted+len(s.released) >= s.total {
+		s.cancel()
+	}
+}
+
 func (s *sliceSource) Release(items []item) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.released = append(s.released, items...)
+	s.checkDone()
 }
 
 type start struct {
@@ -69,6 +93,7 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []item, sto
 		Start: func(_ context.Context, it item, done func()) {
 			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
 			done()
+			src.started()
 		},
 		MaxInflight: maxInflight,
 		Batch:       leaky.BatchFor(l.Rate, maxInflight),
@@ -160,6 +185,7 @@ func TestAssignedTellsEachSlot(t *testing.T) {
 			}
 			starts = append(starts, start{it.n, clock.Now().Sub(t0)})
 			done()
+			src.started()
 		},
 	})
 	if err != nil {
@@ -238,12 +264,13 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 				Start: func(_ context.Context, it item, done func()) {
 					started++
 					done()
+					src.started()
 				},
 			})
 			d.Run(ctx)
-			if started != tc.started || len(src.released) < tc.giveBck || obs.downs != tc.downs || obs.backs != tc.backs {
+			if started != tc.started || src.releasedN() < tc.giveBck || obs.downs != tc.downs || obs.backs != tc.backs {
 				t.Fatalf("started %d, given back %d, downs %d, backs %d; want %d %d %d %d",
-					started, len(src.released), obs.downs, obs.backs, tc.started, tc.giveBck, tc.downs, tc.backs)
+					started, src.releasedN(), obs.downs, obs.backs, tc.started, tc.giveBck, tc.downs, tc.backs)
 			}
 		})
 	}
@@ -360,4 +387,68 @@ func TestRealClockSpacing(t *testing.T) {
 	// period, 10 ms) after them, so a late start may sit that much closer to
 	// the next one: the windows get one period of tolerance.
 	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 100, Burst: 1}, 10*time.Millisecond)
+}
+
+func (s *sliceSource) releasedN() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.released)
+}
+
+// signalSource hands out first, then signals asked when the drain asks
+// again and blocks until the run ends.
+type signalSource struct {
+	first []item
+	asked chan struct{}
+	once  sync.Once
+}
+
+func (s *signalSource) Next(ctx context.Context, _ int) ([]item, error) {
+	if out := s.first; out != nil {
+		s.first = nil
+		return out, nil
+	}
+	s.once.Do(func() { close(s.asked) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (s *signalSource) Release([]item) {}
+
+// TestFetchIsPipelined: the drain asks its source for the next items before
+// the last item it holds has started (no batch boundary: the queue's round
+// trip overlaps the current batch). The last start waits for the second
+// fetch; a drain that fetched only when its hands are empty would never get
+// there.
+func TestFetchIsPipelined(t *testing.T) {
+	clock := buckettest.NewClock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src := &signalSource{first: items(4), asked: make(chan struct{})}
+	l := bucket.Limit{Rate: 100, Burst: 1}
+	startedLast := false
+	d, err := leaky.New(leaky.Config[item]{
+		Source: src, MaxInflight: 4, Batch: 4, Clock: clock,
+		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start: func(_ context.Context, it item, done func()) {
+			done()
+			if it.n < 3 {
+				return
+			}
+			select {
+			case <-src.asked:
+				startedLast = true
+			case <-time.After(10 * time.Second):
+				t.Error("the next fetch did not begin before the last held item started")
+			}
+			cancel()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = d.Run(ctx)
+	if !startedLast {
+		t.Fatal("the last item did not start")
+	}
 }

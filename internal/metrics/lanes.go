@@ -20,13 +20,14 @@ var (
 	// rejectReasons are the reasons of Rejected (ingest's refusals).
 	rejectReasons = []string{
 		"shutting_down", "unknown_lane", "invalid_idempotency_key", "invalid_content_type",
+		"missing_throttle_key", "invalid_throttle_key",
 		"body_too_large", "body_inflight_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}
 	// pacerOps are the operations of PacerCalls.
-	pacerOps = []string{"admit", "reserve", "pause"}
+	pacerOps = []string{"admit", "reserve", "pause", "reserve_pair"}
 )
 
 // InitLane makes every series of lane exist from now on, at 0: each
@@ -71,6 +72,10 @@ type LaneState struct {
 	Utilization float64
 	// Paused: a downstream asked the lane to wait, and the wait lasts.
 	Paused bool
+	// KeysActive and KeysPaused count, on a keyed lane, the keys with
+	// jobs that this instance reads, and those of them a downstream asked
+	// to wait; 0 on other lanes.
+	KeysActive, KeysPaused int
 }
 
 // LaneQueue is what JetStream said of a lane, for the whole fleet.
@@ -103,6 +108,7 @@ func (m *Metrics) SetQueue(lane string, q LaneQueue) {
 // own state (WatchLane) and the JetStream reads (SetQueue).
 type laneCollector struct {
 	rate, burst, utilization, paused *prometheus.Desc
+	keysActive, keysPaused           *prometheus.Desc
 	backlog, oldest, retrying, dead  *prometheus.Desc
 	now                              func() time.Time
 
@@ -121,6 +127,8 @@ func newLaneCollector() *laneCollector {
 		burst:       d("throttler_lane_burst", "Burst of the lane's token bucket (file or PATCH), jobs."),
 		utilization: d("throttler_lane_utilization", "Jobs this instance started over the last minute, divided by what the configured rate allows in it; sum over instances for the lane's."),
 		paused:      d("throttler_lane_paused", "1 while a downstream's pause (Retry-After, exhausted rate limit) holds the lane, else 0."),
+		keysActive:  d("throttler_lane_keys_active", "Keys of a keyed lane with jobs that this instance reads; sum over instances for the lane's (0 on a lane without per_key)."),
+		keysPaused:  d("throttler_lane_keys_paused", "Of those, keys a downstream asked to wait (Retry-After, exhausted rate limit), on this instance."),
 		backlog:     d("throttler_lane_backlog", "Jobs stored in the lane, waiting or in flight, across all instances (from JetStream)."),
 		oldest:      d("throttler_lane_oldest_job_age_seconds", "Age of the oldest job stored in the lane, waiting or in flight; 0 when none (from JetStream)."),
 		retrying:    d("throttler_lane_retrying", "Failed jobs of the lane waiting for their next attempt, across all instances (from JetStream)."),
@@ -156,7 +164,7 @@ func (c *laneCollector) setQueue(lane string, q LaneQueue) {
 
 // Describe implements prometheus.Collector.
 func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rate, c.burst, c.utilization, c.paused, c.backlog, c.oldest, c.retrying, c.dead} {
+	for _, d := range []*prometheus.Desc{c.rate, c.burst, c.utilization, c.paused, c.keysActive, c.keysPaused, c.backlog, c.oldest, c.retrying, c.dead} {
 		ch <- d
 	}
 }
@@ -187,6 +195,8 @@ func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.burst, float64(s.Burst), lane)
 			gauge(c.utilization, s.Utilization, lane)
 			gauge(c.paused, paused, lane)
+			gauge(c.keysActive, float64(s.KeysActive), lane)
+			gauge(c.keysPaused, float64(s.KeysPaused), lane)
 		}
 		q := queues[i]
 		age := 0.0

@@ -48,6 +48,9 @@ type Metrics struct {
 	// settled: delivered, or dead-lettered (retries included).
 	EndToEnd *prometheus.HistogramVec
 
+	// Callers are the caller quota collectors.
+	Callers *Callers
+
 	reg   prometheus.Registerer
 	lanes *laneCollector
 }
@@ -138,6 +141,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, lane),
 	}
 	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes)
+	m.Callers = newCallers(reg)
 	// Refusals of unknown lanes count under one lane name (ingest).
 	m.Rejected.WithLabelValues(UnknownLane, "unknown_lane")
 	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,

@@ -16,13 +16,29 @@ import (
 // AckWait can stay short: a crashed instance's jobs come back quickly.
 type Msg struct {
 	job  Job
-	m    jetstream.Msg
+	m    acker
 	meta *jetstream.MsgMetadata
 	c    *Consumer
 }
 
+// acker answers for one fetched message: a JetStream consumer's message, or
+// a keyed lane's message read by subject (keyed.go).
+type acker interface {
+	Ack() error
+	Nak() error
+	NakWithDelay(time.Duration) error
+	InProgress() error
+}
+
 // Job is the stored job.
 func (m *Msg) Job() Job { return m.job }
+
+// AddAttempts counts n more failed attempts of the job than its message
+// says (a keyed lane's ordered job retried in place).
+func (m *Msg) AddAttempts(n int) { m.job.Attempts += n }
+
+// Seq is the job's stream sequence.
+func (m *Msg) Seq() uint64 { return m.meta.Sequence.Stream }
 
 // Attempt is this delivery's attempt number: 1 for the first. Deliveries
 // that a rate limit or a stop cut short do not count.

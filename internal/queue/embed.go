@@ -26,8 +26,34 @@ type EmbeddedConfig struct {
 	// Publishers are outside users allowed to publish jobs on the public
 	// subjects of their lanes only (PublisherPermissions).
 	Publishers []EmbeddedPublisher
-	Logger     *slog.Logger
+	// Workers are outside workers of pull-mode lanes (WorkerPermissions).
+	Workers []EmbeddedWorker
+	Logger  *slog.Logger
 }
+
+// EmbeddedWorker is an outside worker of the embedded server.
+type EmbeddedWorker struct {
+	User, Password string
+	// Publish are the subjects it may publish to: its lanes' work
+	// subjects and their outcome subjects.
+	Publish []string
+}
+
+// WorkerPermissions are the NATS permissions a pull-mode worker needs, and
+// all it gets: publish on publish (its lanes' work subjects S and S.ack.>)
+// and subscribe to its own inbox prefix _INBOX.<user>.>, so that it never
+// sees the jobs, nor the outcome subjects, handed to another worker.
+// docs/WORKERS.md gives the same permissions for an external server.
+func WorkerPermissions(user string, publish []string) *server.Permissions {
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: publish},
+		Subscribe: &server.SubjectPermission{Allow: []string{WorkerInbox(user) + ".>"}},
+	}
+}
+
+// WorkerInbox is the inbox prefix of a worker user of the embedded
+// server: its connection sets it (nats.CustomInboxPrefix).
+func WorkerInbox(user string) string { return "_INBOX." + user }
 
 // EmbeddedPublisher is an outside publisher of the embedded server.
 type EmbeddedPublisher struct {
@@ -76,6 +102,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		for _, p := range cfg.Publishers {
 			opts.Users = append(opts.Users, &server.User{Username: p.User, Password: p.Password, Permissions: PublisherPermissions(p.Lanes)})
 		}
+		for _, w := range cfg.Workers {
+			opts.Users = append(opts.Users, &server.User{Username: w.User, Password: w.Password, Permissions: WorkerPermissions(w.User, w.Publish)})
+		}
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true
@@ -101,7 +130,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	}
 	if cfg.Logger != nil {
 		cfg.Logger.Info("embedded nats-server ready", "data_dir", cfg.DataDir, "listen", cfg.Listen,
-			"auth", cfg.User != "", "publishers", len(cfg.Publishers))
+			"auth", cfg.User != "", "publishers", len(cfg.Publishers), "workers", len(cfg.Workers))
 	}
 	return srv, nil
 }

@@ -133,6 +133,7 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 		return job
 	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
+	job.Outside = h.Get(HeaderVia) == "nats"
 	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 && n <= maxAttempts {
 		job.Attempts = n
 	}
@@ -166,6 +167,7 @@ func (q *Queue) republish(ctx context.Context, job Job) error {
 		return fmt.Errorf("lane %s: %w", job.Lane, err)
 	}
 	if !ack.Duplicate || q.isCopy(ctx, ls, ack.Sequence, job) {
+		ls.stored(job.Key)
 		return nil
 	}
 	q.log.Warn("a stored message holds the msg id of a job being stored again; storing it under a fresh id",
@@ -174,6 +176,7 @@ func (q *Queue) republish(ctx context.Context, job Job) error {
 	if _, err := q.publish(ctx, InternalSubject(job.Lane, job.Key), jobMsg(job)); err != nil {
 		return fmt.Errorf("lane %s: %w", job.Lane, err)
 	}
+	ls.stored(job.Key)
 	return nil
 }
 

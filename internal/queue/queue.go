@@ -150,6 +150,11 @@ type laneState struct {
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
 	retry    jetstream.Consumer // the lane's retry mover
+	// keyed lanes: the intake of public subjects, and who hears of
+	// stored jobs (OnStored)
+	keyed    bool
+	intake   jetstream.Consumer
+	onStored func(key string)
 
 	mu        sync.Mutex
 	backlog   int64 // from the last stream info
@@ -183,6 +188,11 @@ func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.
 	ls, err := q.lane(lane)
 	if err != nil {
 		return 0, err
+	}
+	if ls.consumer == nil {
+		// A keyed lane: each key has its own order and pace; no job of
+		// another key waits ahead of this one.
+		return 0, nil
 	}
 	ls.mu.Lock()
 	stale := maxAge <= 0 || time.Since(ls.deliveredAt) >= maxAge
@@ -234,7 +244,9 @@ func notifyAddress(v string) string {
 
 // New returns a Queue on the connection nc. It starts nothing.
 func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
-	js, err := jetstream.New(nc)
+	// An asynchronous publish (PublishBatch) whose acknowledgement never
+	// comes is failed after publishTimeout, like a synchronous one.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
@@ -329,6 +341,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 		ls.mu.Lock()
 		ls.published++
 		ls.mu.Unlock()
+		ls.stored(job.Key)
 	}
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
@@ -347,6 +360,9 @@ func jobMsg(job Job) *nats.Msg {
 			id = job.ID
 		}
 		msg.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	if job.Outside {
+		msg.Header.Set(HeaderVia, "nats")
 	}
 	if job.Notify != "" {
 		msg.Header.Set(HeaderNotify, job.Notify)
@@ -487,13 +503,18 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 	if err != nil {
 		return LaneStats{}, err
 	}
-	ci, err := ls.consumer.Info(ctx)
-	if err != nil {
-		return LaneStats{}, fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
-	}
 	si, err := ls.stream.Info(ctx)
 	if err != nil {
 		return LaneStats{}, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+	}
+	if ls.consumer == nil {
+		// A keyed lane: no consumer counts what is in flight; the lane's
+		// runtime knows its own.
+		return LaneStats{Stored: si.State.Msgs, Pending: si.State.Msgs}, nil
+	}
+	ci, err := ls.consumer.Info(ctx)
+	if err != nil {
+		return LaneStats{}, fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
 	}
 	return LaneStats{Stored: si.State.Msgs, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered}, nil
 }

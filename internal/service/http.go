@@ -48,7 +48,7 @@ func (s *Service) apiAuth() (ingest.Auth, error) {
 func apiKeys(keys []config.Key) []ingest.Key {
 	out := make([]ingest.Key, 0, len(keys))
 	for _, k := range keys {
-		ik := ingest.Key{ID: k.ID, SHA256: k.Digest()}
+		ik := ingest.Key{ID: k.ID, SHA256: k.Digest(), Plan: k.Plan}
 		for _, sc := range k.Scopes {
 			name, lane, _ := config.ParseScope(sc) // validated by config
 			switch {
@@ -140,7 +140,8 @@ func (s *Service) httpServer(h http.Handler, tc *tls.Config) *http.Server {
 // errNotRunning: Reload before the API is up.
 var errNotRunning = errors.New("service: reload: the API is not running yet")
 
-// Reload reads auth.keys_file and the TLS certificate and key again and
+// Reload reads auth.keys_file (with ReloadConfigWith, the config file's
+// auth keys and callers section too) and the TLS certificate and key again and
 // swaps them in at once, without dropping a connection or a request in
 // flight (what SIGHUP does). A file that fails its checks is logged and
 // the keys or certificate in use stay. It returns what failed.
@@ -151,8 +152,23 @@ func (s *Service) Reload() error {
 		return errNotRunning
 	}
 	var errs []error
-	if s.cfg.Auth.KeysFile != "" {
-		keys, err := s.cfg.LoadKeys()
+	cfg := s.cfg
+	if s.reloadConfig != nil {
+		next, err := s.reloadConfig()
+		if err != nil {
+			s.log.Error("reload: config file refused; the keys and caller quotas in use stay", "err", err)
+			return err
+		}
+		if err := reloadCallers(s.log, s.access.api, s.cfg.Callers, next.Callers); err != nil {
+			errs = append(errs, err)
+		}
+		if next.HasKeys() && s.cfg.HasKeys() {
+			cfg.Auth = next.Auth
+		}
+		cfg.Callers = next.Callers
+	}
+	if cfg.HasKeys() && (s.reloadConfig != nil || cfg.Auth.KeysFile != "") {
+		keys, err := cfg.LoadKeys()
 		if err == nil {
 			err = s.access.api.SetKeys(apiKeys(keys))
 		}
@@ -160,9 +176,10 @@ func (s *Service) Reload() error {
 			s.log.Error("reload: keys_file refused; the keys in use stay", "err", err)
 			errs = append(errs, err)
 		} else {
-			s.log.Info("reload: API keys replaced", "keys", len(keys), "keys_file", s.cfg.Auth.KeysFile)
+			s.log.Info("reload: API keys replaced", "keys", len(keys), "keys_file", cfg.Auth.KeysFile)
 		}
 	}
+	s.cfg.Auth, s.cfg.Callers = cfg.Auth, cfg.Callers
 	if s.cfg.TLS.CertFile != "" {
 		if err := s.loadCert(); err != nil {
 			s.log.Error("reload: TLS certificate refused; the one in use stays", "err", err)

@@ -9,9 +9,11 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +33,8 @@ import (
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/instance"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/keyed/redisclaims"
 	"github.com/throttler/throttler/internal/lane"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
@@ -55,7 +59,14 @@ type Service struct {
 
 	// access holds what Reload swaps: API keys, TLS certificate.
 	access access
+	// reloadConfig, when set, reads the config file again for Reload.
+	reloadConfig func() (config.Config, error)
 }
+
+// ReloadConfigWith makes Reload read the config file again through load
+// (the API keys in it and the callers section take effect; other settings
+// need a restart). Call it before Run.
+func (s *Service) ReloadConfigWith(load func() (config.Config, error)) { s.reloadConfig = load }
 
 // Handle registers an in-process target under name, for lanes whose config
 // says target: {handler: name}. Call it before Run. It lets a Go program
@@ -125,12 +136,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, closeStore, err := s.openStore(ctx, m)
+	store, pair, claims, rc, closeStore, err := s.openStore(ctx, m, claim.ID())
 	if err != nil {
 		return err
 	}
 	closers = append(closers, closeStore)
 	store = countingStore{store, m}
+	pair = countingPair{pair, m}
 
 	q, err := queue.New(nc, s.log.With("component", "queue"))
 	if err != nil {
@@ -152,13 +164,19 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, hub.Close)
+	limits, err := q.EnsureLimits(ctx, s.cfg.NATS.Replicas)
+	if err != nil {
+		return err
+	}
 	deps := lane.Deps{
-		NATS: nc, Queue: q, Store: store, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		Limits: limits,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
-	lanes := &directory{byName: map[string]*lane.Lane{}}
+	lanes := &directory{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}}
 	for i, lc := range s.cfg.Lanes {
+		lanes.cfg[lc.Name] = lc
 		l, err := lane.New(ctx, lc, deps)
 		if err != nil {
 			// Named like a config error: the field is where to look.
@@ -181,13 +199,17 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	callers := s.callers(rc, m, names(s.cfg.Lanes))
 	httpAPI, err := ingest.New(ingest.Config{
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q,
+		Callers:  callers,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            auth,
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
+		MaxBatchItems:   s.cfg.HTTP.MaxBatchItems,
+		MaxBatchBytes:   s.cfg.HTTP.BatchBytes(),
 		Ready: func(context.Context) error {
 			if st := nc.Status(); st != nats.CONNECTED {
 				return fmt.Errorf("nats connection is %v", st)
@@ -218,12 +240,12 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	drainCtx, stopDrains := context.WithCancel(ctx)
 	defer stopDrains()
 	var drains sync.WaitGroup
-	names := make([]string, 0, len(lanes.order))
+	laneNames := make([]string, 0, len(lanes.order))
 	for _, l := range lanes.order {
 		drains.Go(func() { l.Run(drainCtx) })
-		names = append(names, l.Name())
+		laneNames = append(laneNames, l.Name())
 	}
-	drains.Go(func() { lane.WatchQueues(drainCtx, q, names, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
+	drains.Go(func() { lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)
@@ -328,7 +350,8 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		pubs = append(pubs, queue.EmbeddedPublisher{User: p.User, Password: p.Password, Lanes: p.Lanes})
 	}
 	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: n.DataDir, Listen: n.Listen,
-		MaxPayload: s.maxMessage(), User: n.User, Password: n.Password, Publishers: pubs, Logger: s.log.With("component", "nats")})
+		MaxPayload: s.maxMessage(), User: n.User, Password: n.Password, Publishers: pubs, Workers: s.embeddedWorkers(),
+		Logger: s.log.With("component", "nats")})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -377,14 +400,17 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 	}
 }
 
-// openStore returns the lane state store: Redis when configured, else memory.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Store, func(), error) {
+// openStore returns the lane state store, the same states for keyed lanes'
+// slots, the keyed lanes' claims, and the Redis client the caller quotas
+// share: Redis when configured, else memory (and a nil client).
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string) (bucket.Store, bucket.PairStore, keyed.Claims, *redis.AutoPipeliner, func(), error) {
 	if s.cfg.Redis.URL == "" {
-		return &bucket.Memory{}, func() {}, nil
+		mem := &bucket.Memory{}
+		return mem, mem, keyed.Local{}, nil, func() {}, nil
 	}
 	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
 	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
@@ -392,12 +418,12 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	pipe, err := client.AutoPipeline()
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
 	if err := rcfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
 	store := redisbucket.New(pipe, rcfg)
 	m.WatchRestored(store.Restored)
@@ -406,7 +432,8 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics) (bucket.Sto
 	if err := client.Ping(pctx).Err(); err != nil {
 		s.log.Warn("redis unreachable at start; admission queues and drains wait until it answers", "err", scrubbed(err, s.cfg.Redis.URL))
 	}
-	return store, func() { _ = pipe.Close(); _ = client.Close() }, nil
+	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
+	return store, store, claims, pipe, func() { _ = pipe.Close(); _ = client.Close() }, nil
 }
 
 // redisOptions reads redis.url in the form of redis.mode and makes one set
@@ -485,10 +512,46 @@ func (c countingStore) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, 
 	return c.Store.Pause(ctx, k, l, d)
 }
 
+// countingPair counts keyed lanes' slot reservations like countingStore.
+type countingPair struct {
+	bucket.PairStore
+	m *metrics.Metrics
+}
+
+func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
+	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
+}
+
+// KeyStatus implements ingest.KeyDirectory.
+func (d *directory) KeyStatus(_ context.Context, name, key string) (api.KeyStatus, error) {
+	st, err := d.byName[name].KeyStatus(key)
+	return st, keyErr(err)
+}
+
+// SetKey implements ingest.KeyDirectory.
+func (d *directory) SetKey(ctx context.Context, name, key string, c ingest.KeyChange, by string) (api.KeyStatus, error) {
+	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
+	if c.Rate != nil {
+		r := c.Rate.PerSecond()
+		lc.Rate = &r
+	}
+	st, err := d.byName[name].SetKey(ctx, key, lc, by)
+	return st, keyErr(err)
+}
+
+func keyErr(err error) error {
+	if errors.Is(err, lane.ErrNotKeyed) {
+		return ingest.ErrNotKeyed
+	}
+	return err
+}
+
 // directory implements ingest.Directory over the running lanes.
 type directory struct {
 	byName map[string]*lane.Lane
 	order  []*lane.Lane
+	cfg    map[string]config.Lane
 }
 
 func (d *directory) Lane(name string) (ingest.Lane, bool) {
@@ -496,7 +559,8 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 	if !ok {
 		return ingest.Lane{}, false
 	}
-	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait()}, true
+	c := d.cfg[name]
+	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}, true
 }
 
 func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {
@@ -514,6 +578,24 @@ func (d *directory) Status(ctx context.Context) []api.LaneStatus {
 	out := make([]api.LaneStatus, 0, len(d.order))
 	for _, l := range d.order {
 		out = append(out, l.Status(ctx))
+	}
+	return out
+}
+
+// embeddedWorkers are the pull-mode worker users of the embedded server,
+// each allowed the work and outcome subjects of its lanes (every pull-mode
+// lane when it lists none).
+func (s *Service) embeddedWorkers() []queue.EmbeddedWorker {
+	var out []queue.EmbeddedWorker
+	for _, w := range s.cfg.NATS.Workers {
+		var publish []string
+		for _, l := range s.cfg.Lanes {
+			if !l.Target.Pull() || (len(w.Lanes) > 0 && !slices.Contains(w.Lanes, l.Name)) {
+				continue
+			}
+			publish = append(publish, l.Target.NATS.Subject, dispatch.AckPrefix(l.Target.NATS.Subject)+".>")
+		}
+		out = append(out, queue.EmbeddedWorker{User: w.User, Password: w.Password, Publish: publish})
 	}
 	return out
 }

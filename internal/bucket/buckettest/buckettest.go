@@ -45,6 +45,10 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	ctx := context.Background()
 	k := bucket.Key{Lane: "demo"}
 
+	if _, ok := newStore(t, NewClock()).(bucket.PairStore); ok {
+		runPair(t, newStore, near)
+	}
+
 	t.Run("AdmitBurstThenRefill", func(t *testing.T) {
 		clock := NewClock()
 		s := newStore(t, clock)

@@ -1,0 +1,48 @@
+package api
+
+import "encoding/json"
+
+// BatchItem is one job of a POST /v1/lanes/{lane}/jobs:batch body (a JSON
+// array of them). Exactly one of Payload and PayloadBase64 is given.
+type BatchItem struct {
+	// IdempotencyKey is the job id, as the Idempotency-Key header of a
+	// single submission; empty: the server makes one.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Payload is any JSON value, stored as written (media type
+	// application/json unless ContentType says otherwise).
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// PayloadBase64 is a payload that is not JSON, base64 (RFC 4648,
+	// standard alphabet, padded); its media type is ContentType, else
+	// application/octet-stream.
+	PayloadBase64 string `json:"payload_base64,omitempty"`
+	// ContentType is the payload's media type, as the Content-Type header
+	// of a single submission.
+	ContentType string `json:"content_type,omitempty"`
+	// ThrottleKey is the job's key on a keyed lane, as the Throttle-Key
+	// header of a single submission.
+	ThrottleKey string `json:"throttle_key,omitempty"`
+}
+
+// BatchResult is the outcome of one job of a batch: Status 202 and the
+// fields of Accepted when it was stored (or is a duplicate), else the
+// status and Problem that refused it. Nothing of a refused job was stored.
+type BatchResult struct {
+	Status    int    `json:"status"`
+	ID        string `json:"id"`
+	State     string `json:"state,omitempty"`
+	ETAMillis int64  `json:"eta_ms"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+	// Problem says why the job was refused; nil when it was stored.
+	Problem *Problem `json:"problem,omitempty"`
+}
+
+// BatchAccepted is the body of a batch answer: one result per submitted
+// job, in the order of the request.
+type BatchAccepted struct {
+	Lane string `json:"lane"`
+	// Accepted counts the jobs stored or found stored (duplicates);
+	// Failed the ones refused.
+	Accepted int           `json:"accepted"`
+	Failed   int           `json:"failed"`
+	Results  []BatchResult `json:"results"`
+}

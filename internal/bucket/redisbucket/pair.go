@@ -1,0 +1,100 @@
+package redisbucket
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttler/throttler/internal/bucket"
+)
+
+// pairScript reserves one slot of a keyed lane (bucket.ReservePair): KEYS[1]
+// is the lane's state (with the prelude's arguments and floor), KEYS[2] the
+// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] and ARGV[8] the key's
+// period and tolerance in ns. The key's state has no floor: a key whose state
+// Redis lost starts with a full bucket (at most one burst too many for that
+// key), the lane-wide state is restored as for every lane. It returns {ok,
+// due, key next, lane next, lane tat', restored} (ns from now).
+var pairScript = redis.NewScript(prelude + `
+local kperiod = tonumber(ARGV[7])
+local ktau = tonumber(ARGV[8])
+local krel = 0
+local kcur = redis.call('GET', KEYS[2])
+if kcur then
+  local us, ns = parse(kcur)
+  if not us then
+    return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[2])
+  end
+  krel = (us - now_us) * 1000 + (ns - now_ns)
+end
+local el = rel - tau
+if el < 0 then el = 0 end
+local ek = krel - ktau
+if ek < 0 then ek = 0 end
+if ek - el > arg then
+  return {0, '0', num(ek), num(el), tail(rel)}
+end
+local due = math.max(el, ek)
+local lrel = math.max(rel, due) + period
+local nk = math.max(krel, due) + kperiod
+store(lrel)
+local kttl = math.ceil(nk / 1000000) + extra_ttl
+if kttl > 1e15 then kttl = 1e15 end
+redis.call('SET', KEYS[2], state(nk), 'PX', kttl)
+return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), tail(lrel)}
+`)
+
+var _ bucket.PairStore = (*Store)(nil)
+
+// ReservePair implements bucket.PairStore: one slot of key k under both its
+// own limit kl and the lane-wide limit ll, in one script call (both keys
+// share the lane's hash tag).
+func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+	if err := checkLimit(ll, 1); err != nil {
+		return bucket.PairReservation{}, err
+	}
+	if err := checkLimit(kl, 1); err != nil {
+		return bucket.PairReservation{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	now := ""
+	if s.now != nil {
+		now = formatNow(s.now())
+	}
+	laneKey := s.Key(bucket.Key{Lane: k.Lane})
+	s.calls.Add(1)
+	reply, err := pairScript.Run(ctx, s.client, []string{laneKey, s.Key(k)},
+		now, int64(ll.Period()), int64(ll.Tolerance()), int64(max(ahead, bucket.PairSlack)), s.ttlMs, s.floors.get(laneKey),
+		int64(kl.Period()), int64(kl.Tolerance())).Result()
+	if err != nil {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
+	}
+	a, ok := reply.([]any)
+	if !ok || len(a) != 6 {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v, want {ok, due, key next, lane next, tat, restored}", errReply, reply, reply))
+	}
+	flag, ok := a[0].(int64)
+	if !ok || (flag != 0 && flag != 1) {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v as the ok flag", errReply, a[0], a[0]))
+	}
+	var r bucket.PairReservation
+	r.OK = flag == 1
+	for i, p := range []*timeDuration{{&r.Due}, {&r.KeyNext}, {&r.LaneNext}} {
+		if *p.d, err = parseDuration(a[i+1]); err != nil {
+			return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
+		}
+	}
+	r.Free = r.OK && r.Due == 0
+	if err := s.see(laneKey, reply, r.LaneNext+ll.Tolerance()); err != nil {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
+	}
+	return r, nil
+}
+
+type timeDuration struct{ d *time.Duration }

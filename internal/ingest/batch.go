@@ -1,0 +1,491 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nuid"
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// Batch intake: POST /v1/lanes/{lane}/jobs:batch takes a JSON array of
+// api.BatchItem and answers one api.BatchResult per item, in order. The
+// whole body is read and every item checked before anything is stored: bad
+// input (a malformed item, a batch over the limits) stores nothing and gets
+// one problem naming the item's field as a JSON pointer ("/3/idempotency_key").
+// Then every item goes through the same admission as a single job, and the
+// admitted ones are stored with asynchronous publishes in one window; an item
+// refused then (backlog full, storage full) gets its own problem and does not
+// undo the others.
+
+// Defaults of the batch limits (http.max_batch_items, http.max_batch_bytes).
+const (
+	DefaultMaxBatchItems = 1000
+	DefaultMaxBatchBytes = 8 << 20
+)
+
+// Content types of batch items without one.
+const (
+	jsonContentType   = "application/json"
+	binaryContentType = "application/octet-stream"
+)
+
+// batchJob is one checked item of a batch.
+type batchJob struct {
+	job queue.Job
+	// first is the index of the item with the same id earlier in the
+	// batch, or -1: a repeated id is answered as a duplicate of its first
+	// item and not published again.
+	first int
+}
+
+func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("lane")
+	reject := func(p api.Problem, reason string, retry time.Duration) {
+		p.Lane = name
+		h.cfg.Logger.Info("batch rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
+		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
+		writeProblem(w, r, p, retry)
+	}
+	if h.draining.Load() {
+		reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
+			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
+		return
+	}
+	lane, ok := h.cfg.Lanes.Lane(name)
+	if !ok {
+		reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
+			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonContentType {
+			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusUnsupportedMediaType, Field: "Content-Type",
+				Detail: "a batch is a JSON array: send Content-Type: application/json"}, "invalid_content_type", 0)
+			return
+		}
+	}
+	maxBytes, maxItems := h.maxBatchBytes(), h.maxBatchItems()
+	tooBig := func() {
+		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+			Detail: fmt.Sprintf("the batch is larger than http.max_batch_bytes (%d bytes); split it", maxBytes)}, "body_too_large", 0)
+	}
+	if r.ContentLength > maxBytes {
+		w.Header().Set("Connection", "close")
+		tooBig()
+		return
+	}
+	release, ok := h.bodies.take(r.ContentLength, maxBytes)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
+		return
+	}
+	defer release()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBytes))
+	if err != nil {
+		var over *http.MaxBytesError
+		switch {
+		case errors.As(err, &over):
+			tooBig()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
+				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
+		default:
+			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
+		}
+		return
+	}
+	jobs, p := parseBatch(body, name, lane.MaxBody, maxItems)
+	switch {
+	case p != nil && p.Status == http.StatusRequestEntityTooLarge:
+		reject(*p, "body_too_large", 0)
+		return
+	case p != nil:
+		reject(*p, "bad_body", 0)
+		return
+	}
+	if p := keysOf(jobs, name, lane.Admission.KeyLimit != nil); p != nil {
+		reject(*p, "missing_throttle_key", 0)
+		return
+	}
+	// The batch costs its caller the lane's cost per item, before
+	// anything is stored; a refusal (429, or 413 over the plan's burst) is
+	// answered there.
+	if !h.chargeJobs(w, r, lane, len(jobs)) {
+		return
+	}
+	h.storeBatch(w, r, name, lane, jobs)
+}
+
+// keysOf applies a lane's keying to a checked batch: on a keyed lane every
+// item needs its throttle_key (as every single job needs its Throttle-Key);
+// on a lane without keys the field is ignored, as the header is.
+func keysOf(jobs []batchJob, lane string, keyed bool) *api.Problem {
+	for i := range jobs {
+		switch {
+		case !keyed:
+			jobs[i].job.Key = ""
+		case jobs[i].job.Key == "":
+			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "/" + strconv.Itoa(i) + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, lane)}
+		}
+	}
+	return nil
+}
+
+func (h *Handler) maxBatchItems() int {
+	if h.cfg.MaxBatchItems > 0 {
+		return h.cfg.MaxBatchItems
+	}
+	return DefaultMaxBatchItems
+}
+
+func (h *Handler) maxBatchBytes() int64 {
+	if h.cfg.MaxBatchBytes > 0 {
+		return h.cfg.MaxBatchBytes
+	}
+	return DefaultMaxBatchBytes
+}
+
+// parseBatch reads and checks every item of a batch body; a problem names
+// the first thing wrong, and then nothing may be stored.
+func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
+	bad := func(status int, field, format string, args ...any) *api.Problem {
+		typ := ProblemBadBody
+		if status == http.StatusRequestEntityTooLarge {
+			typ = ProblemBodyTooLarge
+		}
+		return &api.Problem{Type: typ, Status: status, Field: field, Detail: fmt.Sprintf(format, args...)}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return nil, bad(http.StatusBadRequest, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
+	}
+	var jobs []batchJob
+	seen := map[string]int{}
+	for dec.More() {
+		i := len(jobs)
+		if i >= maxItems {
+			return nil, bad(http.StatusRequestEntityTooLarge, "/"+strconv.Itoa(i),
+				"the batch has more than http.max_batch_items (%d) items; split it", maxItems)
+		}
+		var it api.BatchItem
+		if err := dec.Decode(&it); err != nil {
+			return nil, itemError(err, i)
+		}
+		job, p := checkItem(it, i, lane, maxBody)
+		if p != nil {
+			return nil, p
+		}
+		bj := batchJob{job: job, first: -1}
+		if f, ok := seen[job.ID]; ok {
+			bj.first = f
+		} else {
+			seen[job.ID] = i
+		}
+		jobs = append(jobs, bj)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, bad(http.StatusBadRequest, "body", "the batch array is not closed: %v", err)
+	}
+	if dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
+		return nil, bad(http.StatusBadRequest, "body", "data after the batch array")
+	}
+	if len(jobs) == 0 {
+		return nil, bad(http.StatusBadRequest, "body", "the batch is empty")
+	}
+	return jobs, nil
+}
+
+// itemError names what is wrong in item i that did not decode: an unknown
+// field, a field of the wrong type, not an object, not JSON.
+func itemError(err error, i int) *api.Problem {
+	at := "/" + strconv.Itoa(i)
+	p := &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: at}
+	var ute *json.UnmarshalTypeError
+	switch f, unknown := strings.CutPrefix(err.Error(), "json: unknown field "); {
+	case unknown:
+		p.Field += "/" + strings.Trim(f, `"`)
+		p.Detail = fmt.Sprintf("item %d: unknown field %s", i, f)
+	case errors.As(err, &ute) && ute.Field != "":
+		p.Field += "/" + ute.Field
+		p.Detail = fmt.Sprintf("item %d: %s cannot be a JSON %s", i, ute.Field, ute.Value)
+	case errors.As(err, &ute):
+		p.Detail = fmt.Sprintf("item %d: an item is an object {\"idempotency_key\", \"payload\"}, not %s", i, ute.Value)
+	default:
+		p.Detail = fmt.Sprintf("item %d is not valid JSON: %v", i, err)
+	}
+	return p
+}
+
+// checkItem checks item i of a batch and makes its job.
+func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, *api.Problem) {
+	at := "/" + strconv.Itoa(i)
+	bad := func(status int, field, format string, args ...any) (queue.Job, *api.Problem) {
+		typ := ProblemBadBody
+		if status == http.StatusRequestEntityTooLarge {
+			typ = ProblemBodyTooLarge
+		}
+		return queue.Job{}, &api.Problem{Type: typ, Status: status, Field: at + field, Detail: fmt.Sprintf("item %d: ", i) + fmt.Sprintf(format, args...)}
+	}
+	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType}
+	if job.ID != "" {
+		if err := queue.ValidJobID(job.ID); err != nil {
+			return bad(http.StatusBadRequest, "/idempotency_key", "idempotency_key: %v", err)
+		}
+	} else {
+		job.ID = nuid.Next()
+	}
+	if it.ThrottleKey != "" {
+		if err := queue.ValidKey(it.ThrottleKey); err != nil {
+			return bad(http.StatusBadRequest, "/throttle_key", "throttle_key: %v", err)
+		}
+	}
+	if len(it.ContentType) > maxContentType {
+		return bad(http.StatusBadRequest, "/content_type", "content_type is %d bytes; at most %d are allowed", len(it.ContentType), maxContentType)
+	}
+	for j := 0; j < len(it.ContentType); j++ {
+		if c := it.ContentType[j]; c < ' ' || c > '~' {
+			return bad(http.StatusBadRequest, "/content_type", "content_type has a byte 0x%02x at %d; only visible ASCII and spaces are allowed", c, j)
+		}
+	}
+	switch {
+	case it.Payload != nil && it.PayloadBase64 != "":
+		return bad(http.StatusBadRequest, "/payload_base64", "give payload or payload_base64, not both")
+	case it.Payload != nil:
+		job.Payload = []byte(it.Payload)
+		if job.ContentType == "" {
+			job.ContentType = jsonContentType
+		}
+	case it.PayloadBase64 != "":
+		b, err := base64.StdEncoding.DecodeString(it.PayloadBase64)
+		if err != nil {
+			return bad(http.StatusBadRequest, "/payload_base64", "not base64 (standard alphabet, padded): %v", err)
+		}
+		job.Payload = b
+		if job.ContentType == "" {
+			job.ContentType = binaryContentType
+		}
+	default:
+		return bad(http.StatusBadRequest, "/payload", "payload (any JSON) or payload_base64 is required")
+	}
+	if int64(len(job.Payload)) > maxBody {
+		field := "/payload"
+		if it.PayloadBase64 != "" {
+			field = "/payload_base64"
+		}
+		return bad(http.StatusRequestEntityTooLarge, field, "the payload is %d bytes, over the lane's max_body of %d", len(job.Payload), maxBody)
+	}
+	return job, nil
+}
+
+// storeBatch decides on every job of a checked batch, stores the ones
+// admission takes in one window of asynchronous publishes, and answers one
+// result per job.
+func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string, lane Lane, jobs []batchJob) {
+	ctx := r.Context()
+	results := make([]api.BatchResult, len(jobs))
+	fail := func(i int, p api.Problem, reason string) {
+		p.Lane, p.Instance = name, r.URL.Path
+		if p.Title == "" {
+			p.Title = http.StatusText(p.Status)
+		}
+		results[i] = api.BatchResult{Status: p.Status, ID: jobs[i].job.ID, Problem: &p}
+		h.cfg.Metrics.Rejected.WithLabelValues(name, reason).Inc()
+	}
+	// The items that are new in this batch, decided as if they came one
+	// after the other. (Keyed lanes decide per key.)
+	var fresh []int
+	for i, bj := range jobs {
+		if bj.first < 0 {
+			fresh = append(fresh, i)
+		}
+	}
+	// On a keyed lane each key has a bucket of its own: the items of one key
+	// are decided together, in their order, beside the other keys'.
+	decs, errs := make([]admission.Decision, len(fresh)), make([]error, len(fresh))
+	byKey := map[string][]int{} // key → indexes into fresh
+	var keys []string
+	for k, i := range fresh {
+		key := jobs[i].job.Key
+		if _, ok := byKey[key]; !ok {
+			keys = append(keys, key)
+		}
+		byKey[key] = append(byKey[key], k)
+	}
+	for _, key := range keys {
+		ks := byKey[key]
+		d, e := h.cfg.Admitter.DecideN(ctx, lane.Admission, key, len(ks))
+		for j, k := range ks {
+			decs[k], errs[k] = d[j], e[j]
+		}
+	}
+	var (
+		toStore []queue.Job
+		stored  []struct{ i, k int } // batch index and decision index of toStore[j]
+		waits   = map[int]func(context.Context, time.Duration) (queue.Told, bool){}
+		last    admission.Decision
+	)
+	for k, i := range fresh {
+		if err := errs[k]; err != nil {
+			var rej *admission.RejectError
+			if errors.As(err, &rej) {
+				p := api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
+					Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)}
+				p.RetryAfterSeconds = retryAfterSeconds(rej.RetryAfter)
+				fail(i, p, "backlog_full")
+				continue
+			}
+			fail(i, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: "admission failed: " + err.Error(), RetryAfterSeconds: 1}, "admission_error")
+			continue
+		}
+		last = decs[k]
+		job := jobs[i].job
+		if decs[k].Room && h.cfg.Slots != nil {
+			wait, cancel := h.cfg.Slots.Expect(name, job.ID)
+			defer cancel()
+			waits[i] = wait
+			job.Notify = h.cfg.Slots.Address()
+		}
+		toStore = append(toStore, job)
+		stored = append(stored, struct{ i, k int }{i, k})
+	}
+	var pubs []queue.BatchResult
+	if len(toStore) > 0 {
+		var err error
+		pubs, err = h.cfg.Publisher.PublishBatch(ctx, name, toStore)
+		if err != nil {
+			// The lane vanished between the lookup and the publish.
+			pubs = make([]queue.BatchResult, len(toStore))
+			for k := range pubs {
+				pubs[k].Err = err
+			}
+		}
+	}
+	storedAt := time.Now()
+	// The jobs queued ahead of the whole batch; each job's decision adds
+	// the ones of the batch before it.
+	var ahead int64 = -1
+	etaOf := func(dec admission.Decision) int64 {
+		if ahead < 0 {
+			ahead = 0
+			for j, pub := range pubs {
+				if pub.Err == nil && !pub.Duplicate {
+					var err error
+					if ahead, err = h.cfg.Publisher.Ahead(ctx, name, pubs[j].Seq, aheadMaxAge); err != nil {
+						ahead = dec.Backlog
+					}
+					break
+				}
+			}
+		}
+		return dec.ETA(ahead).Milliseconds()
+	}
+	deadline := storedAt.Add(lane.AdmitWait)
+	counts := map[string]int{}
+	for j, st := range stored {
+		i, pub, dec := st.i, pubs[j], decs[st.k]
+		if err := pub.Err; err != nil {
+			switch {
+			case errors.Is(err, queue.ErrFull):
+				fail(i, api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes", RetryAfterSeconds: 5,
+					Detail: fmt.Sprintf("lane %s's queue storage is full; this job was not stored", name)}, "storage_full")
+			case errors.Is(err, queue.ErrBacklogFull):
+				fail(i, api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
+					RetryAfterSeconds: retryAfterSeconds(lane.Admission.Limit.Period()),
+					Detail:            fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)}, "backlog_full")
+			default:
+				fail(i, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, RetryAfterSeconds: 1,
+					Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable")
+				h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
+			}
+			continue
+		}
+		id := jobs[i].job.ID
+		out := api.BatchResult{Status: http.StatusAccepted, ID: id, State: api.StateQueued}
+		wait := waits[i]
+		switch {
+		case pub.Duplicate:
+			out.Duplicate = true
+			if first, ok := h.answers.get(name, id); ok {
+				out.State = first
+			}
+			if out.State == api.StateQueued {
+				out.ETAMillis = h.eta(ctx, dec, name, pub.Seq).Milliseconds()
+			}
+		case wait != nil:
+			slot, told := wait(ctx, max(time.Until(deadline), 0))
+			waited := time.Since(storedAt) + slot.In
+			switch {
+			case told && slot.Free && slot.In <= atOnce && waited <= max(startsAtOnce, dec.Limit.Period()):
+				out.State = api.StateAdmitted
+			case told:
+				out.ETAMillis = max(slot.In, 0).Milliseconds()
+			default:
+				out.ETAMillis = etaOf(dec)
+			}
+		default:
+			out.ETAMillis = etaOf(dec)
+		}
+		if !pub.Duplicate {
+			h.answers.put(name, id, out.State)
+			counts[out.State]++
+		} else {
+			counts["duplicate"]++
+		}
+		results[i] = out
+	}
+	// A repeated id within the batch: the answer of its first item, as a
+	// duplicate (or the same refusal).
+	for i, bj := range jobs {
+		if bj.first < 0 {
+			continue
+		}
+		res := results[bj.first]
+		res.ID = bj.job.ID
+		if res.Problem == nil {
+			res.Duplicate = true
+			counts["duplicate"]++
+		}
+		results[i] = res
+	}
+	for state, n := range counts {
+		h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Add(float64(n))
+	}
+	answer := api.BatchAccepted{Lane: name, Results: results}
+	for _, res := range results {
+		if res.Problem == nil {
+			answer.Accepted++
+		} else {
+			answer.Failed++
+		}
+	}
+	if answer.Accepted > 0 {
+		last.Remaining = max(last.Remaining-1, 0)
+		setRateHeaders(w.Header(), r, name, last)
+	}
+	status := http.StatusAccepted
+	if answer.Failed > 0 {
+		status = http.StatusMultiStatus
+	}
+	w.Header().Set("Content-Type", jsonContentType)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(answer)
+}

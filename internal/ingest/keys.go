@@ -1,0 +1,116 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// KeyDirectory reads and changes one key of a keyed lane
+// (GET|PATCH /v1/lanes/{lane}/keys/{key}). Its errors: ErrNotKeyed for a
+// lane without per_key, a *bucket.LimitError (or bucket.ErrInvalidLimit)
+// for a refused change, anything else means the change could not be stored.
+type KeyDirectory interface {
+	KeyStatus(ctx context.Context, lane, key string) (api.KeyStatus, error)
+	SetKey(ctx context.Context, lane, key string, c KeyChange, by string) (api.KeyStatus, error)
+}
+
+// ErrNotKeyed is what a KeyDirectory answers for a lane without per_key.
+var ErrNotKeyed = errors.New("the lane is not keyed (no per_key)")
+
+// KeyChange is the body of PATCH /v1/lanes/{lane}/keys/{key}: absent fields
+// keep their value; "reset": true first drops the key's override.
+type KeyChange struct {
+	Rate        *bucket.Rate `json:"rate"`
+	Burst       *int         `json:"burst"`
+	MaxInflight *int         `json:"max_inflight"`
+	Weight      *float64     `json:"weight"`
+	Paused      *bool        `json:"paused"`
+	Reset       bool         `json:"reset"`
+}
+
+func (h *Handler) routeKeys() {
+	if h.cfg.Keys == nil {
+		return
+	}
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/keys/{key}", h.authorize(needRead, h.admin(h.getKey)))
+	h.mux.HandleFunc("PATCH /v1/lanes/{lane}/keys/{key}", h.authorize(needAdmin, h.admin(h.setKey)))
+}
+
+func keyProblem(err error) *api.Problem {
+	var le *bucket.LimitError
+	switch {
+	case errors.Is(err, ErrNotKeyed):
+		return &api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "lane", Detail: "the lane has no per_key block: it has no keys"}
+	case errors.As(err, &le):
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: le.Field, Detail: err.Error()}
+	case errors.Is(err, bucket.ErrInvalidLimit):
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
+	}
+	return &api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: "the change could not be stored: " + err.Error()}
+}
+
+func pathKey(r *http.Request) (string, *api.Problem) {
+	key := r.PathValue("key")
+	if err := queue.ValidKey(key); err != nil {
+		return "", &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "key", Detail: "key: " + err.Error()}
+	}
+	return key, nil
+}
+
+func (h *Handler) getKey(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+	key, p := pathKey(r)
+	if p != nil {
+		return p
+	}
+	st, err := h.cfg.Keys.KeyStatus(r.Context(), lane, key)
+	if err != nil {
+		return keyProblem(err)
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+	key, p := pathKey(r)
+	if p != nil {
+		return p
+	}
+	release, ok := h.bodies.take(min(r.ContentLength, maxLimitBody), maxLimitBody)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}
+	}
+	defer release()
+	var c KeyChange
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxLimitBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, bucket.ErrInvalidRate) {
+			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
+		}
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			Detail: "the body must be a JSON object with rate, burst, max_inflight, weight, paused and/or reset: " + err.Error()}
+	}
+	if c.Rate == nil && c.Burst == nil && c.MaxInflight == nil && c.Weight == nil && c.Paused == nil && !c.Reset {
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			Detail: "nothing to change: give rate, burst, max_inflight, weight, paused or reset"}
+	}
+	old, _ := h.cfg.Keys.KeyStatus(r.Context(), lane, key)
+	st, err := h.cfg.Keys.SetKey(r.Context(), lane, key, c, callerOf(r))
+	if err != nil {
+		return keyProblem(err)
+	}
+	h.audit(r, "key limit changed", "set_key", lane, "key", key,
+		"old", fmt.Sprintf("rate=%v burst=%d max_inflight=%d weight=%v paused=%v", old.Rate, old.Burst, old.MaxInflight, old.Weight, old.Paused),
+		"rate", st.Rate, "burst", st.Burst, "max_inflight", st.MaxInflight, "weight", st.Weight, "paused", st.Paused, "overridden", st.Overridden)
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}

@@ -1,0 +1,153 @@
+// Package redisclaims keeps keyed lanes' key claims in Redis, for a fleet of
+// instances sharing one Redis (keyed.Claims).
+//
+// Keys, all under the lane's hash tag (Redis Cluster): "<prefix>:{<lane>}:alive",
+// a hash of instance id → liveness deadline (Unix ms, Redis TIME), refreshed
+// by every call of the instance; and "<prefix>:{<lane>}:own:<key>", the id of
+// the instance that reads the key's jobs, with a TTL (Lease) refreshed by
+// its owner. A key is free when its owner key is missing, or names an
+// instance whose liveness deadline has passed: a crashed instance's keys are
+// taken over within Alive. An idle key has no Redis key at all.
+package redisclaims
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttler/throttler/internal/keyed"
+)
+
+// rediser is what the claims need of a Redis client.
+type rediser interface {
+	redis.Scripter
+}
+
+// Config configures Claims.
+type Config struct {
+	// Prefix starts every Redis key; default "thr".
+	Prefix string
+	// Instance is this instance's id.
+	Instance string
+	// Alive is how long an instance counts as alive after its last call;
+	// default 10s. Instances call at least every Alive/5 (Refresh).
+	Alive time.Duration
+	// Lease is how long an owner key lives without a refresh; default 10m.
+	Lease time.Duration
+	// Timeout bounds a call without a deadline; default 1s.
+	Timeout time.Duration
+}
+
+// Claims implements keyed.Claims on Redis. Safe for concurrent use.
+type Claims struct {
+	c   rediser
+	cfg Config
+}
+
+var _ keyed.Claims = (*Claims)(nil)
+
+// New returns Claims on client; it starts nothing.
+func New(client rediser, cfg Config) *Claims {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "thr"
+	}
+	if cfg.Alive <= 0 {
+		cfg.Alive = 10 * time.Second
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 10 * time.Minute
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	return &Claims{c: client, cfg: cfg}
+}
+
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func (c *Claims) head(lane string) string {
+	return c.cfg.Prefix + ":{" + tagEscaper.Replace(lane) + "}:"
+}
+
+// claimScript: KEYS[1] the alive hash, KEYS[2..] owner keys; ARGV[1] this
+// instance, ARGV[2] lease ms, ARGV[3] alive ms. It returns the indexes
+// (from 1) of the owner keys it holds for the instance.
+var claimScript = redis.NewScript(`
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local alive = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], now + alive)
+redis.call('PEXPIRE', KEYS[1], alive * 6)
+local got = {}
+for i = 2, #KEYS do
+  local o = redis.call('GET', KEYS[i])
+  local free = (not o) or o == ARGV[1]
+  if not free then
+    local dl = redis.call('HGET', KEYS[1], o)
+    free = (not dl) or tonumber(dl) < now
+  end
+  if free then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    got[#got + 1] = i - 1
+  end
+end
+return got
+`)
+
+// releaseScript deletes KEYS[1] if ARGV[1] holds it.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// batch bounds the keys of one script call.
+const batch = 500
+
+// Claim implements keyed.Claims.
+func (c *Claims) Claim(ctx context.Context, lane string, keys []string) ([]string, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	var got []string
+	for first := true; first || len(keys) > 0; first = false {
+		n := min(len(keys), batch)
+		part := keys[:n]
+		keys = keys[n:]
+		rk := make([]string, 0, n+1)
+		rk = append(rk, head+"alive")
+		for _, k := range part {
+			rk = append(rk, head+"own:"+k)
+		}
+		reply, err := claimScript.Run(ctx, c.c, rk, c.cfg.Instance, c.cfg.Lease.Milliseconds(), c.cfg.Alive.Milliseconds()).Int64Slice()
+		if err != nil {
+			return got, fmt.Errorf("redisclaims: claim keys of %s: %w", lane, err)
+		}
+		for _, i := range reply {
+			if i < 1 || int(i) > len(part) {
+				return got, fmt.Errorf("redisclaims: claim keys of %s: index %d out of range", lane, i)
+			}
+			got = append(got, part[i-1])
+		}
+	}
+	return got, nil
+}
+
+// Release implements keyed.Claims.
+func (c *Claims) Release(ctx context.Context, lane, key string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	if err := releaseScript.Run(ctx, c.c, []string{c.head(lane) + "own:" + key}, c.cfg.Instance).Err(); err != nil {
+		return fmt.Errorf("redisclaims: release %s/%s: %w", lane, key, err)
+	}
+	return nil
+}

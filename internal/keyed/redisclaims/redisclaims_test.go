@@ -1,0 +1,80 @@
+package redisclaims_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/keyed/redisclaims"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestOneReaderPerKey: of two instances, only one holds a key at a time;
+// a released key, or one whose holder stopped answering, goes to the
+// other. Local, the single instance's claims, holds every key.
+func TestOneReaderPerKey(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	alive := 300 * time.Millisecond
+	a := redisclaims.New(client, redisclaims.Config{Instance: "a", Alive: alive})
+	b := redisclaims.New(client, redisclaims.Config{Instance: "b", Alive: alive})
+	claim := func(c keyed.Claims, keys ...string) []string {
+		t.Helper()
+		got, err := c.Claim(ctx, "demo", keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := claim(a, "k1", "k2"); !slices.Equal(got, []string{"k1", "k2"}) {
+		t.Fatalf("a claimed %v of free keys", got)
+	}
+	if got := claim(b, "k1", "k2", "k3"); !slices.Equal(got, []string{"k3"}) {
+		t.Fatalf("b claimed %v, want only k3 (a holds k1 and k2)", got)
+	}
+	if got := claim(a, "k1"); !slices.Equal(got, []string{"k1"}) {
+		t.Fatalf("a lost its own key: %v", got)
+	}
+	if err := a.Release(ctx, "demo", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "demo", "k2"); err != nil { // not b's: no effect
+		t.Fatal(err)
+	}
+	if got := claim(b, "k1", "k2"); !slices.Equal(got, []string{"k1"}) {
+		t.Fatalf("b claimed %v after a released k1, want k1 only", got)
+	}
+	// a stops answering: once its liveness lapses, b takes k2 over.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if got := claim(b, "k2"); slices.Equal(got, []string{"k2"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b never took over the key of a silent instance")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := claim(a, "k2"); len(got) != 0 {
+		t.Fatalf("a took k2 back from a live b: %v", got)
+	}
+	if got, _ := (keyed.Local{}).Claim(ctx, "demo", []string{"x", "y"}); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("Local claimed %v", got)
+	}
+	// An idle key costs nothing in Redis: released, its owner key is gone.
+	if err := b.Release(ctx, "demo", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client.Exists(ctx, "thr:{demo}:own:k1").Result(); err != nil || n != 0 {
+		t.Fatalf("released key still in Redis: %d, %v", n, err)
+	}
+}

@@ -1,0 +1,499 @@
+package lane
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// keyedRun drives a keyed lane (per_key): instead of one consumer and one
+// drain, it asks keyed.Sched which key starts next, reads that key's next
+// job by subject (queue.KeyedReader), reserves its slot under the key's and
+// the lane's limits in one step (bucket.PairStore), and starts it at the
+// slot. Keys are claimed (keyed.Claims) so that one instance at a time reads
+// a key: its jobs then start in order.
+type keyedRun struct {
+	l      *Lane
+	reader *queue.KeyedReader
+	sched  *keyed.Sched
+	pair   bucket.PairStore
+	claims keyed.Claims
+	// permits bounds the lane's dispatches on this instance (max_inflight).
+	permits chan struct{}
+	wake    chan struct{}
+
+	mu      sync.Mutex
+	cursor  map[string]uint64     // per claimed key: the next sequence to read
+	held    map[string]*queue.Msg // per claimed key: its next job, read, not started
+	tries   map[uint64]int        // ordered keys: failed attempts of a job retried in place
+	pending map[string]struct{}   // keys with new jobs, to claim
+	idled   map[string]struct{}   // keys with no jobs left, to release
+	// epoch per key moves when one of its jobs goes back (a slot given
+	// up, a wait in place): its later jobs waiting for their slots then go
+	// back too, so that they never start before it (FIFO per key).
+	epoch map[string]uint64
+
+	inflight atomic.Int64
+	missed   atomic.Uint64 // slots given up: woken too late for them
+	// waiting counts the jobs waiting for their slot on their own
+	// goroutines (startAt).
+	waiting sync.WaitGroup
+}
+
+// sweepEvery is how often an instance lists the keys with stored jobs and
+// claims the ones nobody holds (after a crash, or at start); refreshEvery is
+// how often it refreshes its claims (liveness and owner keys).
+const (
+	sweepEvery   = 5 * time.Second
+	refreshEvery = 2 * time.Second
+	ownEvery     = time.Minute
+)
+
+func newKeyedRun(l *Lane) (*keyedRun, error) {
+	r, err := l.d.Queue.KeyedReader(l.cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	k := &keyedRun{
+		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
+		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
+	}
+	k.sched = keyed.New(l.keyOpts)
+	r.OnRequeue = k.requeue
+	l.d.Queue.OnStored(l.cfg.Name, k.announce)
+	return k, nil
+}
+
+// announce hears that key has a new job (stored by this instance). It must
+// not block: the claim is made by the claimer goroutine.
+func (k *keyedRun) announce(key string) {
+	k.mu.Lock()
+	k.pending[key] = struct{}{}
+	k.mu.Unlock()
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// requeue hears that a job of key was handed back to wait in place: it is
+// the key's next job again.
+func (k *keyedRun) requeue(key string, seq uint64) {
+	k.mu.Lock()
+	if c, ok := k.cursor[key]; !ok || seq < c {
+		// Read again from it; the key's later jobs already read or
+		// reserved go back too (a new epoch).
+		k.cursor[key] = seq
+		delete(k.held, key)
+		k.epoch[key]++
+	}
+	k.mu.Unlock()
+	k.sched.Add(key, k.l.d.Clock.Now())
+}
+
+// run drives the lane until ctx ends, then waits for its dispatches.
+func (k *keyedRun) run(ctx context.Context) {
+	var helpers sync.WaitGroup
+	helpers.Go(func() { k.claimer(ctx) })
+	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
+	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
+	k.loop(ctx)
+	k.waiting.Wait()
+	helpers.Wait()
+	// Hand back the jobs read and not started: they stay in the stream.
+	k.mu.Lock()
+	k.held = map[string]*queue.Msg{}
+	k.mu.Unlock()
+	for range cap(k.permits) {
+		k.permits <- struct{}{}
+	}
+}
+
+// claimer claims keys that got jobs, sweeps for keys nobody holds, and
+// keeps this instance's claims alive.
+func (k *keyedRun) claimer(ctx context.Context) {
+	name := k.l.cfg.Name
+	sweep := time.NewTicker(sweepEvery)
+	defer sweep.Stop()
+	refresh := time.NewTicker(refreshEvery)
+	defer refresh.Stop()
+	lastOwn := time.Now()
+	k.sweep(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-sweep.C:
+			k.sweep(ctx)
+		case <-refresh.C:
+			if time.Since(lastOwn) >= ownEvery {
+				lastOwn = time.Now()
+				keys := k.sched.Keys()
+				got, err := k.claims.Claim(ctx, name, keys)
+				if err == nil {
+					k.dropLost(keys, got)
+				}
+			} else {
+				_, _ = k.claims.Claim(ctx, name, nil)
+			}
+		}
+		k.mu.Lock()
+		var keys []string
+		for key := range k.pending {
+			keys = append(keys, key)
+		}
+		clear(k.pending)
+		k.mu.Unlock()
+		if len(keys) > 0 {
+			k.claim(ctx, keys)
+		}
+		k.release(ctx)
+	}
+}
+
+// claim takes keys that got jobs; a key this instance already reads only
+// needs telling.
+func (k *keyedRun) claim(ctx context.Context, keys []string) {
+	now := k.l.d.Clock.Now()
+	var unknown []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			k.sched.Add(key, now)
+		} else {
+			unknown = append(unknown, key)
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	got, err := k.claims.Claim(ctx, k.l.cfg.Name, unknown)
+	if err != nil {
+		k.l.log.Warn("claiming keys failed; the sweep tries again", "keys", len(unknown), "err", err)
+	}
+	now = k.l.d.Clock.Now()
+	for _, key := range got {
+		k.sched.Add(key, now)
+	}
+}
+
+// sweep claims the keys with stored jobs that no live instance holds.
+func (k *keyedRun) sweep(ctx context.Context) {
+	keys, err := k.reader.Keys(ctx)
+	if err != nil {
+		k.l.log.Debug("listing keys with jobs failed", "err", err)
+		return
+	}
+	k.claim(ctx, keys)
+}
+
+// dropLost forgets the keys another instance took over (this one stopped
+// answering for longer than the claims' liveness).
+func (k *keyedRun) dropLost(had, kept []string) {
+	still := make(map[string]bool, len(kept))
+	for _, key := range kept {
+		still[key] = true
+	}
+	for _, key := range had {
+		if !still[key] && k.sched.Forget(key) {
+			k.l.log.Warn("key taken over by another instance", "key", key)
+			k.forget(key)
+		}
+	}
+}
+
+// forget drops what this instance remembers of key.
+func (k *keyedRun) forget(key string) {
+	k.mu.Lock()
+	delete(k.cursor, key)
+	delete(k.held, key)
+	delete(k.epoch, key)
+	k.mu.Unlock()
+}
+
+// markIdle hands key, which has no jobs left here, to the claimer to
+// release (claims and releases are made by one goroutine, in order).
+func (k *keyedRun) markIdle(key string) {
+	k.mu.Lock()
+	k.idled[key] = struct{}{}
+	k.mu.Unlock()
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// release gives up the claims of the keys that went idle, unless they got
+// jobs again meanwhile, then looks once more: a job stored by another
+// instance meanwhile (which could not claim the key) is found and the key
+// claimed again.
+func (k *keyedRun) release(ctx context.Context) {
+	k.mu.Lock()
+	keys := make([]string, 0, len(k.idled))
+	for key := range k.idled {
+		keys = append(keys, key)
+	}
+	clear(k.idled)
+	k.mu.Unlock()
+	var again []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			continue // it got jobs again: still this instance's
+		}
+		k.forget(key)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := k.claims.Release(rctx, k.l.cfg.Name, key); err != nil {
+			k.l.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
+		}
+		if m, err := k.reader.Next(rctx, key, 1); err != nil || m != nil {
+			again = append(again, key)
+		}
+		cancel()
+	}
+	if len(again) > 0 {
+		k.claim(ctx, again)
+	}
+}
+
+// retryWait is how long a key waits after its read or its reservation
+// failed (JetStream or the state store away).
+const retryWait = 100 * time.Millisecond
+
+// lookahead is how far ahead of a slot the loop chooses its key and
+// reserves it: the read and the reservation then happen before the slot,
+// which starts exactly on time (a reservation made after its key's slot
+// would push every later slot of the key back by the delay).
+const lookahead = 50 * time.Millisecond
+
+// loop chooses keys and reserves their slots, one at a time, a little ahead
+// of the lane's next slot; each job waits for its slot on its own
+// goroutine, so a key whose slot is further away never holds another.
+func (k *keyedRun) loop(ctx context.Context) {
+	l := k.l
+	clk := l.d.Clock
+	laneNext := clk.Now()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	pause := func(d time.Duration) bool {
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+		case <-k.sched.Wake():
+			if !timer.Stop() {
+				<-timer.C
+			}
+		}
+		return true
+	}
+	for ctx.Err() == nil {
+		select {
+		case k.permits <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		// Choose at the lane's next slot (less the lookahead), not
+		// before: a key that gets jobs meanwhile competes for it.
+		if d := laneNext.Add(-lookahead).Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
+			<-k.permits
+			return
+		}
+		now := clk.Now()
+		// Keys due within the lookahead; when the lane's cap binds, only
+		// those ready by the lane's slot (no lane capacity lost).
+		key, wait := k.sched.Next(now, later(now.Add(lookahead), laneNext.Add(bucket.PairSlack)))
+		if key == "" {
+			<-k.permits
+			if wait < 0 || wait > time.Second {
+				wait = time.Second
+			}
+			if !pause(wait - lookahead) {
+				return
+			}
+			continue
+		}
+		msg, readEpoch, err := k.next(ctx, key)
+		if err != nil {
+			<-k.permits
+			l.log.Warn("reading a key's next job failed", "key", key, "err", err)
+			k.sched.NotReady(key, now.Add(retryWait))
+			continue
+		}
+		if msg == nil {
+			<-k.permits
+			if k.sched.Empty(key, now) {
+				k.markIdle(key)
+			}
+			continue
+		}
+		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key), lookahead)
+		now = clk.Now()
+		if err != nil {
+			<-k.permits
+			(*observer)(l).PacerDown(true, err)
+			l.log.Warn("pacer unavailable, keyed lane waits", "err", err)
+			k.sched.NotReady(key, now.Add(retryWait))
+			if clk.Sleep(ctx, retryWait) != nil {
+				return
+			}
+			continue
+		}
+		(*observer)(l).PacerDown(false, nil)
+		laneNext = now.Add(res.LaneNext)
+		if !res.OK {
+			<-k.permits
+			k.sched.NotReady(key, now.Add(res.KeyNext))
+			continue
+		}
+		epoch, ok := k.take(key, msg, readEpoch)
+		if !ok {
+			// An earlier job of the key went back while this one was
+			// read and reserved: it must not start first. Its slot is
+			// lost; the key reads again in order.
+			<-k.permits
+			k.missed.Add(1)
+			k.sched.NotReady(key, now.Add(res.KeyNext))
+			continue
+		}
+		k.sched.Started(key, now.Add(res.KeyNext))
+		due := now.Add(res.Due)
+		l.assigned(msg, leaky.Slot{Due: due, Free: res.Free})
+		l.d.Metrics.SlotsReserved.WithLabelValues(l.cfg.Name).Inc()
+		k.inflight.Add(1)
+		k.waiting.Add(1)
+		// A start may come at most max(2 ms, the shorter of the two
+		// periods) after its slot, as on unkeyed lanes: both bounds then
+		// hold with W widened by that much.
+		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), l.keyLimit(key).Period()))
+		go k.startAt(ctx, key, msg, due, maxLate, epoch)
+	}
+}
+
+// startAt starts msg at due (its permit is held), or hands it back when ctx
+// ends first.
+func (k *keyedRun) startAt(ctx context.Context, key string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
+	l, clk := k.l, k.l.d.Clock
+	defer k.waiting.Done()
+	done := func() {
+		k.inflight.Add(-1)
+		if k.sched.Settled(key, clk.Now()) {
+			k.markIdle(key)
+		}
+		<-k.permits
+	}
+	if d := due.Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
+		_ = msg.Release()
+		done()
+		return
+	}
+	k.mu.Lock()
+	behind := k.epoch[key] != epoch // an earlier job of the key went back
+	k.mu.Unlock()
+	if behind {
+		// An earlier job of the key went back, and the key reads again
+		// from it: this one stays stored and is read again in its turn.
+		// It must not move the key's cursor or epoch itself.
+		done()
+		return
+	}
+	late := clk.Now().Sub(due)
+	if late > maxLate {
+		// Woken too late (a stall, a loaded machine): the slot is given
+		// up, never used closer to the next one; the job is again its
+		// key's next.
+		k.missed.Add(1)
+		_ = msg.Release()
+		done()
+		return
+	}
+	(*observer)(l).Started(max(late, 0))
+	l.start(ctx, msg, done)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
+}
+
+// next returns key's next job: the one read before, or a fresh read after
+// the key's cursor; and the key's epoch it was read under.
+func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, uint64, error) {
+	k.mu.Lock()
+	m, from, epoch := k.held[key], k.cursor[key], k.epoch[key]
+	k.mu.Unlock()
+	if m != nil {
+		return m, epoch, nil
+	}
+	m, err := k.reader.Next(ctx, key, from)
+	if err != nil || m == nil {
+		return m, epoch, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n := k.tries[m.Seq()]; n > 0 {
+		m.AddAttempts(n)
+	}
+	if k.epoch[key] == epoch {
+		k.held[key] = m
+	}
+	return m, epoch, nil
+}
+
+// take marks msg as started: the key's cursor moves past it. It refuses
+// (ok false) when the key's epoch moved since msg was read under readEpoch:
+// an earlier job went back and must start first.
+func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uint64, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.epoch[key] != readEpoch {
+		return 0, false
+	}
+	delete(k.held, key)
+	if c := msg.Seq() + 1; c > k.cursor[key] {
+		k.cursor[key] = c
+	}
+	return readEpoch, true
+}
+
+// retryInPlace counts a failed attempt of an ordered key's job, which waits
+// in place (a retry behind the key's later jobs would break their order).
+func (k *keyedRun) retryInPlace(msg *queue.Msg) {
+	k.mu.Lock()
+	k.tries[msg.Seq()]++
+	k.mu.Unlock()
+}
+
+// settledJob forgets a job's in-place attempts once it left the stream.
+func (k *keyedRun) settledJob(msg *queue.Msg) {
+	k.mu.Lock()
+	delete(k.tries, msg.Seq())
+	k.mu.Unlock()
+}
+
+// pauseKey holds one key for d (its downstream asked to wait): locally, and
+// in the key's shared state so that no instance starts it meanwhile.
+func (k *keyedRun) pauseKey(key string, d time.Duration) {
+	l := k.l
+	d = min(d, l.bounds.MaxPause)
+	k.sched.Pause(key, l.d.Clock.Now().Add(d))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Store.Pause(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.keyLimit(key), d); err != nil {
+		l.log.Warn("pausing the key in the shared state failed", "key", key, "for", d.String(), "err", err)
+		return
+	}
+	l.log.Info("downstream asked the key to wait", "key", key, "for", d.String())
+}

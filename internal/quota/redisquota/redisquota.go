@@ -1,0 +1,263 @@
+// Package redisquota keeps the caller quotas of package quota in Redis, so
+// that every throttler instance sharing one Redis enforces the same limits:
+// one Lua script checks both layers of a request (the per-IP sliding window
+// and the caller's token bucket) in one round trip, atomically, on Redis
+// TIME.
+//
+// State: the IP layer is a string "<prefix>:{callers}:ip:<ip>" holding
+// "<window index>:<its count>:<the previous window's count>", expiring two
+// windows after its last write; the caller layer is
+// a string "<prefix>:{callers}:c:<caller>" holding the bucket's theoretical
+// arrival time in whole microseconds since the epoch (rounded up, so that
+// rounding only ever slows a caller down), expiring once the bucket is full
+// again. Every key carries the hash tag {callers}: in Redis Cluster all
+// caller state lives on one slot, so that one script can touch both layers
+// (the state is a few dozen bytes per active caller).
+//
+// Errors other than an invalid request wrap bucket.ErrUnavailable, so that
+// quota.Failover answers from memory while Redis is away.
+package redisquota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/quota"
+)
+
+// rediser is what the store needs of a Redis client (redis.Script.Run).
+type rediser interface {
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+}
+
+var (
+	_ rediser       = (*redis.Client)(nil)
+	_ rediser       = (*redis.ClusterClient)(nil)
+	_ rediser       = (*redis.AutoPipeliner)(nil)
+	_ quota.Limiter = (*Store)(nil)
+)
+
+// DefaultTimeout bounds a call whose context has no deadline.
+const DefaultTimeout = 500 * time.Millisecond
+
+// Config configures a Store; zero fields take defaults.
+type Config struct {
+	// Prefix starts every key; "thr" when empty. No '{' or '}'.
+	Prefix string
+	// Timeout bounds a call without a deadline; zero: DefaultTimeout.
+	Timeout time.Duration
+	// Now, for tests only, replaces Redis TIME (keys then expire a minute
+	// late, since Redis expires them by its own clock).
+	Now func() time.Time
+}
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("redisquota: config: prefix %q: must not contain '{' or '}'", c.Prefix)
+	}
+	return nil
+}
+
+// Store is the Redis quota.Limiter. Safe for concurrent use by any number
+// of goroutines and instances.
+type Store struct {
+	client  rediser
+	head    string
+	timeout time.Duration
+	now     func() time.Time
+	extraMs int64
+}
+
+// New returns a store over client (a *redis.Client, *redis.ClusterClient
+// or *redis.AutoPipeliner); it sends nothing yet.
+func New(client rediser, cfg Config) *Store {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "thr"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, now: cfg.Now}
+	if cfg.Now != nil {
+		s.extraMs = time.Minute.Milliseconds()
+	}
+	return s
+}
+
+// script checks both layers. Arguments:
+//
+//	KEYS[1]  the IP window hash      KEYS[2]  the caller's bucket
+//	ARGV[1]  now in µs, or "" for Redis TIME
+//	ARGV[2]  IP limit (0: skip the layer)   ARGV[3] window length in µs
+//	ARGV[4]  1 when the IP layer is observed (the caller layer is checked
+//	         even when it refuses)
+//	ARGV[5]  period T in ns (0: skip the caller layer)
+//	ARGV[6]  tolerance τ in ns              ARGV[7] cost n in tokens
+//	ARGV[8]  extra TTL in ms (tests with an injected clock)
+//
+// Reply: {ip, cur, prev, elapsed µs, plan, tat − now in ns}, where ip and
+// plan are 1 allowed, 0 refused, -1 not checked. Numbers leave as strings
+// where a Lua number could exceed an integer reply.
+var script = redis.NewScript(`
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local extra = tonumber(ARGV[8])
+local v = redis.call('MGET', KEYS[1], KEYS[2])
+local ip, cur, prev, elapsed = -1, 0, 0, 0
+local limit = tonumber(ARGV[2])
+if limit > 0 then
+  local win = tonumber(ARGV[3])
+  local idx = math.floor(now / win)
+  elapsed = now - idx * win
+  if v[1] then
+    local si, c, p = string.match(v[1], '^(%d+):(%d+):(%d+)$')
+    si = tonumber(si)
+    if si == idx then
+      cur, prev = tonumber(c), tonumber(p)
+    elseif si == idx - 1 then
+      prev = tonumber(c)
+    end
+  end
+  if prev * (win - elapsed) / win + cur + 1 <= limit then
+    ip = 1
+    redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
+  else
+    ip = 0
+  end
+end
+local plan, rel = -1, 0
+local period = tonumber(ARGV[5])
+if period > 0 and (ip ~= 0 or ARGV[4] == '1') then
+  local tau = tonumber(ARGV[6])
+  local n = tonumber(ARGV[7])
+  if v[2] then
+    rel = (tonumber(v[2]) - now) * 1000
+    if rel < 0 then rel = 0 end
+    -- At most an empty bucket of the plan: a plan change holds at once.
+    if rel > tau + period then
+      rel = tau + period
+      if n == 0 then
+        redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+      end
+    end
+  end
+  if rel + (n - 1) * period - tau <= 0 then
+    plan = 1
+    if n > 0 then
+      local after = rel + n * period
+      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(after / 1000)), 'PX', math.ceil(after / 1000000) + extra)
+    end
+  else
+    plan = 0
+    if rel == tau + period and n > 0 then
+      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
+    end
+  end
+end
+return {ip, cur, prev, string.format('%.0f', elapsed), plan, string.format('%.0f', rel)}
+`)
+
+// IPKey and CallerKey are the Redis keys of the two layers' states.
+func (s *Store) ipKey(ip string) string         { return s.head + "ip:" + ip }
+func (s *Store) callerKey(caller string) string { return s.head + "c:" + caller }
+
+// Check implements quota.Limiter.
+func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error) {
+	if err := r.Validate(); err != nil {
+		return quota.Result{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	now := ""
+	if s.now != nil {
+		now = strconv.FormatInt(s.now().UnixMicro(), 10)
+	}
+	var limit, win int64
+	ipKey := s.head + "ip:"
+	if r.IP != "" && r.PerIP.On() {
+		limit, win, ipKey = r.PerIP.Limit, r.PerIP.Length.Microseconds(), s.ipKey(r.IP)
+	}
+	var period, tau int64
+	cKey := s.head + "c:"
+	if r.Caller != "" {
+		period, tau, cKey = int64(r.Plan.Period()), int64(r.Plan.Tolerance()), s.callerKey(r.Caller)
+	}
+	observe := "0"
+	if r.ObserveIP {
+		observe = "1"
+	}
+	reply, err := script.Run(ctx, s.client, []string{ipKey, cKey},
+		now, limit, win, observe, period, tau, r.Cost, s.extraMs).Slice()
+	if err != nil {
+		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
+	}
+	res, err := parse(reply, r)
+	if err != nil {
+		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
+	}
+	return res, nil
+}
+
+var errReply = errors.New("unexpected reply")
+
+// parse turns the script's reply into the layers' decisions: the pure
+// functions, fed the state the script saw, shape the answer, and must
+// agree with what the script decided.
+func parse(reply []any, r quota.Request) (quota.Result, error) {
+	if len(reply) != 6 {
+		return quota.Result{}, fmt.Errorf("%w: %d elements, want 6", errReply, len(reply))
+	}
+	var n [6]int64
+	for i, v := range reply {
+		switch v := v.(type) {
+		case int64:
+			n[i] = v
+		case string:
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return quota.Result{}, fmt.Errorf("%w: element %d %q", errReply, i, v)
+			}
+			n[i] = int64(f)
+		default:
+			return quota.Result{}, fmt.Errorf("%w: element %d is %T", errReply, i, v)
+		}
+	}
+	var res quota.Result
+	if n[0] >= 0 {
+		res.IPChecked = true
+		res.IP = quota.Slide(time.Duration(n[3])*time.Microsecond, n[2], n[1], r.PerIP, 1)
+		if res.IP.Allowed != (n[0] == 1) {
+			return quota.Result{}, fmt.Errorf("%w: the script's IP decision %d disagrees with the model at %v", errReply, n[0], res.IP)
+		}
+	}
+	if n[4] >= 0 {
+		res.PlanChecked = true
+		ref := time.Unix(1<<32, 0)
+		res.Plan, _ = bucket.AdmitN(ref, ref.Add(time.Duration(n[5])), r.Plan, r.Cost)
+		if res.Plan.Allowed != (n[4] == 1) {
+			return quota.Result{}, fmt.Errorf("%w: the script's plan decision %d disagrees with the model at tat-now %dns", errReply, n[4], n[5])
+		}
+	}
+	return res, nil
+}
