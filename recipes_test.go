@@ -33,6 +33,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // recipeTag is the comment that tags a block.
@@ -357,18 +359,6 @@ func (l *lineLog) matching(s string) []logLine {
 	return out
 }
 
-// waitFor polls cond until it holds, or fails the test after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -452,7 +442,7 @@ func TestRecipeNATS(t *testing.T) {
 	if n := strings.Count(out, "Stored in Stream: THROTTLE_orders Sequence:"); n != 10 {
 		t.Fatalf("%d of 10 publishes stored:\n%s", n, out)
 	}
-	waitFor(t, "10 orders at the worker", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, "10 orders at the worker", func() bool {
 		return len(worker.out.matching("Received on subject")) >= 10
 	})
 	var ids []string
@@ -470,7 +460,7 @@ func TestRecipeNATS(t *testing.T) {
 		t.Errorf("10 jobs at 2/s reached the worker within %v", span)
 	}
 	lanesURL := r.url("8080", "/v1/lanes")
-	waitFor(t, "10 jobs acked", 10*time.Second, func() bool { return getLane(t, lanesURL).Delivered == 10 })
+	testenv.Eventually(t, 10*time.Second, "10 jobs acked", func() bool { return getLane(t, lanesURL).Delivered == 10 })
 
 	out = r.run("duplicate")
 	if !strings.Contains(out, "Stored in Stream: THROTTLE_orders Sequence: 1 Duplicate: true") {
@@ -517,7 +507,7 @@ func TestRecipeQuota(t *testing.T) {
 	// The provider answers 429: the lane halves its rate.
 	sink.stop()
 	r.start("sink429", `"sink listening"`)
-	waitFor(t, "slow-down after a 429", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, "slow-down after a 429", func() bool {
 		l := oneLane(t, r.run("lanes"))
 		return l.EffectiveRate > 0 && l.EffectiveRate <= l.Rate/2+1e-9
 	})
@@ -587,7 +577,7 @@ func TestRecipeWebhooks(t *testing.T) {
 	if len(as) != 20 || admitted < 5 {
 		t.Fatalf("%d answers, %d admitted; want 20, at least the burst of 5", len(as), admitted)
 	}
-	waitFor(t, "20 verified webhooks", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, "20 verified webhooks", func() bool {
 		return len(receiver.out.matching("verified evt-")) >= 20
 	})
 	verified := receiver.out.matching("verified evt-")
@@ -633,7 +623,7 @@ func TestRecipeWebhooks(t *testing.T) {
 			LastError string `json:"last_error"`
 		} `json:"dead"`
 	}
-	waitFor(t, "a dead letter", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, "a dead letter", func() bool {
 		if err := json.Unmarshal([]byte(r.run("dead")), &dead); err != nil {
 			t.Fatal(err)
 		}
@@ -648,7 +638,7 @@ func TestRecipeWebhooks(t *testing.T) {
 	if out := r.run("replay"); strings.TrimSpace(out) != `{"replayed":1}` {
 		t.Fatalf("replay printed %q", out)
 	}
-	waitFor(t, "the replayed webhook", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, "the replayed webhook", func() bool {
 		return len(receiver.out.matching("verified evt-21:")) == 1
 	})
 }

@@ -126,7 +126,7 @@ func postState(client *http.Client, addr, id string) (int, string) {
 // labels the exact label set as it appears ({lane="demo",op="reserve"}).
 // It returns -1 when the sample is absent or /metrics does not answer.
 func metric(addr, name, labels string) float64 {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := pollClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return -1
 	}
@@ -222,7 +222,7 @@ func TestThreeInstancesShareOneLimit(t *testing.T) {
 
 	ideal := time.Duration(float64(jobs-l.Burst) / l.Rate * float64(time.Second))
 	poll(t, ideal+20*time.Second, "every job delivered", func() bool { return len(c.target.perID()) == jobs })
-	time.Sleep(300 * time.Millisecond) // a duplicate would arrive now
+	settled(t, c.addrs()[0])
 	for id, n := range c.target.perID() {
 		if n != 1 {
 			t.Errorf("job %s delivered %d times, want once", id, n)
@@ -308,7 +308,7 @@ func TestRedisOutageMidDrain(t *testing.T) {
 	poll(t, 2*time.Second, "a delivery within 2 s of Redis returning", func() bool { return c.target.count() > inOutage })
 
 	poll(t, 20*time.Second, "every job delivered", func() bool { return len(c.target.perID()) == len(ids) })
-	time.Sleep(300 * time.Millisecond)
+	settled(t, c.addrs()[0])
 	got := c.target.perID()
 	dups := 0
 	for _, id := range ids {

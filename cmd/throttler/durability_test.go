@@ -32,7 +32,7 @@ func TestKill9MidDrainLosesNothing(t *testing.T) {
 	before := target.count()
 	startProc(t, path, addr)
 	poll(t, 30*time.Second, "every job delivered after the restart", func() bool { return len(target.perID()) == 500 })
-	time.Sleep(200 * time.Millisecond)
+	settled(t, addr)
 	dups := 0
 	for id, n := range target.perID() {
 		if n > 1 {
@@ -87,8 +87,14 @@ func TestNATSRestartMidDrain(t *testing.T) {
 			t.Fatalf("submission while NATS is away: status %d, want 503", code)
 		}
 	}
-	time.Sleep(time.Second)
+	// The instance knows NATS is away: /readyz fails (a load balancer
+	// takes it out), while /healthz says the process is alive.
+	poll(t, 10*time.Second, "/readyz to fail while NATS is away", func() bool { return getStatus(client, addr, "/readyz") == http.StatusServiceUnavailable })
+	if code := getStatus(client, addr, "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz %d while NATS is away", code)
+	}
 	testenv.StartNATSDir(t, natsDir, port)
+	poll(t, 20*time.Second, "/readyz to pass again", func() bool { return getStatus(client, addr, "/readyz") == http.StatusOK })
 	poll(t, 20*time.Second, "intake to work again", func() bool { return post(client, addr, "nr-after") == http.StatusAccepted })
 	accepted["nr-after"] = true
 	poll(t, 30*time.Second, "every accepted job delivered", func() bool {
@@ -106,4 +112,14 @@ func freePortNum(t *testing.T) int {
 	var port int
 	fmt.Sscanf(freePort(t)[len("127.0.0.1:"):], "%d", &port)
 	return port
+}
+
+// getStatus returns the status of GET path (0 on a transport error).
+func getStatus(client *http.Client, addr, path string) int {
+	resp, err := client.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,7 +138,7 @@ func TestServeAndSIGTERM(t *testing.T) {
 	path, addr := procConfig(t, t.TempDir(), "", "", laneYAML{rate: 5, burst: 2, target: "http://127.0.0.1:1/never"})
 	p := startProc(t, path, addr)
 	for _, path := range []string{"/healthz", "/metrics", "/v1/lanes"} {
-		resp, err := http.Get("http://" + addr + path)
+		resp, err := pollClient.Get("http://" + addr + path)
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("%s: %v %v", path, resp, err)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // Helpers for tests that run real throttler processes.
@@ -113,7 +116,7 @@ func startBinary(t *testing.T, bin, path, addr string) *proc {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := pollClient.Get("http://" + addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -218,14 +221,38 @@ func post(client *http.Client, addr, id string) int {
 	return resp.StatusCode
 }
 
-// poll waits until cond holds or d passes.
-func poll(t *testing.T, d time.Duration, what string, cond func() bool) {
+// pollClient is the HTTP client of the tests' reads and polls: a read
+// never hangs past its timeout, so a poll's deadline holds.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
+// poll is testenv.Eventually, the suite's one polling helper.
+var poll = testenv.Eventually
+
+// settled waits until the lane demo, as the instance at addr reads it from
+// the shared JetStream, holds nothing: no job stored (waiting or in flight)
+// and none waiting for a retry. Nothing is left then that could be
+// delivered again, so delivery counts taken after it are final.
+func settled(t *testing.T, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+	client := &http.Client{Timeout: 2 * time.Second}
+	defer client.CloseIdleConnections()
+	poll(t, 15*time.Second, "the lane to settle on "+addr, func() bool {
+		resp, err := client.Get("http://" + addr + "/v1/lanes")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer resp.Body.Close()
+		var out struct {
+			Lanes []struct {
+				Backlog  uint64 `json:"backlog"`
+				Retrying uint64 `json:"retrying"`
+				InFlight int    `json:"in_flight"`
+			} `json:"lanes"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.Lanes) == 0 {
+			return false
+		}
+		l := out.Lanes[0]
+		return l.Backlog == 0 && l.Retrying == 0 && l.InFlight == 0
+	})
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -78,7 +77,7 @@ func TestVersionOfMakeBuild(t *testing.T) {
 
 	path, addr := procConfig(t, t.TempDir(), "", "", laneYAML{rate: 5, burst: 2, target: "http://127.0.0.1:1/never"})
 	p := startBinary(t, bin, path, addr)
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := pollClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

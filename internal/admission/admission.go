@@ -260,7 +260,9 @@ func waitFor(n int64, period time.Duration) time.Duration {
 		return 0
 	}
 	w := float64(n) * float64(period)
-	if w > math.MaxInt64 {
+	// float64(math.MaxInt64) is 2^63, one past the largest Duration: a
+	// product equal to it does not convert either.
+	if w >= math.MaxInt64 {
 		return math.MaxInt64
 	}
 	return time.Duration(w)

@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,82 @@ func TestNewNeedsStoreAndBacklog(t *testing.T) {
 	}
 	if _, err := admission.New(admission.Config{Store: &bucket.Memory{}}); err == nil {
 		t.Fatal("no backlog accepted")
+	}
+}
+
+// staleBacklog answers a cached count when a stale one will do (maxAge > 0)
+// and a fresh one otherwise, and counts the fresh reads.
+type staleBacklog struct {
+	stale, fresh int64
+	freshReads   int
+}
+
+func (s *staleBacklog) Backlog(_ context.Context, _ string, maxAge time.Duration) (int64, error) {
+	if maxAge > 0 {
+		return s.stale, nil
+	}
+	s.freshReads++
+	return s.fresh, nil
+}
+
+// TestRefusalUsesAFreshCount: a cached count (at most BacklogMaxAge old)
+// decides an admission; a refusal is decided on a fresh count, read only
+// when the cached one is over max_backlog or max_wait (20/s: 60 jobs are
+// exactly the 3 s of max_wait). At the bounds themselves the job is taken.
+func TestRefusalUsesAFreshCount(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name         string
+		maxWait      time.Duration
+		stale, fresh int64
+		freshReads   int
+		refused      string // the field refused, "" for admitted
+		backlog      int64  // Decision.Backlog when admitted
+	}{
+		{"small cached count decides", 3 * time.Second, 5, 500, 0, "", 5},
+		{"at max_wait exactly: taken", 3 * time.Second, 60, 500, 0, "", 60},
+		{"over max_wait: fresh count admits", 3 * time.Second, 61, 5, 1, "", 5},
+		{"over max_wait: fresh count refuses", 3 * time.Second, 61, 61, 1, "max_wait", 0},
+		{"at max_backlog: fresh count admits", 0, 100, 7, 1, "", 7},
+		{"at max_backlog: fresh count refuses", 0, 100, 100, 1, "max_backlog", 0},
+		{"no max_wait: a long wait is no reason", 0, 99, 500, 0, "", 99},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 10}, MaxBacklog: 100, MaxWait: tc.maxWait}
+			b := &staleBacklog{stale: tc.stale, fresh: tc.fresh}
+			a, _ := admission.New(admission.Config{Store: &bucket.Memory{Clock: buckettest.NewClock()}, Backlog: b})
+			d, err := a.Decide(ctx, lane, "")
+			if b.freshReads != tc.freshReads {
+				t.Errorf("%d fresh reads, want %d", b.freshReads, tc.freshReads)
+			}
+			var rej *admission.RejectError
+			switch {
+			case tc.refused == "" && (err != nil || d.Backlog != tc.backlog):
+				t.Errorf("Decide = %+v, %v; want taken with backlog %d", d, err, tc.backlog)
+			case tc.refused != "" && (!errors.As(err, &rej) || rej.Field != tc.refused):
+				t.Errorf("Decide = %+v, %v; want refused on %s", d, err, tc.refused)
+			}
+		})
+	}
+}
+
+// TestBacklogUnknownIsLogged: an unreadable backlog is said in the log, and
+// only then.
+func TestBacklogUnknownIsLogged(t *testing.T) {
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 10, Burst: 1}, MaxBacklog: 10}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{{nil, false}, {errors.New("nats away"), true}} {
+		var logs strings.Builder
+		a, _ := admission.New(admission.Config{Store: &bucket.Memory{}, Backlog: &fixedBacklog{err: tc.err},
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if _, err := a.Decide(context.Background(), lane, ""); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(logs.String(), "backlog unknown"); got != tc.want {
+			t.Errorf("backlog error %v: logged %v, want %v:\n%s", tc.err, got, tc.want, logs.String())
+		}
 	}
 }
 

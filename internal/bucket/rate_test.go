@@ -276,6 +276,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	}
 	for i, q := range quotas {
 		t.Run(quotaName(q), func(t *testing.T) {
+			t.Parallel() // pure simulations; the slowest take seconds each
 			r, err := q.Rate(maxLate)
 			if err != nil {
 				t.Fatal(err)
@@ -297,6 +298,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		})
 	}
 	t.Run("without margin", func(t *testing.T) {
+		t.Parallel()
 		// 10/s: a whole-nanosecond period, so that on-time slots alone fill
 		// a closed window to the limit and one late start tips it over.
 		q := bucket.Quota{Limit: 11, Per: time.Second, Burst: 1}

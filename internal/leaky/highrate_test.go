@@ -93,6 +93,7 @@ func runRealClock(t *testing.T, l bucket.Limit, maxInflight, n int) ([]time.Dura
 // with it (given up, never caught up in a clump): so the best of three runs
 // counts. G1 must hold in every run.
 func TestRealClockTenThousandPerSecond(t *testing.T) {
+	realClock(t)
 	l := bucket.Limit{Rate: 10_000, Burst: 10}
 	const n = 20_000
 	// At 10,000 jobs/s a lane needs max_inflight ≥ rate × dispatch time, in

@@ -133,17 +133,7 @@ func MaxHeld(batch int) int {
 // of slots, at least 1 and at most maxInflight and 512. At 1,000 jobs/s that is
 // one Pacer call per 20 jobs; at 20 jobs/s one call per job.
 func BatchFor(rate float64, maxInflight int) int {
-	n := int(rate * 0.020)
-	if n < 1 {
-		n = 1
-	}
-	if n > 512 {
-		n = 512
-	}
-	if n > maxInflight {
-		n = maxInflight
-	}
-	return n
+	return min(max(int(rate*0.020), 1), 512, maxInflight)
 }
 
 // errPaused: startBatch stopped for a downstream pause; the rest must get
@@ -195,12 +185,7 @@ func New[T any](cfg Config[T]) (*Drain[T], error) {
 	case cfg.MaxInflight < 1:
 		return nil, fmt.Errorf("leaky: MaxInflight %d must be at least 1", cfg.MaxInflight)
 	}
-	if cfg.Batch < 1 {
-		cfg.Batch = 1
-	}
-	if cfg.Batch > cfg.MaxInflight {
-		cfg.Batch = cfg.MaxInflight
-	}
+	cfg.Batch = min(max(cfg.Batch, 1), cfg.MaxInflight)
 	if cfg.RetryBackoff <= 0 {
 		cfg.RetryBackoff = 100 * time.Millisecond
 	}

@@ -350,6 +350,7 @@ func (s *blockingSource) Release(items []item) {
 // timer bugs): 40 jobs at 100/s, burst 1, must take 390 ms ± 10% and no gap
 // may be shorter than the period minus timer jitter.
 func TestRealClockSpacing(t *testing.T) {
+	realClock(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	src := &blockingSource{ch: make(chan item, 40)}

@@ -467,7 +467,7 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("client with a certificate: %q %v", cn, err)
 	}
 	// Plain HTTP on the TLS port gets nothing useful.
-	if resp, err := http.Get("http://" + svc.Addr() + "/healthz"); err == nil {
+	if resp, err := pollClient.Get("http://" + svc.Addr() + "/healthz"); err == nil {
 		resp.Body.Close()
 		if resp.StatusCode == 200 {
 			t.Fatal("plain HTTP served on the TLS listener")

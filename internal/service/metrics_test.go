@@ -18,8 +18,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/throttler/throttler/internal/config"
-	"github.com/throttler/throttler/internal/metrics"
-	"github.com/throttler/throttler/internal/queue"
 )
 
 // gathered is one gather of a registry: name{k="v",…} → value, labels
@@ -253,60 +251,6 @@ func TestLaneMetrics(t *testing.T) {
 	// Six starts within a few seconds of the lane's start, at 20/s.
 	if u := got[`throttler_lane_utilization{lane="demo"}`]; u > 1 {
 		t.Errorf("utilization %v, want at most 1 for 6 starts", u)
-	}
-}
-
-// countingReader counts the JetStream reads of watchQueues.
-type countingReader struct{ calls atomic.Int64 }
-
-func (c *countingReader) Depth(context.Context, string) (queue.Depth, error) {
-	c.calls.Add(1)
-	return queue.Depth{Stored: 3, Oldest: time.Now().Add(-time.Minute)}, nil
-}
-
-func (c *countingReader) RetriesByLane(context.Context) (map[string]uint64, error) {
-	c.calls.Add(1)
-	return map[string]uint64{"a": 1}, nil
-}
-
-func (c *countingReader) DeadByLane(context.Context) (map[string]uint64, error) {
-	c.calls.Add(1)
-	return map[string]uint64{"b": 2}, nil
-}
-
-// TestQueueGaugesCostNoCallPerScrape: the JetStream reads happen in the
-// background, lanes + 2 per interval; scraping often adds none.
-func TestQueueGaugesCostNoCallPerScrape(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
-	lanes := []string{"a", "b", "c"}
-	for _, l := range lanes {
-		m.InitLane(l)
-	}
-	r := &countingReader{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); watchQueues(ctx, r, lanes, m, time.Hour, slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
-	got := waitMetrics(t, reg, 5*time.Second, map[string]float64{
-		`throttler_lane_backlog{lane="c"}`:                3,
-		`throttler_lane_retrying{lane="a"}`:               1,
-		`throttler_lane_retrying{lane="b"}`:               0,
-		`throttler_lane_dead_letters{lane="b"}`:           2,
-		`throttler_lane_dead_letters{lane="a"}`:           0,
-		`throttler_lane_oldest_job_age_seconds{lane="a"}`: -1,
-	})
-	if age := got[`throttler_lane_oldest_job_age_seconds{lane="a"}`]; age < 59 || age > 70 {
-		t.Fatalf("oldest job age %v, want about 60", age)
-	}
-	if n := r.calls.Load(); n != int64(len(lanes)+2) {
-		t.Fatalf("%d reads for one refresh of %d lanes, want %d", n, len(lanes), len(lanes)+2)
-	}
-	for range 100 {
-		gather(t, reg)
-	}
-	if n := r.calls.Load(); n != int64(len(lanes)+2) {
-		t.Fatalf("%d reads after 100 scrapes, want still %d", n, len(lanes)+2)
 	}
 }
 

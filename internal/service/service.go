@@ -53,7 +53,7 @@ type Service struct {
 	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
 	guardTiming instance.Timing
 	// queueStatsEvery is how often the lanes' JetStream-derived gauges
-	// are read; zero: defaultQueueStatsEvery.
+	// are read; zero: lane.DefaultQueueStatsEvery.
 	queueStatsEvery time.Duration
 
 	handlers map[string]dispatch.Target
@@ -246,7 +246,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		drains.Go(func() { l.Run(drainCtx) })
 		laneNames = append(laneNames, l.Name())
 	}
-	drains.Go(func() { watchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
+	drains.Go(func() { lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)

@@ -19,6 +19,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/testenv"
 	"go.uber.org/goleak"
 )
 
@@ -63,16 +64,23 @@ func (r *recorder) snapshot() []arrival {
 	return append([]arrival(nil), r.arrivals...)
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+// pollClient is the HTTP client of the tests' reads and polls: a read
+// never hangs past its timeout, so a poll's deadline holds.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
+// waitFor is testenv.Eventually, the suite's one polling helper.
+var waitFor = testenv.Eventually
+
+// waitSettled waits until the lane at addr holds nothing: no job stored
+// (waiting or in flight) and none waiting for a retry. Nothing is left then
+// that could be delivered again, so a count taken after it is final: the
+// proof that no duplicate comes, without sleeping to see none.
+func waitSettled(t *testing.T, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, 10*time.Second, "the lane to settle", func() bool {
+		l := getLanes(t, addr).Lanes[0]
+		return l.Backlog == 0 && l.Retrying == 0 && l.InFlight == 0
+	})
 }
 
 func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) config.Config {
@@ -207,7 +215,7 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 		t.Fatalf("states %v, want 10 admitted and 90 queued", states)
 	}
 	waitFor(t, 15*time.Second, "100 deliveries", func() bool { return len(rec.snapshot()) >= 100 })
-	time.Sleep(200 * time.Millisecond) // a duplicate would show up now
+	waitSettled(t, svc.Addr())
 	got := rec.snapshot()
 	if len(got) != 100 {
 		t.Fatalf("%d deliveries, want exactly 100", len(got))
@@ -254,7 +262,7 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 		t.Fatalf("the burst took %v to drain, want 4.5s ± 3%%", span)
 	}
 	t.Logf("100 jobs: 10 admitted, 90 queued, drained in %v", span)
-	resp, err := http.Get("http://" + svc.Addr() + "/metrics")
+	resp, err := pollClient.Get("http://" + svc.Addr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +311,7 @@ func TestRestartMidDrainLosesNothing(t *testing.T) {
 	svc2, _ := start(t, cfg)
 	defer func() {
 		t.Logf("deliveries: %d", len(rec.snapshot()))
-		resp, err := http.Get("http://" + svc2.Addr() + "/v1/lanes")
+		resp, err := pollClient.Get("http://" + svc2.Addr() + "/v1/lanes")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -311,7 +319,7 @@ func TestRestartMidDrainLosesNothing(t *testing.T) {
 		}
 	}()
 	waitFor(t, 10*time.Second, "60 deliveries after restart", func() bool { return len(rec.snapshot()) >= 60 })
-	time.Sleep(200 * time.Millisecond)
+	waitSettled(t, svc2.Addr())
 	seen := map[string]int{}
 	for _, a := range rec.snapshot() {
 		seen[a.id]++

@@ -20,7 +20,8 @@ const (
 	startTimeout = 10 * time.Second
 	// stopTimeout bounds how long a killed server may keep its port.
 	stopTimeout = 10 * time.Second
-	// pollEvery is the pause between two readiness probes.
+	// pollEvery is the pause between two checks of a condition
+	// (Eventually, readiness probes).
 	pollEvery = 10 * time.Millisecond
 	// startAttempts is how often a launch picks a new port when the one it
 	// picked was taken by someone else before the server could bind it.
@@ -299,16 +300,8 @@ func ping(addr string) error {
 // after fleetTimeout.
 func waitFor(t testing.TB, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(fleetTimeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: waited %v for %s: %v", fleetTimeout, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := poll(fleetTimeout, check); err != nil {
+		t.Fatalf("testenv: waited %v for %s: %v", fleetTimeout, what, err)
 	}
 }
 

@@ -51,3 +51,23 @@ func TestFloorsKeepTheLatestAndForgetPassedOnes(t *testing.T) {
 		t.Fatalf("after a sweep: old kept %v, %d entries; want only a", kept, n)
 	}
 }
+
+// TestStateFormatBounds: the state format's range is ±2^62 ns; its ends are
+// read, one microsecond past them is not.
+func TestStateFormatBounds(t *testing.T) {
+	const top = (1 << 62) / 1000 // µs
+	for s, want := range map[string]bool{
+		"4611686018427387.000":  true,
+		"4611686018427388.000":  false,
+		"-4611686018427387.000": true,
+		"-4611686018427388.000": false,
+	} {
+		got, ok := parseState(s)
+		if ok != want {
+			t.Errorf("parseState(%q) ok %v, want %v", s, ok, want)
+		}
+		if ok && got/1000 != top && got/1000 != -top {
+			t.Errorf("parseState(%q) = %d", s, got)
+		}
+	}
+}

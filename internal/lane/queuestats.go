@@ -1,4 +1,4 @@
-package service
+package lane
 
 import (
 	"context"
@@ -9,20 +9,20 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 )
 
-// defaultQueueStatsEvery is how often an instance reads the lanes'
+// DefaultQueueStatsEvery is how often an instance reads the lanes'
 // JetStream-derived gauges.
-const defaultQueueStatsEvery = 5 * time.Second
+const DefaultQueueStatsEvery = 5 * time.Second
 
-// queueReader is what watchQueues reads from JetStream.
-type queueReader interface {
+// QueueReader is what WatchQueues reads from JetStream.
+type QueueReader interface {
 	Depth(ctx context.Context, lane string) (queue.Depth, error)
 	RetriesByLane(ctx context.Context) (map[string]uint64, error)
 	DeadByLane(ctx context.Context) (map[string]uint64, error)
 }
 
-var _ queueReader = (*queue.Queue)(nil)
+var _ QueueReader = (*queue.Queue)(nil)
 
-// watchQueues keeps the lanes' backlog, oldest-job, retrying and
+// WatchQueues keeps the lanes' backlog, oldest-job, retrying and
 // dead-letter gauges current until ctx ends: at once, then every `every`.
 //
 // It reads in the background rather than at each scrape, so that the cost
@@ -33,9 +33,9 @@ var _ queueReader = (*queue.Queue)(nil)
 // the oldest job's age is computed at the scrape, so it keeps growing in
 // between (and while JetStream cannot be read: a read that fails keeps the
 // last values, and is logged once until reads work again).
-func watchQueues(ctx context.Context, q queueReader, lanes []string, m *metrics.Metrics, every time.Duration, log *slog.Logger) {
+func WatchQueues(ctx context.Context, q QueueReader, lanes []string, m *metrics.Metrics, every time.Duration, log *slog.Logger) {
 	if every <= 0 {
-		every = defaultQueueStatsEvery
+		every = DefaultQueueStatsEvery
 	}
 	failing := false
 	t := time.NewTicker(every)
@@ -60,7 +60,7 @@ func watchQueues(ctx context.Context, q queueReader, lanes []string, m *metrics.
 
 // readQueues reads every lane once, each call bounded by timeout; a lane
 // whose read fails keeps its last values. It returns the first error.
-func readQueues(ctx context.Context, q queueReader, lanes []string, m *metrics.Metrics, timeout time.Duration) error {
+func readQueues(ctx context.Context, q QueueReader, lanes []string, m *metrics.Metrics, timeout time.Duration) error {
 	var first error
 	keep := func(err error) {
 		if first == nil {
