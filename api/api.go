@@ -131,6 +131,19 @@ type KeyedStatus struct {
 	// KeysPaused: of those, keys a downstream asked to wait.
 	KeysActive int `json:"keys_active"`
 	KeysPaused int `json:"keys_paused"`
+	// Keys are the busiest keys of the lane, cluster-wide: the ones with
+	// the most jobs stored, most first (at most BusiestKeys).
+	Keys []KeyBacklog `json:"keys,omitempty"`
+}
+
+// BusiestKeys is how many keys a keyed lane's status lists.
+const BusiestKeys = 5
+
+// KeyBacklog is one key of a keyed lane and the jobs it has stored
+// (waiting or in flight), from JetStream.
+type KeyBacklog struct {
+	Key     string `json:"key"`
+	Backlog uint64 `json:"backlog"`
 }
 
 // KeyStatus is one key of a keyed lane (GET|PATCH /v1/lanes/{lane}/keys/{key}):

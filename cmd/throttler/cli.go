@@ -578,6 +578,16 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 			fmt.Fprintln(tw, "LANE\tPER-KEY RATE/S\tBURST\tMAX IN FLIGHT\tORDERED\tKEYS ACTIVE\tKEYS PAUSED\tLANE RATE/S")
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%s\n", l.Name, fmtFloat(k.PerKeyRate), k.PerKeyBurst, k.PerKeyMaxInflight,
 				k.Ordered, k.KeysActive, k.KeysPaused, fmtFloat(l.Rate))
+			if err := tw.Flush(); err != nil || len(k.Keys) == 0 {
+				return err
+			}
+			// The busiest keys, cluster-wide, most jobs first.
+			fmt.Fprintln(stdout)
+			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tBACKLOG")
+			for _, b := range k.Keys {
+				fmt.Fprintf(tw, "%s\t%d\n", b.Key, b.Backlog)
+			}
 			return tw.Flush()
 		}
 		return fmt.Errorf("%w: no lane named %q", client.ErrNotFound, pos[0])

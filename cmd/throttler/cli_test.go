@@ -166,6 +166,19 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	// A paused key keeps its jobs: `keys LANE` lists it among the busiest.
+	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-1", "--pause")
+	want(t, "keys set --pause", code, out, errOut, 0, "cust-1", "")
+	for i := range 4 {
+		if _, err := c.Submit(ctx, "hooks", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("held-%d", i), Key: "cust-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut = cli(t, env, "keys", "hooks")
+	want(t, "keys hooks with a backlog", code, out, errOut, 0, "BACKLOG", "")
+	if !strings.Contains(out, "cust-1  4") {
+		t.Errorf("keys hooks: want cust-1 with a backlog of 4 among the busiest keys:\n%s", out)
+	}
 	for i := range 30 {
 		if _, err := c.Submit(ctx, "failing", fmt.Appendf(nil, "payload %d", i), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("job-%02d", i)}); err != nil {
 			t.Fatal(err)

@@ -238,7 +238,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
 		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
 		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
-		"Plans": api.Plans{}, "PerIP": api.PerIP{},
+		"Plans": api.Plans{}, "PerIP": api.PerIP{}, "KeyBacklog": api.KeyBacklog{},
 	} {
 		proxy, ok := doc.Components.Schemas.Get(name)
 		if !ok {

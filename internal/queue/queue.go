@@ -15,10 +15,12 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -517,6 +519,40 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 		return LaneStats{}, fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
 	}
 	return LaneStats{Stored: si.State.Msgs, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered}, nil
+}
+
+// KeyCount is one key of a keyed lane and its stored jobs.
+type KeyCount struct {
+	Key    string
+	Stored uint64
+}
+
+// BusiestKeys lists the n keys of a keyed lane with the most jobs stored
+// (waiting or in flight), most first, ties by key. JetStream counts them
+// per subject; the answer is paged by the client, so a lane with many keys
+// costs one larger stream info, not one call per key.
+func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int) ([]KeyCount, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return nil, err
+	}
+	si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, "")+".>"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+	}
+	out := make([]KeyCount, 0, len(si.State.Subjects))
+	for subj, c := range si.State.Subjects {
+		if _, key, ok := subjectKey(lane, subj); ok && key != "" && c > 0 {
+			out = append(out, KeyCount{Key: key, Stored: c})
+		}
+	}
+	slices.SortFunc(out, func(a, b KeyCount) int {
+		if c := cmp.Compare(b.Stored, a.Stored); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	return out[:min(n, len(out))], nil
 }
 
 // jobFromMsg decodes a message of the lane's stream (see intake.go for

@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
@@ -202,6 +204,20 @@ func TestKeyedLaneNoHeadOfLineBlocking(t *testing.T) {
 		}
 	}
 	waitFor(t, 20*time.Second, "a's and b's jobs", func() bool { return tgt.count("a") >= 40 && tgt.count("b") >= 40 })
+	// The lanes API (and the status page) names the busiest key.
+	var lanes api.Lanes
+	resp, err := client.Get("http://" + svc.Addr() + "/v1/lanes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&lanes)
+	resp.Body.Close()
+	if err != nil || len(lanes.Lanes) != 1 || lanes.Lanes[0].Keyed == nil || len(lanes.Lanes[0].Keyed.Keys) == 0 {
+		t.Fatalf("lanes %+v (%v): want the keyed lane's busiest keys", lanes, err)
+	}
+	if b := lanes.Lanes[0].Keyed.Keys[0]; b.Key != "hot" || b.Backlog < 9000 {
+		t.Errorf("busiest key %+v, want hot with about 9,000 jobs left", b)
+	}
 	for _, key := range []string{"a", "b"} {
 		as := tgt.of(key)
 		checkFIFO(t, key, as)
