@@ -246,7 +246,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		drains.Go(func() { l.Run(drainCtx) })
 		laneNames = append(laneNames, l.Name())
 	}
-	drains.Go(func() { lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics")) })
+	drains.Go(func() {
+		lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics"))
+	})
 	s.addr = ln.Addr().String()
 	s.log.Info("throttler ready", "listen", s.addr, "tls", tc != nil, "lanes", len(lanes.order), "nats", natsWhere(s.cfg), "pacer", pacerKind(s.cfg))
 	close(s.ready)
