@@ -7,32 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/throttler/throttler/internal/queue"
-	"github.com/throttler/throttler/internal/testenv"
 )
 
 // TestBusiestKeys: a keyed lane's busiest keys are counted per subject by
 // JetStream, most jobs first, ties by key, keys with dots whole, at most n;
 // a lane without jobs has none.
 func TestBusiestKeys(t *testing.T) {
-	srv := testenv.StartNATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	q, err := queue.New(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, _ := newBareQueue(t)
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	s := queue.LaneSpec{Name: "hooks", MaxBacklog: 1000, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}
 	if err := q.EnsureKeyedLane(ctx, s); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 	t.Helper()
+	q, nc := newBareQueue(t)
+	ctx := context.Background()
+	if err := q.EnsureLane(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second start with the same spec changes nothing.
+	if err := q.EnsureLane(ctx, spec); err != nil {
+		t.Fatalf("EnsureLane again: %v", err)
+	}
+	return q, nc
+}
+
+// newBareQueue is a queue on a fresh server with its retry and dead-letter
+// streams, and no lane yet.
+func newBareQueue(t *testing.T) (*queue.Queue, *nats.Conn) {
+	t.Helper()
 	srv := testenv.StartNATS(t)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
@@ -33,13 +49,6 @@ func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
-	}
-	if err := q.EnsureLane(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	// Idempotent: a second start with the same spec changes nothing.
-	if err := q.EnsureLane(ctx, spec); err != nil {
-		t.Fatalf("EnsureLane again: %v", err)
 	}
 	return q, nc
 }
