@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -53,22 +51,8 @@ type batchJob struct {
 }
 
 func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("lane")
-	reject := func(p api.Problem, reason string, retry time.Duration) {
-		p.Lane = name
-		h.cfg.Logger.Info("batch rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
-		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
-		writeProblem(w, r, p, retry)
-	}
-	if h.draining.Load() {
-		reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
-			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
-		return
-	}
-	lane, ok := h.cfg.Lanes.Lane(name)
+	name, lane, reject, ok := h.openLane(w, r, "batch")
 	if !ok {
-		reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
-			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
@@ -83,34 +67,11 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Detail: fmt.Sprintf("the batch is larger than http.max_batch_bytes (%d bytes); split it", maxBytes)}, "body_too_large", 0)
 	}
-	if r.ContentLength > maxBytes {
-		w.Header().Set("Connection", "close")
-		tooBig()
-		return
-	}
-	release, ok := h.bodies.take(r.ContentLength, maxBytes)
+	body, reserved, ok := h.readBody(w, r, maxBytes, reject, tooBig)
 	if !ok {
-		w.Header().Set("Connection", "close")
-		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
 		return
 	}
-	defer release()
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBytes))
-	if err != nil {
-		var over *http.MaxBytesError
-		switch {
-		case errors.As(err, &over):
-			tooBig()
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
-				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
-		default:
-			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
-		}
-		return
-	}
+	defer h.bodies.give(reserved)
 	jobs, p := parseBatch(body, name, lane.MaxBody, maxItems)
 	switch {
 	case p != nil && p.Status == http.StatusRequestEntityTooLarge:

@@ -210,23 +210,75 @@ func (h *Handler) StopIntake() { h.draining.Store(true) }
 
 const maxContentType = queue.MaxContentType
 
-func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("lane")
-	reject := func(p api.Problem, reason string, retry time.Duration) {
+// rejectFunc answers a refused submission with its problem, logged and
+// counted by reason; retry > 0 sets Retry-After.
+type rejectFunc func(p api.Problem, reason string, retry time.Duration)
+
+// openLane starts every submission (what: "job" or "batch"): it makes the
+// submission's reject, and refuses it while this instance stops or when
+// the lane does not exist; ok is false then.
+func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) (name string, lane Lane, reject rejectFunc, ok bool) {
+	name = r.PathValue("lane")
+	reject = func(p api.Problem, reason string, retry time.Duration) {
 		p.Lane = name
-		h.cfg.Logger.Info("job rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "detail", p.Detail)
+		h.cfg.Logger.Info(what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
 		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
 		writeProblem(w, r, p, retry)
 	}
 	if h.draining.Load() {
 		reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
 			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
-		return
+		return name, lane, reject, false
 	}
-	lane, ok := h.cfg.Lanes.Lane(name)
-	if !ok {
+	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
 		reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
 			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
+	}
+	return name, lane, reject, ok
+}
+
+// readBody reads a submission's body of at most limit bytes, within the
+// budget of bodies read at once. A body over limit (by its Content-Length,
+// before a byte is read, or as it arrives) is answered with tooBig, and the
+// other refusals (budget full, too slow, broken) through reject; ok is
+// false then. The caller gives the reserved bytes back (h.bodies.give) once
+// it no longer holds the body.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, reject rejectFunc, tooBig func()) (body []byte, reserved int64, ok bool) {
+	if r.ContentLength > limit {
+		// Close rather than read the body to keep the connection.
+		w.Header().Set("Connection", "close")
+		tooBig()
+		return nil, 0, false
+	}
+	reserved, ok = h.bodies.reserve(r.ContentLength, limit)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
+		return nil, 0, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		h.bodies.give(reserved)
+		var over *http.MaxBytesError
+		switch {
+		case errors.As(err, &over):
+			tooBig()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
+				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
+		default:
+			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
+		}
+		return nil, 0, false
+	}
+	return body, reserved, true
+}
+
+func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
+	name, lane, reject, ok := h.openLane(w, r, "job")
+	if !ok {
 		return
 	}
 	id := r.Header.Get("Idempotency-Key")
@@ -263,37 +315,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
 	}
-	if r.ContentLength > lane.MaxBody {
-		// Before reading a byte of it; close rather than read it to keep
-		// the connection.
-		w.Header().Set("Connection", "close")
-		tooBig()
-		return
-	}
-	reserved, ok := h.bodies.reserve(r.ContentLength, lane.MaxBody)
+	body, reserved, ok := h.readBody(w, r, lane.MaxBody, reject, tooBig)
 	if !ok {
-		// Close the connection rather than read the body to keep it.
-		w.Header().Set("Connection", "close")
-		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
 		return
 	}
 	defer h.bodies.give(reserved)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, lane.MaxBody))
-	if err != nil {
-		var over *http.MaxBytesError
-		switch {
-		case errors.As(err, &over):
-			tooBig()
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
-				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
-		default:
-			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
-		}
-		return
-	}
 	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
 	if err != nil {
 		var rej *admission.RejectError
