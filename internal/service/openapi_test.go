@@ -65,6 +65,8 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	// call sends one request and validates it (valid requests only: a
 	// request the test makes bad on purpose is checked for its answer
 	// alone) and its answer.
+	// wantStatus 0 takes any status; lastStatus is the latest one.
+	var lastStatus int
 	call := func(validRequest bool, method, path string, hdr map[string]string, body string, wantStatus int) []byte {
 		t.Helper()
 		newReq := func() *http.Request {
@@ -87,7 +89,8 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 		}
 		got, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != wantStatus {
+		lastStatus = resp.StatusCode
+		if wantStatus != 0 && resp.StatusCode != wantStatus {
 			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, got, wantStatus)
 		}
 		resp.Body = io.NopCloser(bytes.NewReader(got))
@@ -125,20 +128,14 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	// The full lane: one job admitted, one queued, then 429.
 	call(true, "POST", "/v1/lanes/full/jobs", nil, "a", 202)
 	for i := 0; ; i++ {
-		resp, err := client.Post(base+"/v1/lanes/full/jobs", "text/plain", strings.NewReader("b"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == 429 {
+		call(true, "POST", "/v1/lanes/full/jobs", nil, "b", 0)
+		if lastStatus == 429 {
 			break
 		}
 		if i == 5 {
 			t.Fatalf("the full lane took %d jobs", i+2)
 		}
 	}
-	call(true, "POST", "/v1/lanes/full/jobs", nil, "c", 429)
 
 	// Lanes and limits.
 	call(true, "GET", "/v1/lanes", nil, "", 200)
