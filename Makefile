@@ -43,8 +43,13 @@ run: build
 	trap 'kill $$sink 2>/dev/null; wait $$sink 2>/dev/null' EXIT INT TERM; \
 	$(BIN) serve --config configs/throttler.yaml
 
+# The fleet tests (internal/fleet: NATS and Redis clusters, node loss) run
+# after the rest, so that their servers do not share the cores with the
+# real-clock pacing tests of leaky and service.
+FLEET   := ./internal/fleet
 test:
-	$(GO) test -count=1 -timeout 10m $(PKGS)
+	$(GO) test -count=1 -timeout 10m $$($(GO) list $(PKGS) | grep -vx 'github.com/throttler/throttler/internal/fleet')
+	$(GO) test -count=1 -timeout 5m $(FLEET)
 
 race:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
