@@ -228,7 +228,12 @@ type fetched[T any] struct {
 // beside the one being started; both count in the queue's in-flight bound.
 func (d *Drain[T]) Run(ctx context.Context) error {
 	var held []T
-	ahead := make(chan fetched[T], 1)
+	// Unbuffered: the fetcher holds the one batch read ahead until the drain
+	// takes it, and reads no further. A job read and not yet given a slot
+	// is in no count the answers' eta_ms see (it is neither pending in the
+	// queue nor in the bucket's state), so the read-ahead is kept to one
+	// batch.
+	ahead := make(chan fetched[T])
 	fetchCtx, stopFetch := context.WithCancel(ctx)
 	fetcherDone := make(chan struct{})
 	go d.fetch(fetchCtx, ahead, fetcherDone)
