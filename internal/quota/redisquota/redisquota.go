@@ -32,21 +32,11 @@ import (
 	"github.com/throttler/throttler/internal/quota"
 )
 
-// rediser is what the store needs of a Redis client (redis.Script.Run).
-type rediser interface {
-	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-	EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-	ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
-}
-
 var (
-	_ rediser       = (*redis.Client)(nil)
-	_ rediser       = (*redis.ClusterClient)(nil)
-	_ rediser       = (*redis.AutoPipeliner)(nil)
-	_ quota.Limiter = (*Store)(nil)
+	_ redis.Scripter = (*redis.Client)(nil)
+	_ redis.Scripter = (*redis.ClusterClient)(nil)
+	_ redis.Scripter = (*redis.AutoPipeliner)(nil)
+	_ quota.Limiter  = (*Store)(nil)
 )
 
 // DefaultTimeout bounds a call whose context has no deadline.
@@ -74,7 +64,7 @@ func (c Config) Validate() error {
 // Store is the Redis quota.Limiter. Safe for concurrent use by any number
 // of goroutines and instances.
 type Store struct {
-	client  rediser
+	client  redis.Scripter
 	head    string
 	timeout time.Duration
 	now     func() time.Time
@@ -83,7 +73,7 @@ type Store struct {
 
 // New returns a store over client (a *redis.Client, *redis.ClusterClient
 // or *redis.AutoPipeliner); it sends nothing yet.
-func New(client rediser, cfg Config) *Store {
+func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "thr"
 	}
