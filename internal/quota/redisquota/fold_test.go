@@ -3,6 +3,8 @@ package redisquota_test
 import (
 	"context"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,9 +26,9 @@ type space struct {
 	quotas *redisquota.Store
 }
 
-func newSpace(c redis.Scripter, now func() time.Time, fold bool) space {
+func newSpace(c *redis.Client, now func() time.Time, fold bool) space {
 	p := "f" + strconv.FormatInt(prefixes.Add(1), 10)
-	sp := space{prefix: p, lanes: redisbucket.New(c.(*redis.Client), redisbucket.Config{Prefix: p, Now: now})}
+	sp := space{prefix: p, lanes: redisbucket.New(c, redisbucket.Config{Prefix: p, Now: now})}
 	cfg := redisquota.Config{Prefix: p, Now: now}
 	if fold {
 		cfg.Lanes = sp.lanes
@@ -101,8 +103,8 @@ func TestFoldedMatchesSeparate(t *testing.T) {
 		{mod: func(r *quota.Request) { r.Cost = 0 }},
 		{advance: 6 * time.Second}, {reserve: 1},
 		{}, {}, {}, // the IP layer refuses: 6 in the window
-		{mod: func(r *quota.Request) { r.ObserveIP = true }},                           // observed: the plan decides
-		{advance: 30 * time.Second, mod: func(r *quota.Request) { r.Cost = 2 }},         // half the window slid
+		{mod: func(r *quota.Request) { r.ObserveIP = true }},                              // observed: the plan decides
+		{advance: 30 * time.Second, mod: func(r *quota.Request) { r.Cost = 2 }},           // half the window slid
 		{mod: func(r *quota.Request) { r.Plan = bucket.Limit{Rate: 1.0 / 60, Burst: 2} }}, // a stricter plan clamps
 		{advance: time.Minute, mod: func(r *quota.Request) { r.IP = "" }},
 		{mod: func(r *quota.Request) { r.Caller = "" }},
@@ -208,5 +210,113 @@ func TestFoldedRefusalTouchesNothingElse(t *testing.T) {
 	}
 	if got := state()[0]; got != lane {
 		t.Fatalf("the lane's state went from %v to %v; the layers must never write it", lane, got)
+	}
+}
+
+// TestFoldedThreeInstances: three instances (each its own client, lane
+// store and quota store) share one Redis on Redis TIME and check one
+// caller concurrently with its lane folded in: the per-IP window and the
+// plan hold exactly across them, and every check read the lane.
+func TestFoldedThreeInstances(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	p := "f" + strconv.FormatInt(prefixes.Add(1), 10)
+	laneLim := bucket.Limit{Rate: 100, Burst: 5}
+	r := quota.Request{IP: "192.0.2.44", PerIP: quota.Window{Limit: 20, Length: time.Hour}, Caller: "key:fleet",
+		Plan: bucket.Limit{Rate: 1.0 / 3600, Burst: 12}, Cost: 1, Lane: bucket.Key{Lane: "shared"}, LaneLimit: laneLim}
+	var ipAllowed, planAllowed, planChecked, laneChecked atomic.Int64
+	var wg sync.WaitGroup
+	for range 3 {
+		c := client(t, rs.URL())
+		lanes := redisbucket.New(c, redisbucket.Config{Prefix: p})
+		s := redisquota.New(c, redisquota.Config{Prefix: p, Lanes: lanes})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				res, err := s.Check(context.Background(), r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.IP.Allowed {
+					ipAllowed.Add(1)
+				}
+				if res.PlanChecked {
+					planChecked.Add(1)
+				}
+				if res.Plan.Allowed {
+					planAllowed.Add(1)
+				}
+				if res.LaneChecked && res.Lane.Allowed {
+					laneChecked.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if ipAllowed.Load() != 20 || planChecked.Load() != 20 || planAllowed.Load() != 12 || laneChecked.Load() != 30 {
+		t.Fatalf("IP allowed %d (want 20), plan checked %d (want 20) and allowed %d (want 12), lane read with room %d (want 30)",
+			ipAllowed.Load(), planChecked.Load(), planAllowed.Load(), laneChecked.Load())
+	}
+}
+
+// TestFoldedOnRedisTime: on Redis TIME, the lane's state read in the
+// folded script agrees with a Peek of its own made right after (the next
+// free slot, within the time between the two calls), and the layers'
+// counts are the separate script's.
+func TestFoldedOnRedisTime(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	c := client(t, rs.URL())
+	ctx := context.Background()
+	sp := newSpace(c, nil, true)
+	laneLim := bucket.Limit{Rate: 1, Burst: 1}
+	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 30); err != nil {
+		t.Fatal(err)
+	}
+	r := quota.Request{IP: "192.0.2.8", PerIP: quota.Window{Limit: 1000, Length: time.Hour}, Caller: "key:t",
+		Plan: bucket.Limit{Rate: 1.0 / 3600, Burst: 3}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+	for i := range 5 {
+		start := time.Now()
+		res, err := sp.quotas.Check(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := sp.lanes.Peek(ctx, r.Lane, laneLim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		between := time.Since(start)
+		if !res.LaneChecked || res.Lane.Allowed || p.Allowed || res.Lane.RetryAfter < p.RetryAfter || res.Lane.RetryAfter-p.RetryAfter > between {
+			t.Fatalf("check %d: folded %+v, separate %+v, %v apart", i, res.Lane, p, between)
+		}
+		if res.IP.Count != float64(i) || res.Plan.Allowed != (i < 3) {
+			t.Fatalf("check %d: %+v, want %d counted before it and the plan to allow %v", i, res, i, i < 3)
+		}
+	}
+}
+
+// TestFoldedRestoresLostLane: the folded peek keeps redisbucket's floor: a
+// lane state Redis lost (FLUSHALL) comes back as an empty bucket, not a
+// fresh burst, exactly as a Peek of its own would restore it.
+func TestFoldedRestoresLostLane(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	c := client(t, rs.URL())
+	ctx := context.Background()
+	sp := newSpace(c, nil, true)
+	laneLim := bucket.Limit{Rate: 1, Burst: 2}
+	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 10); err != nil {
+		t.Fatal(err)
+	}
+	r := quota.Request{Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+	res, err := sp.quotas.Check(ctx, r)
+	if err != nil || !res.LaneChecked || res.Lane.Allowed {
+		t.Fatalf("%+v %v, want the lane read with no room", res, err)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err = sp.quotas.Check(ctx, r)
+	if err != nil || !res.LaneChecked || res.Lane.Allowed || res.Lane.RetryAfter < 7*time.Second || sp.lanes.Restored() != 1 {
+		t.Fatalf("after FLUSHALL: %+v %v, restored %d; want no room for about 9s, restored once", res, err, sp.lanes.Restored())
 	}
 }
