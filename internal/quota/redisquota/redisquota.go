@@ -14,6 +14,14 @@
 // caller state lives on one slot, so that one script can touch both layers
 // (the state is a few dozen bytes per active caller).
 //
+// With Config.Lanes set (a single Redis or Sentinel, never Redis Cluster),
+// a request that names a lane (quota.Request.Lane) is checked by a second
+// script that also peeks the lane's GCRA state (redisbucket.PeekLua), on
+// the same now: the caller check and the lane's admission decision are then
+// one script run, one round trip, and one MGET of the three keys. The peek
+// takes nothing, so the layers' decisions and writes are exactly those of
+// the script without it.
+//
 // Errors other than an invalid request wrap bucket.ErrUnavailable, so that
 // quota.Failover answers from memory while Redis is away.
 package redisquota
