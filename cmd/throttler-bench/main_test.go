@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{{"--frobnicate"}, {"extra"}} {
+	for _, args := range [][]string{{"--frobnicate"}, {"extra"}, {"--keys", "ten"}} {
 		var out bytes.Buffer
 		if err := run(context.Background(), args, &out, &out); !errors.Is(err, errUsage) {
 			t.Errorf("%q: %v, want errUsage", args, err)
@@ -33,6 +33,9 @@ func TestUsage(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--only", "everything"}, &out, &out); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
 		t.Fatalf("--only everything: %v", err)
+	}
+	if err := run(context.Background(), []string{"--only", "keyed", "--keys", "1000,0"}, &out, &out); err == nil || !strings.Contains(err.Error(), "keys: 0") {
+		t.Fatalf("--keys 1000,0: %v", err)
 	}
 	if err := run(context.Background(), []string{"--redis-url", "redis://10.0.0.5:6379"}, &out, &out); err == nil {
 		t.Fatal("a Redis off loopback was accepted")
@@ -58,5 +61,39 @@ func TestSmokeBuildsTheService(t *testing.T) {
 	}
 	if strings.Contains(table, "skipped") {
 		t.Fatalf("the rss rows were skipped:\n%s\nstderr:\n%s", table, stderr.String())
+	}
+}
+
+// TestSmokeKeyed runs the keyed scenario in smoke mode with 20 keys: every
+// row is measured (none skipped, none failed), on both pacers.
+func TestSmokeKeyed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"--smoke", "--only", "keyed", "--keys", "20"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	table := stdout.String()
+	for _, want := range []string{
+		"keyed lane, 1 keys with backlog → sink, memory pacer",
+		"keyed lane, 20 keys with backlog → sink, memory pacer",
+		"keyed lane, 20 keys with backlog → sink, Redis pacer",
+		"keyed lane, Redis memory per active key · per idle key, 20 keys",
+		"cold key's first job behind a hot key's 2,000 backlog (202 → sink), memory pacer",
+		"cold key's first job behind a hot key's 2,000 backlog (202 → sink), Redis pacer",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("no row %q", want)
+		}
+	}
+	if strings.Contains(table, "skipped") || strings.Contains(table, "| error") {
+		t.Errorf("rows skipped or failed")
+	}
+	if t.Failed() {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", table, stderr.String())
 	}
 }
