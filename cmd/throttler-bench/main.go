@@ -2,7 +2,7 @@
 // service end to end against its goals and against peer libraries in one
 // run, on loopback only, and prints one Markdown table (docs/BENCHMARKS.md).
 //
-//	go run ./cmd/throttler-bench                 # every scenario, about 3.5 minutes
+//	go run ./cmd/throttler-bench                 # every scenario, about 8 minutes (4.5 of them keyed)
 //	go run ./cmd/throttler-bench --smoke         # tiny counts: proves every scenario runs
 //	go run ./cmd/throttler-bench --only pacing,latency --duration 10s
 //
