@@ -571,13 +571,23 @@ type KeyCount struct {
 // BusiestKeys lists the n keys of a keyed lane with the most jobs stored
 // (waiting or in flight), most first, ties by key. JetStream counts them
 // per subject; the answer is paged by the client, so a lane with many keys
-// costs one larger stream info, not one call per key.
-func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int) ([]KeyCount, error) {
+// costs one larger stream info, not one call per key. Like Backlog, it
+// reuses the counts of a read younger than maxAge (0: read them now), so
+// that a status polled often costs at most one such read per lane and
+// maxAge; the read also refreshes the backlog estimate.
+func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int, maxAge time.Duration) ([]KeyCount, error) {
 	ls, err := q.lane(lane)
 	if err != nil {
 		return nil, err
 	}
-	si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, "")+".>"))
+	ls.mu.Lock()
+	if maxAge > 0 && n <= ls.keysN && time.Since(ls.keysAt) < maxAge {
+		out := slices.Clone(ls.keys[:min(n, len(ls.keys))])
+		ls.mu.Unlock()
+		return out, nil
+	}
+	ls.mu.Unlock()
+	si, err := ls.readStream(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, "")+".>"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
 	}
@@ -593,7 +603,11 @@ func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int) ([]KeyCount
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
-	return out[:min(n, len(out))], nil
+	out = out[:min(n, len(out))]
+	ls.mu.Lock()
+	ls.keys, ls.keysN, ls.keysAt = out, n, time.Now()
+	ls.mu.Unlock()
+	return slices.Clone(out), nil
 }
 
 // jobFromMsg decodes a message of the lane's stream (see intake.go for
