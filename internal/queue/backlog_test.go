@@ -1,4 +1,4 @@
-package queue
+package queue_test
 
 import (
 	"context"
@@ -6,32 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
 // oneLane is a queue on a fresh server with lane "demo" of max_backlog 1.
-func oneLane(t *testing.T) *Queue {
+func oneLane(t *testing.T) *queue.Queue {
 	t.Helper()
-	srv := testenv.StartNATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	q, err := New(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, RetryConfig{MaxMsgs: 100, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureLane(ctx, LaneSpec{Name: "demo", MaxBacklog: 1, MaxInflight: 4, Prefetch: 4,
+	q, _ := newBareQueue(t)
+	if err := q.EnsureLane(context.Background(), queue.LaneSpec{Name: "demo", MaxBacklog: 1, MaxInflight: 4, Prefetch: 4,
 		AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -40,13 +23,7 @@ func oneLane(t *testing.T) *Queue {
 
 // onRead makes the next stream info read run f between JetStream's answer
 // and its use, once.
-func onRead(t *testing.T, f func()) {
-	testHookStreamRead = func() {
-		testHookStreamRead = nil
-		f()
-	}
-	t.Cleanup(func() { testHookStreamRead = nil })
-}
+func onRead(t *testing.T, f func()) { t.Cleanup(queue.OnStreamRead(f)) }
 
 // TestBacklogEstimateMissesNoPublish: the backlog estimate admission reads
 // (a JetStream count up to 250 ms old plus this instance's publishes since)
@@ -60,7 +37,7 @@ func TestBacklogEstimateMissesNoPublish(t *testing.T) {
 	ctx := context.Background()
 	publish := func(id string) {
 		t.Helper()
-		if _, err := q.Publish(ctx, Job{ID: id, Lane: "demo"}); err != nil {
+		if _, err := q.Publish(ctx, queue.Job{ID: id, Lane: "demo"}); err != nil {
 			t.Fatalf("publish %s: %v", id, err)
 		}
 	}
@@ -73,7 +50,7 @@ func TestBacklogEstimateMissesNoPublish(t *testing.T) {
 	if n, _ := q.Backlog(ctx, "demo", time.Hour); n != 1 {
 		t.Fatalf("estimate %d after a publish confirmed during the read, want 1", n)
 	}
-	if _, err := q.Publish(ctx, Job{ID: "over", Lane: "demo"}); !errors.Is(err, ErrBacklogFull) {
+	if _, err := q.Publish(ctx, queue.Job{ID: "over", Lane: "demo"}); !errors.Is(err, queue.ErrBacklogFull) {
 		t.Fatalf("a second job in a lane of max_backlog 1: %v, want ErrBacklogFull", err)
 	}
 
@@ -82,7 +59,7 @@ func TestBacklogEstimateMissesNoPublish(t *testing.T) {
 	// is stored and a second read counts it.
 	q2 := oneLane(t)
 	onRead(t, func() {
-		if _, err := q2.Publish(ctx, Job{ID: "late", Lane: "demo"}); err != nil {
+		if _, err := q2.Publish(ctx, queue.Job{ID: "late", Lane: "demo"}); err != nil {
 			t.Error(err)
 		}
 		if n, err := q2.Backlog(ctx, "demo", 0); err != nil || n != 1 {
@@ -104,7 +81,7 @@ func TestBacklogEstimateMissesNoPublish(t *testing.T) {
 func TestJobHeldForAFarSlotStaysCounted(t *testing.T) {
 	q := oneLane(t)
 	ctx := context.Background()
-	if _, err := q.Publish(ctx, Job{ID: "held", Lane: "demo"}); err != nil {
+	if _, err := q.Publish(ctx, queue.Job{ID: "held", Lane: "demo"}); err != nil {
 		t.Fatal(err)
 	}
 	c, err := q.Consumer("demo")
@@ -121,7 +98,7 @@ func TestJobHeldForAFarSlotStaysCounted(t *testing.T) {
 			t.Fatalf("backlog (max age %v) with the job held: %d %v, want 1", maxAge, n, err)
 		}
 	}
-	if _, err := q.Publish(ctx, Job{ID: "next", Lane: "demo"}); !errors.Is(err, ErrBacklogFull) {
+	if _, err := q.Publish(ctx, queue.Job{ID: "next", Lane: "demo"}); !errors.Is(err, queue.ErrBacklogFull) {
 		t.Fatalf("a job while one is held: %v, want ErrBacklogFull", err)
 	}
 	if err := msgs[0].Ack(); err != nil {
@@ -131,7 +108,7 @@ func TestJobHeldForAFarSlotStaysCounted(t *testing.T) {
 		n, err := q.Backlog(ctx, "demo", 0)
 		return err == nil && n == 0
 	})
-	if _, err := q.Publish(ctx, Job{ID: "next", Lane: "demo"}); err != nil {
+	if _, err := q.Publish(ctx, queue.Job{ID: "next", Lane: "demo"}); err != nil {
 		t.Fatalf("a job after the held one is done: %v", err)
 	}
 }

@@ -12,16 +12,23 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 )
 
+// keyedLane is a queue on a fresh server with the keyed lane "hooks".
+func keyedLane(t *testing.T) (*queue.Queue, *nats.Conn) {
+	t.Helper()
+	q, nc := newBareQueue(t)
+	s := queue.LaneSpec{Name: "hooks", MaxBacklog: 1000, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}
+	if err := q.EnsureKeyedLane(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	return q, nc
+}
+
 // TestBusiestKeys: a keyed lane's busiest keys are counted per subject by
 // JetStream, most jobs first, ties by key, keys with dots whole, at most n;
 // a lane without jobs has none.
 func TestBusiestKeys(t *testing.T) {
-	q, _ := newBareQueue(t)
+	q, _ := keyedLane(t)
 	ctx := context.Background()
-	s := queue.LaneSpec{Name: "hooks", MaxBacklog: 1000, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}
-	if err := q.EnsureKeyedLane(ctx, s); err != nil {
-		t.Fatal(err)
-	}
 	if got, err := q.BusiestKeys(ctx, "hooks", 3, 0); err != nil || len(got) != 0 {
 		t.Fatalf("empty lane: %v %v, want no keys", got, err)
 	}
@@ -50,12 +57,8 @@ func TestBusiestKeys(t *testing.T) {
 // counted on the server: a second connection listens on the lane stream's
 // info subject of the JetStream API and hears every request.
 func TestBusiestKeysAreCached(t *testing.T) {
-	q, nc := newBareQueue(t)
+	q, nc := keyedLane(t)
 	ctx := context.Background()
-	s := queue.LaneSpec{Name: "hooks", MaxBacklog: 1000, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}
-	if err := q.EnsureKeyedLane(ctx, s); err != nil {
-		t.Fatal(err)
-	}
 	spy, err := nats.Connect(nc.ConnectedUrl())
 	if err != nil {
 		t.Fatal(err)
