@@ -50,6 +50,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // rediser is what the store needs from a Redis client: the methods
@@ -100,11 +101,12 @@ type Config struct {
 	// client was made with ContextTimeoutEnabled; otherwise its ReadTimeout
 	// does.
 	Timeout time.Duration
-	// Now, for tests only, replaces Redis TIME as the scripts' clock (it is
-	// passed to them with microsecond.nanosecond precision). Keys then expire
-	// a minute later than the bucket refills, since Redis still expires them
-	// by its own clock. Leave it nil in production: instances' clocks differ.
-	Now func() time.Time
+	// Clock, for tests only, replaces Redis TIME as the scripts' clock (its
+	// Now is passed to them with microsecond.nanosecond precision). Keys then
+	// expire a minute later than the bucket refills, since Redis still
+	// expires them by its own clock. Leave it nil in production: instances'
+	// clocks differ.
+	Clock clock.Clock
 	// Logger receives a warning each time a lost state is restored (see
 	// Store.Restored); nil discards it.
 	Logger *slog.Logger
@@ -141,8 +143,8 @@ type Store struct {
 	client  rediser
 	keyHead string // prefix + ":{"
 	timeout time.Duration
-	now     func() time.Time
-	ttlMs   int64 // extra TTL in ms, see nowTTLSlack
+	clock   clock.Clock // nil: Redis TIME
+	ttlMs   int64       // extra TTL in ms, see nowTTLSlack
 	calls   atomic.Uint64
 	floors  floors
 	log     *slog.Logger
@@ -177,8 +179,8 @@ func New(client rediser, cfg Config) *Store {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now, log: cfg.Logger, held: cfg.Held}
-	if cfg.Now != nil {
+	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, clock: cfg.Clock, log: cfg.Logger, held: cfg.Held}
+	if cfg.Clock != nil {
 		s.ttlMs = nowTTLSlack.Milliseconds()
 	}
 	return s
@@ -330,8 +332,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		defer cancel()
 	}
 	now := ""
-	if s.now != nil {
-		now = formatNow(s.now())
+	if s.clock != nil {
+		now = formatNow(s.clock.Now())
 	}
 	s.calls.Add(1)
 	floor, held := s.floors.get(key), int64(0)

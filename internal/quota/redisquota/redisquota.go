@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/quota"
 )
 
@@ -48,9 +49,9 @@ type Config struct {
 	Prefix string
 	// Timeout bounds a call without a deadline; zero: DefaultTimeout.
 	Timeout time.Duration
-	// Now, for tests only, replaces Redis TIME (keys then expire a minute
-	// late, since Redis expires them by its own clock).
-	Now func() time.Time
+	// Clock, for tests only, replaces Redis TIME with its Now (keys then
+	// expire a minute late, since Redis expires them by its own clock).
+	Clock clock.Clock
 }
 
 // Validate reports a configuration error.
@@ -67,7 +68,7 @@ type Store struct {
 	client  redis.Scripter
 	head    string
 	timeout time.Duration
-	now     func() time.Time
+	clock   clock.Clock // nil: Redis TIME
 	extraMs int64
 }
 
@@ -80,8 +81,8 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, now: cfg.Now}
-	if cfg.Now != nil {
+	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, clock: cfg.Clock}
+	if cfg.Clock != nil {
 		s.extraMs = time.Minute.Milliseconds()
 	}
 	return s
@@ -180,8 +181,8 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 		defer cancel()
 	}
 	now := ""
-	if s.now != nil {
-		now = strconv.FormatInt(s.now().UnixMicro(), 10)
+	if s.clock != nil {
+		now = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
 	}
 	var limit, win int64
 	ipKey := s.head + "ip:"
