@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // Defaults and header names of the HTTP target.
@@ -168,7 +170,7 @@ type HTTP struct {
 	signer    *Signer
 	transport *http.Transport
 	client    *http.Client
-	now       func() time.Time
+	clock     clock.Clock // reads Retry-After dates against Now
 }
 
 // NewHTTP validates cfg and returns an HTTP target. guard checks every
@@ -188,7 +190,7 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		retry4xx: cfg.RetryOther4xx,
 		headers:  make(http.Header, len(cfg.Headers)+1),
 		signer:   cfg.Signing,
-		now:      time.Now,
+		clock:    clock.Real,
 	}
 	if h.method == "" {
 		h.method = DefaultHTTPMethod
@@ -312,7 +314,7 @@ func (h *HTTP) classify(resp *http.Response) Result {
 	if res.Verdict != Done && res.Err == nil {
 		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", h.method, h.logURL, ErrStatus, resp.Status)
 	}
-	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.now())
+	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.clock.Now())
 	if res.Verdict == Retry && res.RetryAfter == 0 {
 		res.RetryAfter = res.PauseLane
 	}
