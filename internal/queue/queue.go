@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 )
 
 // Subject prefix and header names, part of the contract with publishers.
@@ -158,6 +159,10 @@ type laneState struct {
 	intake   jetstream.Consumer
 	onStored func(key string)
 
+	// flight shares the JetStream reads of Backlog and Ahead between
+	// the requests that need them at once.
+	flight singleflight.Group
+
 	mu        sync.Mutex
 	backlog   int64 // from the last stream info
 	readAt    time.Time
@@ -201,15 +206,14 @@ func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.
 	ls.mu.Unlock()
 	var infoErr error
 	if stale {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		ci, err := ls.consumer.Info(ctx)
-		cancel()
-		if err != nil {
-			infoErr = fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
+		read := func() (any, error) { return nil, q.readDelivered(ctx, ls) }
+		if maxAge > 0 {
+			// Requests that find the position stale together share one
+			// consumer info: under load, each asking its own made a herd
+			// of JetStream API calls every maxAge.
+			_, infoErr, _ = ls.flight.Do("ahead", read)
 		} else {
-			ls.mu.Lock()
-			ls.delivered, ls.deliveredAt = max(ls.delivered, ci.Delivered.Stream), time.Now()
-			ls.mu.Unlock()
+			_, infoErr = read()
 		}
 	}
 	ls.mu.Lock()
@@ -219,6 +223,22 @@ func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.
 		return 0, infoErr
 	}
 	return int64(seq - pos - 1), infoErr
+}
+
+// readDelivered reads the position of the lane's consumer from JetStream.
+// The read is not cancelled with ctx: its result may be shared by other
+// callers (Ahead).
+func (q *Queue) readDelivered(ctx context.Context, ls *laneState) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	ci, err := ls.consumer.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, ls.spec.Name, err)
+	}
+	ls.mu.Lock()
+	ls.delivered, ls.deliveredAt = max(ls.delivered, ci.Delivered.Stream), time.Now()
+	ls.mu.Unlock()
+	return nil
 }
 
 // NotifyPrefix starts the subject on which an instance hears the slots its
@@ -475,11 +495,30 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 	if !q.nc.IsConnected() {
 		return n, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	read := func() (any, error) { return q.readBacklog(ctx, ls) }
+	var v any
+	if maxAge > 0 {
+		// Requests that find the count stale together share one stream
+		// info (see Ahead); a fresh read (maxAge 0) is always its own.
+		v, err, _ = ls.flight.Do("backlog", read)
+	} else {
+		v, err = read()
+	}
+	if err != nil {
+		return n, err
+	}
+	return v.(int64), nil
+}
+
+// readBacklog reads the lane's stored jobs from JetStream and resets the
+// count of publishes since. The read is not cancelled with ctx: its result
+// may be shared by other callers (Backlog).
+func (q *Queue) readBacklog(ctx context.Context, ls *laneState) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	info, err := ls.stream.Info(ctx)
 	if err != nil {
-		return n, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+		return 0, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, ls.spec.Name, err)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
