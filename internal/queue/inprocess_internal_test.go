@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // within fails the test when f has not returned after d: a write that
@@ -183,5 +186,40 @@ func TestBufferedConnWriteErrorSticks(t *testing.T) {
 	}
 	if !errors.Is(err, io.ErrClosedPipe) {
 		t.Fatalf("writes to a closed pipe: %v, want %v", err, io.ErrClosedPipe)
+	}
+}
+
+// TestJobMsgHeaderKeys: jobMsg fills the header map directly, which is
+// only right while every key is canonical (what Header.Set would store).
+func TestJobMsgHeaderKeys(t *testing.T) {
+	now := time.Now()
+	job := Job{ID: "id-1", MsgID: "id-1#2", Lane: "demo", Key: "k", ContentType: "text/plain", Payload: []byte("x"),
+		Outside: true, Notify: "throttler.notify.i1", Attempts: 3, NotBefore: now, EnqueuedAt: now}
+	msg := jobMsg(job)
+	want := nats.Header{}
+	for k, v := range msg.Header {
+		if c := textproto.CanonicalMIMEHeaderKey(k); c != k {
+			t.Errorf("header key %q is not canonical (%q)", k, c)
+		}
+		if len(v) != 1 {
+			t.Errorf("header %s has %d values", k, len(v))
+		}
+		want.Set(k, v[0])
+	}
+	if len(msg.Header) != 8 {
+		t.Errorf("%d headers, want 8: %v", len(msg.Header), msg.Header)
+	}
+	got := decodeJob("demo", msg.Header, msg.Data, "k", 7, true, now)
+	got.Payload, job.Payload = nil, nil
+	job.MsgID = "" // not carried back
+	if !got.NotBefore.Equal(job.NotBefore.Truncate(time.Millisecond)) || !got.EnqueuedAt.Equal(job.EnqueuedAt.Truncate(time.Millisecond)) {
+		t.Errorf("times: %v %v, want %v", got.NotBefore, got.EnqueuedAt, now)
+	}
+	got.NotBefore, got.EnqueuedAt, job.NotBefore, job.EnqueuedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	if fmt.Sprint(got) != fmt.Sprint(job) {
+		t.Errorf("decoded %+v, want %+v", got, job)
+	}
+	if msg.Subject != InternalSubject("demo", "k") {
+		t.Errorf("subject %s", msg.Subject)
 	}
 }

@@ -368,37 +368,50 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
-// jobMsg encodes a job as a message of the lane stream.
+// jobMsg encodes a job as a message of the lane stream. The header keys are
+// canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
+// its values sharing one array: Header.Set would allocate a slice a value.
 func jobMsg(job Job) *nats.Msg {
-	msg := nats.NewMsg(InternalSubject(job.Lane, job.Key))
-	msg.Data = job.Payload
+	var vals [8]string
+	keys := [8]string{}
+	n := 0
+	add := func(k, v string) {
+		keys[n], vals[n] = k, v
+		n++
+	}
 	if job.ContentType != "" {
-		msg.Header.Set(HeaderContentType, job.ContentType)
+		add(HeaderContentType, job.ContentType)
 	}
 	if job.ID != "" {
-		msg.Header.Set(HeaderJobID, job.ID)
+		add(HeaderJobID, job.ID)
 		id := job.MsgID
 		if id == "" {
 			id = job.ID
 		}
-		msg.Header.Set(jetstream.MsgIDHeader, id)
+		add(jetstream.MsgIDHeader, id)
 	}
 	if job.Outside {
-		msg.Header.Set(HeaderVia, "nats")
+		add(HeaderVia, "nats")
 	}
 	if job.Notify != "" {
-		msg.Header.Set(HeaderNotify, job.Notify)
+		add(HeaderNotify, job.Notify)
 	}
 	if job.Attempts > 0 {
-		msg.Header.Set(HeaderAttempts, strconv.Itoa(job.Attempts))
+		add(HeaderAttempts, strconv.Itoa(job.Attempts))
 	}
 	if !job.NotBefore.IsZero() {
-		msg.Header.Set(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
+		add(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
 	}
 	if !job.EnqueuedAt.IsZero() {
-		msg.Header.Set(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
+		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
 	}
-	return msg
+	h := make(nats.Header, n)
+	shared := make([]string, n)
+	copy(shared, vals[:n])
+	for i := range n {
+		h[keys[i]] = shared[i : i+1 : i+1]
+	}
+	return &nats.Msg{Subject: InternalSubject(job.Lane, job.Key), Header: h, Data: job.Payload}
 }
 
 // publishTimeout bounds a publish whose context has no deadline.
