@@ -40,6 +40,9 @@ import (
 // wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	// DecideFrom decides on one job of a lane that is not keyed, from a
+	// peek of its state made with the caller quotas.
+	DecideFrom(ctx context.Context, lane admission.Lane, p admission.Peeked, now time.Time) (admission.Decision, error)
 	// DecideN decides on n jobs submitted together (a batch).
 	DecideN(ctx context.Context, lane admission.Lane, key string, n int) ([]admission.Decision, []error)
 	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
@@ -398,7 +401,13 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.bodies.give(reserved)
-	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
+	var dec admission.Decision
+	var err error
+	if info, _ := r.Context().Value(callerInfoCtx{}).(*callerInfo); info != nil && info.lane != nil && key == "" {
+		dec, err = h.cfg.Admitter.DecideFrom(r.Context(), lane.Admission, *info.lane, time.Now())
+	} else {
+		dec, err = h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
+	}
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {

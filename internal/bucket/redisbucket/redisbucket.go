@@ -320,23 +320,27 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
+	s.calls.Add(1)
+	reply, err := script.Run(ctx, s.client, []string{key}, s.args(k, key, l, arg)...).Result()
+	if err != nil {
+		return nil, s.fail(op, k, err)
+	}
+	return reply, nil
+}
+
+// args are a script's ARGV[1..7] for k's key (see the prelude).
+func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64) []any {
 	now := ""
 	if s.now != nil {
 		now = formatNow(s.now())
 	}
-	s.calls.Add(1)
 	floor, held := s.floors.get(key), int64(0)
 	if floor != "" && s.held != nil {
 		if n := s.held(k); n > 0 {
 			held = min(int64(n)*int64(l.Period()), int64(maxSpan))
 		}
 	}
-	reply, err := script.Run(ctx, s.client, []string{key},
-		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held).Result()
-	if err != nil {
-		return nil, s.fail(op, k, err)
-	}
-	return reply, nil
+	return []any{now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held}
 }
 
 // fail wraps a failed call: every error of the store other than an invalid
