@@ -71,6 +71,11 @@ type HTTPConfig struct {
 	// Signing, when set, signs each request with Standard Webhooks
 	// headers.
 	Signing *Signer
+	// MaxInflight is how many deliveries may run at once (the lane's
+	// max_inflight): the target keeps that many idle keep-alive
+	// connections, at least 256, so that a lane at its bound never closes
+	// a connection only to open another for the next job. 0 means 256.
+	MaxInflight int
 }
 
 // reservedHeader reports whether a static header may not be configured:
@@ -134,6 +139,9 @@ func (c HTTPConfig) Validate() error {
 	}
 	if c.Method != "" && !isToken(c.Method) {
 		return fmt.Errorf("dispatch: http: Method: %q is not a valid method", c.Method)
+	}
+	if c.MaxInflight < 0 {
+		return fmt.Errorf("dispatch: http: MaxInflight: %d is negative", c.MaxInflight)
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("dispatch: http: Timeout: %v is negative", c.Timeout)
@@ -215,7 +223,7 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		DialContext:           dial,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          0, // no global limit; per host below
-		MaxIdleConnsPerHost:   maxIdlePerHost,
+		MaxIdleConnsPerHost:   max(maxIdlePerHost, cfg.MaxInflight),
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,

@@ -154,12 +154,13 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 }
 
 // targetConfig turns the file's target into dispatch's.
-func targetConfig(t config.Target, handlers map[string]dispatch.Target) dispatch.TargetConfig {
+func targetConfig(t config.Target, maxInflight int, handlers map[string]dispatch.Target) dispatch.TargetConfig {
 	switch {
 	case t.HTTP != nil:
 		h := t.HTTP
 		return dispatch.TargetConfig{SigningSecrets: h.SigningSecrets, HTTP: &dispatch.HTTPConfig{
-			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}}
+			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
+			MaxInflight: maxInflight}}
 	case t.NATS != nil:
 		return dispatch.TargetConfig{NATS: &dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream}}
 	case t.Handler != "":
