@@ -379,11 +379,14 @@ func TestRealClockSpacing(t *testing.T) {
 	// Every job is in hand from the start, so a slot is missed only when
 	// the drain woke more than a period after it (a loaded machine stalls
 	// it): the span may then grow by one period per missed slot, and no
-	// more. A few missed slots in 40 are a stalled machine; more is a
-	// drain that loses time.
+	// more. Up to 16 in 40 were seen on this 2-core machine shared by a
+	// full test run (8 at load average 18); more than that is a drain that
+	// loses time, not a stalled machine. A hand-over between batches that
+	// waits is caught on the virtual clock (TestFetchIsPipelined).
 	span, missed := at[39].Sub(at[0]), d.Missed()
-	if hi := 429*time.Millisecond + time.Duration(missed)*10*time.Millisecond; span < 390*time.Millisecond || span > hi || missed > 4 {
-		t.Errorf("40 starts at 100/s took %v with %d slots missed, want 390ms..%v and at most 4 missed", span, missed, hi)
+	t.Logf("40 starts in %v, %d slots missed", span, missed)
+	if hi := 429*time.Millisecond + time.Duration(missed)*10*time.Millisecond; span < 390*time.Millisecond || span > hi || missed > 16 {
+		t.Errorf("40 starts at 100/s took %v with %d slots missed, want 390ms..%v and at most 16 missed", span, missed, hi)
 	}
 	rel := make([]time.Duration, len(at))
 	for i := range at {
