@@ -24,6 +24,8 @@ type keyedRun struct {
 	sched  *keyed.Sched
 	pair   bucket.PairStore
 	claims keyed.Claims
+	// slow is per_key.adaptive (nil when off): keys' own slow-downs.
+	slow *keyed.Slowdown
 	// permits bounds the lane's dispatches on this instance (max_inflight).
 	permits chan struct{}
 	wake    chan struct{}
@@ -66,6 +68,9 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
 	}
 	k.sched = keyed.New(l.keyOpts)
+	if a := l.cfg.PerKey.Adaptive; a.Enabled {
+		k.slow = &keyed.Slowdown{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
+	}
 	r.OnRequeue = k.requeue
 	l.d.Queue.OnStored(l.cfg.Name, k.announce)
 	return k, nil
@@ -133,6 +138,9 @@ func (k *keyedRun) claimer(ctx context.Context) {
 		case <-k.wake:
 		case <-sweep.C:
 			k.sweep(ctx)
+			if k.slow != nil {
+				k.slow.Sweep(k.l.d.Clock.Now())
+			}
 		case <-refresh.C:
 			if time.Since(lastOwn) >= ownEvery {
 				lastOwn = time.Now()
@@ -178,10 +186,56 @@ func (k *keyedRun) claim(ctx context.Context, keys []string) {
 	if err != nil {
 		k.l.log.Warn("claiming keys failed; the sweep tries again", "keys", len(unknown), "err", err)
 	}
+	k.loadSlow(ctx, got)
 	now = k.l.d.Clock.Now()
 	for _, key := range got {
 		k.sched.Add(key, now)
 	}
+}
+
+// loadSlow adopts the slow-downs other instances stored for keys, which
+// this one just claimed.
+func (k *keyedRun) loadSlow(ctx context.Context, keys []string) {
+	if k.slow == nil || k.l.d.Slow == nil || len(keys) == 0 {
+		return
+	}
+	got, err := k.l.d.Slow.LoadSlow(ctx, k.l.cfg.Name, keys)
+	if err != nil {
+		k.l.log.Warn("reading keys' slow-downs failed; they start at their full rate", "keys", len(keys), "err", err)
+	}
+	now := k.l.d.Clock.Now()
+	for _, s := range got {
+		k.slow.Adopt(s.Key, s.Factor, now.Add(-s.Age), now)
+	}
+}
+
+// slowKey lowers key's rate after its downstream pushed back (at most once
+// per adaptive.interval), and stores the factor for the other instances.
+func (k *keyedRun) slowKey(key string) {
+	l := k.l
+	f, changed := k.slow.Limited(key, l.d.Clock.Now())
+	if !changed {
+		return
+	}
+	l.log.Info("target pushed back on the key; slowing it down", "key", key, "rate", l.keyLimit(key).Rate*f, "factor", f)
+	if l.d.Slow == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Slow.SaveSlow(ctx, l.cfg.Name, key, f, k.slow.Recovery(f)); err != nil {
+		l.log.Warn("storing the key's slow-down failed; other instances do not see it", "key", key, "err", err)
+	}
+}
+
+// effectiveLimit is key's limit at now: its rate (per_key, or its
+// override) times its adaptive factor.
+func (k *keyedRun) effectiveLimit(key string, now time.Time) bucket.Limit {
+	lim := k.l.keyLimit(key)
+	if k.slow != nil {
+		lim.Rate = max(lim.Rate*k.slow.Factor(key, now), bucket.MinRate)
+	}
+	return lim
 }
 
 // sweep claims the keys with stored jobs that no live instance holds.
@@ -337,7 +391,8 @@ func (k *keyedRun) loop(ctx context.Context) {
 			}
 			continue
 		}
-		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key), lookahead)
+		keyLim := k.effectiveLimit(key, now)
+		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), keyLim, lookahead)
 		now = clk.Now()
 		if err != nil {
 			<-k.permits
@@ -375,7 +430,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		// A start may come at most max(2 ms, the shorter of the two
 		// periods) after its slot, as on unkeyed lanes: both bounds then
 		// hold with W widened by that much.
-		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), l.keyLimit(key).Period()))
+		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), keyLim.Period()))
 		go k.startAt(ctx, key, msg, due, maxLate, epoch)
 	}
 }

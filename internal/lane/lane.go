@@ -55,6 +55,9 @@ type Deps struct {
 	// by lanes with per_key.
 	Pair   bucket.PairStore
 	Claims keyed.Claims
+	// Slow shares keys' slow-downs (per_key.adaptive) between instances;
+	// nil keeps each instance's own (one instance: the memory pacer).
+	Slow keyed.SlowStore
 	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
 	// overrides); nil keeps them in memory only.
 	Limits *queue.Limits
@@ -290,6 +293,9 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
+		if k := l.keyed; k != nil && k.slow != nil && pushedBack(res) {
+			k.slowKey(job.Key)
+		}
 		switch {
 		case res.PauseLane > 0 && l.keyed != nil:
 			// A keyed lane's downstream is the key's: it waits alone.
@@ -301,6 +307,13 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
 		l.apply(msg, res, act)
 	}()
+}
+
+// pushedBack says whether a delivery's answer asks its downstream to be
+// spared: a 429, a 5xx, or a rate-limit signal (Retry-After, an exhausted
+// RateLimit header).
+func pushedBack(res dispatch.Result) bool {
+	return res.Status == http.StatusTooManyRequests || res.Status >= 500 || res.PauseLane > 0
 }
 
 // assigned tells the instance that took msg over HTTP the slot the drain

@@ -13,6 +13,7 @@ package redisclaims
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -150,4 +151,98 @@ func (c *Claims) Release(ctx context.Context, lane, key string) error {
 		return fmt.Errorf("redisclaims: release %s/%s: %w", lane, key, err)
 	}
 	return nil
+}
+
+var _ keyed.SlowStore = (*Claims)(nil)
+
+// Keys' slow-downs (per_key.adaptive) are "<prefix>:{<lane>}:slow:<key>" =
+// "1 <factor> <ttl ms>" (version 1), with that TTL: how long the factor
+// takes to recover. Its age is the TTL it was stored with less the TTL
+// left, so it needs no instance's clock.
+
+// saveSlowScript sets KEYS[1] to ARGV[1] for ARGV[2] ms.
+var saveSlowScript = redis.NewScript(`
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 0
+`)
+
+// loadSlowScript returns, for each of KEYS, its value (false when missing)
+// and its TTL left in ms.
+var loadSlowScript = redis.NewScript(`
+local out = {}
+for i = 1, #KEYS do
+  out[#out + 1] = redis.call('GET', KEYS[i])
+  out[#out + 1] = redis.call('PTTL', KEYS[i])
+end
+return out
+`)
+
+// SaveSlow implements keyed.SlowStore.
+func (c *Claims) SaveSlow(ctx context.Context, lane, key string, factor float64, ttl time.Duration) error {
+	if ttl < time.Millisecond || !(factor > 0 && factor < 1) {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	v := "1 " + strconv.FormatFloat(factor, 'g', -1, 64) + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
+	if err := saveSlowScript.Run(ctx, c.c, []string{c.head(lane) + "slow:" + key}, v, ttl.Milliseconds()).Err(); err != nil && err != redis.Nil {
+		return fmt.Errorf("redisclaims: save slow-down of %s/%s: %w", lane, key, err)
+	}
+	return nil
+}
+
+// LoadSlow implements keyed.SlowStore. A value it cannot read is skipped
+// (the key runs at its full rate, as after a recovery).
+func (c *Claims) LoadSlow(ctx context.Context, lane string, keys []string) ([]keyed.SlowState, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	var out []keyed.SlowState
+	for len(keys) > 0 {
+		n := min(len(keys), batch)
+		part := keys[:n]
+		keys = keys[n:]
+		rk := make([]string, n)
+		for i, k := range part {
+			rk[i] = head + "slow:" + k
+		}
+		reply, err := loadSlowScript.Run(ctx, c.c, rk).Slice()
+		if err != nil {
+			return out, fmt.Errorf("redisclaims: load slow-downs of %s: %w", lane, err)
+		}
+		if len(reply) != 2*n {
+			return out, fmt.Errorf("redisclaims: load slow-downs of %s: %d values for %d keys", lane, len(reply), n)
+		}
+		for i, k := range part {
+			v, ok := reply[2*i].(string)
+			left, ok2 := reply[2*i+1].(int64)
+			if !ok || !ok2 || left <= 0 {
+				continue
+			}
+			if s, ok := parseSlow(k, v, left); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// parseSlow reads a stored slow-down with left ms of TTL.
+func parseSlow(key, v string, left int64) (keyed.SlowState, bool) {
+	f := strings.Fields(v)
+	if len(f) != 3 || f[0] != "1" {
+		return keyed.SlowState{}, false
+	}
+	factor, err := strconv.ParseFloat(f[1], 64)
+	ttl, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || err2 != nil || !(factor > 0 && factor < 1) || ttl < left {
+		return keyed.SlowState{}, false
+	}
+	return keyed.SlowState{Key: key, Factor: factor, Age: time.Duration(ttl-left) * time.Millisecond}, true
 }

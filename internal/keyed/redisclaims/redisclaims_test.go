@@ -78,3 +78,45 @@ func TestOneReaderPerKey(t *testing.T) {
 		t.Fatalf("released key still in Redis: %d, %v", n, err)
 	}
 }
+
+// TestSlowShared: a key's slow-down stored by one instance is read by
+// another with its age (from Redis's TTL, no instance clock), and is gone
+// from Redis once it would have recovered.
+func TestSlowShared(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	a := redisclaims.New(client, redisclaims.Config{Instance: "a"})
+	b := redisclaims.New(client, redisclaims.Config{Instance: "b"})
+	if err := a.SaveSlow(ctx, "demo", "k1", 0.25, 400*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Set(ctx, "thr:{demo}:slow:bad", "2 0.5 1000", time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.LoadSlow(ctx, "demo", []string{"k1", "k2", "bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Key != "k1" || got[0].Factor != 0.25 || got[0].Age < 0 || got[0].Age > 200*time.Millisecond {
+		t.Fatalf("loaded %+v, want k1 at 0.25 aged < 200ms (k2 has none, bad is of another version)", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := client.Exists(ctx, "thr:{demo}:slow:k1").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a recovered slow-down stays in Redis")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got, err := b.LoadSlow(ctx, "demo", []string{"k1"}); err != nil || len(got) != 0 {
+		t.Fatalf("loaded %+v, %v after it expired", got, err)
+	}
+}
