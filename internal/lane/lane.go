@@ -58,6 +58,9 @@ type Deps struct {
 	// Slow shares keys' slow-downs (per_key.adaptive) between instances;
 	// nil keeps each instance's own (one instance: the memory pacer).
 	Slow keyed.SlowStore
+	// Slots bounds keyed lanes' and keys' jobs in flight across the fleet;
+	// nil bounds them per instance (one instance: the memory pacer).
+	Slots keyed.Slots
 	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
 	// overrides); nil keeps them in memory only.
 	Limits *queue.Limits

@@ -171,7 +171,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	deps := lane.Deps{
 		Limits: limits,
-		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: shared.claims, Slow: shared.slow, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: shared.claims, Slow: shared.slow, Slots: shared.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -456,15 +456,17 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 		stopReload = reloadClusterState(cc)
 	}
 	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
-	return store, store, keyedShared{claims: claims, slow: claims}, pipe, func() { stopReload(); _ = pipe.Close(); _ = client.Close() }, nil
+	return store, store, keyedShared{claims: claims, slow: claims, slots: claims}, pipe, func() { stopReload(); _ = pipe.Close(); _ = client.Close() }, nil
 }
 
 // keyedShared is what keyed lanes share between instances besides their
-// GCRA states: the key claims and, on Redis only, keys' slow-downs (the
-// memory pacer's single instance keeps its own).
+// GCRA states: the key claims and, on Redis only, keys' slow-downs and the
+// fleet's in-flight slots (the memory pacer's single instance keeps its
+// own).
 type keyedShared struct {
 	claims keyed.Claims
 	slow   keyed.SlowStore
+	slots  keyed.Slots
 }
 
 // clusterReloadEvery is how often a Redis Cluster client reloads the slot
