@@ -43,6 +43,9 @@ type Slots interface {
 	ReleaseSlot(ctx context.Context, lane, key, token string) error
 	// Refresh extends the leases of the slots held (token → key).
 	Refresh(ctx context.Context, lane string, held map[string]string) error
+	// Held counts key's slots held across the fleet: its jobs started (or
+	// about to) and not settled.
+	Held(ctx context.Context, lane, key string) (int, error)
 }
 
 // Full is the answer of Slots.Acquire.

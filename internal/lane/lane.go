@@ -410,6 +410,28 @@ func (l *Lane) Admission() admission.Lane {
 	return a
 }
 
+// KeyLimit is key's limit now, on a keyed lane: per_key, its override,
+// times its adaptive slow-down (as this instance knows it).
+func (l *Lane) KeyLimit(key string) bucket.Limit {
+	if l.keyed == nil {
+		return l.keyLimit(key)
+	}
+	return l.keyed.effectiveLimit(key, l.d.Clock.Now())
+}
+
+// KeyStarted counts key's jobs started (or reserved to start) and not
+// settled: across the fleet with shared slots (Deps.Slots), else on this
+// instance, the only one.
+func (l *Lane) KeyStarted(ctx context.Context, key string) (int, error) {
+	if l.keyed == nil {
+		return 0, ErrNotKeyed
+	}
+	if l.d.Slots != nil {
+		return l.d.Slots.Held(ctx, l.cfg.Name, key)
+	}
+	return l.keyed.sched.Key(key).Inflight, nil
+}
+
 // MaxBody is the largest payload the lane takes, in bytes.
 func (l *Lane) MaxBody() int64 { return int64(l.cfg.MaxBody) }
 

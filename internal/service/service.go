@@ -621,7 +621,11 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 		return ingest.Lane{}, false
 	}
 	c := d.cfg[name]
-	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}, true
+	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
+	if c.PerKey != nil {
+		il.KeyLimit, il.KeyStarted = l.KeyLimit, l.KeyStarted
+	}
+	return il, true
 }
 
 func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {

@@ -354,6 +354,27 @@ func (c *Claims) ReleaseSlot(ctx context.Context, lane, key, token string) error
 	return nil
 }
 
+// heldScript counts the live slots of KEYS[1].
+var heldScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+`)
+
+// Held implements keyed.Slots.
+func (c *Claims) Held(ctx context.Context, lane, key string) (int, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	n, err := heldScript.Run(ctx, c.c, []string{c.head(lane) + "kin:" + key}).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("redisclaims: count slots of %s/%s: %w", lane, key, err)
+	}
+	return int(n), nil
+}
+
 // Refresh implements keyed.Slots.
 func (c *Claims) Refresh(ctx context.Context, lane string, held map[string]string) error {
 	if len(held) == 0 {
