@@ -156,6 +156,9 @@ type KeyStatus struct {
 	Burst       int     `json:"burst"`
 	MaxInflight int     `json:"max_inflight"`
 	Weight      float64 `json:"weight"`
+	// EffectiveRate is Rate slowed down by per_key.adaptive after the
+	// key's downstream pushed back (Rate when it did not, or recovered).
+	EffectiveRate float64 `json:"effective_rate"`
 	// Paused: an operator paused the key (PATCH); PausedUntil: a
 	// downstream asked it to wait until then (RFC 3339), on this instance.
 	Paused      bool   `json:"paused"`

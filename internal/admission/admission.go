@@ -71,14 +71,20 @@ type Decision struct {
 	// Degraded is true when the state store could not be asked; the job is
 	// queued as the safe answer.
 	Degraded bool
+	// Step is the time between two starts of the jobs ahead (Lane.Step).
+	Step time.Duration
 }
 
 // ETA estimates the wait of a job with ahead jobs queued before it: the
-// wait for the lane's next free slot, then one period per job ahead. It
-// assumes the lane's rate is what holds the jobs back (not max_inflight or
-// a pause).
+// wait for the lane's (and key's) next free slot, then one step per job
+// ahead. It assumes the rate is what holds the jobs back (not max_inflight,
+// a pause, or on a keyed lane other keys sharing a binding lane cap).
 func (d Decision) ETA(ahead int64) time.Duration {
-	return d.SlotWait + waitFor(ahead, d.Limit.Period())
+	step := d.Step
+	if step <= 0 {
+		step = d.Limit.Period()
+	}
+	return d.SlotWait + waitFor(ahead, step)
 }
 
 // Lane is what admission needs to know of a lane.
@@ -91,6 +97,17 @@ type Lane struct {
 	// KeyLimit, on a keyed lane, is the job's key's limit: a job has room
 	// only when both its key's bucket and the lane's have. nil: not keyed.
 	KeyLimit *bucket.Limit
+}
+
+// Step is the time between two starts of the jobs a job waits behind: the
+// lane's period, or on a keyed lane (where those are its key's jobs) the
+// longer of the key's and the lane's: a key never starts faster than the
+// lane's cap.
+func (l Lane) Step() time.Duration {
+	if l.KeyLimit == nil {
+		return l.Limit.Period()
+	}
+	return max(l.Limit.Period(), l.KeyLimit.Period())
 }
 
 // Backlog counts a lane's stored, unfinished jobs (waiting or in flight),
@@ -197,9 +214,9 @@ func (a *Admitter) decide(ctx context.Context, lane Lane, key string, peeked *bu
 	}
 	if err != nil {
 		a.log.Warn("state store unavailable, queueing", "lane", lane.Name, "err", err)
-		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true}, nil
+		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true, Step: lane.Step()}, nil
 	}
-	return Decision{Room: d.Allowed, SlotWait: d.RetryAfter, Backlog: n, Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter}, nil
+	return Decision{Room: d.Allowed, SlotWait: d.RetryAfter, Backlog: n, Limit: lane.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Step: lane.Step()}, nil
 }
 
 // DecideN decides on n jobs of lane (and key) submitted together, as n
@@ -246,7 +263,7 @@ func (a *Admitter) DecideN(ctx context.Context, lane Lane, key string, n int) (o
 			if d.Room {
 				queued = int64(i-max(d.Remaining, 1)) + 1
 			}
-			di.SlotWait = d.SlotWait + waitFor(queued, period)
+			di.SlotWait = d.SlotWait + waitFor(queued, d.Step)
 		}
 		out[i] = di
 	}

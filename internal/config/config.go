@@ -219,6 +219,10 @@ type PerKey struct {
 	// settled (delivered, or dead); a failing job holds its key, not the
 	// lane. It implies max_inflight 1.
 	Ordered bool `yaml:"ordered"`
+	// Adaptive slows a key down on its own when its target pushes back
+	// (429, 5xx, an exhausted rate-limit header), and recovers slowly,
+	// never above the key's rate; other keys and the lane keep theirs.
+	Adaptive Adaptive `yaml:"adaptive"`
 }
 
 // Quota is a target's documented limit: at most Limit requests in any window
@@ -247,6 +251,44 @@ type Adaptive struct {
 	// Min is the lowest share of rate the lane slows down to.
 	Min      float64  `yaml:"min"`
 	Interval Duration `yaml:"interval"`
+}
+
+// applyDefaults fills an enabled block's unset fields.
+func (a *Adaptive) applyDefaults() {
+	if !a.Enabled {
+		return
+	}
+	if a.Decrease == 0 {
+		a.Decrease = 0.5
+	}
+	if a.Increase == 0 {
+		a.Increase = 0.05
+	}
+	if a.Min == 0 {
+		a.Min = 0.1
+	}
+	if a.Interval == 0 {
+		a.Interval = Duration(5 * time.Second)
+	}
+}
+
+// check names the first bad field of an enabled block and what is wrong
+// with it ("" when none).
+func (a Adaptive) check() (field, msg string) {
+	if !a.Enabled {
+		return "", ""
+	}
+	switch {
+	case !(a.Decrease > 0 && a.Decrease < 1):
+		return "decrease", fmt.Sprintf("must be between 0 and 1 (exclusive), got %v", a.Decrease)
+	case !(a.Increase > 0 && a.Increase <= 1):
+		return "increase", fmt.Sprintf("must be in (0, 1], got %v", a.Increase)
+	case !(a.Min > 0 && a.Min <= 1):
+		return "min", fmt.Sprintf("must be in (0, 1], got %v", a.Min)
+	case a.Interval <= 0:
+		return "interval", "must be greater than 0"
+	}
+	return "", ""
 }
 
 // Retry is a lane's retry policy: exponential backoff with full jitter.
@@ -563,19 +605,9 @@ func (l *Lane) applyDefaults() {
 	if l.Retry.BackoffMax == 0 {
 		l.Retry.BackoffMax = Duration(DefaultBackoffMax)
 	}
-	if a := &l.Adaptive; a.Enabled {
-		if a.Decrease == 0 {
-			a.Decrease = 0.5
-		}
-		if a.Increase == 0 {
-			a.Increase = 0.05
-		}
-		if a.Min == 0 {
-			a.Min = 0.1
-		}
-		if a.Interval == 0 {
-			a.Interval = Duration(5 * time.Second)
-		}
+	l.Adaptive.applyDefaults()
+	if k := l.PerKey; k != nil {
+		k.Adaptive.applyDefaults()
 	}
 	if n := l.Target.NATS; n != nil {
 		if n.Timeout == 0 {
@@ -893,16 +925,12 @@ func (l *Lane) validate(p string) error {
 			return fail("per_key", "a keyed lane cannot use target.nats.mode pull (use mode request, or a lane without per_key)")
 		}
 	}
-	if a := l.Adaptive; a.Enabled {
-		switch {
-		case !(a.Decrease > 0 && a.Decrease < 1):
-			return fail("adaptive.decrease", "must be between 0 and 1 (exclusive), got %v", a.Decrease)
-		case !(a.Increase > 0 && a.Increase <= 1):
-			return fail("adaptive.increase", "must be in (0, 1], got %v", a.Increase)
-		case !(a.Min > 0 && a.Min <= 1):
-			return fail("adaptive.min", "must be in (0, 1], got %v", a.Min)
-		case a.Interval <= 0:
-			return fail("adaptive.interval", "must be greater than 0")
+	if field, msg := l.Adaptive.check(); field != "" {
+		return fail("adaptive."+field, "%s", msg)
+	}
+	if k := l.PerKey; k != nil {
+		if field, msg := k.Adaptive.check(); field != "" {
+			return fail("per_key.adaptive."+field, "%s", msg)
 		}
 	}
 	kinds := 0

@@ -297,7 +297,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	}
 	for _, key := range keys {
 		ks := byKey[key]
-		d, e := h.cfg.Admitter.DecideN(ctx, lane.Admission, key, len(ks))
+		d, e := h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(ks))
 		for j, k := range ks {
 			decs[k], errs[k] = d[j], e[j]
 		}
@@ -345,21 +345,31 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	storedAt := time.Now()
-	// The jobs queued ahead of the whole batch; each job's decision adds
-	// the ones of the batch before it.
-	var ahead int64 = -1
-	etaOf := func(dec admission.Decision) int64 {
-		if ahead < 0 {
-			ahead = 0
+	// The jobs queued ahead of the whole batch (on a keyed lane, of each
+	// key's items); each job's decision adds the ones of the batch (of its
+	// key) before it.
+	aheadOf := map[string]int64{}
+	etaOf := func(dec admission.Decision, key string) int64 {
+		ahead, ok := aheadOf[key]
+		if !ok {
+			first, mine := -1, int64(0)
 			for j, pub := range pubs {
-				if pub.Err == nil && !pub.Duplicate {
-					var err error
-					if ahead, err = h.cfg.Publisher.Ahead(ctx, name, pubs[j].Seq, aheadMaxAge); err != nil {
-						ahead = dec.Backlog
+				if pub.Err == nil && !pub.Duplicate && toStore[j].Key == key {
+					if first < 0 {
+						first = j
 					}
-					break
+					mine++
 				}
 			}
+			if first >= 0 {
+				ahead = h.ahead(ctx, dec, lane, name, key, pubs[first].Seq)
+				if key != "" {
+					// A key's count holds the batch's later items of the
+					// key too: the decisions count those.
+					ahead = max(ahead-(mine-1), 0)
+				}
+			}
+			aheadOf[key] = ahead
 		}
 		return dec.ETA(ahead).Milliseconds()
 	}
@@ -393,7 +403,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 				out.State = first
 			}
 			if out.State == api.StateQueued {
-				out.ETAMillis = h.eta(ctx, dec, name, pub.Seq).Milliseconds()
+				out.ETAMillis = h.eta(ctx, dec, lane, name, jobs[i].job.Key, pub.Seq).Milliseconds()
 			}
 		case wait != nil:
 			slot, told := wait(ctx, max(time.Until(deadline), 0))
@@ -404,10 +414,10 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			case told:
 				out.ETAMillis = max(slot.In, 0).Milliseconds()
 			default:
-				out.ETAMillis = etaOf(dec)
+				out.ETAMillis = etaOf(dec, jobs[i].job.Key)
 			}
 		default:
-			out.ETAMillis = etaOf(dec)
+			out.ETAMillis = etaOf(dec, jobs[i].job.Key)
 		}
 		if !pub.Duplicate {
 			h.answers.put(name, id, out.State)

@@ -74,7 +74,7 @@ func (p *fakePublisher) PublishBatch(_ context.Context, lane string, jobs []queu
 	return out, nil
 }
 
-func (p *fakePublisher) Ahead(context.Context, string, uint64, time.Duration) (int64, error) {
+func (p *fakePublisher) Ahead(context.Context, string, string, uint64, time.Duration) (int64, error) {
 	return 0, nil
 }
 

@@ -55,7 +55,9 @@ type Publisher interface {
 	// PublishBatch stores jobs of one lane with asynchronous publishes in
 	// one window: one result per job, in order.
 	PublishBatch(ctx context.Context, lane string, jobs []queue.Job) ([]queue.BatchResult, error)
-	Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error)
+	// Ahead counts the jobs that start before the one stored at seq (on a
+	// keyed lane, those of its key).
+	Ahead(ctx context.Context, lane, key string, seq uint64, maxAge time.Duration) (int64, error)
 }
 
 // Slots hears the slot a drain gives a stored job (queue.Hub): Expect before
@@ -71,7 +73,13 @@ const HeaderThrottleKey = "Throttle-Key"
 // Lane is what intake needs of a lane.
 type Lane struct {
 	Admission admission.Lane
-	MaxBody   int64
+	// KeyLimit, on a keyed lane, is a key's limit now (its override, its
+	// slow-down); nil keeps Admission.KeyLimit for every key.
+	KeyLimit func(key string) bucket.Limit
+	// KeyStarted, on a keyed lane, counts a key's jobs started and not
+	// settled (they are still stored, but no longer ahead of a new job).
+	KeyStarted func(ctx context.Context, key string) (int, error)
+	MaxBody    int64
 	// AdmitWait bounds the wait to hear the slot of a job whose lane has
 	// room (config admit_wait).
 	AdmitWait time.Duration
@@ -81,6 +89,16 @@ type Lane struct {
 	// Observe only logs and counts the caller quota refusals of the lane's
 	// submissions.
 	Observe bool
+}
+
+// forKey is the lane's admission for a job of key.
+func (l Lane) forKey(key string) admission.Lane {
+	a := l.Admission
+	if l.KeyLimit != nil && a.KeyLimit != nil {
+		kl := l.KeyLimit(key)
+		a.KeyLimit = &kl
+	}
+	return a
 }
 
 // Directory finds lanes, reports their live state and changes their limits.
@@ -386,6 +404,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 				Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key", 0)
 			return
 		}
+		lane.Admission = lane.forKey(key)
 	}
 	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
 		rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
@@ -458,7 +477,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			out.State = first
 		}
 		if out.State == api.StateQueued {
-			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+			out.ETAMillis = h.eta(r.Context(), dec, lane, name, key, res.Seq).Milliseconds()
 		}
 	case wait != nil:
 		slot, told := wait(r.Context(), lane.AdmitWait)
@@ -473,10 +492,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			// No slot yet: jobs wait ahead of it. The decision is as old as
 			// the wait; the next free slot has moved since.
 			dec = h.cfg.Admitter.Refresh(r.Context(), lane.Admission, key, dec)
-			out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+			out.ETAMillis = h.eta(r.Context(), dec, lane, name, key, res.Seq).Milliseconds()
 		}
 	default:
-		out.ETAMillis = h.eta(r.Context(), dec, name, res.Seq).Milliseconds()
+		out.ETAMillis = h.eta(r.Context(), dec, lane, name, key, res.Seq).Milliseconds()
 	}
 	if !res.Duplicate {
 		h.answers.put(name, id, out.State)
@@ -515,14 +534,40 @@ const (
 // aheadMaxAge bounds how old the queue's position may be for an ETA.
 const aheadMaxAge = 250 * time.Millisecond
 
-// eta estimates the wait of the job stored at seq: the lane's next free
-// slot, then a period per job queued ahead of it.
-func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane string, seq uint64) time.Duration {
-	ahead, err := h.cfg.Publisher.Ahead(ctx, lane, seq, aheadMaxAge)
-	if err != nil {
-		ahead = dec.Backlog
+// eta estimates the wait of the job of key stored at seq: the lane's (and
+// key's) next free slot, then a period per job queued ahead of it (on a
+// keyed lane, the key's jobs not started yet).
+func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane Lane, name, key string, seq uint64) time.Duration {
+	if key == "" || lane.KeyStarted == nil {
+		return dec.ETA(h.ahead(ctx, dec, lane, name, key, seq))
 	}
-	return dec.ETA(ahead)
+	// A keyed job waits for its key's next free slot and its key's jobs
+	// not started yet. A job reserved between reading the key's state and
+	// counting its started jobs would be in neither: the state is read
+	// again until the count did not move around it (a few tries).
+	for range 3 {
+		n, err := lane.KeyStarted(ctx, key)
+		d := h.cfg.Admitter.Refresh(ctx, lane.forKey(key), key, dec)
+		if m, err2 := lane.KeyStarted(ctx, key); err == nil && err2 == nil && m == n {
+			return d.ETA(h.ahead(ctx, d, lane, name, key, seq))
+		}
+		dec = d
+	}
+	return dec.ETA(h.ahead(ctx, dec, lane, name, key, seq))
+}
+
+// ahead counts the jobs queued ahead of the one of key stored at seq.
+func (h *Handler) ahead(ctx context.Context, dec admission.Decision, lane Lane, name, key string, seq uint64) int64 {
+	ahead, err := h.cfg.Publisher.Ahead(ctx, name, key, seq, aheadMaxAge)
+	if err != nil {
+		return dec.Backlog
+	}
+	if key != "" && lane.KeyStarted != nil {
+		if n, err := lane.KeyStarted(ctx, key); err == nil {
+			ahead = max(ahead-int64(n), 0)
+		}
+	}
+	return ahead
 }
 
 // setRateHeaders writes the rate-limit headers of a job's answer: every

@@ -46,12 +46,23 @@ type simKey struct {
 	backlog int
 	arrive  time.Duration // when its jobs are stored
 	paused  time.Duration // paused from its arrival for this long
+	// pushBack, when set, says whether the key's downstream pushes back
+	// on a start at this time since the beginning (keyed.Slowdown).
+	pushBack func(at time.Duration) bool
 }
 
 // simulate runs the lane runtime's loop (choose a key, reserve its slot,
 // start the job at the slot; choose when the lane's next slot comes) on a manual clock for d, with jobs that settle
 // at once, and returns each key's start times from the beginning.
 func simulate(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bucket.Limit, keys map[string]*simKey, d time.Duration) map[string][]time.Duration {
+	t.Helper()
+	return simulateSlow(t, c, store, lane, keys, d, nil)
+}
+
+// simulateSlow is simulate with adaptive mode per key: a key's limit is its
+// rate times its factor in slow, and a start its downstream pushes back on
+// lowers that factor.
+func simulateSlow(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bucket.Limit, keys map[string]*simKey, d time.Duration, slow *keyed.Slowdown) map[string][]time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	s := keyed.New(func(k string) keyed.Opts { return keyed.Opts{Weight: keys[k].weight} })
@@ -98,7 +109,11 @@ func simulate(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bucket
 			s.Empty(key, now)
 			continue
 		}
-		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, sk.limit, 0)
+		lim := sk.limit
+		if slow != nil {
+			lim.Rate *= slow.Factor(key, now)
+		}
+		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, lim, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,6 +126,9 @@ func simulate(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bucket
 		sk.backlog--
 		c.Advance(r.Due)
 		starts[key] = append(starts[key], c.Now().Sub(begin))
+		if slow != nil && sk.pushBack != nil && sk.pushBack(c.Now().Sub(begin)) {
+			slow.Limited(key, c.Now())
+		}
 		s.Settled(key, c.Now())
 	}
 	return starts

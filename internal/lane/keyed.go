@@ -2,6 +2,8 @@ package lane
 
 import (
 	"context"
+	"maps"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +26,8 @@ type keyedRun struct {
 	sched  *keyed.Sched
 	pair   bucket.PairStore
 	claims keyed.Claims
+	// slow is per_key.adaptive (nil when off): keys' own slow-downs.
+	slow *keyed.Slowdown
 	// permits bounds the lane's dispatches on this instance (max_inflight).
 	permits chan struct{}
 	wake    chan struct{}
@@ -38,6 +42,11 @@ type keyedRun struct {
 	// up, a wait in place): its later jobs waiting for their slots then go
 	// back too, so that they never start before it (FIFO per key).
 	epoch map[string]uint64
+
+	// slots are the fleet's in-flight slots this instance holds (token →
+	// key), refreshed by the claimer (Deps.Slots).
+	slots   map[string]string
+	slotSeq atomic.Uint64
 
 	inflight atomic.Int64
 	missed   atomic.Uint64 // slots given up: woken too late for them
@@ -63,9 +72,12 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 	k := &keyedRun{
 		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
 		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
-		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, slots: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
 	}
 	k.sched = keyed.New(l.keyOpts)
+	if a := l.cfg.PerKey.Adaptive; a.Enabled {
+		k.slow = &keyed.Slowdown{Decrease: a.Decrease, Increase: a.Increase, Min: a.Min, Interval: a.Interval.D()}
+	}
 	r.OnRequeue = k.requeue
 	l.d.Queue.OnStored(l.cfg.Name, k.announce)
 	return k, nil
@@ -133,6 +145,9 @@ func (k *keyedRun) claimer(ctx context.Context) {
 		case <-k.wake:
 		case <-sweep.C:
 			k.sweep(ctx)
+			if k.slow != nil {
+				k.slow.Sweep(k.l.d.Clock.Now())
+			}
 		case <-refresh.C:
 			if time.Since(lastOwn) >= ownEvery {
 				lastOwn = time.Now()
@@ -144,6 +159,7 @@ func (k *keyedRun) claimer(ctx context.Context) {
 			} else {
 				_, _ = k.claims.Claim(ctx, name, nil)
 			}
+			k.refreshSlots(ctx)
 		}
 		k.mu.Lock()
 		var keys []string
@@ -178,10 +194,56 @@ func (k *keyedRun) claim(ctx context.Context, keys []string) {
 	if err != nil {
 		k.l.log.Warn("claiming keys failed; the sweep tries again", "keys", len(unknown), "err", err)
 	}
+	k.loadSlow(ctx, got)
 	now = k.l.d.Clock.Now()
 	for _, key := range got {
 		k.sched.Add(key, now)
 	}
+}
+
+// loadSlow adopts the slow-downs other instances stored for keys, which
+// this one just claimed.
+func (k *keyedRun) loadSlow(ctx context.Context, keys []string) {
+	if k.slow == nil || k.l.d.Slow == nil || len(keys) == 0 {
+		return
+	}
+	got, err := k.l.d.Slow.LoadSlow(ctx, k.l.cfg.Name, keys)
+	if err != nil {
+		k.l.log.Warn("reading keys' slow-downs failed; they start at their full rate", "keys", len(keys), "err", err)
+	}
+	now := k.l.d.Clock.Now()
+	for _, s := range got {
+		k.slow.Adopt(s.Key, s.Factor, now.Add(-s.Age), now)
+	}
+}
+
+// slowKey lowers key's rate after its downstream pushed back (at most once
+// per adaptive.interval), and stores the factor for the other instances.
+func (k *keyedRun) slowKey(key string) {
+	l := k.l
+	f, changed := k.slow.Limited(key, l.d.Clock.Now())
+	if !changed {
+		return
+	}
+	l.log.Info("target pushed back on the key; slowing it down", "key", key, "rate", l.keyLimit(key).Rate*f, "factor", f)
+	if l.d.Slow == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Slow.SaveSlow(ctx, l.cfg.Name, key, f, k.slow.Recovery(f)); err != nil {
+		l.log.Warn("storing the key's slow-down failed; other instances do not see it", "key", key, "err", err)
+	}
+}
+
+// effectiveLimit is key's limit at now: its rate (per_key, or its
+// override) times its adaptive factor.
+func (k *keyedRun) effectiveLimit(key string, now time.Time) bucket.Limit {
+	lim := k.l.keyLimit(key)
+	if k.slow != nil {
+		lim.Rate = max(lim.Rate*k.slow.Factor(key, now), bucket.MinRate)
+	}
+	return lim
 }
 
 // sweep claims the keys with stored jobs that no live instance holds.
@@ -259,6 +321,60 @@ func (k *keyedRun) release(ctx context.Context) {
 	}
 	if len(again) > 0 {
 		k.claim(ctx, again)
+	}
+}
+
+// slotPoll is how long a key waits when the fleet has max_inflight of its
+// jobs (or of the lane's) in flight: slots freed on other instances are
+// not announced, so the key looks again after this.
+const slotPoll = 20 * time.Millisecond
+
+// acquire takes a fleet-wide in-flight slot of the lane and of key
+// (Deps.Slots); without Slots this instance's own bounds are the only ones
+// and the token is "".
+func (k *keyedRun) acquire(ctx context.Context, key string) (string, keyed.Full, error) {
+	l := k.l
+	if l.d.Slots == nil {
+		return "", keyed.Taken, nil
+	}
+	tok := l.d.Instance + "-" + strconv.FormatUint(k.slotSeq.Add(1), 36)
+	full, err := l.d.Slots.Acquire(ctx, l.cfg.Name, key, tok, l.cfg.MaxInflight, l.keyOpts(key).MaxInflight)
+	if err != nil || full != keyed.Taken {
+		return "", full, err
+	}
+	k.mu.Lock()
+	k.slots[tok] = key
+	k.mu.Unlock()
+	return tok, keyed.Taken, nil
+}
+
+// releaseSlot gives back the fleet-wide slot tok of key ("" holds none).
+func (k *keyedRun) releaseSlot(key, tok string) {
+	if tok == "" {
+		return
+	}
+	k.mu.Lock()
+	delete(k.slots, tok)
+	k.mu.Unlock()
+	l := k.l
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	defer cancel()
+	if err := l.d.Slots.ReleaseSlot(ctx, l.cfg.Name, key, tok); err != nil {
+		l.log.Warn("giving back an in-flight slot failed; it lapses by itself", "key", key, "err", err)
+	}
+}
+
+// refreshSlots keeps this instance's fleet-wide slots alive while their
+// jobs are in flight.
+func (k *keyedRun) refreshSlots(ctx context.Context) {
+	if k.l.d.Slots == nil {
+		return
+	}
+	k.mu.Lock()
+	held := maps.Clone(k.slots)
+	k.mu.Unlock()
+	if err := k.l.d.Slots.Refresh(ctx, k.l.cfg.Name, held); err != nil {
+		k.l.log.Warn("refreshing in-flight slots failed", "slots", len(held), "err", err)
 	}
 }
 
@@ -343,10 +459,26 @@ func (k *keyedRun) loop(ctx context.Context) {
 			}
 			continue
 		}
-		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), l.keyLimit(key), lookahead)
+		keyLim := k.effectiveLimit(key, now)
+		tok, full, err := k.acquire(ctx, key)
+		if err != nil || full != keyed.Taken {
+			<-k.permits
+			wait := slotPoll
+			if err != nil {
+				l.log.Warn("taking an in-flight slot failed, keyed lane waits", "key", key, "err", err)
+				wait = retryWait
+			}
+			k.sched.NotReady(key, now.Add(wait))
+			if full == keyed.LaneFull && clk.Sleep(ctx, wait) != nil {
+				return
+			}
+			continue
+		}
+		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), keyLim, lookahead)
 		now = clk.Now()
 		if err != nil {
 			<-k.permits
+			k.releaseSlot(key, tok)
 			(*observer)(l).PacerDown(true, err)
 			l.log.Warn("pacer unavailable, keyed lane waits", "err", err)
 			k.sched.NotReady(key, now.Add(retryWait))
@@ -359,6 +491,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		laneNext = now.Add(res.LaneNext)
 		if !res.OK {
 			<-k.permits
+			k.releaseSlot(key, tok)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
@@ -368,6 +501,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			// read and reserved: it must not start first. Its slot is
 			// lost; the key reads again in order.
 			<-k.permits
+			k.releaseSlot(key, tok)
 			k.missed.Add(1)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
@@ -381,17 +515,18 @@ func (k *keyedRun) loop(ctx context.Context) {
 		// A start may come at most max(2 ms, the shorter of the two
 		// periods) after its slot, as on unkeyed lanes: both bounds then
 		// hold with W widened by that much.
-		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), l.keyLimit(key).Period()))
-		go k.startAt(ctx, key, msg, due, maxLate, epoch)
+		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), keyLim.Period()))
+		go k.startAt(ctx, key, tok, msg, due, maxLate, epoch)
 	}
 }
 
 // startAt starts msg at due (its permit is held), or hands it back when ctx
 // ends first.
-func (k *keyedRun) startAt(ctx context.Context, key string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
+func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
 	l, clk := k.l, k.l.d.Clock
 	defer k.waiting.Done()
 	done := func() {
+		k.releaseSlot(key, tok)
 		k.inflight.Add(-1)
 		if k.sched.Settled(key, clk.Now()) {
 			k.markIdle(key)

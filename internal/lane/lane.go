@@ -55,6 +55,12 @@ type Deps struct {
 	// by lanes with per_key.
 	Pair   bucket.PairStore
 	Claims keyed.Claims
+	// Slow shares keys' slow-downs (per_key.adaptive) between instances;
+	// nil keeps each instance's own (one instance: the memory pacer).
+	Slow keyed.SlowStore
+	// Slots bounds keyed lanes' and keys' jobs in flight across the fleet;
+	// nil bounds them per instance (one instance: the memory pacer).
+	Slots keyed.Slots
 	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
 	// overrides); nil keeps them in memory only.
 	Limits *queue.Limits
@@ -293,6 +299,9 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
+		if k := l.keyed; k != nil && k.slow != nil && pushedBack(res) {
+			k.slowKey(job.Key)
+		}
 		switch {
 		case res.PauseLane > 0 && l.keyed != nil:
 			// A keyed lane's downstream is the key's: it waits alone.
@@ -304,6 +313,13 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
 		l.apply(msg, res, act)
 	}()
+}
+
+// pushedBack says whether a delivery's answer asks its downstream to be
+// spared: a 429, a 5xx, or a rate-limit signal (Retry-After, an exhausted
+// RateLimit header).
+func pushedBack(res dispatch.Result) bool {
+	return res.Status == http.StatusTooManyRequests || res.Status >= 500 || res.PauseLane > 0
 }
 
 // assigned tells the instance that took msg over HTTP the slot the drain
@@ -406,6 +422,28 @@ func (l *Lane) Admission() admission.Lane {
 		a.KeyLimit = &kl
 	}
 	return a
+}
+
+// KeyLimit is key's limit now, on a keyed lane: per_key, its override,
+// times its adaptive slow-down (as this instance knows it).
+func (l *Lane) KeyLimit(key string) bucket.Limit {
+	if l.keyed == nil {
+		return l.keyLimit(key)
+	}
+	return l.keyed.effectiveLimit(key, l.d.Clock.Now())
+}
+
+// KeyStarted counts key's jobs started (or reserved to start) and not
+// settled: across the fleet with shared slots (Deps.Slots), else on this
+// instance, the only one.
+func (l *Lane) KeyStarted(ctx context.Context, key string) (int, error) {
+	if l.keyed == nil {
+		return 0, ErrNotKeyed
+	}
+	if l.d.Slots != nil {
+		return l.d.Slots.Held(ctx, l.cfg.Name, key)
+	}
+	return l.keyed.sched.Key(key).Inflight, nil
 }
 
 // MaxBody is the largest payload the lane takes, in bytes.

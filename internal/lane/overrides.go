@@ -97,7 +97,7 @@ func (l *Lane) KeyStatus(key string) (api.KeyStatus, error) {
 	_, overridden := l.override(key)
 	ks := l.keyed.sched.Key(key)
 	st := api.KeyStatus{Lane: l.cfg.Name, Key: key, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: o.MaxInflight,
-		Weight: o.Weight, Paused: o.Paused, Overridden: overridden, Active: ks.Known, InFlight: ks.Inflight}
+		Weight: o.Weight, EffectiveRate: l.keyed.effectiveLimit(key, l.d.Clock.Now()).Rate, Paused: o.Paused, Overridden: overridden, Active: ks.Known, InFlight: ks.Inflight}
 	if ks.Paused.After(l.d.Clock.Now()) {
 		st.PausedUntil = ks.Paused.UTC().Format(time.RFC3339Nano)
 	}

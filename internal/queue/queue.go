@@ -202,15 +202,29 @@ func (q *Queue) fetched(lane string, seq uint64) {
 // from JetStream at most every maxAge (0: now), and uses this instance's own
 // fetches in between, so it can only count too many, by what other
 // instances fetched since.
-func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.Duration) (int64, error) {
+//
+// On a keyed lane only the jobs of the job's key wait ahead of it (each key
+// has its own order and pace): the key's stored jobs, read from JetStream's
+// count for the key's subject, less the job itself. Jobs of the key in
+// flight still count (they leave the stream when settled), and so do jobs
+// stored after seq by then: it can only count too many.
+func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge time.Duration) (int64, error) {
 	ls, err := q.lane(lane)
 	if err != nil {
 		return 0, err
 	}
 	if ls.consumer == nil {
-		// A keyed lane: each key has its own order and pace; no job of
-		// another key waits ahead of this one.
-		return 0, nil
+		if key == "" {
+			return 0, nil
+		}
+		subj := InternalSubject(lane, key)
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(subj))
+		if err != nil {
+			return 0, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+		}
+		return max(int64(si.State.Subjects[subj])-1, 0), nil
 	}
 	ls.mu.Lock()
 	stale := maxAge <= 0 || time.Since(ls.deliveredAt) >= maxAge

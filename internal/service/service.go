@@ -137,7 +137,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	m := metrics.New(s.reg)
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	store, pair, claims, rc, closeStore, err := s.openStore(ctx, m, claim.ID(), claim.HeldByOthers)
+	store, pair, shared, rc, closeStore, err := s.openStore(ctx, m, claim.ID(), claim.HeldByOthers)
 	if err != nil {
 		return err
 	}
@@ -171,7 +171,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	deps := lane.Deps{
 		Limits: limits,
-		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: claims, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: shared.claims, Slow: shared.slow, Slots: shared.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -421,14 +421,14 @@ func (s *Service) fitBodies(nc *nats.Conn) {
 // share: Redis when configured, else memory (and a nil client).
 // heldByOthers (the instance registry's) tells how many slots of a lane the
 // other live instances may hold: a state Redis lost is restored past them.
-func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string, heldByOthers func(lane string) int) (bucket.Store, bucket.PairStore, keyed.Claims, *redis.AutoPipeliner, func(), error) {
+func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance string, heldByOthers func(lane string) int) (bucket.Store, bucket.PairStore, keyedShared, *redis.AutoPipeliner, func(), error) {
 	if s.cfg.Redis.URL == "" {
 		mem := &bucket.Memory{}
-		return mem, mem, keyed.Local{}, nil, func() {}, nil
+		return mem, mem, keyedShared{claims: keyed.Local{}}, nil, func() {}, nil
 	}
 	opt, err := redisOptions(s.cfg.Redis)
 	if err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, nil, keyedShared{}, nil, nil, err
 	}
 	client := redis.NewUniversalClient(opt)
 	// Concurrent admissions and reservations share pipelines: one round trip
@@ -436,13 +436,13 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 	pipe, err := client.AutoPipeline()
 	if err != nil {
 		_ = client.Close()
-		return nil, nil, nil, nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, keyedShared{}, nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	rcfg := redisbucket.DefaultConfig()
 	rcfg.Logger = s.log.With("component", "redisbucket")
 	rcfg.Held = func(k bucket.Key) int { return heldByOthers(k.Lane) }
 	if err := rcfg.Validate(); err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, nil, keyedShared{}, nil, nil, err
 	}
 	store := redisbucket.New(pipe, rcfg)
 	m.WatchRestored(store.Restored)
@@ -456,7 +456,17 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 		stopReload = reloadClusterState(cc)
 	}
 	claims := redisclaims.New(pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
-	return store, store, claims, pipe, func() { stopReload(); _ = pipe.Close(); _ = client.Close() }, nil
+	return store, store, keyedShared{claims: claims, slow: claims, slots: claims}, pipe, func() { stopReload(); _ = pipe.Close(); _ = client.Close() }, nil
+}
+
+// keyedShared is what keyed lanes share between instances besides their
+// GCRA states: the key claims and, on Redis only, keys' slow-downs and the
+// fleet's in-flight slots (the memory pacer's single instance keeps its
+// own).
+type keyedShared struct {
+	claims keyed.Claims
+	slow   keyed.SlowStore
+	slots  keyed.Slots
 }
 
 // clusterReloadEvery is how often a Redis Cluster client reloads the slot
@@ -575,7 +585,11 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 		return ingest.Lane{}, false
 	}
 	c := d.cfg[name]
-	return ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}, true
+	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
+	if c.PerKey != nil {
+		il.KeyLimit, il.KeyStarted = l.KeyLimit, l.KeyStarted
+	}
+	return il, true
 }
 
 func (d *directory) SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error) {

@@ -13,6 +13,7 @@ package redisclaims
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	Lease time.Duration
 	// Timeout bounds a call without a deadline; default 1s.
 	Timeout time.Duration
+	// SlotLease is how long an in-flight slot (keyed.Slots) lives without
+	// a refresh; default 15s. Holders refresh at least every SlotLease/3.
+	SlotLease time.Duration
 }
 
 // Claims implements keyed.Claims on Redis. Safe for concurrent use.
@@ -62,6 +66,9 @@ func New(client rediser, cfg Config) *Claims {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
+	}
+	if cfg.SlotLease <= 0 {
+		cfg.SlotLease = 15 * time.Second
 	}
 	return &Claims{c: client, cfg: cfg}
 }
@@ -148,6 +155,247 @@ func (c *Claims) Release(ctx context.Context, lane, key string) error {
 	}
 	if err := releaseScript.Run(ctx, c.c, []string{c.head(lane) + "own:" + key}, c.cfg.Instance).Err(); err != nil {
 		return fmt.Errorf("redisclaims: release %s/%s: %w", lane, key, err)
+	}
+	return nil
+}
+
+var _ keyed.SlowStore = (*Claims)(nil)
+
+// Keys' slow-downs (per_key.adaptive) are "<prefix>:{<lane>}:slow:<key>" =
+// "1 <factor> <ttl ms>" (version 1), with that TTL: how long the factor
+// takes to recover. Its age is the TTL it was stored with less the TTL
+// left, so it needs no instance's clock.
+
+// saveSlowScript sets KEYS[1] to ARGV[1] for ARGV[2] ms.
+var saveSlowScript = redis.NewScript(`
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 0
+`)
+
+// loadSlowScript returns, for each of KEYS, its value (false when missing)
+// and its TTL left in ms.
+var loadSlowScript = redis.NewScript(`
+local out = {}
+for i = 1, #KEYS do
+  out[#out + 1] = redis.call('GET', KEYS[i])
+  out[#out + 1] = redis.call('PTTL', KEYS[i])
+end
+return out
+`)
+
+// SaveSlow implements keyed.SlowStore.
+func (c *Claims) SaveSlow(ctx context.Context, lane, key string, factor float64, ttl time.Duration) error {
+	if ttl < time.Millisecond || !(factor > 0 && factor < 1) {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	v := "1 " + strconv.FormatFloat(factor, 'g', -1, 64) + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
+	if err := saveSlowScript.Run(ctx, c.c, []string{c.head(lane) + "slow:" + key}, v, ttl.Milliseconds()).Err(); err != nil && err != redis.Nil {
+		return fmt.Errorf("redisclaims: save slow-down of %s/%s: %w", lane, key, err)
+	}
+	return nil
+}
+
+// LoadSlow implements keyed.SlowStore. A value it cannot read is skipped
+// (the key runs at its full rate, as after a recovery).
+func (c *Claims) LoadSlow(ctx context.Context, lane string, keys []string) ([]keyed.SlowState, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	var out []keyed.SlowState
+	for len(keys) > 0 {
+		n := min(len(keys), batch)
+		part := keys[:n]
+		keys = keys[n:]
+		rk := make([]string, n)
+		for i, k := range part {
+			rk[i] = head + "slow:" + k
+		}
+		reply, err := loadSlowScript.Run(ctx, c.c, rk).Slice()
+		if err != nil {
+			return out, fmt.Errorf("redisclaims: load slow-downs of %s: %w", lane, err)
+		}
+		if len(reply) != 2*n {
+			return out, fmt.Errorf("redisclaims: load slow-downs of %s: %d values for %d keys", lane, len(reply), n)
+		}
+		for i, k := range part {
+			v, ok := reply[2*i].(string)
+			left, ok2 := reply[2*i+1].(int64)
+			if !ok || !ok2 || left <= 0 {
+				continue
+			}
+			if s, ok := parseSlow(k, v, left); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// parseSlow reads a stored slow-down with left ms of TTL.
+func parseSlow(key, v string, left int64) (keyed.SlowState, bool) {
+	f := strings.Fields(v)
+	if len(f) != 3 || f[0] != "1" {
+		return keyed.SlowState{}, false
+	}
+	factor, err := strconv.ParseFloat(f[1], 64)
+	ttl, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || err2 != nil || !(factor > 0 && factor < 1) || ttl < left {
+		return keyed.SlowState{}, false
+	}
+	return keyed.SlowState{Key: key, Factor: factor, Age: time.Duration(ttl-left) * time.Millisecond}, true
+}
+
+var _ keyed.Slots = (*Claims)(nil)
+
+// In-flight slots (keyed.Slots) are sorted sets of token → lease deadline
+// (Unix ms, Redis TIME): "<prefix>:{<lane>}:inflight" for the lane and
+// "<prefix>:{<lane>}:kin:<key>" for each key. A deadline that has passed
+// frees its slot; the sets expire with their last lease.
+
+// acquireScript: KEYS[1] the lane's set, KEYS[2] the key's; ARGV[1] the
+// token, ARGV[2] laneMax, ARGV[3] keyMax, ARGV[4] the lease in ms. It
+// returns 0 (taken), 1 (key full) or 2 (lane full).
+var acquireScript = redis.NewScript(`
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 2 end
+local lease = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], lease)
+redis.call('PEXPIRE', KEYS[2], lease)
+return 0
+`)
+
+// releaseSlotScript removes ARGV[1] and the lapsed slots from KEYS[1] and
+// KEYS[2].
+var releaseSlotScript = redis.NewScript(`
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, 2 do
+  redis.call('ZREM', KEYS[i], ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+end
+return 0
+`)
+
+// refreshScript: KEYS[1] the lane's set, KEYS[2..] key sets; ARGV[1] the
+// lease in ms, ARGV[2..] the tokens (ARGV[i+1] held in KEYS[i]). A slot
+// that has lapsed is not taken back (another start may hold it now).
+var refreshScript = redis.NewScript(`
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 2, #KEYS do
+  local tok = ARGV[i]
+  local s = redis.call('ZSCORE', KEYS[i], tok)
+  if s and tonumber(s) > now then
+    redis.call('ZADD', KEYS[i], 'XX', now + lease, tok)
+    redis.call('PEXPIRE', KEYS[i], lease)
+  end
+  s = redis.call('ZSCORE', KEYS[1], tok)
+  if s and tonumber(s) > now then
+    redis.call('ZADD', KEYS[1], 'XX', now + lease, tok)
+  end
+end
+if #KEYS > 1 then redis.call('PEXPIRE', KEYS[1], lease) end
+return 0
+`)
+
+// Acquire implements keyed.Slots.
+func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, keyMax int) (keyed.Full, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	n, err := acquireScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token, laneMax, keyMax, c.cfg.SlotLease.Milliseconds()).Int64()
+	if err != nil {
+		return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a slot of %s/%s: %w", lane, key, err)
+	}
+	switch n {
+	case 0:
+		return keyed.Taken, nil
+	case 1:
+		return keyed.KeyFull, nil
+	case 2:
+		return keyed.LaneFull, nil
+	}
+	return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a slot of %s/%s: answer %d", lane, key, n)
+}
+
+// ReleaseSlot implements keyed.Slots.
+func (c *Claims) ReleaseSlot(ctx context.Context, lane, key, token string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	if err := releaseSlotScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token).Err(); err != nil {
+		return fmt.Errorf("redisclaims: release a slot of %s/%s: %w", lane, key, err)
+	}
+	return nil
+}
+
+// heldScript counts the live slots of KEYS[1].
+var heldScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+`)
+
+// Held implements keyed.Slots.
+func (c *Claims) Held(ctx context.Context, lane, key string) (int, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	n, err := heldScript.Run(ctx, c.c, []string{c.head(lane) + "kin:" + key}).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("redisclaims: count slots of %s/%s: %w", lane, key, err)
+	}
+	return int(n), nil
+}
+
+// Refresh implements keyed.Slots.
+func (c *Claims) Refresh(ctx context.Context, lane string, held map[string]string) error {
+	if len(held) == 0 {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	head := c.head(lane)
+	rk := make([]string, 0, len(held)+1)
+	args := make([]any, 0, len(held)+1)
+	rk = append(rk, head+"inflight")
+	args = append(args, c.cfg.SlotLease.Milliseconds())
+	for tok, key := range held {
+		rk = append(rk, head+"kin:"+key)
+		args = append(args, tok)
+	}
+	if err := refreshScript.Run(ctx, c.c, rk, args...).Err(); err != nil {
+		return fmt.Errorf("redisclaims: refresh slots of %s: %w", lane, err)
 	}
 	return nil
 }

@@ -78,3 +78,113 @@ func TestOneReaderPerKey(t *testing.T) {
 		t.Fatalf("released key still in Redis: %d, %v", n, err)
 	}
 }
+
+// TestSlowShared: a key's slow-down stored by one instance is read by
+// another with its age (from Redis's TTL, no instance clock), and is gone
+// from Redis once it would have recovered.
+func TestSlowShared(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	a := redisclaims.New(client, redisclaims.Config{Instance: "a"})
+	b := redisclaims.New(client, redisclaims.Config{Instance: "b"})
+	if err := a.SaveSlow(ctx, "demo", "k1", 0.25, 400*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Set(ctx, "thr:{demo}:slow:bad", "2 0.5 1000", time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.LoadSlow(ctx, "demo", []string{"k1", "k2", "bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Key != "k1" || got[0].Factor != 0.25 || got[0].Age < 0 || got[0].Age > 200*time.Millisecond {
+		t.Fatalf("loaded %+v, want k1 at 0.25 aged < 200ms (k2 has none, bad is of another version)", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := client.Exists(ctx, "thr:{demo}:slow:k1").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a recovered slow-down stays in Redis")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got, err := b.LoadSlow(ctx, "demo", []string{"k1"}); err != nil || len(got) != 0 {
+		t.Fatalf("loaded %+v, %v after it expired", got, err)
+	}
+}
+
+// TestSlotsBoundTheFleet: two instances share a key's and a lane's
+// in-flight bounds; a slot given back is free at once, and the slots of an
+// instance that stopped refreshing come back after their lease.
+func TestSlotsBoundTheFleet(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	lease := 400 * time.Millisecond
+	a := redisclaims.New(client, redisclaims.Config{Instance: "a", SlotLease: lease})
+	b := redisclaims.New(client, redisclaims.Config{Instance: "b", SlotLease: lease})
+	acquire := func(c *redisclaims.Claims, key, tok string, want keyed.Full) {
+		t.Helper()
+		got, err := c.Acquire(ctx, "demo", key, tok, 3, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("%s on %s: %v, want %v", tok, key, got, want)
+		}
+	}
+	acquire(a, "k", "a1", keyed.Taken)
+	acquire(b, "k", "b1", keyed.Taken)
+	acquire(b, "k", "b2", keyed.KeyFull) // two of k in flight, whoever holds them
+	acquire(a, "k", "a1", keyed.Taken)   // a token already holding counts once
+	acquire(a, "j", "a2", keyed.Taken)
+	acquire(b, "j", "b3", keyed.LaneFull) // three of the lane in flight
+	if err := b.ReleaseSlot(ctx, "demo", "k", "b1"); err != nil {
+		t.Fatal(err)
+	}
+	acquire(b, "j", "b3", keyed.Taken)
+	// a keeps a1 alive, b stops refreshing b3: b3 lapses, a1 does not.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := a.Refresh(ctx, "demo", map[string]string{"a1": "k", "a2": "j"}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.Acquire(ctx, "demo", "k", "a3", 3, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == keyed.Taken {
+			break
+		}
+		if got != keyed.LaneFull {
+			t.Fatalf("a3: %v while b3 holds the lane's third slot", got)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a crashed holder's slot never came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n, err := client.ZCard(ctx, "thr:{demo}:inflight").Result(); err != nil || n != 3 {
+		t.Fatalf("lane slots held: %d, %v, want 3 (a1, a2, a3)", n, err)
+	}
+	for _, tok := range []string{"a1", "a3"} {
+		if err := a.ReleaseSlot(ctx, "demo", "k", tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ReleaseSlot(ctx, "demo", "j", "a2"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client.Exists(ctx, "thr:{demo}:inflight", "thr:{demo}:kin:k", "thr:{demo}:kin:j").Result(); err != nil || n != 0 {
+		t.Fatalf("%d slot sets left with nothing in flight (%v)", n, err)
+	}
+}

@@ -1,0 +1,98 @@
+package service_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// TestKeyedLaneAdaptivePerKey: with per_key.adaptive, the target answers
+// every request of key "bad" 500 for its first 4 s: that key slows down to
+// its floor (0.2 of 10/s) and climbs back to 10/s once the target is well,
+// while keys "a" and "b" keep their 10/s all along.
+func TestKeyedLaneAdaptivePerKey(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	var (
+		mu    sync.Mutex
+		first time.Time
+		reqs  = map[string][]time.Time{}
+	)
+	tgt := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		key := r.Header.Get("Throttle-Key")
+		mu.Lock()
+		reqs[key] = append(reqs[key], now)
+		if key == "bad" && first.IsZero() {
+			first = now
+		}
+		failing := key == "bad" && now.Sub(first) < 4*time.Second
+		mu.Unlock()
+		if failing {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(tgt.Close)
+	cfg := keyedConfig(t, tgt.URL, 100, 10, 10, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Lanes[0].Retry.MaxAttempts = 1 // a 500 dead-letters: no retries in the counts
+	cfg.Lanes[0].PerKey.Adaptive = config.Adaptive{Enabled: true, Decrease: 0.5, Increase: 0.2, Min: 0.2, Interval: config.Duration(time.Second)}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := start(t, cfg)
+	for _, k := range []string{"bad", "a", "b"} {
+		publishKeyed(t, natsSrv.ClientURL(), k, 150)
+	}
+	waitFor(t, 30*time.Second, "the bad key's first request", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !first.IsZero()
+	})
+	mu.Lock()
+	t0 := first
+	mu.Unlock()
+	// While it fails: its rate on this instance is lowered, and shows.
+	time.Sleep(time.Until(t0.Add(3 * time.Second)))
+	var st api.KeyStatus
+	if code := keyCall(t, "GET", svc.Addr(), "/v1/lanes/demo/keys/bad", "", &st); code != http.StatusOK {
+		t.Fatalf("GET key: %d", code)
+	}
+	if st.Rate != 10 || st.EffectiveRate > 2.5 || st.EffectiveRate < 1.9 {
+		t.Errorf("key bad: rate %v, effective_rate %v while failing, want 10 and about 2", st.Rate, st.EffectiveRate)
+	}
+	if code := keyCall(t, "GET", svc.Addr(), "/v1/lanes/demo/keys/a", "", &st); code != http.StatusOK || st.EffectiveRate != 10 {
+		t.Errorf("key a: effective_rate %v (%d), want 10", st.EffectiveRate, code)
+	}
+	waitFor(t, 30*time.Second, "13 s after the bad key's first request", func() bool { return time.Since(t0) > 13*time.Second })
+	mu.Lock()
+	defer mu.Unlock()
+	in := func(key string, from, to time.Duration) float64 {
+		n := 0
+		for _, at := range reqs[key] {
+			if d := at.Sub(t0); d >= from && d < to {
+				n++
+			}
+		}
+		return float64(n) / (to - from).Seconds()
+	}
+	// Decreases at 0 s, 1 s and 2 s: 5/s, 2.5/s, then the floor of 2/s.
+	if r := in("bad", 2200*time.Millisecond, 4*time.Second); r > 3.4 {
+		t.Errorf("key bad at %.2f/s while its target failed, want about 2/s", r)
+	}
+	// Well again from 4 s: +2/s a second from about 5 s, full rate by 9 s.
+	if r := in("bad", 10*time.Second, 13*time.Second); r < 9 || r > 11 {
+		t.Errorf("key bad at %.2f/s after recovering, want about 10/s", r)
+	}
+	for _, k := range []string{"a", "b"} {
+		if r := in(k, 0, 13*time.Second); r < 9.3 || r > 10.5 {
+			t.Errorf("key %s at %.2f/s, want its own 10/s whatever bad's target did", k, r)
+		}
+	}
+}
