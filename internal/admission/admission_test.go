@@ -243,3 +243,54 @@ func TestDecideN(t *testing.T) {
 		t.Fatalf("full lane: %v", errs)
 	}
 }
+
+// TestDecideNMaxWait: within a batch, max_wait refuses the first job whose
+// wait behind the backlog and the jobs before it is over the bound (a wait
+// of exactly max_wait is taken), and every job after it.
+func TestDecideNMaxWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// 50 ms a job; max_wait is two jobs' worth.
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 1}, MaxBacklog: 100, MaxWait: 100 * time.Millisecond}
+	a, err := admission.New(admission.Config{Store: &bucket.Memory{Clock: buckettest.NewClock()}, Backlog: &fixedBacklog{n: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs := a.DecideN(ctx, lane, "", 4)
+	for i := range 2 { // backlog 1 and 2: waits of 50 and 100 ms
+		if errs[i] != nil || out[i].Backlog != int64(i+1) {
+			t.Errorf("job %d: %+v %v, want taken with backlog %d", i, out[i], errs[i], i+1)
+		}
+	}
+	for i := 2; i < 4; i++ { // waits of 150 and 200 ms
+		var rej *admission.RejectError
+		wantRetry := time.Duration(i-1) * 50 * time.Millisecond
+		if !errors.As(errs[i], &rej) || rej.Field != "max_wait" || rej.Backlog != int64(i+1) || rej.RetryAfter != wantRetry {
+			t.Errorf("job %d: %+v, want refused at max_wait with backlog %d, retry after %v", i, errs[i], i+1, wantRetry)
+		}
+	}
+}
+
+// TestDecideNRetryAfter: a job refused at max_backlog is told to come back
+// when the lane has drained down to room for it: one period per job over
+// the bound, itself included.
+func TestDecideNRetryAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 1}, MaxBacklog: 3}
+	a, err := admission.New(admission.Config{Store: &bucket.Memory{Clock: buckettest.NewClock()}, Backlog: &fixedBacklog{n: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs := a.DecideN(ctx, lane, "", 3)
+	if errs[0] != nil {
+		t.Fatalf("job 0 refused: %v", errs[0])
+	}
+	for i := 1; i < 3; i++ {
+		var rej *admission.RejectError
+		want := time.Duration(i) * 50 * time.Millisecond
+		if !errors.As(errs[i], &rej) || rej.Field != "max_backlog" || rej.RetryAfter != want {
+			t.Errorf("job %d: %+v, want refused at max_backlog, retry after %v", i, errs[i], want)
+		}
+	}
+}
