@@ -73,7 +73,7 @@ func TestBatchBoundsEachReserve(t *testing.T) {
 		{0, 4, 1}, {1, 4, 1}, {3, 4, 3}, {4, 4, 4}, {8, 4, 4},
 	} {
 		clk := buckettest.NewClock()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		l := bucket.Limit{Rate: 100, Burst: 1}
 		pacer := &countingPacer{clock: clk, limit: 1000, stop: cancel,
 			p: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}}
@@ -114,7 +114,7 @@ func TestPacerDownTiming(t *testing.T) {
 	} {
 		clk := buckettest.NewClock()
 		t0 := clk.Now()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		src := &sliceSource{items: items(2), cancel: cancel}
 		// A drain that does not wait between calls would call forever on
 		// a virtual clock: cut it short.
@@ -153,7 +153,7 @@ func TestMaxLateBound(t *testing.T) {
 	} {
 		clk := &stallClock{Manual: buckettest.NewClock(), stallAt: 10 * time.Millisecond, stall: tc.stall}
 		clk.t0 = clk.Now()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		l := bucket.Limit{Rate: 1000, Burst: 1}
 		started := 0
 		src := &sliceSource{items: items(40), cancel: cancel}
@@ -178,7 +178,7 @@ func TestMaxLateBound(t *testing.T) {
 func TestReservedAheadIsBounded(t *testing.T) {
 	t.Parallel()
 	clk := buckettest.NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 	store := &bucket.Memory{Clock: clk}
 	key := bucket.Key{Lane: "l"}
@@ -259,7 +259,7 @@ func (frozenClock) Sleep(ctx context.Context, d time.Duration) error {
 func TestStopGivesBackHeldItems(t *testing.T) {
 	t.Parallel()
 	clk := frozenClock{buckettest.NewClock()}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	src := &blockingSource{ch: make(chan item, 8)}
 	for _, it := range items(8) {
 		src.ch <- it
@@ -306,7 +306,7 @@ func TestFetchTroubleIsRetried(t *testing.T) {
 	t.Parallel()
 	clk := buckettest.NewClock()
 	t0 := clk.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	boom := errors.New("jetstream away")
 	src := &flakySource{sliceSource: sliceSource{items: items(3), cancel: cancel}, script: []error{boom, nil, boom, nil}}
@@ -370,7 +370,7 @@ func TestMaxHeld(t *testing.T) {
 		}
 	}
 	clk := buckettest.NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	const batch = 20
 	l := bucket.Limit{Rate: 1000, Burst: 1}
@@ -434,7 +434,7 @@ func (s *patternSource) Release([]item) {}
 func TestPanicIsNotAHang(t *testing.T) {
 	t.Parallel()
 	clk := buckettest.NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	d, err := leaky.New(leaky.Config[item]{
 		Source: &sliceSource{items: items(4), cancel: cancel}, Clock: clk, MaxInflight: 4, Batch: 4,
