@@ -3,6 +3,7 @@ package leaky_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -459,3 +460,36 @@ func TestPanicIsNotAHang(t *testing.T) {
 		t.Fatal("Run hung after a panic in its goroutine")
 	}
 }
+
+// TestTopUpAtHalfABatch: a drain handed one item at a time reserves its next
+// batch when the slots it holds are fewer than the item plus half a batch
+// (here at 10 left of 20), not sooner (slots held longer) nor later (the
+// next item might wait for a store call).
+func TestTopUpAtHalfABatch(t *testing.T) {
+	t.Parallel()
+	clk := buckettest.NewClock()
+	ctx, cancel := virtualCtx(t)
+	defer cancel()
+	l := bucket.Limit{Rate: 1000, Burst: 1}
+	obs := &topUpObserver{}
+	d, _ := leaky.New(leaky.Config[item]{
+		Source: &patternSource{left: 60, chunks: []int{1}, cancel: cancel}, Clock: clk, MaxInflight: 64, Batch: 20,
+		Pacer:    leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start:    func(_ context.Context, _ item, done func()) { done() },
+		Observer: obs,
+	})
+	d.Run(ctx)
+	if want := []int{0, 10, 30, 50}; !slices.Equal(obs.startedAt, want) || d.Missed() != 0 {
+		t.Fatalf("reserved after %v starts (missed %d), want after %v", obs.startedAt, d.Missed(), want)
+	}
+}
+
+// topUpObserver records how many items had started at each Reserve.
+type topUpObserver struct {
+	started   int
+	startedAt []int
+}
+
+func (o *topUpObserver) Started(time.Duration) { o.started++ }
+func (o *topUpObserver) Reserved(int)          { o.startedAt = append(o.startedAt, o.started) }
+func (o *topUpObserver) PacerDown(bool, error) {}

@@ -397,8 +397,8 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			if d.cfg.Assigned != nil {
 				d.cfg.Assigned(it, slot)
 			}
-			if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
-				if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
+			if now := d.cfg.Clock.Now(); due.After(now) {
+				if err := d.cfg.Clock.Sleep(ctx, due.Sub(now)); err != nil {
 					// Reserved slots of unstarted items are lost capacity,
 					// never overshoot.
 					return batch[i:], err
