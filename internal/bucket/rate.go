@@ -114,12 +114,15 @@ func ParseRate(s string) (Rate, error) {
 		}
 		unit := strings.Trim(window[digits:], blanks)
 		d, ok := rateUnits[unit]
-		switch {
-		case unit == "":
+		// An if chain rather than a switch: a mutation run sees if
+		// conditions, not case expressions (docs/MUTATION.md).
+		if unit == "" {
 			return bad("no unit after the /")
-		case !ok:
+		}
+		if !ok {
 			return bad("unknown unit %q (s, min, h or d)", unit)
-		case time.Duration(n) > maxRateWindow/d:
+		}
+		if time.Duration(n) > maxRateWindow/d {
 			return bad("the window is longer than 366 days")
 		}
 		per = time.Duration(n) * d
@@ -301,14 +304,17 @@ func (q Quota) Rate(maxLate time.Duration) (Rate, error) {
 	bad := func(field, format string, args ...any) (Rate, error) {
 		return Rate{}, &LimitError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	switch {
-	case q.Limit < 1 || q.Limit > 999_999_999_999:
+	// An if chain rather than a switch, as in ParseRate.
+	if q.Limit < 1 || q.Limit > 999_999_999_999 {
 		return bad("limit", "must be from 1 to 999999999999, got %d", q.Limit)
-	case q.Per < time.Second || q.Per%time.Second != 0 || q.Per > maxRateWindow:
+	}
+	if q.Per < time.Second || q.Per%time.Second != 0 || q.Per > maxRateWindow {
 		return bad("per", "must be a whole number of seconds from 1s to 366 days, got %v", q.Per)
-	case q.Burst < 1 || int64(q.Burst) > q.Limit:
+	}
+	if q.Burst < 1 || int64(q.Burst) > q.Limit {
 		return bad("burst", "must be from 1 to the limit %d, got %d", q.Limit, q.Burst)
-	case maxLate < 0:
+	}
+	if maxLate < 0 {
 		return bad("per", "cannot be kept with a negative lateness bound %v", maxLate)
 	}
 	room := uint64(q.Limit - int64(q.Burst))
