@@ -294,3 +294,73 @@ func TestDecideNRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// subDownStore is a store whose per-key states cannot be read (the lane's
+// can) while down is set.
+type subDownStore struct {
+	*bucket.Memory
+	down bool
+}
+
+func (s *subDownStore) Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	if s.down && k.Sub != "" {
+		return bucket.Decision{}, bucket.ErrUnavailable
+	}
+	return s.Memory.Peek(ctx, k, l)
+}
+
+// TestKeyedLane: on a keyed lane a job has room only when both its key's
+// bucket and the lane's have, with the fewer remaining and the later next
+// slot of the two; without a key only the lane's state counts. A key's
+// state that cannot be read degrades like the lane's, and Refresh then
+// leaves the decision as it was.
+func TestKeyedLane(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	keyLimit := bucket.Limit{Rate: 1, Burst: 2}
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 10, Burst: 5}, MaxBacklog: 100, KeyLimit: &keyLimit}
+	clk := buckettest.NewClock()
+	mem := &bucket.Memory{Clock: clk}
+	store := &subDownStore{Memory: mem}
+	a, err := admission.New(admission.Config{Store: store, Backlog: &fixedBacklog{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	laneKey, key := bucket.Key{Lane: "demo"}, bucket.Key{Lane: "demo", Sub: "k"}
+	check := func(what, sub string, room bool, remaining int, slotWait time.Duration) admission.Decision {
+		t.Helper()
+		d, err := a.Decide(ctx, lane, sub)
+		if err != nil || d.Room != room || d.Remaining != remaining || d.SlotWait != slotWait || d.Degraded {
+			t.Fatalf("%s: %+v %v, want room=%v remaining=%d slot wait %v", what, d, err, room, remaining, slotWait)
+		}
+		return d
+	}
+	check("both idle", "k", true, 2, 0) // the key's burst is the smaller
+	check("no key", "", true, 5, 0)
+	// The key's bucket empty: no room for its jobs, the next slot a second away.
+	if _, err := mem.Reserve(ctx, key, keyLimit, 2); err != nil {
+		t.Fatal(err)
+	}
+	check("key empty", "k", false, 0, time.Second)
+	check("key empty, no key", "", true, 5, 0)
+	// The lane's bucket empty too, its next slot sooner than the key's.
+	if _, err := mem.Reserve(ctx, laneKey, lane.Limit, 5); err != nil {
+		t.Fatal(err)
+	}
+	d := check("both empty", "k", false, 0, time.Second)
+	// Only the lane's empty: another key has room in its own bucket.
+	check("lane empty", "other", false, 0, 100*time.Millisecond)
+
+	store.down = true
+	if d, err := a.Decide(ctx, lane, "k"); err != nil || d.Room || !d.Degraded {
+		t.Fatalf("key state unreadable: %+v %v, want degraded without room", d, err)
+	}
+	if got := a.Refresh(ctx, lane, "k", d); got != d {
+		t.Fatalf("Refresh with the key state unreadable = %+v, want %+v unchanged", got, d)
+	}
+	store.down = false
+	clk.Advance(time.Second)
+	if got := a.Refresh(ctx, lane, "k", d); !got.Room || got.SlotWait != 0 || got.Remaining != 1 {
+		t.Fatalf("Refresh a second later = %+v, want room for one", got)
+	}
+}
