@@ -175,7 +175,8 @@ func Admit(now, tat time.Time, l Limit) (Decision, time.Time) {
 // jobs, or a lane whose jobs cost more than one token): allowed iff the
 // bucket holds n tokens now, that is now ≥ tat + (n−1)·T − τ; then tat =
 // max(tat, now) + n·T. AdmitN(now, tat, l, 1) is Admit. n = 0 takes nothing
-// and reports the state (Allowed is then true unless the bucket is empty).
+// and reports the state (Allowed is then true unless the bucket's next
+// token is more than a period away).
 // A cost over the burst is never allowed; callers refuse it before asking.
 func AdmitN(now, tat time.Time, l Limit, n int) (Decision, time.Time) {
 	period, tau := l.Period(), l.Tolerance()
