@@ -230,3 +230,37 @@ func TestAdmitN(t *testing.T) {
 		}
 	}
 }
+
+// TestReservePairNext: after a pair reservation, KeyNext and LaneNext are
+// the earliest starts each state grants next, counting its burst (a state
+// with room left grants one at once); a key whose next start is exactly
+// the allowed lead after the lane's takes its slot.
+func TestReservePairNext(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	now := time.Unix(1_000_000, 0)
+	ll := bucket.Limit{Rate: 10, Burst: 2} // 100 ms a slot, τ 100 ms
+	kl := bucket.Limit{Rate: 1, Burst: 3}  // 1 s a slot, τ 2 s
+	var laneTat, keyTat time.Time
+	for i, want := range []bucket.PairReservation{
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 0},
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 100 * ms},
+		{OK: true, Due: 100 * ms, KeyNext: time.Second, LaneNext: 200 * ms},
+	} {
+		var r bucket.PairReservation
+		r, laneTat, keyTat = bucket.ReservePair(now, laneTat, keyTat, ll, kl, 0)
+		if r != want {
+			t.Fatalf("reservation %d: %+v, want %+v", i, r, want)
+		}
+	}
+	// The key's next start 10 ms after the lane's (idle) one: taken with a
+	// lead of exactly 10 ms, refused with 9 ms.
+	one := bucket.Limit{Rate: 1, Burst: 1}
+	keyTat = now.Add(10 * ms)
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 10*ms); !r.OK || r.Due != 10*ms {
+		t.Fatalf("a lead of exactly ahead: %+v, want the slot at 10ms", r)
+	}
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 9*ms); r.OK || r.KeyNext != 10*ms || r.LaneNext != 0 {
+		t.Fatalf("a lead over ahead: %+v, want refused, key next in 10ms", r)
+	}
+}
