@@ -2,7 +2,7 @@
 // service end to end against its goals and against peer libraries in one
 // run, on loopback only, and prints one Markdown table (docs/BENCHMARKS.md).
 //
-//	go run ./cmd/throttler-bench                 # every scenario, about 3.5 minutes
+//	go run ./cmd/throttler-bench                 # every scenario, about 8 minutes (4.5 of them keyed)
 //	go run ./cmd/throttler-bench --smoke         # tiny counts: proves every scenario runs
 //	go run ./cmd/throttler-bench --only pacing,latency --duration 10s
 //
@@ -23,6 +23,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,6 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	replicas := fs.Int("replicas", 0, "nats.replicas of the services on --nats-url, a JetStream cluster (3 to compare R3 with R1); default 1")
 	duration := fs.Duration("duration", 0, "cap of each timed loop (default 5s, 500ms with --smoke)")
 	backlog := fs.Int("backlog", 0, "backlog of the rss scenario (default 1000000, 10000 with --smoke)")
+	keys := fs.String("keys", "", "comma-separated key counts of the keyed scenario (default 1000,10000,100000; 100 with --smoke)")
 	throttler := fs.String("throttler", "", "throttler binary the rss scenario starts; default: build ./cmd/throttler with the go command")
 	enforce := fs.Bool("enforce", false, "exit non-zero when a goal is missed")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (load tool and in-process service) to this file")
@@ -110,6 +112,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Smoke: *smoke, RedisURL: *redisURL, NATSURL: *natsURL, Replicas: *replicas,
 		Duration: *duration, Backlog: *backlog, Binary: *throttler, Progress: stderr,
 	}
+	if *keys != "" {
+		for v := range strings.SplitSeq(*keys, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				fmt.Fprintf(stderr, "throttler-bench: keys: %q is not a count\n", v)
+				return errUsage
+			}
+			cfg.Keys = append(cfg.Keys, n)
+		}
+	}
 	if *only != "" {
 		for id := range strings.SplitSeq(*only, ",") {
 			cfg.Only = append(cfg.Only, strings.TrimSpace(id))
@@ -118,7 +130,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Binary == "" && (len(cfg.Only) == 0 || slices.Contains(cfg.Only, bench.RSS) || slices.Contains(cfg.Only, bench.Lanes)) {
+	if cfg.Binary == "" && (len(cfg.Only) == 0 || slices.Contains(cfg.Only, bench.RSS) || slices.Contains(cfg.Only, bench.Lanes) ||
+		slices.Contains(cfg.Only, bench.Keyed)) {
 		dir, err := os.MkdirTemp("", "throttler-bench-bin-")
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)

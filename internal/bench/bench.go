@@ -24,6 +24,12 @@
 //   - lanes: a throttler process with 100 and with 1,000 idle lanes: the
 //     time until it is ready, its resident memory with external NATS, and
 //     the JetStream streams, consumers and memory those lanes take.
+//   - keyed: a keyed lane (per_key) of a throttler process (the real
+//     binary, on a nats-server of the bench's own) draining 1,000, 10,000
+//     and 100,000 keys with backlog into the sink, against one key: jobs/s,
+//     the process's CPU per job, its RSS, Redis memory per active and per
+//     idle key; and the delay of a cold key's first job behind a hot key's
+//     100,000-job backlog.
 //
 // The service runs in-process (service.New + Run) with a generated config:
 // embedded NATS in a temporary directory unless Config.NATSURL is set, Redis
@@ -58,10 +64,11 @@ const (
 	RSS       = "rss"
 	Peers     = "peers"
 	Lanes     = "lanes"
+	Keyed     = "keyed"
 )
 
 // Scenarios lists every scenario id in the order they run.
-var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers, Lanes}
+var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers, Lanes, Keyed}
 
 // Config configures a Run. The zero value runs every scenario in full mode
 // with embedded NATS and a redis-server of its own (when one is on PATH).
@@ -88,6 +95,10 @@ type Config struct {
 	// Backlog is the backlog of the rss scenario; zero means 1,000,000
 	// (10,000 in smoke mode).
 	Backlog int
+	// Keys are the key counts of the keyed scenario; empty means 1,000,
+	// 10,000 and 100,000 (100 in smoke mode). One key always runs too, as
+	// the reference.
+	Keys []int
 	// Binary is the throttler executable the rss scenario starts with
 	// `serve --config FILE`; empty skips that scenario.
 	Binary string
@@ -148,6 +159,16 @@ func (c Config) backlog() int {
 	return 1_000_000
 }
 
+func (c Config) keys() []int {
+	switch {
+	case len(c.Keys) > 0:
+		return c.Keys
+	case c.Smoke:
+		return []int{100}
+	}
+	return []int{1_000, 10_000, 100_000}
+}
+
 // Validate checks the configuration: known scenario ids, loopback URLs.
 func (c Config) Validate() error {
 	for _, id := range c.Only {
@@ -167,6 +188,11 @@ func (c Config) Validate() error {
 	}
 	if c.Duration < 0 || c.Backlog < 0 {
 		return errors.New("bench: duration and backlog must not be negative")
+	}
+	for _, n := range c.Keys {
+		if n < 1 || n > maxKeys {
+			return fmt.Errorf("bench: keys: %d: must be between 1 and %s", n, fmtInt(maxKeys))
+		}
 	}
 	switch {
 	case c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
@@ -190,6 +216,7 @@ var scenarioFuncs = map[string]scenario{
 	RSS:       runRSS,
 	Peers:     runPeers,
 	Lanes:     runLanes,
+	Keyed:     runKeyed,
 }
 
 // Run runs the selected scenarios one after the other and returns their

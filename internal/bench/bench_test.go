@@ -3,9 +3,15 @@ package bench
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/internal/config"
 
 	"go.uber.org/goleak"
 )
@@ -113,6 +119,8 @@ func TestConfigRefusesNonLoopback(t *testing.T) {
 		{NATSURL: "nats://192.168.1.2:4222"},
 		{NATSURL: "http://127.0.0.1:4222"},
 		{Only: []string{"everything"}},
+		{Keys: []int{1000, 0}},
+		{Keys: []int{maxKeys + 1}},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
@@ -121,10 +129,107 @@ func TestConfigRefusesNonLoopback(t *testing.T) {
 	for _, c := range []Config{
 		{RedisURL: "redis://127.0.0.1:6379/0", NATSURL: "nats://localhost:4222"},
 		{NATSURL: "nats://[::1]:4222", Only: []string{Pacing}},
+		{Only: []string{Keyed}, Keys: []int{1, 10_000, maxKeys}},
 	} {
 		if err := c.Validate(); err != nil {
 			t.Errorf("Validate(%+v) = %v, want nil", c, err)
 		}
+	}
+}
+
+// TestKeyedLaneConfig: the generated config of the keyed scenario loads as a
+// keyed lane with its per_key limits, and the key counts default by mode.
+func TestKeyedLaneConfig(t *testing.T) {
+	o := svcOpts{dataDir: t.TempDir(), target: "http://127.0.0.1:9/hook", lanes: map[string]laneOpts{
+		"k": {rate: 1_000_000, burst: 1, inflight: 64, backlog: 10, perKey: &perKeyOpts{rate: 0.5, burst: 3}},
+		"u": {rate: 10, burst: 1, inflight: 4, backlog: 10},
+	}}
+	cfg, err := config.Parse("generated", o.yaml(), nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, o.yaml())
+	}
+	for _, l := range cfg.Lanes {
+		switch l.Name {
+		case "k":
+			if l.PerKey == nil || l.PerKey.Rate.PerSecond() != 0.5 || l.PerKey.Burst != 3 || l.PerKey.MaxInflight != 64 {
+				t.Errorf("lane k: per_key %+v, want rate 0.5/s, burst 3, max_inflight 64 (the lane's)", l.PerKey)
+			}
+		case "u":
+			if l.PerKey != nil {
+				t.Errorf("lane u is keyed: %+v", l.PerKey)
+			}
+		}
+	}
+	if got := (Config{}).keys(); !slices.Equal(got, []int{1_000, 10_000, 100_000}) {
+		t.Errorf("default keys %v", got)
+	}
+	if got := (Config{Smoke: true, Keys: []int{7}}).keys(); !slices.Equal(got, []int{7}) {
+		t.Errorf("keys %v, want [7]", got)
+	}
+}
+
+// TestCPUTime reads this process's CPU time, which grows while it works.
+func TestCPUTime(t *testing.T) {
+	before, err := cpuTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		for i := range 100_000 {
+			x ^= i
+		}
+	}
+	after, err := cpuTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 300 ms of wall time spinning: some CPU time, never more than the
+	// wall time on every CPU.
+	if d := after - before; d <= 0 || d > time.Duration(runtime.NumCPU())*time.Second {
+		t.Fatalf("CPU time grew by %v over 300 ms of work (x %d)", d, x)
+	}
+	if _, err := cpuTime(1 << 30); err == nil {
+		t.Fatal("cpuTime of a process that cannot exist: no error")
+	}
+}
+
+// TestSinkFirstByKey: the sink keeps each Throttle-Key's first arrival.
+func TestSinkFirstByKey(t *testing.T) {
+	sk, err := startSink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sk.close()
+	c := newClient(1)
+	defer c.CloseIdleConnections()
+	send := func(key string) {
+		req, _ := http.NewRequest(http.MethodPost, sk.URL, strings.NewReader("x"))
+		if key != "" {
+			req.Header.Set("Throttle-Key", key)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	send("a")
+	first, ok := sk.first("a")
+	send("a")
+	send("")
+	if again, _ := sk.first("a"); !ok || !again.Equal(first) {
+		t.Fatalf("first(a) = %v, %v; then %v", first, ok, again)
+	}
+	if _, ok := sk.first("b"); ok {
+		t.Fatal("first(b) without a job of b")
+	}
+	if sk.count.Load() != 3 {
+		t.Fatalf("count %d, want 3", sk.count.Load())
+	}
+	sk.reset(0)
+	if _, ok := sk.first("a"); ok {
+		t.Fatal("reset kept first(a)")
 	}
 }
 

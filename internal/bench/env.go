@@ -198,6 +198,14 @@ type laneOpts struct {
 	inflight int
 	backlog  int64
 	maxBytes int64 // the lane stream's max_bytes; 0: the default
+	// perKey makes the lane keyed with these per-key limits; nil: not keyed.
+	perKey *perKeyOpts
+}
+
+// perKeyOpts are a keyed lane's per_key limits.
+type perKeyOpts struct {
+	rate  float64
+	burst int
 }
 
 // svcOpts describes a generated service configuration.
@@ -234,6 +242,9 @@ func (o svcOpts) yaml() []byte {
 			q(name), strconv.FormatFloat(l.rate, 'g', -1, 64), l.burst, l.inflight, l.backlog)
 		if l.maxBytes > 0 {
 			fmt.Fprintf(&b, "    max_bytes: %d\n", l.maxBytes)
+		}
+		if k := l.perKey; k != nil {
+			fmt.Fprintf(&b, "    per_key: {rate: %s, burst: %d}\n", strconv.FormatFloat(k.rate, 'g', -1, 64), k.burst)
 		}
 		fmt.Fprintf(&b, "    target:\n      http:\n        url: %s\n        timeout: 10s\n", q(o.target))
 	}

@@ -25,6 +25,8 @@ type sink struct {
 	arrivals []time.Time
 	lat      []time.Duration
 	count    atomic.Int64
+	// firstOf is each Throttle-Key's first arrival (keyed lanes).
+	firstOf map[string]time.Time
 }
 
 func startSink() (*sink, error) {
@@ -56,8 +58,15 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			lat = now.Sub(time.Unix(0, ns))
 		}
 	}
+	key := r.Header.Get("Throttle-Key")
 	s.mu.Lock()
 	s.arrivals = append(s.arrivals, now)
+	if _, seen := s.firstOf[key]; key != "" && !seen {
+		if s.firstOf == nil {
+			s.firstOf = map[string]time.Time{}
+		}
+		s.firstOf[key] = now
+	}
 	if lat >= 0 {
 		s.lat = append(s.lat, lat)
 	}
@@ -71,6 +80,7 @@ func (s *sink) reset(expect int) {
 	s.mu.Lock()
 	s.arrivals = make([]time.Time, 0, expect)
 	s.lat = make([]time.Duration, 0, expect)
+	s.firstOf = nil
 	s.count.Store(0)
 	s.mu.Unlock()
 }
@@ -100,6 +110,14 @@ func (s *sink) wait(ctx context.Context, n int, timeout time.Duration, p *progre
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// first returns when the first job with Throttle-Key key arrived.
+func (s *sink) first(key string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.firstOf[key]
+	return t, ok
 }
 
 func (s *sink) close() {

@@ -269,8 +269,14 @@ const retryWait = 100 * time.Millisecond
 // lookahead is how far ahead of a slot the loop chooses its key and
 // reserves it: the read and the reservation then happen before the slot,
 // which starts exactly on time (a reservation made after its key's slot
-// would push every later slot of the key back by the delay).
-const lookahead = 50 * time.Millisecond
+// would push every later slot of the key back by the delay). It is also
+// how long a key's first job may wait behind other keys: a pair
+// reservation counts the lane's slot at the key's due time, so the lane's
+// state is taken up to lookahead ahead of now by a key that reserves early,
+// and a cold key's first slot comes after it. 5 ms covers a direct get and
+// a reservation on a loaded machine; at 50 ms a cold key's first job waited
+// about 48 ms behind a hot key (throttler-bench --only keyed, BENCHMARKS.md).
+const lookahead = 5 * time.Millisecond
 
 // loop chooses keys and reserves their slots, one at a time, a little ahead
 // of the lane's next slot; each job waits for its slot on its own

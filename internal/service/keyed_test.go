@@ -398,11 +398,16 @@ func TestKeyedLaneThreeInstancesExactPerKey(t *testing.T) {
 		as := tgt.of(key)
 		checkFIFO(t, key, as)
 		// A start comes at most 2 ms after its slot (max(2 ms, the
-		// lane's 1-ms period)), plus 25 ms for the hop to the target: a
-		// key's first jobs may be the first of their instance, which
-		// opens a connection on a loaded machine while later ones reuse
-		// one.
-		buckettest.CheckWindows(t, startsOf(as), lim, 27*time.Millisecond)
+		// lane's 1-ms period)), plus the hop to the target, seen here at
+		// arrival: a key's first jobs may be the first of their instance,
+		// which opens a connection while later ones reuse one, and three
+		// instances and the target share two loaded cores (3 arrivals in
+		// 72 ms at 10/s burst 2 were seen with 27 ms). 60 ms still fails
+		// a shared state that grants one slot twice: every key's jobs
+		// are all there from the start, so its starts run at exactly
+		// burst + rate·W from its first one, and one start more is over
+		// by 1 where 60 ms forgives 0.6.
+		buckettest.CheckWindows(t, startsOf(as), lim, 60*time.Millisecond)
 		at := make([]time.Time, len(as))
 		for i, a := range as {
 			at[i] = a.at
