@@ -20,7 +20,6 @@
 # CLUSTER_BIN (default bin/). Data lives in a temporary directory that is
 # removed at the end.
 set -euo pipefail
-set -m # each background process in a process group of its own
 
 mode=${1:-demo}
 case $mode in
@@ -45,84 +44,19 @@ redis_replica=$((base + 380))
 sentinel=($((base + 501)) $((base + 502)) $((base + 503)))
 sink_port=$((base + 900))
 
-say() { echo "cluster: $*"; }
-fail() {
-	echo "cluster: $*" >&2
-	exit 1
-}
+prefix=cluster
+# shellcheck source=deploy/local/lib.sh
+source "$root/deploy/local/lib.sh"
 
-for tool in go curl redis-server redis-sentinel redis-cli; do
-	command -v "$tool" >/dev/null || fail "$tool is not on PATH (apt-get install redis-server redis-sentinel)"
-done
+need_tools "apt-get install redis-server redis-sentinel" go curl redis-server redis-sentinel redis-cli
 for port in "${http[@]}" "${nats_client[@]}" "${nats_route[@]}" "${nats_mon[@]}" "$redis_master" "$redis_replica" "${sentinel[@]}" "$sink_port"; do
-	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+	if port_in_use "$port"; then
 		fail "port $port is in use: choose another CLUSTER_BASE"
 	fi
 done
 
-say "building $bin/throttler and $bin/nats-server (the first build takes a minute)"
-mkdir -p "$bin"
-go build -o "$bin/" ./cmd/throttler github.com/nats-io/nats-server/v2
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/throttler-cluster.XXXXXX")
-pids=()
-
-stop_all() {
-	local status=$?
-	trap - EXIT INT TERM
-	# The reverse of the start: instances first (each finishes its in-flight
-	# jobs and hands the rest back), then what they use.
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		[[ -n ${pids[i]} ]] || continue
-		kill -TERM "${pids[i]}" 2>/dev/null || true
-		wait "${pids[i]}" 2>/dev/null || true
-	done
-	if [[ $status -ne 0 && $status -ne 130 ]]; then
-		for log in "$tmp"/*.log; do
-			[[ -f $log ]] || continue
-			echo "--- last lines of $(basename "$log"):" >&2
-			tail -n 15 "$log" >&2
-		done
-	fi
-	rm -rf "$tmp"
-	say "stopped"
-	exit "$status"
-}
-trap stop_all EXIT
-trap 'exit 130' INT TERM
-
-# start NAME LOG READY CMD…: runs CMD in the background with its output
-# appended to LOG and waits until LOG holds the line READY; the pid goes to
-# the variable last_pid and to pids.
-start() {
-	local name=$1 log=$2 ready=$3
-	shift 3
-	local before=0
-	[[ -f $log ]] && before=$(wc -l <"$log")
-	: >>"$log"
-	"$@" >>"$log" 2>&1 &
-	last_pid=$!
-	pids+=("$last_pid")
-	local i
-	for ((i = 0; i < 300; i++)); do
-		tail -n +"$((before + 1))" "$log" | grep -q "$ready" && return 0
-		kill -0 "$last_pid" 2>/dev/null || fail "$name exited at start"
-		sleep 0.1
-	done
-	fail "$name did not start within 30 s"
-}
-
-# until_true SECONDS WHAT CMD…: retries CMD every 0.1 s until it succeeds.
-until_true() {
-	local limit=$1 what=$2 i
-	shift 2
-	for ((i = 0; i < limit * 10; i++)); do
-		"$@" >/dev/null 2>&1 && return 0
-		sleep 0.1
-	done
-	fail "$what: not within $limit s"
-}
+build_binaries
+begin_processes
 
 # NATS: three nodes with routes to each other, JetStream on each.
 routes=""

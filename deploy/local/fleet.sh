@@ -12,9 +12,6 @@
 # FLEET_SINK; binaries go to FLEET_BIN (default bin/). Data lives in a
 # temporary directory that is removed at the end.
 set -euo pipefail
-# Every background process gets a process group of its own, so that Ctrl-C
-# reaches this script only and each process is stopped once, in order.
-set -m
 
 mode=${1:-demo}
 case $mode in
@@ -35,71 +32,20 @@ sink_port=${FLEET_SINK:-9000}
 bin=${FLEET_BIN:-bin}
 jobs=60
 
-say() { echo "fleet: $*"; }
-fail() {
-	echo "fleet: $*" >&2
-	exit 1
-}
+prefix=fleet
+# shellcheck source=deploy/local/lib.sh
+source "$root/deploy/local/lib.sh"
 
-for tool in go redis-server curl; do
-	command -v "$tool" >/dev/null || fail "$tool is not on PATH (redis-server: apt-get install redis-server)"
-done
+need_tools "redis-server: apt-get install redis-server" go redis-server curl
 for var in FLEET_HTTP1:$http1 FLEET_HTTP2:$http2 FLEET_NATS:$nats_port FLEET_REDIS:$redis_port FLEET_SINK:$sink_port; do
 	port=${var#*:}
-	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+	if port_in_use "$port"; then
 		fail "port $port is in use: choose another with ${var%%:*}=<port>"
 	fi
 done
 
-say "building $bin/throttler and $bin/nats-server (the first build takes a minute)"
-mkdir -p "$bin"
-go build -o "$bin/" ./cmd/throttler github.com/nats-io/nats-server/v2
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/throttler-fleet.XXXXXX")
-pids=()
-names=()
-
-stop_all() {
-	local status=$?
-	trap - EXIT INT TERM
-	# Stop in the reverse order of the start: the instances first (each
-	# finishes its in-flight jobs and hands the rest back), then what they use.
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		kill -TERM "${pids[i]}" 2>/dev/null || true
-		wait "${pids[i]}" 2>/dev/null || true
-	done
-	if [[ $status -ne 0 && $status -ne 130 ]]; then # 130: Ctrl-C
-		for log in "$tmp"/*.log; do
-			[[ -f $log ]] || continue
-			echo "--- last lines of $(basename "$log"):" >&2
-			tail -n 15 "$log" >&2
-		done
-	fi
-	rm -rf "$tmp"
-	say "stopped"
-	exit "$status"
-}
-trap stop_all EXIT
-trap 'exit 130' INT TERM
-
-# start NAME LOG READY CMD…: runs CMD in the background with its output in
-# LOG and waits until LOG holds the line READY.
-start() {
-	local name=$1 log=$2 ready=$3
-	shift 3
-	: >"$log"
-	"$@" >"$log" 2>&1 &
-	pids+=($!)
-	names+=("$name")
-	local pid=$! i
-	for ((i = 0; i < 200; i++)); do
-		grep -q "$ready" "$log" && return 0
-		kill -0 "$pid" 2>/dev/null || fail "$name exited at start"
-		sleep 0.1
-	done
-	fail "$name did not start within 20 s"
-}
+build_binaries
+begin_processes
 
 cat >"$tmp/nats.conf" <<EOF
 listen: 127.0.0.1:$nats_port

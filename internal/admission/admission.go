@@ -138,6 +138,38 @@ func New(cfg Config) (*Admitter, error) {
 // never come back: an unreachable store or backlog counter degrades to "no
 // room", and the queue itself enforces max_backlog exactly.
 func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision, error) {
+	return a.decide(ctx, lane, key, nil)
+}
+
+// PeekMaxAge is how old a peek handed to DecideFrom may be.
+const PeekMaxAge = 50 * time.Millisecond
+
+// Peeked is a peek of a lane's state read elsewhere (package redisquota
+// reads it in the caller quotas' round trip): D, what bucket.Peek answered,
+// At the local time the answer arrived.
+type Peeked struct {
+	D  bucket.Decision
+	At time.Time
+}
+
+// DecideFrom is Decide for a job of a lane that is not keyed, on a peek of
+// its state already made: the decision then costs no call to the store.
+// A peek older than PeekMaxAge, or one whose next free slot has come
+// since (the room it saw is out of date), is read again as Decide does;
+// otherwise its waits are shortened by its age. now is the local time.
+func (a *Admitter) DecideFrom(ctx context.Context, lane Lane, p Peeked, now time.Time) (Decision, error) {
+	age := now.Sub(p.At)
+	if lane.KeyLimit != nil || age < 0 || age > PeekMaxAge || (!p.D.Allowed && p.D.RetryAfter <= age) {
+		return a.decide(ctx, lane, "", nil)
+	}
+	d := p.D
+	d.RetryAfter = max(d.RetryAfter-age, 0)
+	d.ResetAfter = max(d.ResetAfter-age, 0)
+	return a.decide(ctx, lane, "", &d)
+}
+
+// decide is Decide, on peeked instead of a call to the store when set.
+func (a *Admitter) decide(ctx context.Context, lane Lane, key string, peeked *bucket.Decision) (Decision, error) {
 	period := lane.Limit.Period()
 	n, berr := a.backlog.Backlog(ctx, lane.Name, BacklogMaxAge)
 	if berr == nil && (n >= lane.MaxBacklog || (lane.MaxWait > 0 && waitFor(n, period) > lane.MaxWait)) {
@@ -156,7 +188,13 @@ func (a *Admitter) Decide(ctx context.Context, lane Lane, key string) (Decision,
 		return Decision{}, &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: n,
 			RetryAfter: wait - lane.MaxWait}
 	}
-	d, err := a.peek(ctx, lane, key)
+	var d bucket.Decision
+	var err error
+	if peeked != nil {
+		d = *peeked
+	} else {
+		d, err = a.peek(ctx, lane, key)
+	}
 	if err != nil {
 		a.log.Warn("state store unavailable, queueing", "lane", lane.Name, "err", err)
 		return Decision{Backlog: n, Limit: lane.Limit, Reset: wait, Degraded: true}, nil

@@ -364,3 +364,74 @@ func TestKeyedLane(t *testing.T) {
 		t.Fatalf("Refresh a second later = %+v, want room for one", got)
 	}
 }
+
+// countingPeeker counts the peeks that reach the store.
+type countingPeeker struct {
+	admission.Peeker
+	n int
+}
+
+func (c *countingPeeker) Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	c.n++
+	return c.Peeker.Peek(ctx, k, l)
+}
+
+// TestDecideFrom: a fresh peek made elsewhere (with the caller quotas)
+// decides without a call to the store, its waits shortened by its age; an
+// old one, one whose free slot has come since, or one for a keyed lane is
+// read again; the backlog bounds hold as in Decide.
+func TestDecideFrom(t *testing.T) {
+	ctx := context.Background()
+	lim := bucket.Limit{Rate: 20, Burst: 10}
+	lane := admission.Lane{Name: "from", Limit: lim, MaxBacklog: 100}
+	clock := buckettest.NewClock()
+	mem := &bucket.Memory{Clock: clock}
+	store := &countingPeeker{Peeker: mem}
+	backlog := &fixedBacklog{}
+	a, err := admission.New(admission.Config{Store: store, Backlog: backlog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Reserve(ctx, bucket.Key{Lane: "from"}, lim, 10); err != nil {
+		t.Fatal(err)
+	}
+	p, err := mem.Peek(ctx, bucket.Key{Lane: "from"}, lim)
+	if err != nil || p.Allowed || p.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("peek after the burst: %+v %v", p, err)
+	}
+	at := time.Unix(1000, 0)
+	steps := []struct {
+		name     string
+		lane     admission.Lane
+		peek     bucket.Decision
+		age      time.Duration
+		peeks    int // calls that reach the store
+		room     bool
+		slotWait time.Duration
+	}{
+		{"fresh", lane, p, 0, 0, false, 50 * time.Millisecond},
+		{"aged 20ms", lane, p, 20 * time.Millisecond, 0, false, 30 * time.Millisecond},
+		{"slot came since", lane, p, 50 * time.Millisecond, 1, false, 50 * time.Millisecond},
+		{"exactly PeekMaxAge", lane, bucket.Decision{Allowed: true, Remaining: 3}, admission.PeekMaxAge, 0, true, 0},
+		{"older than PeekMaxAge", lane, bucket.Decision{Allowed: true, Remaining: 3}, admission.PeekMaxAge + time.Millisecond, 1, false, 50 * time.Millisecond},
+		{"from the future", lane, bucket.Decision{Allowed: true, Remaining: 3}, -time.Millisecond, 1, false, 50 * time.Millisecond},
+		{"room", lane, bucket.Decision{Allowed: true, Remaining: 3}, 10 * time.Millisecond, 0, true, 0},
+		{"keyed lane", admission.Lane{Name: "from", Limit: lim, MaxBacklog: 100, KeyLimit: &lim}, bucket.Decision{Allowed: true, Remaining: 3}, 0, 1, false, 50 * time.Millisecond},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			store.n = 0
+			d, err := a.DecideFrom(ctx, s.lane, admission.Peeked{D: s.peek, At: at}, at.Add(s.age))
+			if err != nil || store.n != s.peeks || d.Room != s.room || d.SlotWait != s.slotWait {
+				t.Fatalf("%+v %v after %d peeks; want room %v, slot wait %v after %d peeks", d, err, store.n, s.room, s.slotWait, s.peeks)
+			}
+		})
+	}
+	// The backlog bounds refuse as Decide does, whatever the peek says.
+	backlog.n = 100
+	_, err = a.DecideFrom(ctx, lane, admission.Peeked{D: bucket.Decision{Allowed: true}, At: at}, at)
+	var rej *admission.RejectError
+	if !errors.As(err, &rej) || rej.Field != "max_backlog" {
+		t.Fatalf("at max_backlog: %v", err)
+	}
+}

@@ -49,14 +49,7 @@ type PairStore interface {
 // slot so that the slot starts on time. It returns the reservation and the
 // new states.
 func ReservePair(now, laneTat, keyTat time.Time, ll, kl Limit, ahead time.Duration) (PairReservation, time.Time, time.Time) {
-	el := laneTat.Add(-ll.Tolerance())
-	if el.Before(now) {
-		el = now
-	}
-	ek := keyTat.Add(-kl.Tolerance())
-	if ek.Before(now) {
-		ek = now
-	}
+	el, ek := nextStart(now, laneTat, ll), nextStart(now, keyTat, kl)
 	if ek.Sub(el) > max(ahead, PairSlack) {
 		return PairReservation{KeyNext: ek.Sub(now), LaneNext: el.Sub(now)}, laneTat, keyTat
 	}
@@ -64,20 +57,21 @@ func ReservePair(now, laneTat, keyTat time.Time, ll, kl Limit, ahead time.Durati
 	if ek.After(due) {
 		due = ek
 	}
-	laneTat = later(laneTat, due).Add(ll.Period())
-	keyTat = later(keyTat, due).Add(kl.Period())
+	// Each state takes its one slot as an arrival at due: Reserve's step.
+	_, laneTat = Reserve(due, laneTat, ll, 1)
+	_, keyTat = Reserve(due, keyTat, kl, 1)
 	return PairReservation{
 		OK: true, Due: due.Sub(now), Free: due.Equal(now),
-		KeyNext:  max(keyTat.Add(-kl.Tolerance()).Sub(now), 0),
-		LaneNext: max(laneTat.Add(-ll.Tolerance()).Sub(now), 0),
+		KeyNext:  nextStart(now, keyTat, kl).Sub(now),
+		LaneNext: nextStart(now, laneTat, ll).Sub(now),
 	}, laneTat, keyTat
 }
 
-func later(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return b
-	}
-	return a
+// nextStart is the earliest instant at or after now that a slot of the state
+// tat may start, max(now, tat − τ): where Reserve puts slot 0.
+func nextStart(now, tat time.Time, l Limit) time.Time {
+	r, _ := Reserve(now, tat, l, 1)
+	return now.Add(r.Delay(0))
 }
 
 // ReservePair implements PairStore.

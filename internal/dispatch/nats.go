@@ -81,14 +81,22 @@ func ValidSubject(s string) bool {
 
 // Validate returns an error naming the first bad field, or nil.
 func (c NATSConfig) Validate() error {
-	if c.Subject == "" {
-		return errors.New("dispatch: nats: Subject: required")
+	return validateNATSTarget("nats", c.Subject, "Timeout", c.Timeout)
+}
+
+// validateNATSTarget checks what a request target (NATSConfig) and a pull
+// target (PullConfig) share: a literal subject and a duration that may not
+// be negative (the request's Timeout, the pull's Lease). mode names the
+// target in the error ("dispatch: <mode>: <field>: ...").
+func validateNATSTarget(mode, subject, durField string, d time.Duration) error {
+	if subject == "" {
+		return fmt.Errorf("dispatch: %s: Subject: required", mode)
 	}
-	if !ValidSubject(c.Subject) {
-		return fmt.Errorf("dispatch: nats: Subject: %q is not a literal subject (%s)", c.Subject, subjectForm)
+	if !ValidSubject(subject) {
+		return fmt.Errorf("dispatch: %s: Subject: %q is not a literal subject (%s)", mode, subject, subjectForm)
 	}
-	if c.Timeout < 0 {
-		return fmt.Errorf("dispatch: nats: Timeout: %v is negative", c.Timeout)
+	if d < 0 {
+		return fmt.Errorf("dispatch: %s: %s: %v is negative", mode, durField, d)
 	}
 	return nil
 }

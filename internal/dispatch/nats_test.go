@@ -297,3 +297,31 @@ func TestNewNATSValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSTargetValidationIsShared: the request and the pull target check
+// their subject and duration with one rule, each naming its own field.
+func TestNATSTargetValidationIsShared(t *testing.T) {
+	steps := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"request empty", NATSConfig{}.Validate(), "dispatch: nats: Subject: required"},
+		{"pull empty", PullConfig{}.Validate(), "dispatch: pull: Subject: required"},
+		{"request wildcard", NATSConfig{Subject: "a.>"}.Validate(), `dispatch: nats: Subject: "a.>" is not a literal subject`},
+		{"pull wildcard", PullConfig{Subject: "a.*"}.Validate(), `dispatch: pull: Subject: "a.*" is not a literal subject`},
+		{"request timeout", NATSConfig{Subject: "a", Timeout: -time.Second}.Validate(), "dispatch: nats: Timeout: -1s is negative"},
+		{"pull lease", PullConfig{Subject: "a", Lease: -time.Second}.Validate(), "dispatch: pull: Lease: -1s is negative"},
+	}
+	for _, s := range steps {
+		if s.err == nil || !strings.HasPrefix(s.err.Error(), s.want) {
+			t.Errorf("%s: got %v, want it to start with %q", s.name, s.err, s.want)
+		}
+	}
+	if err := (PullConfig{Subject: "work.pool"}).Validate(); err != nil {
+		t.Errorf("valid pull config: %v", err)
+	}
+	if err := (NATSConfig{Subject: "work.pool"}).Validate(); err != nil {
+		t.Errorf("valid request config: %v", err)
+	}
+}

@@ -64,16 +64,7 @@ type PullConfig struct {
 
 // Validate returns an error naming the first bad field, or nil.
 func (c PullConfig) Validate() error {
-	if c.Subject == "" {
-		return errors.New("dispatch: pull: Subject: required")
-	}
-	if !ValidSubject(c.Subject) {
-		return fmt.Errorf("dispatch: pull: Subject: %q is not a literal subject (%s)", c.Subject, subjectForm)
-	}
-	if c.Lease < 0 {
-		return fmt.Errorf("dispatch: pull: Lease: %v is negative", c.Lease)
-	}
-	return nil
+	return validateNATSTarget("pull", c.Subject, "Lease", c.Lease)
 }
 
 var _ Target = (*Pull)(nil)

@@ -204,9 +204,6 @@ func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string)
 	return nil
 }
 
-// maxLimitBody bounds the body of PATCH /v1/lanes/{lane}.
-const maxLimitBody = 4096
-
 // limitChange is the body of PATCH /v1/lanes/{lane}; absent fields keep
 // their value. rate is a string ("50/s", "120/min") or a number of jobs per
 // second, read by bucket.ParseRate.
@@ -220,20 +217,8 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
 	}
 	var c limitChange
-	release, ok := h.bodies.take(min(r.ContentLength, maxLimitBody), maxLimitBody)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}
-	}
-	defer release()
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxLimitBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		if errors.Is(err, bucket.ErrInvalidRate) {
-			return bad("rate", err.Error())
-		}
-		return bad("body", "the body must be a JSON object with rate and/or burst: "+err.Error())
+	if p := h.decodeSmall(w, r, &c, "a JSON object with rate and/or burst"); p != nil {
+		return p
 	}
 	cur, _ := h.cfg.Lanes.Lane(lane)
 	lim := cur.Admission.Limit

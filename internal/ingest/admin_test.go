@@ -87,3 +87,62 @@ func TestSetLimitRateForms(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeSmall: the one reader of the admin endpoints' small bodies
+// (lane PATCH, key PUT, caller plans) names the field at fault, bounds the
+// body, and gives its bytes back to the budget of bodies read at once.
+func TestDecodeSmall(t *testing.T) {
+	type change struct {
+		Rate  *bucket.Rate `json:"rate"`
+		Burst *int         `json:"burst"`
+	}
+	h := &Handler{bodies: newBudget(2 * maxSmallBody)}
+	decode := func(body string, length int64) (*api.Problem, *httptest.ResponseRecorder) {
+		req := httptest.NewRequest("PATCH", "/v1/lanes/demo", strings.NewReader(body))
+		req.ContentLength = length
+		rec := httptest.NewRecorder()
+		var c change
+		return h.decodeSmall(rec, req, &c, "a JSON object with rate and/or burst"), rec
+	}
+	steps := []struct {
+		body   string
+		length int64 // -1: unknown
+		field  string
+		detail string // the detail's start
+	}{
+		{`{"rate":"5/s","burst":2}`, -1, "", ""},
+		{`{"rate":"5/w"}`, -1, "rate", `"5/w" is not a rate`},
+		{`{"rat":5}`, -1, "body", `the body must be a JSON object with rate and/or burst: json: unknown field "rat"`},
+		{`[1]`, -1, "body", "the body must be a JSON object with rate and/or burst: "},
+		{`{"burst":` + strings.Repeat(" ", maxSmallBody) + `1}`, -1, "body", "the body must be a JSON object with rate and/or burst: http: request body too large"},
+	}
+	for _, s := range steps {
+		p, _ := decode(s.body, s.length)
+		switch {
+		case s.field == "" && p != nil:
+			t.Errorf("%.30s: %+v, want it decoded", s.body, p)
+		case s.field != "" && (p == nil || p.Status != 400 || p.Type != ProblemBadBody || p.Field != s.field || !strings.HasPrefix(p.Detail, s.detail)):
+			t.Errorf("%.30s: %+v, want 400 naming %s with a detail starting %q", s.body, p, s.field, s.detail)
+		}
+		if used := h.bodies.used.Load(); used != 0 {
+			t.Fatalf("%.30s: %d bytes of the budget still held after the decode", s.body, used)
+		}
+	}
+	// The budget full: 503 naming max_body_inflight, and the connection
+	// closes rather than read the body.
+	release, ok := h.bodies.take(2*maxSmallBody-10, maxSmallBody*2)
+	if !ok {
+		t.Fatal("could not fill the budget")
+	}
+	p, rec := decode(`{"burst":1}`, -1)
+	if p == nil || p.Status != 503 || p.Field != "max_body_inflight" || rec.Header().Get("Connection") != "close" {
+		t.Errorf("budget full: %+v (Connection %q), want 503 naming max_body_inflight", p, rec.Header().Get("Connection"))
+	}
+	if p, _ := decode(`{"burst":1}`, 11); p == nil || p.Status != 503 {
+		t.Errorf("budget full: %+v for a body of 11 bytes, 10 free; want a 503", p)
+	}
+	release()
+	if p, _ := decode(`{"burst":1}`, 11); p != nil {
+		t.Errorf("budget free again: %+v", p)
+	}
+}

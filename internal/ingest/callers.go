@@ -131,6 +131,10 @@ type callerInfo struct {
 	// the X-RateLimit-* headers describe (-1: none).
 	policies []ratePolicy
 	primary  int
+	// lane is the lane's state, read with the caller quotas in one round
+	// trip (a single job of a lane that is not keyed); nil: admission
+	// reads it.
+	lane *admission.Peeked
 }
 
 type callerInfoCtx struct{}
@@ -228,6 +232,12 @@ func (h *Handler) checkCallers(w http.ResponseWriter, r *http.Request, cs *calle
 			req.Caller, req.Plan, req.Cost = info.caller, p.limit(), cost*max(jobs, 0)
 		}
 	}
+	if jobs == 1 && authorized && known && lane.Admission.KeyLimit == nil {
+		// One job of a lane that is not keyed: the lane's decision needs
+		// only its state, which the limiter may read in the same round
+		// trip (redisquota on a client that is not Redis Cluster).
+		req.Lane, req.LaneLimit = bucket.Key{Lane: lane.Admission.Name}, lane.Admission.Limit
+	}
 	overBurst := req.Caller != "" && req.Cost > req.Plan.Burst
 	if overBurst {
 		req.Cost = 0 // read the plan's state for the headers; refused below
@@ -236,6 +246,9 @@ func (h *Handler) checkCallers(w http.ResponseWriter, r *http.Request, cs *calle
 	if err != nil {
 		h.cfg.Logger.Error("caller quota check failed; the request goes on unchecked", "ip", ip, "lane", laneName, "err", err)
 		return r.WithContext(context.WithValue(r.Context(), callerInfoCtx{}, info)), true
+	}
+	if res.LaneChecked {
+		info.lane = &admission.Peeked{D: res.Lane, At: time.Now()}
 	}
 	if res.IPChecked {
 		info.policies = append(info.policies, ipPolicy(cs.PerIP, res.IP))

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -35,36 +34,11 @@ func (h *Handler) plansBody(cs *callerSet) api.Plans {
 		PerIP: api.PerIP{Limit: cs.PerIP.Limit, WindowSeconds: int64(cs.PerIP.Length / time.Second), Observe: cs.ObserveIP}}
 }
 
-// maxPlanBody bounds the body of the plan endpoints.
-const maxPlanBody = 4096
-
 // planChange is the body of PUT /v1/callers/plans/{plan}.
 type planChange struct {
 	Rate    *bucket.Rate `json:"rate"`
 	Burst   int          `json:"burst"`
 	Observe bool         `json:"observe"`
-}
-
-// decodeSmall reads a small JSON body into v, refusing unknown fields; a
-// problem names what is wrong.
-func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any) *api.Problem {
-	release, ok := h.bodies.take(min(r.ContentLength, maxPlanBody), maxPlanBody)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}
-	}
-	defer release()
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxPlanBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		field := "body"
-		if errors.Is(err, bucket.ErrInvalidRate) {
-			field = "rate"
-		}
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: "the body must be a JSON object: " + err.Error()}
-	}
-	return nil
 }
 
 func (h *Handler) putPlan(w http.ResponseWriter, r *http.Request) {
@@ -78,7 +52,7 @@ func (h *Handler) putPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var c planChange
-	if p := h.decodeSmall(w, r, &c); p != nil {
+	if p := h.decodeSmall(w, r, &c, "a JSON object"); p != nil {
 		writeProblem(w, r, *p, 0)
 		return
 	}
@@ -142,7 +116,7 @@ func (h *Handler) putKeyPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var c keyPlanChange
-	if p := h.decodeSmall(w, r, &c); p != nil {
+	if p := h.decodeSmall(w, r, &c, "a JSON object"); p != nil {
 		writeProblem(w, r, *p, 0)
 		return
 	}

@@ -31,6 +31,10 @@ func (fakeAdmitter) Decide(_ context.Context, l admission.Lane, _ string) (admis
 	return admission.Decision{Limit: l.Limit, Remaining: 1, Reset: time.Second}, nil
 }
 
+func (a fakeAdmitter) DecideFrom(ctx context.Context, l admission.Lane, _ admission.Peeked, _ time.Time) (admission.Decision, error) {
+	return a.Decide(ctx, l, "")
+}
+
 func (a fakeAdmitter) DecideN(ctx context.Context, l admission.Lane, key string, n int) ([]admission.Decision, []error) {
 	out, errs := make([]admission.Decision, n), make([]error, n)
 	for i := range out {

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
@@ -39,6 +40,9 @@ import (
 // wait.
 type Admitter interface {
 	Decide(ctx context.Context, lane admission.Lane, key string) (admission.Decision, error)
+	// DecideFrom decides on one job of a lane that is not keyed, from a
+	// peek of its state made with the caller quotas.
+	DecideFrom(ctx context.Context, lane admission.Lane, p admission.Peeked, now time.Time) (admission.Decision, error)
 	// DecideN decides on n jobs submitted together (a batch).
 	DecideN(ctx context.Context, lane admission.Lane, key string, n int) ([]admission.Decision, []error)
 	Refresh(ctx context.Context, lane admission.Lane, key string, d admission.Decision) admission.Decision
@@ -276,6 +280,37 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	return body, reserved, true
 }
 
+// maxSmallBody bounds the body of the admin endpoints that change a limit
+// (PATCH /v1/lanes/{lane}, PUT /v1/lanes/{lane}/keys/{key}, the caller
+// plan endpoints).
+const maxSmallBody = 4096
+
+// decodeSmall reads a small strict JSON body (at most maxSmallBody bytes,
+// within the budget of bodies read at once) into v, refusing unknown
+// fields. A problem names what is wrong: max_body_inflight when the budget
+// is full (the connection is then closed), rate for a rate that does not
+// parse (its error says why), body for anything else, whose detail says
+// that the body must be shape ("a JSON object with rate and/or burst").
+func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, shape string) *api.Problem {
+	release, ok := h.bodies.take(min(r.ContentLength, maxSmallBody), maxSmallBody)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+			Detail: "too many request bodies are being read at once; retry"}
+	}
+	defer release()
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSmallBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, bucket.ErrInvalidRate) {
+			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
+		}
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			Detail: "the body must be " + shape + ": " + err.Error()}
+	}
+	return nil
+}
+
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	name, lane, reject, ok := h.openLane(w, r, "job")
 	if !ok {
@@ -320,7 +355,13 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.bodies.give(reserved)
-	dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
+	var dec admission.Decision
+	var err error
+	if info, _ := r.Context().Value(callerInfoCtx{}).(*callerInfo); info != nil && info.lane != nil && key == "" {
+		dec, err = h.cfg.Admitter.DecideFrom(r.Context(), lane.Admission, *info.lane, time.Now())
+	} else {
+		dec, err = h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
+	}
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {

@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -82,22 +81,9 @@ func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) *a
 	if p != nil {
 		return p
 	}
-	release, ok := h.bodies.take(min(r.ContentLength, maxLimitBody), maxLimitBody)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}
-	}
-	defer release()
 	var c KeyChange
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxLimitBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		if errors.Is(err, bucket.ErrInvalidRate) {
-			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
-		}
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-			Detail: "the body must be a JSON object with rate, burst, max_inflight, weight, paused and/or reset: " + err.Error()}
+	if p := h.decodeSmall(w, r, &c, "a JSON object with rate, burst, max_inflight, weight, paused and/or reset"); p != nil {
+		return p
 	}
 	if c.Rate == nil && c.Burst == nil && c.MaxInflight == nil && c.Weight == nil && c.Paused == nil && !c.Reset {
 		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",

@@ -557,7 +557,7 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 		st.Waiting = stats.Stored - min(stats.Stored, uint64(st.InFlight))
 		st.Keyed = &api.KeyedStatus{PerKeyRate: l.cfg.PerKey.Rate.PerSecond(), PerKeyBurst: l.cfg.PerKey.Burst,
 			PerKeyMaxInflight: l.cfg.PerKey.MaxInflight, Ordered: l.cfg.PerKey.Ordered, KeysActive: ks.Active, KeysPaused: ks.Paused}
-		if busiest, err := l.d.Queue.BusiestKeys(ctx, l.cfg.Name, api.BusiestKeys); err == nil {
+		if busiest, err := l.d.Queue.BusiestKeys(ctx, l.cfg.Name, api.BusiestKeys, admission.BacklogMaxAge); err == nil {
 			for _, b := range busiest {
 				st.Keyed.Keys = append(st.Keyed.Keys, api.KeyBacklog{Key: b.Key, Backlog: b.Stored})
 			}

@@ -88,7 +88,7 @@ func (q *Queue) PublishBatch(ctx context.Context, lane string, jobs []Job) ([]Ba
 	}
 	if stored > 0 {
 		ls.mu.Lock()
-		ls.published += int64(stored)
+		ls.confirmed += uint64(stored)
 		ls.mu.Unlock()
 	}
 	return out, nil

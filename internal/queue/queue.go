@@ -158,10 +158,21 @@ type laneState struct {
 	intake   jetstream.Consumer
 	onStored func(key string)
 
-	mu        sync.Mutex
-	backlog   int64 // from the last stream info
+	mu sync.Mutex
+	// The backlog estimate: backlog is the stream's count from the stream
+	// info read at readAt, which was asked for when this instance had
+	// confirmed base publishes; confirmed counts them all. The estimate
+	// backlog + confirmed − base can count a publish confirmed while that
+	// info was on its way twice, never miss one.
+	backlog   int64
 	readAt    time.Time
-	published int64 // publishes since readAt
+	base      uint64
+	confirmed uint64
+	// keys: a keyed lane's busiest keys (at most keysN of them, most jobs
+	// first) from the stream info read at keysAt.
+	keys   []KeyCount
+	keysN  int
+	keysAt time.Time
 	// lastFetched is the highest stream sequence this instance fetched;
 	// delivered the consumer's last delivered one (all instances) as of
 	// deliveredAt. The jobs between them and a new job wait ahead of it.
@@ -341,7 +352,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	}
 	if !ack.Duplicate {
 		ls.mu.Lock()
-		ls.published++
+		ls.confirmed++
 		ls.mu.Unlock()
 		ls.stored(job.Key)
 	}
@@ -458,8 +469,10 @@ func (q *Queue) atMaxMsgs(ctx context.Context, subject string) bool {
 
 // Backlog estimates the jobs of lane that are stored and not yet done
 // (waiting or in flight): JetStream's count, reused while younger than
-// maxAge, plus what this instance published since. maxAge 0 always asks
-// JetStream.
+// maxAge, plus what this instance published since it was asked for. maxAge
+// 0 always asks JetStream and returns its count. The estimate never counts
+// fewer jobs than JetStream held when it was read plus this instance's
+// publishes since; the stream's own MaxMsgs is the exact bound.
 func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) (int64, error) {
 	ls, err := q.lane(lane)
 	if err != nil {
@@ -467,7 +480,7 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 	}
 	ls.mu.Lock()
 	fresh := maxAge > 0 && time.Since(ls.readAt) < maxAge
-	n := ls.backlog + ls.published
+	n := ls.estimate()
 	ls.mu.Unlock()
 	if fresh {
 		return n, nil
@@ -477,15 +490,43 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	info, err := ls.stream.Info(ctx)
+	info, err := ls.readStream(ctx)
 	if err != nil {
 		return n, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
 	}
+	return int64(info.State.Msgs), nil
+}
+
+// estimate is the backlog estimate; ls.mu is held.
+func (ls *laneState) estimate() int64 {
+	return ls.backlog + int64(ls.confirmed-ls.base)
+}
+
+// readStream reads the lane stream's info (with opts, such as a subject
+// filter) and makes its count the base of the backlog estimate.
+func (ls *laneState) readStream(ctx context.Context, opts ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+	ls.mu.Lock()
+	asked := ls.confirmed
+	ls.mu.Unlock()
+	info, err := ls.stream.Info(ctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if testHookStreamRead != nil {
+		testHookStreamRead()
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.backlog, ls.published, ls.readAt = int64(info.State.Msgs), 0, time.Now()
-	return ls.backlog, nil
+	// Publishes confirmed since asked may be in info's count or not: they
+	// stay counted on top of it, also when a read asked for later has
+	// already answered.
+	ls.backlog, ls.base, ls.readAt = int64(info.State.Msgs), asked, time.Now()
+	return info, nil
 }
+
+// testHookStreamRead runs in readStream between the stream info's answer
+// and its use: a test publishes there. nil outside tests.
+var testHookStreamRead func()
 
 // LaneStats are live counts of one lane from JetStream.
 type LaneStats struct {
@@ -530,13 +571,23 @@ type KeyCount struct {
 // BusiestKeys lists the n keys of a keyed lane with the most jobs stored
 // (waiting or in flight), most first, ties by key. JetStream counts them
 // per subject; the answer is paged by the client, so a lane with many keys
-// costs one larger stream info, not one call per key.
-func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int) ([]KeyCount, error) {
+// costs one larger stream info, not one call per key. Like Backlog, it
+// reuses the counts of a read younger than maxAge (0: read them now), so
+// that a status polled often costs at most one such read per lane and
+// maxAge; the read also refreshes the backlog estimate.
+func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int, maxAge time.Duration) ([]KeyCount, error) {
 	ls, err := q.lane(lane)
 	if err != nil {
 		return nil, err
 	}
-	si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, "")+".>"))
+	ls.mu.Lock()
+	if maxAge > 0 && n <= ls.keysN && time.Since(ls.keysAt) < maxAge {
+		out := slices.Clone(ls.keys[:min(n, len(ls.keys))])
+		ls.mu.Unlock()
+		return out, nil
+	}
+	ls.mu.Unlock()
+	si, err := ls.readStream(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, "")+".>"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
 	}
@@ -552,7 +603,11 @@ func (q *Queue) BusiestKeys(ctx context.Context, lane string, n int) ([]KeyCount
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
-	return out[:min(n, len(out))], nil
+	out = out[:min(n, len(out))]
+	ls.mu.Lock()
+	ls.keys, ls.keysN, ls.keysAt = out, n, time.Now()
+	ls.mu.Unlock()
+	return slices.Clone(out), nil
 }
 
 // jobFromMsg decodes a message of the lane's stream (see intake.go for

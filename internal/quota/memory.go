@@ -12,7 +12,8 @@ import (
 // Memory is the Limiter of a single instance, and the fallback of a fleet
 // while Redis is away. Its zero value is ready with the system clock; it
 // is safe for concurrent use. Idle states are dropped on a periodic sweep,
-// so memory stays bounded by the callers active within a window.
+// so memory stays bounded by the callers active within a window. It never
+// reads a lane (Request.Lane): Result.LaneChecked stays false.
 type Memory struct {
 	// Clock is the time source (only Now); nil means clock.Real. Set it
 	// before first use.

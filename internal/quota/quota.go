@@ -141,6 +141,14 @@ type Request struct {
 	Caller string
 	Plan   bucket.Limit
 	Cost   int
+	// Lane, when its Lane is set, also asks for a peek of that lane's
+	// GCRA state under LaneLimit (bucket.Peek: it takes nothing), made in
+	// the same round trip where the limiter can (Result.LaneChecked); the
+	// caller peeks on its own otherwise (and always for a LaneLimit the
+	// lane's store refuses). It changes no decision of the layers, and the
+	// layers change nothing of the lane.
+	Lane      bucket.Key
+	LaneLimit bucket.Limit
 }
 
 // Result is the answer of both layers.
@@ -152,6 +160,11 @@ type Result struct {
 	// allowed or was observed).
 	PlanChecked bool
 	Plan        bucket.Decision
+	// LaneChecked: the lane's state was read with the layers' (Request.Lane
+	// set, on a limiter that can fold it in: redisquota with its Lanes set).
+	// Lane is what bucket.Peek answered, relative to the limiter's now.
+	LaneChecked bool
+	Lane        bucket.Decision
 }
 
 // Limiter checks requests against both layers atomically. Implementations

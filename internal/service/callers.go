@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/metrics"
@@ -14,10 +16,24 @@ import (
 	"github.com/throttler/throttler/internal/quota/redisquota"
 )
 
+// lanesFold is the lane store the caller quotas fold a single job's lane
+// peek into (one round trip for the caller check and the lane's decision):
+// the Redis store, unless Redis is a cluster, where the lanes' keys and the
+// {callers} keys sit on different slots and no script may touch both; nil
+// then, and the lane is peeked in a call of its own.
+func lanesFold(store bucket.Store, mode string) redisquota.Lanes {
+	if rs, ok := store.(*redisbucket.Store); ok && mode != "cluster" {
+		return rs
+	}
+	return nil
+}
+
 // callers builds the caller quotas of the API, or nil without a callers
 // section: with Redis, the fleet's shared state, falling back to this
 // instance's memory while Redis is away (logged, counted); else memory.
-func (s *Service) callers(rc *redis.AutoPipeliner, m *metrics.Metrics, lanes []string) *ingest.Callers {
+// lanes, when set, reads a single job's lane state in the caller check's
+// script.
+func (s *Service) callers(rc *redis.AutoPipeliner, lanes redisquota.Lanes, m *metrics.Metrics, laneNames []string) *ingest.Callers {
 	c := s.cfg.Callers
 	if c == nil {
 		s.log.Info("caller quotas off: the config has no callers section")
@@ -30,7 +46,7 @@ func (s *Service) callers(rc *redis.AutoPipeliner, m *metrics.Metrics, lanes []s
 		var last time.Time
 		var missed int
 		lim = &quota.Failover{
-			Primary: redisquota.New(rc, redisquota.Config{}),
+			Primary: redisquota.New(rc, redisquota.Config{Lanes: lanes}),
 			Local:   lim,
 			OnFallback: func(err error) {
 				m.Callers.Fallbacks.Inc()
@@ -47,8 +63,8 @@ func (s *Service) callers(rc *redis.AutoPipeliner, m *metrics.Metrics, lanes []s
 	}
 	p := callerPolicy(c)
 	s.log.Info("caller quotas on", "per_ip", p.PerIP.Limit, "window", p.PerIP.Length.String(), "plans", len(p.Plans),
-		"anonymous_plan", p.AnonymousPlan, "trusted_proxies", len(p.TrustedProxies), "shared", rc != nil)
-	return &ingest.Callers{Limiter: lim, Lanes: lanes, Policy: p}
+		"anonymous_plan", p.AnonymousPlan, "trusted_proxies", len(p.TrustedProxies), "shared", rc != nil, "lane_in_same_script", lanes != nil)
+	return &ingest.Callers{Limiter: lim, Lanes: laneNames, Policy: p}
 }
 
 // callerPolicy turns a validated callers section into the API's policy.

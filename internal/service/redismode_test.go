@@ -45,3 +45,43 @@ func TestRedisClusterMode(t *testing.T) {
 		t.Fatalf("no lane state in the cluster: %v %v", keys, err)
 	}
 }
+
+// TestCallerQuotasOnRedisCluster: on Redis Cluster the lane's keys and the
+// {callers} keys sit on different slots, so the caller check does not fold
+// the lane's peek into its script (a script over two slots fails with
+// CROSSSLOT, even on one node): the layers hold from Redis, in their own
+// script, and no check falls back to memory.
+func TestCallerQuotasOnRedisCluster(t *testing.T) {
+	node := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	c := redis.NewClient(&redis.Options{Addr: node.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the cluster to be ok", func() bool {
+		info, err := c.ClusterInfo(ctx).Result()
+		return err == nil && len(info) > 0 && strings.Contains(info, "cluster_state:ok")
+	})
+	rec := newRecorder(t)
+	ns := testenv.StartNATS(t)
+	cfg := callersConfig(t, ns.ClientURL(), "redis://"+node.Addr, rec.srv.URL+"/hook", 40)
+	cfg.Redis.Mode = "cluster"
+	svc, _ := start(t, cfg)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	codes := map[int]int{}
+	for range 12 {
+		codes[call(t, client, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", "shop-secret", "{}")]++
+	}
+	if codes[202] != 10 || codes[429] != 2 {
+		t.Fatalf("12 jobs of a key on 10/min: %v, want 10 × 202 and 2 × 429", codes)
+	}
+	m := scrapeMetrics(t, client, svc.Addr(), "ops-secret")
+	if !strings.Contains(m, "throttler_caller_quota_fallbacks_total 0\n") {
+		t.Fatalf("caller checks fell back to memory on Redis Cluster:\n%s", grepLines(m, "throttler_caller_quota_fallbacks_total"))
+	}
+	if n, err := c.Exists(ctx, "thr:{callers}:c:key:shop").Result(); err != nil || n != 1 {
+		t.Fatalf("the plan's state is not in the cluster: %d %v", n, err)
+	}
+}

@@ -142,6 +142,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, closeStore)
+	fold := lanesFold(store, s.cfg.Redis.Mode)
 	store = countingStore{store, m}
 	pair = countingPair{pair, m}
 
@@ -200,7 +201,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	callers := s.callers(rc, m, names(s.cfg.Lanes))
+	callers := s.callers(rc, fold, m, names(s.cfg.Lanes))
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  callers,
 		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,

@@ -52,23 +52,14 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 )
 
-// rediser is what the store needs from a Redis client: the methods
-// redis.Script.Run may call. *redis.Client, *redis.ClusterClient,
-// *redis.Ring and *redis.AutoPipeliner have them.
-type rediser interface {
-	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-	EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-	ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
-}
-
+// The store needs of a Redis client only what redis.Script.Run may call:
+// go-redis's own redis.Scripter, which *redis.Client, *redis.ClusterClient,
+// *redis.Ring and *redis.AutoPipeliner have.
 var (
-	_ rediser = (*redis.Client)(nil)
-	_ rediser = (*redis.ClusterClient)(nil)
-	_ rediser = (*redis.Ring)(nil)
-	_ rediser = (*redis.AutoPipeliner)(nil)
+	_ redis.Scripter = (*redis.Client)(nil)
+	_ redis.Scripter = (*redis.ClusterClient)(nil)
+	_ redis.Scripter = (*redis.Ring)(nil)
+	_ redis.Scripter = (*redis.AutoPipeliner)(nil)
 
 	_ bucket.Store = (*Store)(nil)
 )
@@ -138,7 +129,7 @@ func (c Config) Validate() error {
 // number of goroutines and instances sharing one Redis. It holds no
 // connection of its own: closing the client is the caller's business.
 type Store struct {
-	client  rediser
+	client  redis.Scripter
 	keyHead string // prefix + ":{"
 	timeout time.Duration
 	now     func() time.Time
@@ -167,7 +158,7 @@ type Store struct {
 // cut off at the deadline. go-redis reconnects by itself when Redis is back.
 // A script that go-redis retries after a network error may have run twice: a
 // token or slots taken twice is capacity lost, never overshoot.
-func New(client rediser, cfg Config) *Store {
+func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
@@ -329,23 +320,27 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
+	s.calls.Add(1)
+	reply, err := script.Run(ctx, s.client, []string{key}, s.args(k, key, l, arg)...).Result()
+	if err != nil {
+		return nil, s.fail(op, k, err)
+	}
+	return reply, nil
+}
+
+// args are a script's ARGV[1..7] for k's key (see the prelude).
+func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64) []any {
 	now := ""
 	if s.now != nil {
 		now = formatNow(s.now())
 	}
-	s.calls.Add(1)
 	floor, held := s.floors.get(key), int64(0)
 	if floor != "" && s.held != nil {
 		if n := s.held(k); n > 0 {
 			held = min(int64(n)*int64(l.Period()), int64(maxSpan))
 		}
 	}
-	reply, err := script.Run(ctx, s.client, []string{key},
-		now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held).Result()
-	if err != nil {
-		return nil, s.fail(op, k, err)
-	}
-	return reply, nil
+	return []any{now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held}
 }
 
 // fail wraps a failed call: every error of the store other than an invalid

@@ -14,6 +14,14 @@
 // caller state lives on one slot, so that one script can touch both layers
 // (the state is a few dozen bytes per active caller).
 //
+// With Config.Lanes set (a single Redis or Sentinel, never Redis Cluster),
+// a request that names a lane (quota.Request.Lane) is checked by a second
+// script that also peeks the lane's GCRA state (redisbucket.PeekLua), on
+// the same now: the caller check and the lane's admission decision are then
+// one script run, one round trip, and one MGET of the three keys. The peek
+// takes nothing, so the layers' decisions and writes are exactly those of
+// the script without it.
+//
 // Errors other than an invalid request wrap bucket.ErrUnavailable, so that
 // quota.Failover answers from memory while Redis is away.
 package redisquota
@@ -29,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/quota"
 )
 
@@ -49,9 +58,25 @@ type Config struct {
 	// Timeout bounds a call without a deadline; zero: DefaultTimeout.
 	Timeout time.Duration
 	// Now, for tests only, replaces Redis TIME (keys then expire a minute
-	// late, since Redis expires them by its own clock).
+	// late, since Redis expires them by its own clock). A check folded with
+	// a lane's peek (Lanes) takes the lane store's clock instead: set both
+	// to the same one.
 	Now func() time.Time
+	// Lanes, when set, is the lane store that Request.Lane is peeked in,
+	// in the same script as the layers (one round trip for the caller
+	// check and the lane's decision). It must share this store's server:
+	// leave it nil on a Redis Cluster client, whose lanes live on other
+	// slots than the {callers} keys (Result.LaneChecked then stays false).
+	Lanes Lanes
 }
+
+// Lanes folds a peek of a lane into the store's script; *redisbucket.Store
+// has it.
+type Lanes interface {
+	Fold(k bucket.Key, l bucket.Limit) (redisbucket.FoldedPeek, error)
+}
+
+var _ Lanes = (*redisbucket.Store)(nil)
 
 // Validate reports a configuration error.
 func (c Config) Validate() error {
@@ -69,6 +94,7 @@ type Store struct {
 	timeout time.Duration
 	now     func() time.Time
 	extraMs int64
+	lanes   Lanes
 }
 
 // New returns a store over client (a *redis.Client, *redis.ClusterClient
@@ -80,28 +106,90 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, now: cfg.Now}
+	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, now: cfg.Now, lanes: cfg.Lanes}
 	if cfg.Now != nil {
 		s.extraMs = time.Minute.Milliseconds()
 	}
 	return s
 }
 
-// script checks both layers. Arguments:
+// callersLua checks both layers: callers(now, ipKey, callerKey, o, v)
+// decides on v, the values of both keys ({ip, caller}, false when
+// missing), and reads its arguments from ARGV[o+1] on (o is 1 in script, 7
+// in foldedScript, after the lane's peek):
 //
-//	KEYS[1]  the IP window hash      KEYS[2]  the caller's bucket
-//	ARGV[1]  now in µs, or "" for Redis TIME
-//	ARGV[2]  IP limit (0: skip the layer)   ARGV[3] window length in µs
-//	ARGV[4]  1 when the IP layer is observed (the caller layer is checked
-//	         even when it refuses)
-//	ARGV[5]  period T in ns (0: skip the caller layer)
-//	ARGV[6]  tolerance τ in ns              ARGV[7] cost n in tokens
-//	ARGV[8]  extra TTL in ms (tests with an injected clock)
+//	ARGV[o+1]  IP limit (0: skip the layer)   ARGV[o+2] window length in µs
+//	ARGV[o+3]  1 when the IP layer is observed (the caller layer is checked
+//	           even when it refuses)
+//	ARGV[o+4]  period T in ns (0: skip the caller layer)
+//	ARGV[o+5]  tolerance τ in ns              ARGV[o+6] cost n in tokens
+//	ARGV[o+7]  extra TTL in ms (tests with an injected clock)
 //
-// Reply: {ip, cur, prev, elapsed µs, plan, tat − now in ns}, where ip and
-// plan are 1 allowed, 0 refused, -1 not checked. Numbers leave as strings
-// where a Lua number could exceed an integer reply.
-var script = redis.NewScript(`
+// It returns ip, cur, prev, elapsed µs, plan, tat − now in ns, where ip
+// and plan are 1 allowed, 0 refused, -1 not checked. tat − now leaves as a
+// string: a Lua number that large could exceed an integer reply (the others
+// are bounded by the window's limit and length). A layer that
+// allows writes its state once (SET … PX, the expiry folded in); a refusal
+// writes nothing, except for a bucket clamped to a stricter plan (see
+// quota.clampTAT), as does a read (cost 0) that clamps.
+const callersLua = `
+local function callers(now, kip, kc, o, v)
+  local extra = tonumber(ARGV[o+7])
+  local ip, cur, prev, elapsed = -1, 0, 0, 0
+  local limit = tonumber(ARGV[o+1])
+  if limit > 0 then
+    local win = tonumber(ARGV[o+2])
+    local idx = math.floor(now / win)
+    elapsed = now - idx * win
+    if v[1] then
+      local si, c, p = string.match(v[1], '^(%d+):(%d+):(%d+)$')
+      si = tonumber(si)
+      if si == idx then
+        cur, prev = tonumber(c), tonumber(p)
+      elseif si == idx - 1 then
+        prev = tonumber(c)
+      end
+    end
+    if prev * (win - elapsed) / win + cur + 1 <= limit then
+      ip = 1
+      redis.call('SET', kip, string.format('%.0f:%.0f:%.0f', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
+    else
+      ip = 0
+    end
+  end
+  local plan, rel = -1, 0
+  local period = tonumber(ARGV[o+4])
+  if period > 0 and (ip ~= 0 or ARGV[o+3] == '1') then
+    local tau = tonumber(ARGV[o+5])
+    local n = tonumber(ARGV[o+6])
+    local clamped = false
+    if v[2] then
+      rel = (tonumber(v[2]) - now) * 1000
+      if rel < 0 then rel = 0 end
+      -- At most an empty bucket of the plan: a plan change holds at once.
+      if rel > tau + period then
+        rel, clamped = tau + period, true
+      end
+    end
+    local w = clamped and rel or nil
+    if rel + (n - 1) * period - tau <= 0 then
+      plan = 1
+      if n > 0 then w = rel + n * period end
+    else
+      plan = 0
+    end
+    if w then
+      redis.call('SET', kc, string.format('%.0f', now + math.ceil(w / 1000)), 'PX', math.ceil(w / 1000000) + extra)
+    end
+  end
+  return ip, cur, prev, elapsed, plan, string.format('%.0f', rel)
+end
+`
+
+// script checks both layers: KEYS[1] the IP window, KEYS[2] the caller's
+// bucket; ARGV[1] now in µs, or "" for Redis TIME; ARGV[2..8] callersLua's.
+// Reply: {ip, cur, prev, elapsed µs, plan, tat − now in ns}.
+var script = redis.NewScript(callersLua + `
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -109,60 +197,17 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
-local extra = tonumber(ARGV[8])
-local v = redis.call('MGET', KEYS[1], KEYS[2])
-local ip, cur, prev, elapsed = -1, 0, 0, 0
-local limit = tonumber(ARGV[2])
-if limit > 0 then
-  local win = tonumber(ARGV[3])
-  local idx = math.floor(now / win)
-  elapsed = now - idx * win
-  if v[1] then
-    local si, c, p = string.match(v[1], '^(%d+):(%d+):(%d+)$')
-    si = tonumber(si)
-    if si == idx then
-      cur, prev = tonumber(c), tonumber(p)
-    elseif si == idx - 1 then
-      prev = tonumber(c)
-    end
-  end
-  if prev * (win - elapsed) / win + cur + 1 <= limit then
-    ip = 1
-    redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
-  else
-    ip = 0
-  end
-end
-local plan, rel = -1, 0
-local period = tonumber(ARGV[5])
-if period > 0 and (ip ~= 0 or ARGV[4] == '1') then
-  local tau = tonumber(ARGV[6])
-  local n = tonumber(ARGV[7])
-  if v[2] then
-    rel = (tonumber(v[2]) - now) * 1000
-    if rel < 0 then rel = 0 end
-    -- At most an empty bucket of the plan: a plan change holds at once.
-    if rel > tau + period then
-      rel = tau + period
-      if n == 0 then
-        redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
-      end
-    end
-  end
-  if rel + (n - 1) * period - tau <= 0 then
-    plan = 1
-    if n > 0 then
-      local after = rel + n * period
-      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(after / 1000)), 'PX', math.ceil(after / 1000000) + extra)
-    end
-  else
-    plan = 0
-    if rel == tau + period and n > 0 then
-      redis.call('SET', KEYS[2], string.format('%.0f', now + math.ceil(rel / 1000)), 'PX', math.ceil(rel / 1000000) + extra)
-    end
-  end
-end
-return {ip, cur, prev, string.format('%.0f', elapsed), plan, string.format('%.0f', rel)}
+return {callers(now, KEYS[1], KEYS[2], 1, redis.call('MGET', KEYS[1], KEYS[2]))}
+`)
+
+// foldedScript peeks a lane's state (redisbucket.PeekLua: KEYS[1],
+// ARGV[1..7]) and checks both layers on the same now (KEYS[2] the IP
+// window, KEYS[3] the caller's bucket, ARGV[8..14] callersLua's), in one
+// run that reads all three keys with one MGET. Reply: script's six values,
+// then the lane's three.
+var foldedScript = redis.NewScript(redisbucket.PeekLua + callersLua + `
+local ip, cur, prev, elapsed, plan, crel = callers(now_us, KEYS[2], KEYS[3], 7, {pre[2], pre[3]})
+return {ip, cur, prev, elapsed, plan, crel, lane_reply()}
 `)
 
 // IPKey and CallerKey are the Redis keys of the two layers' states.
@@ -197,15 +242,39 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 	if r.ObserveIP {
 		observe = "1"
 	}
-	reply, err := script.Run(ctx, s.client, []string{ipKey, cKey},
-		now, limit, win, observe, period, tau, r.Cost, s.extraMs).Slice()
+	var lane *redisbucket.FoldedPeek
+	if r.Lane.Lane != "" && s.lanes != nil {
+		if f, err := s.lanes.Fold(r.Lane, r.LaneLimit); err == nil {
+			lane = &f
+		}
+	}
+	var reply []any
+	var err error
+	if lane == nil {
+		reply, err = script.Run(ctx, s.client, []string{ipKey, cKey},
+			now, limit, win, observe, period, tau, r.Cost, s.extraMs).Slice()
+	} else {
+		args := append(lane.Args(), limit, win, observe, period, tau, r.Cost, s.extraMs)
+		reply, err = foldedScript.Run(ctx, s.client, []string{lane.Key(), ipKey, cKey}, args...).Slice()
+	}
 	if err != nil {
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
+	}
+	var ld bucket.Decision
+	if lane != nil {
+		if len(reply) != 9 {
+			return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w: %d elements, want 9", bucket.ErrUnavailable, errReply, len(reply))
+		}
+		if ld, err = lane.Decision(reply[6:]); err != nil {
+			return quota.Result{}, fmt.Errorf("redisquota: check: %w", err)
+		}
+		reply = reply[:6]
 	}
 	res, err := parse(reply, r)
 	if err != nil {
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
 	}
+	res.LaneChecked, res.Lane = lane != nil, ld
 	return res, nil
 }
 

@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# The process helpers of deploy/local/fleet.sh and deploy/local/cluster.sh,
+# sourced by both after they set `prefix` (the word that starts their
+# messages) and `bin` (where the binaries go). Not a script of its own.
+#
+# Every background process gets a process group of its own (set -m), so that
+# Ctrl-C reaches the script only and each process is stopped once, in order.
+set -m
+
+say() { echo "$prefix: $*"; }
+fail() {
+	echo "$prefix: $*" >&2
+	exit 1
+}
+
+# need_tools HINT TOOL…: fails unless every TOOL is on PATH; HINT says how
+# to install them.
+need_tools() {
+	local hint=$1 tool
+	shift
+	for tool in "$@"; do
+		command -v "$tool" >/dev/null || fail "$tool is not on PATH ($hint)"
+	done
+}
+
+# port_in_use PORT: true when something on 127.0.0.1 answers on PORT.
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# build_binaries: throttler and nats-server (the version in go.mod) into $bin.
+build_binaries() {
+	say "building $bin/throttler and $bin/nats-server (the first build takes a minute)"
+	mkdir -p "$bin"
+	go build -o "$bin/" ./cmd/throttler github.com/nats-io/nats-server/v2
+}
+
+# begin_processes: makes the temporary directory tmp, which holds the
+# processes' data and logs, and sets the traps that stop every process
+# started with start (in the reverse order) and remove tmp when the script
+# ends; on a failure the last lines of each log are shown first.
+begin_processes() {
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/throttler-$prefix.XXXXXX")
+	pids=()
+	trap stop_all EXIT
+	trap 'exit 130' INT TERM
+}
+
+stop_all() {
+	local status=$?
+	trap - EXIT INT TERM
+	# The reverse of the start: the instances first (each finishes its
+	# in-flight jobs and hands the rest back), then what they use. An empty
+	# pid is a process the script stopped itself.
+	local i
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		[[ -n ${pids[i]} ]] || continue
+		kill -TERM "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
+	if [[ $status -ne 0 && $status -ne 130 ]]; then # 130: Ctrl-C
+		for log in "$tmp"/*.log; do
+			[[ -f $log ]] || continue
+			echo "--- last lines of $(basename "$log"):" >&2
+			tail -n 15 "$log" >&2
+		done
+	fi
+	rm -rf "$tmp"
+	say "stopped"
+	exit "$status"
+}
+
+# start NAME LOG READY CMD…: runs CMD in the background with its output
+# appended to LOG and waits until LOG holds the line READY (in what CMD
+# wrote, so that a restart appends to the same log); the pid goes to the
+# variable last_pid and to pids.
+start() {
+	local name=$1 log=$2 ready=$3
+	shift 3
+	local before=0
+	[[ -f $log ]] && before=$(wc -l <"$log")
+	: >>"$log"
+	"$@" >>"$log" 2>&1 &
+	last_pid=$!
+	pids+=("$last_pid")
+	local i
+	for ((i = 0; i < 300; i++)); do
+		tail -n +"$((before + 1))" "$log" | grep -q "$ready" && return 0
+		kill -0 "$last_pid" 2>/dev/null || fail "$name exited at start"
+		sleep 0.1
+	done
+	fail "$name did not start within 30 s"
+}
+
+# until_true SECONDS WHAT CMD…: retries CMD every 0.1 s until it succeeds.
+until_true() {
+	local limit=$1 what=$2 i
+	shift 2
+	for ((i = 0; i < limit * 10; i++)); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	fail "$what: not within $limit s"
+}
