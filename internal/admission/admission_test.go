@@ -427,6 +427,10 @@ func TestDecideFrom(t *testing.T) {
 			}
 		})
 	}
+	// The bucket is full again later by the peek's age.
+	if d, err := a.DecideFrom(ctx, lane, admission.Peeked{D: bucket.Decision{Allowed: true, Remaining: 3, ResetAfter: 100 * time.Millisecond}, At: at}, at.Add(20*time.Millisecond)); err != nil || d.Reset != 80*time.Millisecond {
+		t.Fatalf("a peek aged 20ms with the bucket full in 100ms: %+v %v, want Reset 80ms", d, err)
+	}
 	// The backlog bounds refuse as Decide does, whatever the peek says.
 	backlog.n = 100
 	_, err = a.DecideFrom(ctx, lane, admission.Peeked{D: bucket.Decision{Allowed: true}, At: at}, at)
