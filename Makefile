@@ -43,12 +43,17 @@ run: build
 	trap 'kill $$sink 2>/dev/null; wait $$sink 2>/dev/null' EXIT INT TERM; \
 	$(BIN) serve --config configs/throttler.yaml
 
-# The fleet tests (internal/fleet: NATS and Redis clusters, node loss) run
-# after the rest, so that their servers do not share the cores with the
-# real-clock pacing tests of leaky and service.
+# Three rounds, so that the timing-heavy packages never share the cores
+# with each other: first every other package (in parallel, -p as usual);
+# then the real-clock pacing tests of leaky, service and cmd/throttler one
+# package at a time (-p 1); last the fleet tests (internal/fleet: NATS and
+# Redis clusters, node loss), whose servers would load the cores the pacing
+# tests measure on.
+TIMING  := ./internal/leaky ./internal/service ./cmd/throttler
 FLEET   := ./internal/fleet
 test:
-	$(GO) test -count=1 -timeout 10m $$($(GO) list $(PKGS) | grep -vx 'github.com/throttler/throttler/internal/fleet')
+	$(GO) test -count=1 -timeout 10m $$($(GO) list $(PKGS) | grep -vxF $(foreach p,$(TIMING) $(FLEET),-e 'github.com/throttler/throttler/$(p:./%=%)'))
+	$(GO) test -count=1 -timeout 10m -p 1 $(TIMING)
 	$(GO) test -count=1 -timeout 5m $(FLEET)
 
 race:
@@ -103,8 +108,11 @@ bench: build
 
 # What CI runs so that the benchmarks never rot: every Go benchmark 100 times
 # and every scenario of the load tool with tiny counts (no goal enforced).
+# -short: a benchmark whose largest size only repeats a smaller one's code
+# path at more cost (BenchmarkSchedMemory's 100,000 keys) runs its smaller
+# sizes only.
 bench-smoke: build
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 100x -timeout 10m $(PKGS)
+	$(GO) test -short -run '^$$' -bench . -benchmem -benchtime 100x -timeout 10m $(PKGS)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/throttler-bench --smoke --throttler $(BIN)
 
 # Mutation testing by hand (not in CI): github.com/go-gremlins/gremlins,

@@ -106,7 +106,11 @@ func TestLocalCluster(t *testing.T) {
 	var out string
 	var base int
 	for attempt := 0; ; attempt++ {
-		base = 20000 + 1000*int(time.Now().UnixNano()%30)
+		// Bases 20000–31000 (ports up to 31900) stay below Linux's
+		// ephemeral range (32768 and up), where every other test's free
+		// ports and outgoing connections land: a port the script found
+		// free was once taken by one of those before nats-server bound it.
+		base = 20000 + 1000*int(time.Now().UnixNano()%12)
 		env := []string{"CLUSTER_BIN=" + t.TempDir(), fmt.Sprintf("CLUSTER_BASE=%d", base)}
 		for _, kv := range os.Environ() {
 			if !strings.HasPrefix(kv, "THROTTLER_") && !strings.HasPrefix(kv, "CLUSTER_") {

@@ -537,7 +537,7 @@ func TestRecipeQuotaSendsAuthorization(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	r.start("serve", `"throttler ready"`)
 
-	resp, err := http.Post(r.url("8080", "/v1/lanes/crm/jobs"), "application/json", strings.NewReader(`{"email":"a@example.com"}`))
+	resp, err := pollClient.Post(r.url("8080", "/v1/lanes/crm/jobs"), "application/json", strings.NewReader(`{"email":"a@example.com"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +601,7 @@ func TestRecipeWebhooks(t *testing.T) {
 	req.Header.Set("webhook-id", "forged-1")
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(time.Now().Unix(), 10))
 	req.Header.Set("webhook-signature", "v1,c2lnbmVkIHdpdGggYW5vdGhlciBrZXk=")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,10 +689,14 @@ func TestReadmeQuickstart(t *testing.T) {
 	}
 }
 
+// pollClient bounds every request of the tests, so that a server that
+// stops answering fails the test instead of hanging it until -timeout.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
 // getLane reads the one lane from GET /v1/lanes.
 func getLane(t *testing.T, url string) laneState {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := pollClient.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

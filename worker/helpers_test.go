@@ -147,10 +147,14 @@ func (f *fleet) submit(t *testing.T, prefix string, n int) []string {
 	return ids
 }
 
+// pollClient bounds every request of the tests, so that a server that
+// stops answering fails the test instead of hanging it until -timeout.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
 // deadLetters lists the lane's dead letters through the HTTP API.
 func (f *fleet) deadLetters(t *testing.T) []api.DeadLetter {
 	t.Helper()
-	resp, err := http.Get("http://" + f.svcs[0].Addr() + "/v1/lanes/" + laneName + "/dead")
+	resp, err := pollClient.Get("http://" + f.svcs[0].Addr() + "/v1/lanes/" + laneName + "/dead")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -98,6 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	throttler := fs.String("throttler", "", "throttler binary the rss scenario starts; default: build ./cmd/throttler with the go command")
 	enforce := fs.Bool("enforce", false, "exit non-zero when a goal is missed")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (load tool and in-process service) to this file")
+	mutexProfile := fs.String("mutexprofile", "", "write a mutex contention profile of the whole run to this file (every contention event is sampled)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -154,6 +156,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		defer writeProfile("mutex", *mutexProfile, stderr)
+	}
 	mode := "full"
 	if *smoke {
 		mode = "smoke (tiny counts: the figures mean nothing, goals are not enforced)"
@@ -207,4 +213,18 @@ func buildVersion() string {
 		return bi.Main.Version
 	}
 	return "devel"
+}
+
+// writeProfile writes the named runtime profile (mutex) to path; a
+// failure is reported on stderr, since the table was already printed.
+func writeProfile(name, path string, stderr io.Writer) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "throttler-bench: %s profile: %v\n", name, err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		fmt.Fprintf(stderr, "throttler-bench: %s profile: %v\n", name, err)
+	}
 }

@@ -25,7 +25,7 @@ func status(t *testing.T, method, url, secret string) int {
 	if secret != "" {
 		req.Header.Set("Authorization", "Bearer "+secret)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
@@ -103,7 +103,7 @@ lanes:
 	// Anonymous: the Host must be loopback (or auth.hosts).
 	req, _ := http.NewRequest("GET", "http://127.0.0.1"+port+"/v1/lanes", nil)
 	req.Host = "rebind.attacker.example" + port
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,13 @@ import (
 	"go.uber.org/goleak"
 )
 
-// binary is the throttler built once for the tests that run real processes.
-var binary string
+// binary is the throttler built once, by `make build`, for the tests that
+// run real processes (one link of the service per test run, not two).
+// builtRevision is the revision make put in it (TestVersionOfMakeBuild).
+var binary, builtRevision string
+
+// builtVersion is the VERSION given to make build.
+const builtVersion = "v9.8.7-test"
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "throttler-bin")
@@ -27,8 +32,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "throttler")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building throttler: %v\n%s", err, out)
+	if builtRevision, err = makeBuild(binary); err != nil {
+		fmt.Fprintf(os.Stderr, "building throttler: %v\n", err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -45,32 +44,47 @@ func TestResolveBuild(t *testing.T) {
 	}
 }
 
-// TestVersionOfMakeBuild: `make build` puts the version and the revision
-// into the binary even with GOFLAGS=-buildvcs=false; `throttler version`
-// prints them and /metrics carries them in throttler_build_info.
-func TestVersionOfMakeBuild(t *testing.T) {
-	git := func(args ...string) string {
+// makeBuild runs `make build` into bin with VERSION=builtVersion and
+// GOFLAGS=-buildvcs=false, and returns the revision it should have put
+// in: the short HEAD, "-modified" when tracked files differ from it.
+func makeBuild(bin string) (string, error) {
+	git := func(args ...string) (string, error) {
 		out, err := exec.Command("git", append([]string{"-C", "../.."}, args...)...).Output()
 		if err != nil {
-			t.Fatalf("git %v: %v", args, err)
+			return "", fmt.Errorf("git %v: %w", args, err)
 		}
-		return strings.TrimSpace(string(out))
+		return strings.TrimSpace(string(out)), nil
 	}
-	rev := git("rev-parse", "--short=12", "HEAD")
-	if git("status", "--porcelain", "--untracked-files=no") != "" {
+	rev, err := git("rev-parse", "--short=12", "HEAD")
+	if err != nil {
+		return "", err
+	}
+	status, err := git("status", "--porcelain", "--untracked-files=no")
+	if err != nil {
+		return "", err
+	}
+	if status != "" {
 		rev += "-modified"
 	}
-	bin := filepath.Join(t.TempDir(), "throttler")
-	mk := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+bin, "VERSION=v9.8.7-test")
+	mk := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+bin, "VERSION="+builtVersion)
 	mk.Env = append(mk.Environ(), "GOFLAGS=-buildvcs=false")
 	if out, err := mk.CombinedOutput(); err != nil {
-		t.Fatalf("make build: %v\n%s", err, out)
+		return "", fmt.Errorf("make build: %w\n%s", err, out)
 	}
+	return rev, nil
+}
+
+// TestVersionOfMakeBuild: `make build` (TestMain's, see makeBuild) puts
+// the version and the revision into the binary even with
+// GOFLAGS=-buildvcs=false; `throttler version` prints them and /metrics
+// carries them in throttler_build_info.
+func TestVersionOfMakeBuild(t *testing.T) {
+	bin, rev := binary, builtRevision
 	out, err := exec.Command(bin, "version").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("throttler v9.8.7-test (revision %s, %s)\n", rev, runtime.Version())
+	want := fmt.Sprintf("throttler %s (revision %s, %s)\n", builtVersion, rev, runtime.Version())
 	if string(out) != want {
 		t.Fatalf("throttler version printed %q, want %q", out, want)
 	}
@@ -83,7 +97,7 @@ func TestVersionOfMakeBuild(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	line := fmt.Sprintf(`throttler_build_info{goversion=%q,revision=%q,version="v9.8.7-test"} 1`, runtime.Version(), rev)
+	line := fmt.Sprintf(`throttler_build_info{goversion=%q,revision=%q,version=%q} 1`, runtime.Version(), rev, builtVersion)
 	if !strings.Contains(string(body), line) {
 		t.Errorf("/metrics lacks %s", line)
 	}

@@ -199,6 +199,10 @@ func (e *env) fetchPostAck(ctx context.Context, js jetstream.JetStream, lane, ur
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
+				// Out of time: no place was taken, so no delivery may
+				// start (it would wait forever to give one back).
+				_ = m.Nak()
+				continue
 			}
 			wg.Go(func() {
 				defer func() { <-sem }()

@@ -39,7 +39,7 @@ func runPeers(ctx context.Context, e *env) ([]Result, error) {
 	if err != nil {
 		return []Result{skipRow(Peers, name, "—", "nginx not found (apt-get install nginx-light)")}, nil
 	}
-	ours, _, err := e.lanePacing(ctx, sk, lim, n)
+	ours, _, _, err := e.lanePacing(ctx, sk, lim, n, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // Defaults and header names of the HTTP target.
@@ -71,6 +73,11 @@ type HTTPConfig struct {
 	// Signing, when set, signs each request with Standard Webhooks
 	// headers.
 	Signing *Signer
+	// MaxInflight is how many deliveries may run at once (the lane's
+	// max_inflight): the target keeps that many idle keep-alive
+	// connections, at least 256, so that a lane at its bound never closes
+	// a connection only to open another for the next job. 0 means 256.
+	MaxInflight int
 }
 
 // reservedHeader reports whether a static header may not be configured:
@@ -135,6 +142,9 @@ func (c HTTPConfig) Validate() error {
 	if c.Method != "" && !isToken(c.Method) {
 		return fmt.Errorf("dispatch: http: Method: %q is not a valid method", c.Method)
 	}
+	if c.MaxInflight < 0 {
+		return fmt.Errorf("dispatch: http: MaxInflight: %d is negative", c.MaxInflight)
+	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("dispatch: http: Timeout: %v is negative", c.Timeout)
 	}
@@ -168,7 +178,11 @@ type HTTP struct {
 	signer    *Signer
 	transport *http.Transport
 	client    *http.Client
-	now       func() time.Time
+	clock     clock.Clock // reads Retry-After dates against Now
+	// tmpl is the request every delivery copies: the URL is parsed once,
+	// not per job (url.Parse was the largest cost of a delivery after
+	// the round trip itself).
+	tmpl *http.Request
 }
 
 // NewHTTP validates cfg and returns an HTTP target. guard checks every
@@ -188,7 +202,7 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		retry4xx: cfg.RetryOther4xx,
 		headers:  make(http.Header, len(cfg.Headers)+1),
 		signer:   cfg.Signing,
-		now:      time.Now,
+		clock:    clock.Real,
 	}
 	if h.method == "" {
 		h.method = DefaultHTTPMethod
@@ -211,11 +225,16 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		DialContext:           dial,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          0, // no global limit; per host below
-		MaxIdleConnsPerHost:   maxIdlePerHost,
+		MaxIdleConnsPerHost:   max(maxIdlePerHost, cfg.MaxInflight),
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
+	tmpl, err := http.NewRequest(h.method, h.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)
+	}
+	h.tmpl = tmpl
 	h.client = &http.Client{
 		Transport: h.transport,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -240,10 +259,7 @@ func (h *HTTP) Deliver(ctx context.Context, job Job) Result {
 func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(job.Payload))
-	if err != nil {
-		return Result{Verdict: Dead, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
-	}
+	req := h.request(ctx, job.Payload)
 	req.Header = h.headers.Clone()
 	switch {
 	case job.ContentType != "":
@@ -270,6 +286,22 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	_ = resp.Body.Close()
 	return h.classify(resp)
+}
+
+// request is what http.NewRequestWithContext(ctx, h.method, h.url,
+// bytes.NewReader(body)) returns, made from h.tmpl without parsing the URL
+// again. The URL is shared with every other delivery: nothing on the way
+// (client, transport) writes to a request's URL.
+func (h *HTTP) request(ctx context.Context, body []byte) *http.Request {
+	req := h.tmpl.WithContext(ctx)
+	req.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		req.Body, req.GetBody = http.NoBody, func() (io.ReadCloser, error) { return http.NoBody, nil }
+		return req
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return req
 }
 
 // transportError classifies a failed round trip.
@@ -312,7 +344,7 @@ func (h *HTTP) classify(resp *http.Response) Result {
 	if res.Verdict != Done && res.Err == nil {
 		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", h.method, h.logURL, ErrStatus, resp.Status)
 	}
-	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.now())
+	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.clock.Now())
 	if res.Verdict == Retry && res.RetryAfter == 0 {
 		res.RetryAfter = res.PauseLane
 	}

@@ -421,6 +421,7 @@ func TestNewHTTPValidation(t *testing.T) {
 		{"unparsable", HTTPConfig{URL: "http://[::1/"}, "URL:"},
 		{"bad method", HTTPConfig{URL: "http://x/", Method: "PO ST"}, "Method:"},
 		{"negative timeout", HTTPConfig{URL: "http://x/", Timeout: -time.Second}, "Timeout:"},
+		{"negative max inflight", HTTPConfig{URL: "http://x/", MaxInflight: -1}, "MaxInflight:"},
 		{"bad header name", HTTPConfig{URL: "http://x/", Headers: map[string]string{"a b": "1"}}, "Headers:"},
 		{"header injection", HTTPConfig{URL: "http://x/", Headers: map[string]string{"X-A": "1\r\nX-B: 2"}}, "control character"},
 		{"reserved header", HTTPConfig{URL: "http://x/", Headers: map[string]string{"idempotency-key": "k"}}, "cannot be configured"},
@@ -479,5 +480,70 @@ func TestHTTPTransport(t *testing.T) {
 	}
 	if h.timeout != DefaultHTTPTimeout || h.method != http.MethodPost {
 		t.Errorf("defaults: timeout %v method %s", h.timeout, h.method)
+	}
+	// A lane with more deliveries at once than the default pool keeps as
+	// many warm connections.
+	big := newHTTP(t, HTTPConfig{URL: "http://example.test/", MaxInflight: 1000}, nil)
+	if n := big.transport.MaxIdleConnsPerHost; n != 1000 {
+		t.Errorf("MaxInflight 1000: MaxIdleConnsPerHost = %d, want 1000", n)
+	}
+}
+
+// TestHTTPRequestBodies: every delivery copies one request made at start;
+// each must still carry its own body and length, an empty one included,
+// and be replayable (GetBody) when a kept-alive connection was closed
+// under it.
+func TestHTTPRequestBodies(t *testing.T) {
+	type seen struct {
+		body   string
+		length int64
+	}
+	got := make(chan seen, 64)
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{string(b), r.ContentLength}
+	})
+	h := newHTTP(t, HTTPConfig{URL: srv.URL + "/hook"}, nil)
+	for _, body := range []string{"first", "", "third, longer than the first"} {
+		job := testJob()
+		job.Payload = []byte(body)
+		if res := h.Deliver(context.Background(), job); res.Verdict != Done {
+			t.Fatalf("Deliver %q: %v %v", body, res.Verdict, res.Err)
+		}
+		if r := <-got; r.body != body || r.length != int64(len(body)) {
+			t.Errorf("sent %q, server read %q with Content-Length %d", body, r.body, r.length)
+		}
+	}
+	req := h.request(context.Background(), []byte("replay"))
+	rc, err := req.GetBody()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(rc); string(b) != "replay" {
+		t.Errorf("GetBody gave %q, want %q", b, "replay")
+	}
+	if req.URL.String() != srv.URL+"/hook" || req.Method != http.MethodPost {
+		t.Errorf("request %s %s", req.Method, req.URL)
+	}
+	// Concurrent deliveries share the parsed URL and nothing else.
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Go(func() {
+			job := testJob()
+			job.Payload = []byte(strconv.Itoa(i))
+			if res := h.Deliver(context.Background(), job); res.Verdict != Done {
+				t.Errorf("job %d: %v %v", i, res.Verdict, res.Err)
+			}
+		})
+	}
+	wg.Wait()
+	close(got)
+	var bodies []string
+	for r := range got {
+		bodies = append(bodies, r.body)
+	}
+	slices.Sort(bodies)
+	if distinct := slices.Compact(slices.Clone(bodies)); len(bodies) != 32 || len(distinct) != 32 {
+		t.Errorf("%d bodies, %d distinct, want 32: %v", len(bodies), len(distinct), bodies)
 	}
 }

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // TargetConfig says where a lane's jobs go: exactly one of HTTP, NATS and
@@ -39,7 +40,7 @@ func Open(ctx context.Context, cfg TargetConfig, guard *Guard, nc *nats.Conn) (t
 		}
 		hc := *cfg.HTTP
 		if len(cfg.SigningSecrets) > 0 {
-			signer, err := NewSigner(cfg.SigningSecrets, time.Now)
+			signer, err := NewSigner(cfg.SigningSecrets, clock.Real)
 			if err != nil {
 				return nil, nop, fmt.Errorf("target.http.signing_secrets: %w", err)
 			}

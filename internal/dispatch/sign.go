@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // Standard Webhooks header names (https://www.standardwebhooks.com).
@@ -76,21 +78,22 @@ func ParseSigningSecret(secret string) ([]byte, error) {
 // secrets let a receiver rotate keys without a gap). A Signer is immutable
 // and safe for concurrent use; a nil *Signer signs nothing.
 type Signer struct {
-	keys [][]byte
-	now  func() time.Time
+	keys  [][]byte
+	clock clock.Clock
 }
 
 // NewSigner returns a Signer for secrets, each in the form
-// ParseSigningSecret takes. now gives the timestamp; nil means time.Now.
-// An error matches ErrBadSecret and names the secret's index.
-func NewSigner(secrets []string, now func() time.Time) (*Signer, error) {
+// ParseSigningSecret takes. c gives the timestamp (only Now is used); nil
+// means clock.Real. An error matches ErrBadSecret and names the secret's
+// index.
+func NewSigner(secrets []string, c clock.Clock) (*Signer, error) {
 	if len(secrets) == 0 {
 		return nil, fmt.Errorf("%w: no secrets", ErrBadSecret)
 	}
-	if now == nil {
-		now = time.Now
+	if c == nil {
+		c = clock.Real
 	}
-	s := &Signer{now: now, keys: make([][]byte, 0, len(secrets))}
+	s := &Signer{clock: c, keys: make([][]byte, 0, len(secrets))}
 	for i, sec := range secrets {
 		key, err := ParseSigningSecret(sec)
 		if err != nil {
@@ -107,7 +110,7 @@ func (s *Signer) Sign(id string, body []byte) http.Header {
 	if s == nil {
 		return nil
 	}
-	return s.SignAt(id, s.now(), body)
+	return s.SignAt(id, s.clock.Now(), body)
 }
 
 // SignAt is Sign with an explicit timestamp (truncated to Unix seconds).

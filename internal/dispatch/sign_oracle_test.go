@@ -8,6 +8,7 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/dispatch"
 )
 
@@ -37,7 +38,7 @@ func TestSignerStandardWebhooksOracle(t *testing.T) {
 	for n := 1; n <= len(rotation); n++ {
 		secrets := rotation[:n]
 		for _, at := range stamps {
-			s, err := dispatch.NewSigner(secrets, func() time.Time { return at })
+			s, err := dispatch.NewSigner(secrets, clock.NewManual(at))
 			if err != nil {
 				t.Fatal(err)
 			}

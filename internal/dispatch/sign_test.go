@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // verifyStandardWebhook is an independent verifier written from the
@@ -78,7 +80,7 @@ func TestSignerSpecVector(t *testing.T) {
 func TestSignerRotatedSecrets(t *testing.T) {
 	secrets := []string{newSecret(t), newSecret(t)}
 	now := time.Unix(1700000000, 0)
-	s, err := NewSigner(secrets, func() time.Time { return now })
+	s, err := NewSigner(secrets, clock.NewManual(now))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,14 +38,16 @@ func downstreamSignals(status int, h http.Header, now time.Time) (retryAfter, pa
 			retryAfter, pause = d, d
 		}
 	}
-	for _, pre := range []string{"X-RateLimit-", "RateLimit-"} {
-		if rem, ok := parseRemaining(h.Get(pre + "Remaining")); ok && rem == 0 {
-			if d, ok := parseReset(h.Get(pre+"Reset"), now); ok {
+	// Canonical names, so that every answer does not build and
+	// canonicalize them again.
+	for _, names := range [...][2]string{{"X-Ratelimit-Remaining", "X-Ratelimit-Reset"}, {"Ratelimit-Remaining", "Ratelimit-Reset"}} {
+		if rem, ok := parseRemaining(h.Get(names[0])); ok && rem == 0 {
+			if d, ok := parseReset(h.Get(names[1]), now); ok {
 				pause = max(pause, d)
 			}
 		}
 	}
-	if v := h.Values("RateLimit"); len(v) > 0 {
+	if v := h.Values("Ratelimit"); len(v) > 0 {
 		if d, ok := parseRateLimit(strings.Join(v, ", ")); ok {
 			pause = max(pause, d)
 		}

@@ -14,10 +14,14 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
+// pollClient bounds every request of the tests, so that a server that
+// stops answering fails the test instead of hanging it until -timeout.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
 // metricSum reads one sample family without labels (or the sum over its
 // label sets) from an instance's /metrics; -1 when absent.
 func metricSum(addr, name string) float64 {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := pollClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return -1
 	}

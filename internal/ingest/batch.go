@@ -51,23 +51,23 @@ type batchJob struct {
 }
 
 func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
-	name, lane, reject, ok := h.openLane(w, r, "batch")
+	name, lane, rj, ok := h.openLane(w, r, "batch")
 	if !ok {
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonContentType {
-			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusUnsupportedMediaType, Field: "Content-Type",
+			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusUnsupportedMediaType, Field: "Content-Type",
 				Detail: "a batch is a JSON array: send Content-Type: application/json"}, "invalid_content_type", 0)
 			return
 		}
 	}
 	maxBytes, maxItems := h.maxBatchBytes(), h.maxBatchItems()
 	tooBig := func() {
-		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+		rj.reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Detail: fmt.Sprintf("the batch is larger than http.max_batch_bytes (%d bytes); split it", maxBytes)}, "body_too_large", 0)
 	}
-	body, reserved, ok := h.readBody(w, r, maxBytes, reject, tooBig)
+	body, reserved, ok := h.readBody(w, r, maxBytes, &rj, tooBig)
 	if !ok {
 		return
 	}
@@ -75,14 +75,14 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 	jobs, p := parseBatch(body, name, lane.MaxBody, maxItems)
 	switch {
 	case p != nil && p.Status == http.StatusRequestEntityTooLarge:
-		reject(*p, "body_too_large", 0)
+		rj.reject(*p, "body_too_large", 0)
 		return
 	case p != nil:
-		reject(*p, "bad_body", 0)
+		rj.reject(*p, "bad_body", 0)
 		return
 	}
 	if p := keysOf(jobs, name, lane.Admission.KeyLimit != nil); p != nil {
-		reject(*p, "missing_throttle_key", 0)
+		rj.reject(*p, "missing_throttle_key", 0)
 		return
 	}
 	// The batch costs its caller the lane's cost per item, before
@@ -139,15 +139,19 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
 		return nil, bad(http.StatusBadRequest, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
 	}
-	var jobs []batchJob
-	seen := map[string]int{}
+	// Room for the items of a body of small payloads (about 48 bytes an
+	// item), up to maxItems, saves growing both most of the time.
+	guess := min(maxItems, len(body)/48+1)
+	jobs := make([]batchJob, 0, guess)
+	seen := make(map[string]int, guess)
+	var it api.BatchItem // reused: Decode makes it escape
 	for dec.More() {
 		i := len(jobs)
 		if i >= maxItems {
 			return nil, bad(http.StatusRequestEntityTooLarge, "/"+strconv.Itoa(i),
 				"the batch has more than http.max_batch_items (%d) items; split it", maxItems)
 		}
-		var it api.BatchItem
+		it = api.BatchItem{}
 		if err := dec.Decode(&it); err != nil {
 			return nil, itemError(err, i)
 		}
@@ -448,5 +452,62 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	}
 	w.Header().Set("Content-Type", jsonContentType)
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(answer)
+	buf := answerBufs.Get().(*[]byte)
+	*buf = appendBatchAccepted((*buf)[:0], answer)
+	_, _ = w.Write(*buf)
+	if cap(*buf) <= 1<<20 {
+		answerBufs.Put(buf)
+	}
+}
+
+// appendBatchAccepted appends a as encoding/json would write it, newline
+// included: the results by hand, a result's problem (the rare case)
+// through encoding/json.
+func appendBatchAccepted(b []byte, a api.BatchAccepted) []byte {
+	b = append(b, `{"lane":`...)
+	b = appendJSONString(b, a.Lane)
+	b = append(b, `,"accepted":`...)
+	b = strconv.AppendInt(b, int64(a.Accepted), 10)
+	b = append(b, `,"failed":`...)
+	b = strconv.AppendInt(b, int64(a.Failed), 10)
+	b = append(b, `,"results":`...)
+	if a.Results == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, r := range a.Results {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendBatchResult(b, r)
+		}
+		b = append(b, ']')
+	}
+	return append(b, "}\n"...)
+}
+
+func appendBatchResult(b []byte, r api.BatchResult) []byte {
+	b = append(b, `{"status":`...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = append(b, `,"id":`...)
+	b = appendJSONString(b, r.ID)
+	if r.State != "" {
+		b = append(b, `,"state":`...)
+		b = appendJSONString(b, r.State)
+	}
+	b = append(b, `,"eta_ms":`...)
+	b = strconv.AppendInt(b, r.ETAMillis, 10)
+	if r.Duplicate {
+		b = append(b, `,"duplicate":true`...)
+	}
+	if r.Problem != nil {
+		p, err := json.Marshal(r.Problem)
+		if err != nil {
+			// A Problem is strings and integers: it always encodes.
+			p = []byte("null")
+		}
+		b = append(b, `,"problem":`...)
+		b = append(b, p...)
+	}
+	return append(b, '}')
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/quota"
 )
@@ -40,8 +41,9 @@ type Callers struct {
 	Limiter quota.Limiter
 	// Lanes names every lane, for series at 0 from the start.
 	Lanes []string
-	// Now is the clock of the utilization figures; nil: time.Now.
-	Now func() time.Time
+	// Clock is the clock of the utilization figures (only Now is used);
+	// nil: clock.Real.
+	Clock clock.Clock
 	// Policy is what SetCallers may change later.
 	Policy CallerPolicy
 }
@@ -114,10 +116,10 @@ func (h *Handler) initCallerMetrics(p CallerPolicy) {
 }
 
 func (h *Handler) now() time.Time {
-	if h.cfg.Callers != nil && h.cfg.Callers.Now != nil {
-		return h.cfg.Callers.Now()
+	if h.cfg.Callers != nil && h.cfg.Callers.Clock != nil {
+		return h.cfg.Callers.Clock.Now()
 	}
-	return time.Now()
+	return clock.Real.Now()
 }
 
 // callerInfo is what the caller quotas learnt of a request, for the

@@ -42,7 +42,7 @@ func callerFixture(t testing.TB, c *clock.Manual, edit func(*Config)) *fixture {
 	return newFixture(t, func(cfg *Config) {
 		cfg.Auth = Auth{Keys: keys}
 		cfg.Callers = &Callers{
-			Limiter: &quota.Memory{Clock: c}, Lanes: []string{"demo", "other"}, Now: c.Now,
+			Limiter: &quota.Memory{Clock: c}, Lanes: []string{"demo", "other"}, Clock: c,
 			Policy: CallerPolicy{
 				PerIP:         quota.Window{Limit: 120, Length: time.Minute},
 				Plans:         map[string]Plan{"free": {Rate: mustRate(t, "10/min"), Burst: 10}, "anonymous": {Rate: mustRate(t, "2/min"), Burst: 2}},

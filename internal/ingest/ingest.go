@@ -214,31 +214,41 @@ func (h *Handler) StopIntake() { h.draining.Store(true) }
 
 const maxContentType = queue.MaxContentType
 
-// rejectFunc answers a refused submission with its problem, logged and
-// counted by reason; retry > 0 sets Retry-After.
-type rejectFunc func(p api.Problem, reason string, retry time.Duration)
+// rejecter answers a refused submission with its problem, logged and
+// counted by reason (reject). It is a value rather than a closure: the
+// closure openLane used to return cost two allocations per request.
+type rejecter struct {
+	h          *Handler
+	w          http.ResponseWriter
+	r          *http.Request
+	name, what string
+}
+
+// reject answers the submission with p; retry > 0 sets Retry-After.
+func (rj *rejecter) reject(p api.Problem, reason string, retry time.Duration) {
+	h, r := rj.h, rj.r
+	p.Lane = rj.name
+	h.cfg.Logger.Info(rj.what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", rj.name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
+	h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, rj.name), reason).Inc()
+	writeProblem(rj.w, r, p, retry)
+}
 
 // openLane starts every submission (what: "job" or "batch"): it makes the
-// submission's reject, and refuses it while this instance stops or when
+// submission's rejecter, and refuses it while this instance stops or when
 // the lane does not exist; ok is false then.
-func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) (name string, lane Lane, reject rejectFunc, ok bool) {
+func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) (name string, lane Lane, rj rejecter, ok bool) {
 	name = r.PathValue("lane")
-	reject = func(p api.Problem, reason string, retry time.Duration) {
-		p.Lane = name
-		h.cfg.Logger.Info(what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
-		h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, name), reason).Inc()
-		writeProblem(w, r, p, retry)
-	}
+	rj = rejecter{h: h, w: w, r: r, name: name, what: what}
 	if h.draining.Load() {
-		reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
+		rj.reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
 			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
-		return name, lane, reject, false
+		return name, lane, rj, false
 	}
 	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
-		reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
+		rj.reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
 			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
 	}
-	return name, lane, reject, ok
+	return name, lane, rj, ok
 }
 
 // readBody reads a submission's body of at most limit bytes, within the
@@ -247,7 +257,7 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 // other refusals (budget full, too slow, broken) through reject; ok is
 // false then. The caller gives the reserved bytes back (h.bodies.give) once
 // it no longer holds the body.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, reject rejectFunc, tooBig func()) (body []byte, reserved int64, ok bool) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, rj *rejecter, tooBig func()) (body []byte, reserved int64, ok bool) {
 	if r.ContentLength > limit {
 		// Close rather than read the body to keep the connection.
 		w.Header().Set("Connection", "close")
@@ -257,11 +267,18 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	reserved, ok = h.bodies.reserve(r.ContentLength, limit)
 	if !ok {
 		w.Header().Set("Connection", "close")
-		reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
+		rj.reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
 			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
 		return nil, 0, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var err error
+	if r.ContentLength >= 0 {
+		// The length is known and within limit (net/http ends the body
+		// there): one buffer of that size, no limiting reader.
+		body, err = readExactly(r.Body, r.ContentLength)
+	} else {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	}
 	if err != nil {
 		h.bodies.give(reserved)
 		var over *http.MaxBytesError
@@ -269,15 +286,44 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		case errors.As(err, &over):
 			tooBig()
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
+			rj.reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
 				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
 		default:
-			reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			rj.reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
 				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
 		}
 		return nil, 0, false
 	}
 	return body, reserved, true
+}
+
+// errLongerBody: a body went on past its Content-Length.
+var errLongerBody = errors.New("the body is longer than its Content-Length")
+
+// readExactly reads a body of n bytes, its Content-Length: a shorter body
+// is io.ErrUnexpectedEOF, a longer one errLongerBody.
+func readExactly(body io.Reader, n int64) ([]byte, error) {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(body, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	var one [1]byte
+	for range 100 { // a reader may return nothing a few times; not forever
+		k, err := body.Read(one[:])
+		if k > 0 {
+			return nil, errLongerBody
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, io.ErrNoProgress
 }
 
 // maxSmallBody bounds the body of the admin endpoints that change a limit
@@ -312,14 +358,14 @@ func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, sha
 }
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
-	name, lane, reject, ok := h.openLane(w, r, "job")
+	name, lane, rj, ok := h.openLane(w, r, "job")
 	if !ok {
 		return
 	}
 	id := r.Header.Get("Idempotency-Key")
 	if id != "" {
 		if err := validKey(id); err != nil {
-			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
+			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
 				Detail: err.Error()}, "invalid_idempotency_key", 0)
 			return
 		}
@@ -331,26 +377,26 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		// A keyed lane: the key picks the job's bucket and order.
 		key = r.Header.Get(HeaderThrottleKey)
 		if key == "" {
-			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
 				Detail: fmt.Sprintf("lane %s is keyed: every job needs a Throttle-Key header naming its key", name)}, "missing_throttle_key", 0)
 			return
 		}
 		if err := queue.ValidKey(key); err != nil {
-			reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
+			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
 				Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key", 0)
 			return
 		}
 	}
 	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
-		reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
+		rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
 		return
 	}
 	tooBig := func() {
-		reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
+		rj.reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
 	}
-	body, reserved, ok := h.readBody(w, r, lane.MaxBody, reject, tooBig)
+	body, reserved, ok := h.readBody(w, r, lane.MaxBody, &rj, tooBig)
 	if !ok {
 		return
 	}
@@ -365,12 +411,12 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var rej *admission.RejectError
 		if errors.As(err, &rej) {
-			reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
+			rj.reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
 				Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)},
 				"backlog_full", rej.RetryAfter)
 			return
 		}
-		reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+		rj.reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
@@ -388,17 +434,17 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	stored := time.Now()
 	if err != nil {
 		if errors.Is(err, queue.ErrFull) {
-			reject(api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
+			rj.reject(api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
 				Detail: fmt.Sprintf("lane %s's queue storage is full; nothing was stored", name)}, "storage_full", 5*time.Second)
 			return
 		}
 		if errors.Is(err, queue.ErrBacklogFull) {
-			reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
+			rj.reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
 				Detail: fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)},
 				"backlog_full", lane.Admission.Limit.Period())
 			return
 		}
-		reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
+		rj.reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable", time.Second)
 		h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		return

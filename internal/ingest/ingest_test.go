@@ -96,3 +96,29 @@ func TestAppendAccepted(t *testing.T) {
 		}
 	}
 }
+
+func TestAppendBatchAccepted(t *testing.T) {
+	prob := &api.Problem{Type: ProblemBacklogFull, Title: "Too Many Requests", Status: 429, Detail: `lane "x" <full> & more`,
+		Instance: "/v1/lanes/x/jobs:batch", Field: "max_backlog", Lane: "x", RetryAfterSeconds: 3}
+	for _, a := range []api.BatchAccepted{
+		{Lane: "demo", Accepted: 2, Results: []api.BatchResult{
+			{Status: 202, ID: "order-1", State: api.StateAdmitted},
+			{Status: 202, ID: `a"b\c<d>&e`, State: api.StateQueued, ETAMillis: 1234, Duplicate: true},
+		}},
+		{Lane: "x", Accepted: 1, Failed: 2, Results: []api.BatchResult{
+			{Status: 429, ID: "ctl\x01\n\t\r", Problem: prob},
+			{Status: 202, ID: "ünï", State: api.StateQueued, ETAMillis: -1},
+			{Status: 429, ID: "dup", Duplicate: true, Problem: prob},
+		}},
+		{Lane: "empty", Results: []api.BatchResult{}},
+		{Lane: "nil"},
+	} {
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(a); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendBatchAccepted(nil, a); string(got) != want.String() {
+			t.Errorf("appendBatchAccepted(%+v) =\n%s, want\n%s", a, got, want.String())
+		}
+	}
+}

@@ -39,7 +39,16 @@ func TestRejectReasonsExistFromStart(t *testing.T) {
 			if !ok {
 				return true
 			}
-			if id, ok := call.Fun.(*ast.Ident); !ok || id.Name != "reject" || len(call.Args) < 2 {
+			// reject(p, reason, retry): the rejecter's method, or a local
+			// function of that name.
+			name := ""
+			switch fn := call.Fun.(type) {
+			case *ast.Ident:
+				name = fn.Name
+			case *ast.SelectorExpr:
+				name = fn.Sel.Name
+			}
+			if name != "reject" || len(call.Args) < 2 {
 				return true
 			}
 			lit, ok := call.Args[1].(*ast.BasicLit)

@@ -34,7 +34,7 @@ func pairStores(t *testing.T, f func(t *testing.T, c *clock.Manual, s bucket.Pai
 		t.Cleanup(func() { client.Close() })
 		c := buckettest.NewClock()
 		cfg := redisbucket.DefaultConfig()
-		cfg.Now = c.Now
+		cfg.Clock = c
 		f(t, c, redisbucket.New(client, cfg))
 	})
 }

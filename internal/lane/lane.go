@@ -99,6 +99,7 @@ type Lane struct {
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
 	delivered atomic.Uint64
 	rateGauge prometheus.Gauge
+	hot       hotMetrics  // the per-job series, looked up once
 	starts    startWindow // for the utilization gauge
 	limited   startWindow // the target's 429 answers, for the status
 
@@ -153,12 +154,13 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 }
 
 // targetConfig turns the file's target into dispatch's.
-func targetConfig(t config.Target, handlers map[string]dispatch.Target) dispatch.TargetConfig {
+func targetConfig(t config.Target, maxInflight int, handlers map[string]dispatch.Target) dispatch.TargetConfig {
 	switch {
 	case t.HTTP != nil:
 		h := t.HTTP
 		return dispatch.TargetConfig{SigningSecrets: h.SigningSecrets, HTTP: &dispatch.HTTPConfig{
-			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}}
+			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
+			MaxInflight: maxInflight}}
 	case t.NATS != nil:
 		return dispatch.TargetConfig{NATS: &dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream}}
 	case t.Handler != "":
@@ -174,6 +176,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	m.InitLane(name)
 	l.rateGauge = m.EffectiveRate.WithLabelValues(name)
 	l.rateGauge.Set(lim.Rate)
+	l.hot = newHotMetrics(m, name)
 	m.PausedSeconds.WithLabelValues(name).Set(0)
 	sub, err := l.d.NATS.Subscribe(ControlSubject(name), l.onControl)
 	if err != nil {
@@ -269,7 +272,7 @@ func (l *Lane) Close() {
 // start is the drain's Starter: it delivers the job on its own goroutine and
 // settles the message by the outcome.
 func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
-	inflight := l.d.Metrics.Inflight.WithLabelValues(l.cfg.Name)
+	inflight := l.hot.inflight
 	inflight.Inc()
 	l.started(msg)
 	go func() {
@@ -285,8 +288,8 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
 			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(),
 		})
-		l.d.Metrics.DispatchSeconds.WithLabelValues(l.cfg.Name).Observe(res.Took.Seconds())
-		l.d.Metrics.Dispatched.WithLabelValues(l.cfg.Name, res.Verdict.String()).Inc()
+		l.hot.dispatchSeconds.Observe(res.Took.Seconds())
+		l.hot.dispatched(res.Verdict).Inc()
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
@@ -317,10 +320,16 @@ const settleTimeout = 5 * time.Second
 
 // apply carries out a settle action on msg.
 func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
-	defer cancel()
 	job := msg.Job()
-	log := l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
+	// The logger with the job's attributes and the store calls' context are
+	// made only on the paths that use them: a delivered job (the hot path)
+	// needs neither, and building them cost more than its ack.
+	log := func() *slog.Logger {
+		return l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
+	}
+	settleCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
+	}
 	switch act.Kind {
 	case Ack:
 		if l.keyed != nil {
@@ -328,7 +337,7 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		}
 		l.delivered.Add(1)
 		if err := msg.Ack(); err != nil {
-			log.Warn("ack failed; the job may be delivered again", "ack_err", err)
+			log().Warn("ack failed; the job may be delivered again", "ack_err", err)
 		} else {
 			l.settled(msg)
 		}
@@ -339,22 +348,27 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 			// An ordered key's failing job holds its key, in place: a
 			// copy at the tail would start after the key's later jobs.
 			l.keyed.retryInPlace(msg)
-			log.Warn("delivery failed, retrying in place (ordered key)", "key", job.Key, "retry_in", act.Delay.String())
+			log().Warn("delivery failed, retrying in place (ordered key)", "key", job.Key, "retry_in", act.Delay.String())
 			l.keyed.sched.Pause(job.Key, l.d.Clock.Now().Add(act.Delay))
 			_ = msg.Wait(act.Delay)
 			return
 		}
-		log.Warn("delivery failed, retrying later", "retry_in", act.Delay.String())
+		log().Warn("delivery failed, retrying later", "retry_in", act.Delay.String())
+		ctx, cancel := settleCtx()
+		defer cancel()
 		if err := msg.Retry(ctx, act.Delay); err != nil {
-			log.Warn("requeue failed; the job waits in place", "requeue_err", err)
+			log().Warn("requeue failed; the job waits in place", "requeue_err", err)
 		}
 	case Wait:
 		l.slowDown()
-		log.Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
+		log().Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
 		_ = msg.Wait(act.Delay)
 	case Dead:
 		l.d.Metrics.DeadLettered.WithLabelValues(l.cfg.Name).Inc()
+		log := log()
 		log.Error("job dead-lettered", "reason", act.Reason)
+		ctx, cancel := settleCtx()
+		defer cancel()
 		if err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
 		} else {

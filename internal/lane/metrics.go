@@ -4,6 +4,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -94,13 +97,53 @@ func (l *Lane) metricState() metrics.LaneState {
 func (l *Lane) started(msg *queue.Msg) {
 	now := l.d.Clock.Now()
 	l.starts.add(now)
-	l.d.Metrics.QueueWait.WithLabelValues(l.cfg.Name).Observe(max(now.Sub(msg.StoredAt()), 0).Seconds())
+	l.hot.queueWait.Observe(max(now.Sub(msg.StoredAt()), 0).Seconds())
 }
 
 // settled records a job that left the lane for good (delivered, or
 // dead-lettered): its time from first being stored.
 func (l *Lane) settled(msg *queue.Msg) {
 	if at := msg.EnqueuedAt(); !at.IsZero() {
-		l.d.Metrics.EndToEnd.WithLabelValues(l.cfg.Name).Observe(max(l.d.Clock.Now().Sub(at), 0).Seconds())
+		l.hot.endToEnd.Observe(max(l.d.Clock.Now().Sub(at), 0).Seconds())
 	}
+}
+
+// hotMetrics are the lane's series that every job touches, looked up once
+// instead of hashing the lane's name on every start and settle.
+type hotMetrics struct {
+	inflight        prometheus.Gauge
+	queueWait       prometheus.Observer
+	endToEnd        prometheus.Observer
+	dispatchSeconds prometheus.Observer
+	done, retry     prometheus.Counter
+	dead            prometheus.Counter
+	m               *metrics.Metrics
+	lane            string
+}
+
+func newHotMetrics(m *metrics.Metrics, lane string) hotMetrics {
+	return hotMetrics{
+		inflight:        m.Inflight.WithLabelValues(lane),
+		queueWait:       m.QueueWait.WithLabelValues(lane),
+		endToEnd:        m.EndToEnd.WithLabelValues(lane),
+		dispatchSeconds: m.DispatchSeconds.WithLabelValues(lane),
+		done:            m.Dispatched.WithLabelValues(lane, dispatch.Done.String()),
+		retry:           m.Dispatched.WithLabelValues(lane, dispatch.Retry.String()),
+		dead:            m.Dispatched.WithLabelValues(lane, dispatch.Dead.String()),
+		m:               m,
+		lane:            lane,
+	}
+}
+
+// dispatched is the throttler_dispatched_total series of outcome v.
+func (h hotMetrics) dispatched(v dispatch.Verdict) prometheus.Counter {
+	switch v {
+	case dispatch.Done:
+		return h.done
+	case dispatch.Retry:
+		return h.retry
+	case dispatch.Dead:
+		return h.dead
+	}
+	return h.m.Dispatched.WithLabelValues(h.lane, v.String())
 }

@@ -20,7 +20,7 @@ import (
 // the drain's source) or any other through dispatch.Open.
 func (l *Lane) openTarget(ctx context.Context) (dispatch.Target, func(), error) {
 	if !l.cfg.Target.Pull() {
-		return dispatch.Open(ctx, targetConfig(l.cfg.Target, l.d.Handlers), l.d.Guard, l.d.NATS)
+		return dispatch.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers), l.d.Guard, l.d.NATS)
 	}
 	n := l.cfg.Target.NATS
 	p, err := dispatch.OpenPull(l.d.NATS, dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log})

@@ -368,8 +368,9 @@ func (s *blockingSource) Release(items []item) {
 }
 
 // TestRealClockSpacing keeps one test on the real clock (fake clocks hide
-// timer bugs): 40 jobs at 100/s, burst 1, must take 390 ms ± 10% and no gap
-// may be shorter than the period minus timer jitter.
+// timer bugs): 40 jobs at 100/s, burst 1, must take 390 ms ± 10% (plus a
+// period per slot the drain counted as missed) and no gap may be shorter
+// than the period minus timer jitter.
 func TestRealClockSpacing(t *testing.T) {
 	realClock(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -396,9 +397,17 @@ func TestRealClockSpacing(t *testing.T) {
 	if len(at) != 40 {
 		t.Fatalf("%d starts", len(at))
 	}
-	span := at[39].Sub(at[0])
-	if span < 390*time.Millisecond || span > 429*time.Millisecond {
-		t.Errorf("40 starts at 100/s took %v, want 390ms..429ms", span)
+	// Every job is in hand from the start, so a slot is missed only when
+	// the drain woke more than a period after it (a loaded machine stalls
+	// it): the span may then grow by one period per missed slot, and no
+	// more. Up to 16 in 40 were seen on this 2-core machine shared by a
+	// full test run (8 at load average 18); more than that is a drain that
+	// loses time, not a stalled machine. A hand-over between batches that
+	// waits is caught on the virtual clock (TestFetchIsPipelined).
+	span, missed := at[39].Sub(at[0]), d.Missed()
+	t.Logf("40 starts in %v, %d slots missed", span, missed)
+	if hi := 429*time.Millisecond + time.Duration(missed)*10*time.Millisecond; span < 390*time.Millisecond || span > hi || missed > 16 {
+		t.Errorf("40 starts at 100/s took %v with %d slots missed, want 390ms..%v and at most 16 missed", span, missed, hi)
 	}
 	rel := make([]time.Duration, len(at))
 	for i := range at {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // Label values of the per-lane series: the ones the code emits. InitLane
@@ -110,7 +112,7 @@ type laneCollector struct {
 	rate, burst, utilization, paused *prometheus.Desc
 	keysActive, keysPaused           *prometheus.Desc
 	backlog, oldest, retrying, dead  *prometheus.Desc
-	now                              func() time.Time
+	clock                            clock.Clock // ages at the gather (only Now)
 
 	mu     sync.Mutex
 	order  []string
@@ -133,7 +135,7 @@ func newLaneCollector() *laneCollector {
 		oldest:      d("throttler_lane_oldest_job_age_seconds", "Age of the oldest job stored in the lane, waiting or in flight; 0 when none (from JetStream)."),
 		retrying:    d("throttler_lane_retrying", "Failed jobs of the lane waiting for their next attempt, across all instances (from JetStream)."),
 		dead:        d("throttler_lane_dead_letters", "Dead letters of the lane, across all instances (from JetStream)."),
-		now:         time.Now,
+		clock:       clock.Real,
 		states:      map[string]func() LaneState{},
 		queues:      map[string]LaneQueue{},
 	}
@@ -180,7 +182,7 @@ func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 		states[i], queues[i] = c.states[lane], c.queues[lane]
 	}
 	c.mu.Unlock()
-	now := c.now()
+	now := c.clock.Now()
 	gauge := func(d *prometheus.Desc, v float64, lane string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lane)
 	}

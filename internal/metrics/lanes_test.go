@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // series gathers reg and returns every series as name{labels} → value
@@ -120,8 +122,8 @@ func TestLaneGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
-	now := t0
-	m.lanes.now = func() time.Time { return now }
+	c := clock.NewManual(t0)
+	m.lanes.clock = c
 	m.InitLane("demo")
 	state := LaneState{Rate: 20, Burst: 10, Utilization: 0.5}
 	m.WatchLane("demo", func() LaneState { return state })
@@ -153,12 +155,12 @@ func TestLaneGauges(t *testing.T) {
 		{"empty lane", func() { m.SetQueue("demo", LaneQueue{}) }, map[string]float64{
 			"throttler_lane_backlog{lane=demo}": 0, "throttler_lane_oldest_job_age_seconds{lane=demo}": 0,
 		}, 0},
-		{"a stored time ahead of this clock", func() { m.SetQueue("demo", LaneQueue{Backlog: 1, Oldest: now.Add(time.Second)}) }, map[string]float64{
+		{"a stored time ahead of this clock", func() { m.SetQueue("demo", LaneQueue{Backlog: 1, Oldest: c.Now().Add(time.Second)}) }, map[string]float64{
 			"throttler_lane_oldest_job_age_seconds{lane=demo}": 0,
 		}, 0},
 	}
 	for _, s := range steps {
-		now = now.Add(s.after)
+		c.Advance(s.after)
 		s.do()
 		got := series(t, reg)
 		for k, want := range s.want {

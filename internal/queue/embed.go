@@ -136,8 +136,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 }
 
 // ConnectEmbedded connects to an embedded server in-process (no socket).
+// The connection's writes go through a buffer (bufferedConn), so that a
+// publisher never waits for the server to read the previous flush.
 func ConnectEmbedded(srv *server.Server, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append([]nats.Option{nats.InProcessServer(srv), nats.Name("throttler")}, opts...)
+	opts = append([]nats.Option{nats.InProcessServer(inProcess{srv}), nats.Name("throttler")}, opts...)
 	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("queue: connect to embedded nats-server: %w", err)

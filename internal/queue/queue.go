@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 )
 
 // Subject prefix and header names, part of the contract with publishers.
@@ -158,6 +159,10 @@ type laneState struct {
 	intake   jetstream.Consumer
 	onStored func(key string)
 
+	// flight shares the JetStream reads of Backlog and Ahead between
+	// the requests that need them at once.
+	flight singleflight.Group
+
 	mu sync.Mutex
 	// The backlog estimate: backlog is the stream's count from the stream
 	// info read at readAt, which was asked for when this instance had
@@ -212,15 +217,14 @@ func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.
 	ls.mu.Unlock()
 	var infoErr error
 	if stale {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		ci, err := ls.consumer.Info(ctx)
-		cancel()
-		if err != nil {
-			infoErr = fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, lane, err)
+		read := func() (any, error) { return nil, q.readDelivered(ctx, ls) }
+		if maxAge > 0 {
+			// Requests that find the position stale together share one
+			// consumer info: under load, each asking its own made a herd
+			// of JetStream API calls every maxAge.
+			_, infoErr, _ = ls.flight.Do("ahead", read)
 		} else {
-			ls.mu.Lock()
-			ls.delivered, ls.deliveredAt = max(ls.delivered, ci.Delivered.Stream), time.Now()
-			ls.mu.Unlock()
+			_, infoErr = read()
 		}
 	}
 	ls.mu.Lock()
@@ -230,6 +234,22 @@ func (q *Queue) Ahead(ctx context.Context, lane string, seq uint64, maxAge time.
 		return 0, infoErr
 	}
 	return int64(seq - pos - 1), infoErr
+}
+
+// readDelivered reads the position of the lane's consumer from JetStream.
+// The read is not cancelled with ctx: its result may be shared by other
+// callers (Ahead).
+func (q *Queue) readDelivered(ctx context.Context, ls *laneState) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	ci, err := ls.consumer.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: consumer info %s: %v", ErrUnavailable, ls.spec.Name, err)
+	}
+	ls.mu.Lock()
+	ls.delivered, ls.deliveredAt = max(ls.delivered, ci.Delivered.Stream), time.Now()
+	ls.mu.Unlock()
+	return nil
 }
 
 // NotifyPrefix starts the subject on which an instance hears the slots its
@@ -359,37 +379,50 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
-// jobMsg encodes a job as a message of the lane stream.
+// jobMsg encodes a job as a message of the lane stream. The header keys are
+// canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
+// its values sharing one array: Header.Set would allocate a slice a value.
 func jobMsg(job Job) *nats.Msg {
-	msg := nats.NewMsg(InternalSubject(job.Lane, job.Key))
-	msg.Data = job.Payload
+	var vals [8]string
+	keys := [8]string{}
+	n := 0
+	add := func(k, v string) {
+		keys[n], vals[n] = k, v
+		n++
+	}
 	if job.ContentType != "" {
-		msg.Header.Set(HeaderContentType, job.ContentType)
+		add(HeaderContentType, job.ContentType)
 	}
 	if job.ID != "" {
-		msg.Header.Set(HeaderJobID, job.ID)
+		add(HeaderJobID, job.ID)
 		id := job.MsgID
 		if id == "" {
 			id = job.ID
 		}
-		msg.Header.Set(jetstream.MsgIDHeader, id)
+		add(jetstream.MsgIDHeader, id)
 	}
 	if job.Outside {
-		msg.Header.Set(HeaderVia, "nats")
+		add(HeaderVia, "nats")
 	}
 	if job.Notify != "" {
-		msg.Header.Set(HeaderNotify, job.Notify)
+		add(HeaderNotify, job.Notify)
 	}
 	if job.Attempts > 0 {
-		msg.Header.Set(HeaderAttempts, strconv.Itoa(job.Attempts))
+		add(HeaderAttempts, strconv.Itoa(job.Attempts))
 	}
 	if !job.NotBefore.IsZero() {
-		msg.Header.Set(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
+		add(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
 	}
 	if !job.EnqueuedAt.IsZero() {
-		msg.Header.Set(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
+		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
 	}
-	return msg
+	h := make(nats.Header, n)
+	shared := make([]string, n)
+	copy(shared, vals[:n])
+	for i := range n {
+		h[keys[i]] = shared[i : i+1 : i+1]
+	}
+	return &nats.Msg{Subject: InternalSubject(job.Lane, job.Key), Header: h, Data: job.Payload}
 }
 
 // publishTimeout bounds a publish whose context has no deadline.
@@ -488,11 +521,30 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 	if !q.nc.IsConnected() {
 		return n, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	read := func() (any, error) { return q.readBacklog(ctx, ls) }
+	var v any
+	if maxAge > 0 {
+		// Requests that find the count stale together share one stream
+		// info (see Ahead); a fresh read (maxAge 0) is always its own.
+		v, err, _ = ls.flight.Do("backlog", read)
+	} else {
+		v, err = read()
+	}
+	if err != nil {
+		return n, err
+	}
+	return v.(int64), nil
+}
+
+// readBacklog reads the lane's stored jobs from JetStream, which become
+// the base of the backlog estimate (readStream). The read is not cancelled with ctx: its result
+// may be shared by other callers (Backlog).
+func (q *Queue) readBacklog(ctx context.Context, ls *laneState) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	info, err := ls.readStream(ctx)
 	if err != nil {
-		return n, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+		return 0, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, ls.spec.Name, err)
 	}
 	return int64(info.State.Msgs), nil
 }

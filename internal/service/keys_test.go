@@ -19,7 +19,7 @@ func keyCall(t *testing.T, method, addr, path, body string, out any) int {
 	t.Helper()
 	req, _ := http.NewRequest(method, "http://"+addr+path, bytes.NewBufferString(body))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,11 @@ func TestKeyOverridesStoredAndApplied(t *testing.T) {
 		t.Fatalf("pause: %d %+v", code, st)
 	}
 	held := tgt.count("slow")
-	time.Sleep(time.Second) // the absence of starts is what is measured
+	// The absence of starts, at a known moment: meanwhile a third key's 5
+	// jobs (0.4 s at per_key's 10/s) went through the same drain, where an
+	// unpaused slow would have started about 4.
+	publishKeyed(t, natsSrv.ClientURL(), "witness", 5)
+	waitFor(t, 10*time.Second, "the witness key's jobs", func() bool { return tgt.count("witness") >= 5 })
 	if n := tgt.count("slow"); n > held+1 {
 		t.Errorf("paused key started %d jobs", n-held)
 	}

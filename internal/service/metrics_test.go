@@ -133,12 +133,17 @@ lanes:
 	return cfg
 }
 
+// pollClient bounds the requests of this package's internal tests (the
+// external ones have their own), so that a server that stops answering
+// fails the test instead of hanging it.
+var pollClient = &http.Client{Timeout: 5 * time.Second}
+
 func post(t *testing.T, addr, id string) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs", strings.NewReader("{}"))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", id)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +269,7 @@ func TestOpenMetricsWhenAsked(t *testing.T) {
 		if accept != "" {
 			req.Header.Set("Accept", accept)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := pollClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

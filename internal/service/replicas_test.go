@@ -85,7 +85,7 @@ lanes:
 	for i := 0; i < 20; {
 		req, _ := http.NewRequest("POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", strings.NewReader("{}"))
 		req.Header.Set("Idempotency-Key", fmt.Sprintf("after-kill-%d", i))
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := pollClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusAccepted {

@@ -143,8 +143,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	closers = append(closers, closeStore)
 	fold := lanesFold(store, s.cfg.Redis.Mode)
-	store = countingStore{store, m}
-	pair = countingPair{pair, m}
+	store, pair = lane.CountCalls(store, pair, m)
 
 	q, err := queue.New(nc, s.log.With("component", "queue"))
 	if err != nil {
@@ -538,42 +537,6 @@ type scrubbedError struct {
 
 func (e scrubbedError) Error() string { return e.msg }
 func (e scrubbedError) Unwrap() error { return e.err }
-
-// countingStore counts calls to the state store per lane and operation.
-type countingStore struct {
-	bucket.Store
-	m *metrics.Metrics
-}
-
-func (c countingStore) count(k bucket.Key, op string) {
-	c.m.PacerCalls.WithLabelValues(k.Lane, op).Inc()
-}
-
-func (c countingStore) Admit(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error) {
-	c.count(k, "admit")
-	return c.Store.Admit(ctx, k, l)
-}
-
-func (c countingStore) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit, n int) (bucket.Reservation, error) {
-	c.count(k, "reserve")
-	return c.Store.Reserve(ctx, k, l, n)
-}
-
-func (c countingStore) Pause(ctx context.Context, k bucket.Key, l bucket.Limit, d time.Duration) error {
-	c.count(k, "pause")
-	return c.Store.Pause(ctx, k, l, d)
-}
-
-// countingPair counts keyed lanes' slot reservations like countingStore.
-type countingPair struct {
-	bucket.PairStore
-	m *metrics.Metrics
-}
-
-func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
-	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
-	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
-}
 
 // KeyStatus implements ingest.KeyDirectory.
 func (d *directory) KeyStatus(_ context.Context, name, key string) (api.KeyStatus, error) {

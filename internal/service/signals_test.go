@@ -181,7 +181,7 @@ func TestRuntimeLimitChange(t *testing.T) {
 	a, b := twoInstances(t, cfg)
 	patch := func(body string) (int, problem) {
 		req, _ := http.NewRequest("PATCH", "http://"+a.Addr()+"/v1/lanes/demo", strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := pollClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -437,7 +437,7 @@ func TestStatusPageAnonymous(t *testing.T) {
 	t.Cleanup(srv.Close)
 	svc, _ := start(t, testConfig(t, t.TempDir(), srv.URL, 100, 10))
 	base := "http://" + svc.Addr()
-	resp, err := http.Post(base+"/v1/lanes/demo/jobs", "text/plain", strings.NewReader("x"))
+	resp, err := pollClient.Post(base+"/v1/lanes/demo/jobs", "text/plain", strings.NewReader("x"))
 	if err != nil {
 		t.Fatal(err)
 	}

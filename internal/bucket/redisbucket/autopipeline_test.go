@@ -37,7 +37,7 @@ func TestAutoPipelineConformance(t *testing.T) {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
 		cfg := redisbucket.DefaultConfig()
-		cfg.Now = clock.Now
+		cfg.Clock = clock
 		return redisbucket.New(ap, cfg)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
@@ -48,7 +48,7 @@ func TestAutoPipelineConformance(t *testing.T) {
 func TestAutoPipelineConcurrentExactness(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
-	cfg.Now = fixedClock()
+	cfg.Clock = fixedClock()
 	checkConcurrentExactness(t, redisbucket.New(newAutoPipeline(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
 }
 

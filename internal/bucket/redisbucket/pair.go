@@ -64,8 +64,8 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 		defer cancel()
 	}
 	now := ""
-	if s.now != nil {
-		now = formatNow(s.now())
+	if s.clock != nil {
+		now = formatNow(s.clock.Now())
 	}
 	laneKey := s.Key(bucket.Key{Lane: k.Lane})
 	s.calls.Add(1)

@@ -50,6 +50,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
 )
 
 // The store needs of a Redis client only what redis.Script.Run may call:
@@ -91,11 +92,12 @@ type Config struct {
 	// client was made with ContextTimeoutEnabled; otherwise its ReadTimeout
 	// does.
 	Timeout time.Duration
-	// Now, for tests only, replaces Redis TIME as the scripts' clock (it is
-	// passed to them with microsecond.nanosecond precision). Keys then expire
-	// a minute later than the bucket refills, since Redis still expires them
-	// by its own clock. Leave it nil in production: instances' clocks differ.
-	Now func() time.Time
+	// Clock, for tests only, replaces Redis TIME as the scripts' clock (its
+	// Now is passed to them with microsecond.nanosecond precision). Keys then
+	// expire a minute later than the bucket refills, since Redis still
+	// expires them by its own clock. Leave it nil in production: instances'
+	// clocks differ.
+	Clock clock.Clock
 	// Logger receives a warning each time a lost state is restored (see
 	// Store.Restored); nil discards it.
 	Logger *slog.Logger
@@ -132,8 +134,8 @@ type Store struct {
 	client  redis.Scripter
 	keyHead string // prefix + ":{"
 	timeout time.Duration
-	now     func() time.Time
-	ttlMs   int64 // extra TTL in ms, see nowTTLSlack
+	clock   clock.Clock // nil: Redis TIME
+	ttlMs   int64       // extra TTL in ms, see nowTTLSlack
 	calls   atomic.Uint64
 	floors  floors
 	log     *slog.Logger
@@ -168,8 +170,8 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, now: cfg.Now, log: cfg.Logger, held: cfg.Held}
-	if cfg.Now != nil {
+	s := &Store{client: client, keyHead: cfg.Prefix + ":{", timeout: cfg.Timeout, clock: cfg.Clock, log: cfg.Logger, held: cfg.Held}
+	if cfg.Clock != nil {
 		s.ttlMs = nowTTLSlack.Milliseconds()
 	}
 	return s
@@ -331,8 +333,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 // args are a script's ARGV[1..7] for k's key (see the prelude).
 func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64) []any {
 	now := ""
-	if s.now != nil {
-		now = formatNow(s.now())
+	if s.clock != nil {
+		now = formatNow(s.clock.Now())
 	}
 	floor, held := s.floors.get(key), int64(0)
 	if floor != "" && s.held != nil {

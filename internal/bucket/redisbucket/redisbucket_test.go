@@ -46,10 +46,9 @@ func newFailFastClient(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// fixedClock returns a Now hook stuck at one instant.
-func fixedClock() func() time.Time {
-	t0 := buckettest.NewClock().Now()
-	return func() time.Time { return t0 }
+// fixedClock returns a clock stuck at one instant.
+func fixedClock() clock.Clock {
+	return buckettest.NewClock() // nothing advances it
 }
 
 func TestConformance(t *testing.T) {
@@ -60,7 +59,7 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
 		cfg := redisbucket.DefaultConfig()
-		cfg.Now = clock.Now
+		cfg.Clock = clock
 		return redisbucket.New(client, cfg)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
@@ -74,7 +73,7 @@ func TestMatchesMemoryExactly(t *testing.T) {
 	client := newClient(t, srv.Addr)
 	clock := buckettest.NewClock()
 	cfg := redisbucket.DefaultConfig()
-	cfg.Now = clock.Now
+	cfg.Clock = clock
 	rs := redisbucket.New(client, cfg)
 	ms := &bucket.Memory{Clock: clock}
 
@@ -439,7 +438,7 @@ func TestTimeoutOnHungServer(t *testing.T) {
 func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
-	cfg.Now = fixedClock() // no time passes: nothing refills
+	cfg.Clock = fixedClock() // no time passes: nothing refills
 	checkConcurrentExactness(t, redisbucket.New(newClient(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
 }
 

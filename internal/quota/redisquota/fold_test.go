@@ -26,10 +26,10 @@ type space struct {
 	quotas *redisquota.Store
 }
 
-func newSpace(c *redis.Client, now func() time.Time, fold bool) space {
+func newSpace(c *redis.Client, clk clock.Clock, fold bool) space {
 	p := "f" + strconv.FormatInt(prefixes.Add(1), 10)
-	sp := space{prefix: p, lanes: redisbucket.New(c, redisbucket.Config{Prefix: p, Now: now})}
-	cfg := redisquota.Config{Prefix: p, Now: now}
+	sp := space{prefix: p, lanes: redisbucket.New(c, redisbucket.Config{Prefix: p, Clock: clk})}
+	cfg := redisquota.Config{Prefix: p, Clock: clk}
 	if fold {
 		cfg.Lanes = sp.lanes
 	}
@@ -87,7 +87,7 @@ func TestFoldedMatchesSeparate(t *testing.T) {
 	c := client(t, rs.URL())
 	ctx := context.Background()
 	mc := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
-	sep, fold := newSpace(c, mc.Now, false), newSpace(c, mc.Now, true)
+	sep, fold := newSpace(c, mc, false), newSpace(c, mc, true)
 	laneLim := bucket.Limit{Rate: 2, Burst: 3}
 	plan := bucket.Limit{Rate: 10.0 / 60, Burst: 4}
 	base := quota.Request{IP: "203.0.113.9", PerIP: quota.Window{Limit: 6, Length: time.Minute}, Caller: "key:k", Plan: plan, Cost: 1,
@@ -157,7 +157,7 @@ func TestFoldedRefusalTouchesNothingElse(t *testing.T) {
 	c := client(t, rs.URL())
 	ctx := context.Background()
 	mc := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC))
-	sp := newSpace(c, mc.Now, true)
+	sp := newSpace(c, mc, true)
 	laneLim := bucket.Limit{Rate: 1, Burst: 1}
 	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 5); err != nil {
 		t.Fatal(err)

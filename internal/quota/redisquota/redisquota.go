@@ -38,6 +38,7 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/redisbucket"
+	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/quota"
 )
 
@@ -57,11 +58,11 @@ type Config struct {
 	Prefix string
 	// Timeout bounds a call without a deadline; zero: DefaultTimeout.
 	Timeout time.Duration
-	// Now, for tests only, replaces Redis TIME (keys then expire a minute
-	// late, since Redis expires them by its own clock). A check folded with
-	// a lane's peek (Lanes) takes the lane store's clock instead: set both
-	// to the same one.
-	Now func() time.Time
+	// Clock, for tests only, replaces Redis TIME with its Now (keys then
+	// expire a minute late, since Redis expires them by its own clock). A
+	// check folded with a lane's peek (Lanes) takes the lane store's clock
+	// instead: set both to the same one.
+	Clock clock.Clock
 	// Lanes, when set, is the lane store that Request.Lane is peeked in,
 	// in the same script as the layers (one round trip for the caller
 	// check and the lane's decision). It must share this store's server:
@@ -92,7 +93,7 @@ type Store struct {
 	client  redis.Scripter
 	head    string
 	timeout time.Duration
-	now     func() time.Time
+	clock   clock.Clock // nil: Redis TIME
 	extraMs int64
 	lanes   Lanes
 }
@@ -106,8 +107,8 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, now: cfg.Now, lanes: cfg.Lanes}
-	if cfg.Now != nil {
+	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, clock: cfg.Clock, lanes: cfg.Lanes}
+	if cfg.Clock != nil {
 		s.extraMs = time.Minute.Milliseconds()
 	}
 	return s
@@ -225,8 +226,8 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 		defer cancel()
 	}
 	now := ""
-	if s.now != nil {
-		now = strconv.FormatInt(s.now().UnixMicro(), 10)
+	if s.clock != nil {
+		now = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
 	}
 	var limit, win int64
 	ipKey := s.head + "ip:"

@@ -39,7 +39,7 @@ func TestConformance(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	c := client(t, rs.URL())
 	quotatest.Run(t, func(_ *testing.T, mc *clock.Manual) quota.Limiter {
-		return redisquota.New(c, redisquota.Config{Prefix: "t" + strconv.FormatInt(prefixes.Add(1), 10), Now: mc.Now})
+		return redisquota.New(c, redisquota.Config{Prefix: "t" + strconv.FormatInt(prefixes.Add(1), 10), Clock: mc})
 	})
 }
 

@@ -1,0 +1,80 @@
+package queue_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// apiCalls is the JetStream API calls the account made so far (the
+// AccountInfo call that reads it included).
+func apiCalls(t *testing.T, nc *nats.Conn) uint64 {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, err := js.AccountInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ai.API.Total
+}
+
+// TestStaleCountsAreReadOnce: requests that find the lane's backlog count
+// and queue position stale at the same moment share one JetStream read of
+// each, instead of one per request (a herd of stream and consumer infos
+// every refresh under load). The counts stay right.
+func TestStaleCountsAreReadOnce(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 1000
+	q, nc := newQueue(t, s)
+	ctx := context.Background()
+	var last queue.PubResult
+	for _, id := range []string{"a", "b", "c"} {
+		res, err := q.Publish(ctx, queue.Job{ID: id, Lane: "demo", Payload: []byte(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = res
+	}
+	const callers = 64
+	const maxAge = time.Hour // stale only before the first read
+	for _, c := range []struct {
+		name string
+		call func() (int64, error)
+		want int64
+	}{
+		{"Backlog", func() (int64, error) { return q.Backlog(ctx, "demo", maxAge) }, 3},
+		{"Ahead", func() (int64, error) { return q.Ahead(ctx, "demo", last.Seq, maxAge) }, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := apiCalls(t, nc)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for range callers {
+				wg.Go(func() {
+					<-start
+					n, err := c.call()
+					if err != nil || n != c.want {
+						t.Errorf("%s: %d %v, want %d", c.name, n, err, c.want)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			// One read shared by all, plus the AccountInfo of apiCalls; a
+			// caller that arrives after the shared read finished finds the
+			// count fresh. Allow a few reads on a slow machine: without
+			// sharing there are about one per caller.
+			if got := apiCalls(t, nc) - before - 1; got < 1 || got > 4 {
+				t.Fatalf("%d callers made %d JetStream reads, want 1 (at most 4)", callers, got)
+			}
+		})
+	}
+}
