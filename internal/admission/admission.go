@@ -244,11 +244,13 @@ func (a *Admitter) DecideN(ctx context.Context, lane Lane, key string, n int) (o
 	period := lane.Limit.Period()
 	for i := range out {
 		b := d.Backlog + int64(i)
-		switch {
-		case b >= lane.MaxBacklog:
+		// An if chain rather than a switch: a mutation run sees if
+		// conditions, not case expressions (docs/MUTATION.md).
+		if b >= lane.MaxBacklog {
 			errs[i] = &RejectError{Lane: lane.Name, Field: "max_backlog", Backlog: b, RetryAfter: waitFor(b-lane.MaxBacklog+1, period)}
 			continue
-		case lane.MaxWait > 0 && waitFor(b, period) > lane.MaxWait:
+		}
+		if lane.MaxWait > 0 && waitFor(b, period) > lane.MaxWait {
 			errs[i] = &RejectError{Lane: lane.Name, Field: "max_wait", Backlog: b, RetryAfter: waitFor(b, period) - lane.MaxWait}
 			continue
 		}
@@ -311,10 +313,7 @@ func (a *Admitter) peek(ctx context.Context, lane Lane, key string) (bucket.Deci
 
 // waitFor is the time n jobs take to drain at one per period.
 func waitFor(n int64, period time.Duration) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	w := float64(n) * float64(period)
+	w := float64(max(n, 0)) * float64(period)
 	// float64(math.MaxInt64) is 2^63, one past the largest Duration: a
 	// product equal to it does not convert either.
 	if w >= math.MaxInt64 {

@@ -244,6 +244,127 @@ func TestDecideN(t *testing.T) {
 	}
 }
 
+// TestDecideNMaxWait: within a batch, max_wait refuses the first job whose
+// wait behind the backlog and the jobs before it is over the bound (a wait
+// of exactly max_wait is taken), and every job after it.
+func TestDecideNMaxWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// 50 ms a job; max_wait is two jobs' worth.
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 1}, MaxBacklog: 100, MaxWait: 100 * time.Millisecond}
+	a, err := admission.New(admission.Config{Store: &bucket.Memory{Clock: buckettest.NewClock()}, Backlog: &fixedBacklog{n: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs := a.DecideN(ctx, lane, "", 4)
+	for i := range 2 { // backlog 1 and 2: waits of 50 and 100 ms
+		if errs[i] != nil || out[i].Backlog != int64(i+1) {
+			t.Errorf("job %d: %+v %v, want taken with backlog %d", i, out[i], errs[i], i+1)
+		}
+	}
+	for i := 2; i < 4; i++ { // waits of 150 and 200 ms
+		var rej *admission.RejectError
+		wantRetry := time.Duration(i-1) * 50 * time.Millisecond
+		if !errors.As(errs[i], &rej) || rej.Field != "max_wait" || rej.Backlog != int64(i+1) || rej.RetryAfter != wantRetry {
+			t.Errorf("job %d: %+v, want refused at max_wait with backlog %d, retry after %v", i, errs[i], i+1, wantRetry)
+		}
+	}
+}
+
+// TestDecideNRetryAfter: a job refused at max_backlog is told to come back
+// when the lane has drained down to room for it: one period per job over
+// the bound, itself included.
+func TestDecideNRetryAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 20, Burst: 1}, MaxBacklog: 3}
+	a, err := admission.New(admission.Config{Store: &bucket.Memory{Clock: buckettest.NewClock()}, Backlog: &fixedBacklog{n: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs := a.DecideN(ctx, lane, "", 3)
+	if errs[0] != nil {
+		t.Fatalf("job 0 refused: %v", errs[0])
+	}
+	for i := 1; i < 3; i++ {
+		var rej *admission.RejectError
+		want := time.Duration(i) * 50 * time.Millisecond
+		if !errors.As(errs[i], &rej) || rej.Field != "max_backlog" || rej.RetryAfter != want {
+			t.Errorf("job %d: %+v, want refused at max_backlog, retry after %v", i, errs[i], want)
+		}
+	}
+}
+
+// subDownStore is a store whose per-key states cannot be read (the lane's
+// can) while down is set.
+type subDownStore struct {
+	*bucket.Memory
+	down bool
+}
+
+func (s *subDownStore) Peek(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket.Decision, error) {
+	if s.down && k.Sub != "" {
+		return bucket.Decision{}, bucket.ErrUnavailable
+	}
+	return s.Memory.Peek(ctx, k, l)
+}
+
+// TestKeyedLane: on a keyed lane a job has room only when both its key's
+// bucket and the lane's have, with the fewer remaining and the later next
+// slot of the two; without a key only the lane's state counts. A key's
+// state that cannot be read degrades like the lane's, and Refresh then
+// leaves the decision as it was.
+func TestKeyedLane(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	keyLimit := bucket.Limit{Rate: 1, Burst: 2}
+	lane := admission.Lane{Name: "demo", Limit: bucket.Limit{Rate: 10, Burst: 5}, MaxBacklog: 100, KeyLimit: &keyLimit}
+	clk := buckettest.NewClock()
+	mem := &bucket.Memory{Clock: clk}
+	store := &subDownStore{Memory: mem}
+	a, err := admission.New(admission.Config{Store: store, Backlog: &fixedBacklog{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	laneKey, key := bucket.Key{Lane: "demo"}, bucket.Key{Lane: "demo", Sub: "k"}
+	check := func(what, sub string, room bool, remaining int, slotWait time.Duration) admission.Decision {
+		t.Helper()
+		d, err := a.Decide(ctx, lane, sub)
+		if err != nil || d.Room != room || d.Remaining != remaining || d.SlotWait != slotWait || d.Degraded {
+			t.Fatalf("%s: %+v %v, want room=%v remaining=%d slot wait %v", what, d, err, room, remaining, slotWait)
+		}
+		return d
+	}
+	check("both idle", "k", true, 2, 0) // the key's burst is the smaller
+	check("no key", "", true, 5, 0)
+	// The key's bucket empty: no room for its jobs, the next slot a second away.
+	if _, err := mem.Reserve(ctx, key, keyLimit, 2); err != nil {
+		t.Fatal(err)
+	}
+	check("key empty", "k", false, 0, time.Second)
+	check("key empty, no key", "", true, 5, 0)
+	// The lane's bucket empty too, its next slot sooner than the key's.
+	if _, err := mem.Reserve(ctx, laneKey, lane.Limit, 5); err != nil {
+		t.Fatal(err)
+	}
+	d := check("both empty", "k", false, 0, time.Second)
+	// Only the lane's empty: another key has room in its own bucket.
+	check("lane empty", "other", false, 0, 100*time.Millisecond)
+
+	store.down = true
+	if d, err := a.Decide(ctx, lane, "k"); err != nil || d.Room || !d.Degraded {
+		t.Fatalf("key state unreadable: %+v %v, want degraded without room", d, err)
+	}
+	if got := a.Refresh(ctx, lane, "k", d); got != d {
+		t.Fatalf("Refresh with the key state unreadable = %+v, want %+v unchanged", got, d)
+	}
+	store.down = false
+	clk.Advance(time.Second)
+	if got := a.Refresh(ctx, lane, "k", d); !got.Room || got.SlotWait != 0 || got.Remaining != 1 {
+		t.Fatalf("Refresh a second later = %+v, want room for one", got)
+	}
+}
+
 // countingPeeker counts the peeks that reach the store.
 type countingPeeker struct {
 	admission.Peeker
@@ -291,6 +412,7 @@ func TestDecideFrom(t *testing.T) {
 		{"fresh", lane, p, 0, 0, false, 50 * time.Millisecond},
 		{"aged 20ms", lane, p, 20 * time.Millisecond, 0, false, 30 * time.Millisecond},
 		{"slot came since", lane, p, 50 * time.Millisecond, 1, false, 50 * time.Millisecond},
+		{"exactly PeekMaxAge", lane, bucket.Decision{Allowed: true, Remaining: 3}, admission.PeekMaxAge, 0, true, 0},
 		{"older than PeekMaxAge", lane, bucket.Decision{Allowed: true, Remaining: 3}, admission.PeekMaxAge + time.Millisecond, 1, false, 50 * time.Millisecond},
 		{"from the future", lane, bucket.Decision{Allowed: true, Remaining: 3}, -time.Millisecond, 1, false, 50 * time.Millisecond},
 		{"room", lane, bucket.Decision{Allowed: true, Remaining: 3}, 10 * time.Millisecond, 0, true, 0},
@@ -304,6 +426,10 @@ func TestDecideFrom(t *testing.T) {
 				t.Fatalf("%+v %v after %d peeks; want room %v, slot wait %v after %d peeks", d, err, store.n, s.room, s.slotWait, s.peeks)
 			}
 		})
+	}
+	// The bucket is full again later by the peek's age.
+	if d, err := a.DecideFrom(ctx, lane, admission.Peeked{D: bucket.Decision{Allowed: true, Remaining: 3, ResetAfter: 100 * time.Millisecond}, At: at}, at.Add(20*time.Millisecond)); err != nil || d.Reset != 80*time.Millisecond {
+		t.Fatalf("a peek aged 20ms with the bucket full in 100ms: %+v %v, want Reset 80ms", d, err)
 	}
 	// The backlog bounds refuse as Decide does, whatever the peek says.
 	backlog.n = 100

@@ -142,11 +142,7 @@ type Reservation struct {
 
 // Delay is how long after the reservation slot i may start: max(0, First + i·Period).
 func (r Reservation) Delay(i int) time.Duration {
-	d := r.First + time.Duration(i)*r.Period
-	if d < 0 {
-		return 0
-	}
-	return d
+	return max(r.First+time.Duration(i)*r.Period, 0)
 }
 
 // Admit applies one admission check at now to the state tat (zero time means a
@@ -179,7 +175,8 @@ func Admit(now, tat time.Time, l Limit) (Decision, time.Time) {
 // jobs, or a lane whose jobs cost more than one token): allowed iff the
 // bucket holds n tokens now, that is now ≥ tat + (n−1)·T − τ; then tat =
 // max(tat, now) + n·T. AdmitN(now, tat, l, 1) is Admit. n = 0 takes nothing
-// and reports the state (Allowed is then true unless the bucket is empty).
+// and reports the state (Allowed is then true unless the bucket's next
+// token is more than a period away).
 // A cost over the burst is never allowed; callers refuse it before asking.
 func AdmitN(now, tat time.Time, l Limit, n int) (Decision, time.Time) {
 	period, tau := l.Period(), l.Tolerance()
@@ -232,9 +229,7 @@ func remaining(now, tat time.Time, period, tau time.Duration) int {
 // the reservation and the new tat. It always succeeds: a full bucket only makes
 // the slots start later.
 func Reserve(now, tat time.Time, l Limit, n int) (Reservation, time.Time) {
-	if n < 1 {
-		n = 1
-	}
+	n = max(n, 1)
 	period, tau := l.Period(), l.Tolerance()
 	base := tat
 	if base.Before(now) {
@@ -257,8 +252,5 @@ func Pause(tat, until time.Time, l Limit) time.Time {
 // IdleAfter is how long a state stays meaningful after tat: once the bucket is
 // full again (now ≥ tat) the state equals a fresh one and may be dropped.
 func IdleAfter(now, tat time.Time) time.Duration {
-	if d := tat.Sub(now); d > 0 {
-		return d
-	}
-	return 0
+	return max(tat.Sub(now), 0)
 }

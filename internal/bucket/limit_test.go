@@ -194,3 +194,73 @@ func TestRateUnmarshalEmpty(t *testing.T) {
 		t.Fatal("an empty value was taken")
 	}
 }
+
+// TestAdmitN: a request of n tokens is allowed only when the bucket holds
+// all n (at exactly n it is), takes n periods, and says when it could be
+// allowed otherwise; n = 1 is Admit, n = 0 takes nothing.
+func TestAdmitN(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	l := bucket.Limit{Rate: 10, Burst: 5} // 100 ms a token
+	now := time.Unix(1_000_000, 0)
+	d, tat := bucket.AdmitN(now, time.Time{}, l, 3)
+	if !d.Allowed || d.Remaining != 2 || d.RetryAfter != 0 || d.ResetAfter != 300*ms || !tat.Equal(now.Add(300*ms)) {
+		t.Fatalf("3 of 5 from a full bucket: %+v, tat +%v", d, tat.Sub(now))
+	}
+	full := tat
+	if d, next := bucket.AdmitN(now, full, l, 3); d.Allowed || d.Remaining != 0 || d.RetryAfter != 100*ms || d.ResetAfter != 300*ms || !next.Equal(full) {
+		t.Fatalf("3 more with 2 left: %+v, tat +%v; want refused, retry after 100ms, state unchanged", d, next.Sub(now))
+	}
+	d, tat = bucket.AdmitN(now, full, l, 2)
+	if !d.Allowed || d.Remaining != 0 || d.RetryAfter != 100*ms || d.ResetAfter != 500*ms || !tat.Equal(now.Add(500*ms)) {
+		t.Fatalf("the last 2 of 5: %+v, tat +%v", d, tat.Sub(now))
+	}
+	owe := now.Add(600 * ms) // a period past empty
+	if d, next := bucket.AdmitN(now, owe, l, 0); d.Allowed || d.RetryAfter != 100*ms || next != owe {
+		t.Fatalf("nothing from a bucket a period past empty: %+v; want not allowed, retry after 100ms, state unchanged", d)
+	}
+	if d, next := bucket.AdmitN(now, full, l, 0); !d.Allowed || d.Remaining != 2 || next != full {
+		t.Fatalf("nothing from a bucket with 2: %+v, want allowed with 2 left, state unchanged", d)
+	}
+	for _, tat := range []time.Time{{}, now.Add(-time.Second), now.Add(250 * ms), now.Add(400 * ms), now.Add(450 * ms)} {
+		d1, n1 := bucket.AdmitN(now, tat, l, 1)
+		d2, n2 := bucket.Admit(now, tat, l)
+		if d1 != d2 || !n1.Equal(n2) {
+			t.Errorf("tat %v: AdmitN(1) = %+v %v, Admit = %+v %v", tat, d1, n1, d2, n2)
+		}
+	}
+}
+
+// TestReservePairNext: after a pair reservation, KeyNext and LaneNext are
+// the earliest starts each state grants next, counting its burst (a state
+// with room left grants one at once); a key whose next start is exactly
+// the allowed lead after the lane's takes its slot.
+func TestReservePairNext(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	now := time.Unix(1_000_000, 0)
+	ll := bucket.Limit{Rate: 10, Burst: 2} // 100 ms a slot, τ 100 ms
+	kl := bucket.Limit{Rate: 1, Burst: 3}  // 1 s a slot, τ 2 s
+	var laneTat, keyTat time.Time
+	for i, want := range []bucket.PairReservation{
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 0},
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 100 * ms},
+		{OK: true, Due: 100 * ms, KeyNext: time.Second, LaneNext: 200 * ms},
+	} {
+		var r bucket.PairReservation
+		r, laneTat, keyTat = bucket.ReservePair(now, laneTat, keyTat, ll, kl, 0)
+		if r != want {
+			t.Fatalf("reservation %d: %+v, want %+v", i, r, want)
+		}
+	}
+	// The key's next start 10 ms after the lane's (idle) one: taken with a
+	// lead of exactly 10 ms, refused with 9 ms.
+	one := bucket.Limit{Rate: 1, Burst: 1}
+	keyTat = now.Add(10 * ms)
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 10*ms); !r.OK || r.Due != 10*ms {
+		t.Fatalf("a lead of exactly ahead: %+v, want the slot at 10ms", r)
+	}
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 9*ms); r.OK || r.KeyNext != 10*ms || r.LaneNext != 0 {
+		t.Fatalf("a lead over ahead: %+v, want refused, key next in 10ms", r)
+	}
+}

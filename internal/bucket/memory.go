@@ -22,7 +22,7 @@ type Memory struct {
 
 	mu     sync.Mutex
 	states map[Key]time.Time
-	ops    int
+	ops    int // operations since the last sweep
 }
 
 var _ Store = (*Memory)(nil)
@@ -47,7 +47,8 @@ func (m *Memory) update(k Key, f func(now, tat time.Time) time.Time) {
 	now := m.now()
 	m.states[k] = f(now, m.states[k])
 	m.ops++
-	if m.ops%sweepEvery == 0 {
+	if m.ops == sweepEvery {
+		m.ops = 0
 		for key, tat := range m.states {
 			if IdleAfter(now, tat) == 0 {
 				delete(m.states, key)

@@ -90,11 +90,7 @@ var canonicalUnits = []struct {
 // are *RateError values that say the expected form.
 func ParseRate(s string) (Rate, error) {
 	bad := func(format string, args ...any) (Rate, error) {
-		text := s
-		if len(text) > maxRateText {
-			text = text[:maxRateText]
-		}
-		return Rate{}, &RateError{Text: text, Msg: fmt.Sprintf(format, args...)}
+		return Rate{}, &RateError{Text: s[:min(len(s), maxRateText)], Msg: fmt.Sprintf(format, args...)}
 	}
 	if len(s) > maxRateText {
 		return bad("longer than %d bytes", maxRateText)
@@ -118,12 +114,15 @@ func ParseRate(s string) (Rate, error) {
 		}
 		unit := strings.Trim(window[digits:], blanks)
 		d, ok := rateUnits[unit]
-		switch {
-		case unit == "":
+		// An if chain rather than a switch: a mutation run sees if
+		// conditions, not case expressions (docs/MUTATION.md).
+		if unit == "" {
 			return bad("no unit after the /")
-		case !ok:
+		}
+		if !ok {
 			return bad("unknown unit %q (s, min, h or d)", unit)
-		case time.Duration(n) > maxRateWindow/d:
+		}
+		if time.Duration(n) > maxRateWindow/d {
 			return bad("the window is longer than 366 days")
 		}
 		per = time.Duration(n) * d
@@ -143,7 +142,7 @@ func parseCount(s string) (int64, string) {
 		return 0, "the count is not a plain decimal number"
 	}
 	mant, exp := s, 0
-	if i := strings.IndexAny(s, "eE"); i >= 0 {
+	if i := strings.IndexAny(s, "eE"); i != -1 {
 		e := strings.TrimLeft(s[i+1:], "+-")
 		if len(s[i+1:])-len(e) > 1 || e == "" || len(e) > 3 || !allDigits(e) {
 			return 0, "the count's exponent is not a small whole number"
@@ -154,24 +153,23 @@ func parseCount(s string) (int64, string) {
 	if !allDigits(intPart) || !allDigits(frac) || intPart+frac == "" {
 		return 0, "the count is not a plain decimal number"
 	}
-	// Move the decimal point by the exponent, then drop the leading zeros of
-	// the integer part and the trailing zeros of the fraction.
-	digits, point := intPart+frac, len(intPart)+exp
-	if point < 0 {
-		digits, point = strings.Repeat("0", -point)+digits, 0
+	// The count in millionths is digits·10^shift, with digits free of
+	// leading zeros (they add nothing) and of trailing ones (each moves
+	// into the shift).
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" {
+		return 0, ""
 	}
-	if point > len(digits) {
-		digits += strings.Repeat("0", point-len(digits))
-	}
-	intPart = strings.TrimLeft(digits[:point], "0")
-	frac = strings.TrimRight(digits[point:], "0")
-	switch {
-	case len(intPart) > maxCountInt:
+	shift := exp - len(frac) + maxCountFrac
+	trimmed := strings.TrimRight(digits, "0")
+	digits, shift = trimmed, shift+len(digits)-len(trimmed)
+	if len(digits)+shift-maxCountFrac > maxCountInt {
 		return 0, fmt.Sprintf("the count has more than %d digits before the point", maxCountInt)
-	case len(frac) > maxCountFrac:
+	}
+	if shift < 0 {
 		return 0, fmt.Sprintf("the count has more than %d decimal places", maxCountFrac)
 	}
-	n, _ := strconv.ParseInt("0"+intPart+frac+strings.Repeat("0", maxCountFrac-len(frac)), 10, 64) // at most 18 digits
+	n, _ := strconv.ParseInt(digits+strings.Repeat("0", shift), 10, 64) // at most 18 digits
 	return n, ""
 }
 
@@ -306,14 +304,17 @@ func (q Quota) Rate(maxLate time.Duration) (Rate, error) {
 	bad := func(field, format string, args ...any) (Rate, error) {
 		return Rate{}, &LimitError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	switch {
-	case q.Limit < 1 || q.Limit > 999_999_999_999:
+	// An if chain rather than a switch, as in ParseRate.
+	if q.Limit < 1 || q.Limit > 999_999_999_999 {
 		return bad("limit", "must be from 1 to 999999999999, got %d", q.Limit)
-	case q.Per < time.Second || q.Per%time.Second != 0 || q.Per > maxRateWindow:
+	}
+	if q.Per < time.Second || q.Per%time.Second != 0 || q.Per > maxRateWindow {
 		return bad("per", "must be a whole number of seconds from 1s to 366 days, got %v", q.Per)
-	case q.Burst < 1 || int64(q.Burst) > q.Limit:
+	}
+	if q.Burst < 1 || int64(q.Burst) > q.Limit {
 		return bad("burst", "must be from 1 to the limit %d, got %d", q.Limit, q.Burst)
-	case maxLate < 0:
+	}
+	if maxLate < 0 {
 		return bad("per", "cannot be kept with a negative lateness bound %v", maxLate)
 	}
 	room := uint64(q.Limit - int64(q.Burst))

@@ -228,6 +228,12 @@ func TestQuotaRate(t *testing.T) {
 		{bucket.Quota{Limit: 50, Per: 1500 * time.Millisecond, Burst: 1}, "whole number of seconds"},
 		{bucket.Quota{Limit: 50, Per: 0, Burst: 1}, "whole number of seconds"},
 		{bucket.Quota{Limit: 50, Per: 367 * 24 * time.Hour, Burst: 1}, "366 days"},
+		// Each bound taken exactly: the largest limit over the longest window,
+		// a limit of 1, and a burst equal to the limit (both leave no room).
+		{bucket.Quota{Limit: 999_999_999_999, Per: 366 * 24 * time.Hour, Burst: 1}, "999999999934/366d"}, // k = ⌈999999999998·2ms/366d⌉ = 64
+		{bucket.Quota{Limit: 1_000_000_000_000, Per: time.Hour, Burst: 1}, "limit must be from 1 to 999999999999"},
+		{bucket.Quota{Limit: 1, Per: time.Hour, Burst: 1}, "leaves no room"},
+		{bucket.Quota{Limit: 50, Per: time.Hour, Burst: 50}, "leaves no room"},
 	}
 	for _, s := range steps {
 		t.Run(quotaName(s.q), func(t *testing.T) {
@@ -382,4 +388,17 @@ func busiestWindow(starts []time.Time, per time.Duration) (int, time.Time) {
 
 func quotaName(q bucket.Quota) string {
 	return fmt.Sprintf("%d per %v burst %d", q.Limit, q.Per, q.Burst)
+}
+
+// TestQuotaRateLateness: a lateness bound of zero is taken (one start of
+// margin, k = 1); a negative one is refused.
+func TestQuotaRateLateness(t *testing.T) {
+	t.Parallel()
+	q := bucket.Quota{Limit: 100_000, Per: time.Minute, Burst: 1}
+	if r, err := q.Rate(0); err != nil || r.String() != "99998/min" {
+		t.Errorf("Rate(0) = %v, %v; want 99998/min", r, err)
+	}
+	if _, err := q.Rate(-time.Nanosecond); err == nil || !strings.Contains(err.Error(), "negative lateness bound") {
+		t.Errorf("Rate(-1ns) = %v, want the negative lateness bound refused", err)
+	}
 }

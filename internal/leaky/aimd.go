@@ -34,14 +34,13 @@ func (a *AIMD) settle(now time.Time) {
 		a.lastDecrease = now.Add(-a.Interval)
 		return
 	}
-	if a.factor >= 1 || a.Interval <= 0 {
+	if a.Interval <= 0 {
 		a.lastStep = now
 		return
 	}
-	steps := now.Sub(a.lastStep) / a.Interval
-	if steps <= 0 {
-		return
-	}
+	// Whole intervals since the last step (none if the clock went back);
+	// at a factor of 1 they add nothing.
+	steps := max(now.Sub(a.lastStep)/a.Interval, 0)
 	a.factor = min(1, a.factor+float64(steps)*a.Increase)
 	a.lastStep = a.lastStep.Add(steps * a.Interval)
 }

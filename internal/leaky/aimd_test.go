@@ -55,7 +55,7 @@ func TestAIMD(t *testing.T) {
 func TestDrainHonoursPause(t *testing.T) {
 	clock := buckettest.NewClock()
 	t0 := clock.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &sliceSource{items: items(6), cancel: cancel}
 	l := bucket.Limit{Rate: 10, Burst: 1}

@@ -3,6 +3,8 @@ package leaky_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,7 +74,7 @@ func TestBatchBoundsEachReserve(t *testing.T) {
 		{0, 4, 1}, {1, 4, 1}, {3, 4, 3}, {4, 4, 4}, {8, 4, 4},
 	} {
 		clk := buckettest.NewClock()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		l := bucket.Limit{Rate: 100, Burst: 1}
 		pacer := &countingPacer{clock: clk, limit: 1000, stop: cancel,
 			p: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}}
@@ -113,7 +115,7 @@ func TestPacerDownTiming(t *testing.T) {
 	} {
 		clk := buckettest.NewClock()
 		t0 := clk.Now()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		src := &sliceSource{items: items(2), cancel: cancel}
 		// A drain that does not wait between calls would call forever on
 		// a virtual clock: cut it short.
@@ -152,7 +154,7 @@ func TestMaxLateBound(t *testing.T) {
 	} {
 		clk := &stallClock{Manual: buckettest.NewClock(), stallAt: 10 * time.Millisecond, stall: tc.stall}
 		clk.t0 = clk.Now()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := virtualCtx(t)
 		l := bucket.Limit{Rate: 1000, Burst: 1}
 		started := 0
 		src := &sliceSource{items: items(40), cancel: cancel}
@@ -177,7 +179,7 @@ func TestMaxLateBound(t *testing.T) {
 func TestReservedAheadIsBounded(t *testing.T) {
 	t.Parallel()
 	clk := buckettest.NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 	store := &bucket.Memory{Clock: clk}
 	key := bucket.Key{Lane: "l"}
@@ -258,7 +260,7 @@ func (frozenClock) Sleep(ctx context.Context, d time.Duration) error {
 func TestStopGivesBackHeldItems(t *testing.T) {
 	t.Parallel()
 	clk := frozenClock{buckettest.NewClock()}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	src := &blockingSource{ch: make(chan item, 8)}
 	for _, it := range items(8) {
 		src.ch <- it
@@ -305,7 +307,7 @@ func TestFetchTroubleIsRetried(t *testing.T) {
 	t.Parallel()
 	clk := buckettest.NewClock()
 	t0 := clk.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	boom := errors.New("jetstream away")
 	src := &flakySource{sliceSource: sliceSource{items: items(3), cancel: cancel}, script: []error{boom, nil, boom, nil}}
@@ -324,3 +326,170 @@ func TestFetchTroubleIsRetried(t *testing.T) {
 		t.Fatalf("waited %v for two failed fetches and two empty ones, want 2 × 300ms", waited)
 	}
 }
+
+// TestNewChecksConfig: New refuses a Config without a Source, Pacer or
+// Starter, or without room for one dispatch, and names what is missing.
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	clk := buckettest.NewClock()
+	good := func() leaky.Config[item] {
+		return leaky.Config[item]{
+			Source: &sliceSource{}, MaxInflight: 1, Clock: clk,
+			Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"},
+				Limit: func() bucket.Limit { return bucket.Limit{Rate: 1, Burst: 1} }},
+			Start: func(_ context.Context, _ item, done func()) { done() },
+		}
+	}
+	if _, err := leaky.New(good()); err != nil {
+		t.Fatalf("New(a good config with MaxInflight 1) = %v", err)
+	}
+	for _, tc := range []struct {
+		want string
+		mod  func(*leaky.Config[item])
+	}{
+		{"Source", func(c *leaky.Config[item]) { c.Source = nil }},
+		{"Pacer", func(c *leaky.Config[item]) { c.Pacer = nil }},
+		{"Start", func(c *leaky.Config[item]) { c.Start = nil }},
+		{"MaxInflight 0", func(c *leaky.Config[item]) { c.MaxInflight = 0 }},
+	} {
+		cfg := good()
+		tc.mod(&cfg)
+		if d, err := leaky.New(cfg); err == nil || d != nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New without %s = %v, %v; want an error naming it", tc.want, d, err)
+		}
+	}
+}
+
+// TestMaxHeld: the bound on slots held reserved and unstarted is two
+// batches and a half (a batch in hand, under a batch and a half left over,
+// a batch more reserved), and a drain keeps it.
+func TestMaxHeld(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ batch, want int }{{0, 2}, {1, 2}, {2, 5}, {7, 17}, {20, 50}} {
+		if got := leaky.MaxHeld(tc.batch); got != tc.want {
+			t.Errorf("MaxHeld(%d) = %d, want %d", tc.batch, got, tc.want)
+		}
+	}
+	clk := buckettest.NewClock()
+	ctx, cancel := virtualCtx(t)
+	defer cancel()
+	const batch = 20
+	l := bucket.Limit{Rate: 1000, Burst: 1}
+	obs := &heldObserver{}
+	var d *leaky.Drain[item]
+	obs.missed = func() uint64 { return d.Missed() }
+	d, _ = leaky.New(leaky.Config[item]{
+		Source: &patternSource{left: 2000, chunks: []int{3, 3, 3, 20, 1, 20, 7, 20}, cancel: cancel}, Clock: clk, MaxInflight: 64, Batch: batch,
+		Pacer:    leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start:    func(_ context.Context, _ item, done func()) { done() },
+		Observer: obs,
+	})
+	d.Run(ctx)
+	// Small chunks leave slots over; a full batch then comes while nearly a
+	// batch and a half is held, and a batch more is reserved: the pattern
+	// reaches 49, one short of the bound.
+	if obs.max > leaky.MaxHeld(batch) || obs.max < leaky.MaxHeld(batch)-2 {
+		t.Fatalf("the drain held at most %d slots reserved and unstarted, want at most MaxHeld(%d) = %d and near it (the chunks reach it)", obs.max, batch, leaky.MaxHeld(batch))
+	}
+}
+
+// heldObserver tracks the slots reserved and not yet started or missed;
+// the drain calls it from its one goroutine.
+type heldObserver struct {
+	reserved, started int
+	max               int
+	missed            func() uint64
+}
+
+func (o *heldObserver) Started(time.Duration) { o.started++ }
+func (o *heldObserver) Reserved(n int) {
+	o.reserved += n
+	o.max = max(o.max, o.reserved-o.started-int(o.missed()))
+}
+func (o *heldObserver) PacerDown(bool, error) {}
+
+// patternSource hands out left items in chunks of the sizes in chunks, in
+// turn (capped by the drain's max), then cancels.
+type patternSource struct {
+	left, next int
+	chunks     []int
+	cancel     context.CancelFunc
+}
+
+func (s *patternSource) Next(ctx context.Context, max int) ([]item, error) {
+	n := min(max, s.chunks[s.next%len(s.chunks)], s.left)
+	if n == 0 {
+		s.cancel()
+		return nil, ctx.Err()
+	}
+	s.next++
+	s.left -= n
+	return make([]item, n), nil
+}
+
+func (s *patternSource) Release([]item) {}
+
+// TestPanicIsNotAHang: a panic in the drain's goroutine (here the Starter's)
+// leaves Run at once, with the permits of the items it held still taken,
+// rather than waiting for them forever: a crash must not become a hang.
+func TestPanicIsNotAHang(t *testing.T) {
+	t.Parallel()
+	clk := buckettest.NewClock()
+	ctx, cancel := virtualCtx(t)
+	defer cancel()
+	d, err := leaky.New(leaky.Config[item]{
+		Source: &sliceSource{items: items(4), cancel: cancel}, Clock: clk, MaxInflight: 4, Batch: 4,
+		Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"},
+			Limit: func() bucket.Limit { return bucket.Limit{Rate: 1, Burst: 4} }},
+		Start: func(context.Context, item, func()) { panic("boom") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recovered := make(chan any, 1)
+	go func() {
+		defer func() { recovered <- recover() }()
+		_ = d.Run(ctx)
+	}()
+	select {
+	case p := <-recovered:
+		if p != "boom" {
+			t.Fatalf("Run ended with %v, want the Starter's panic", p)
+		}
+	case <-time.After(10 * time.Second): // only on failure
+		t.Fatal("Run hung after a panic in its goroutine")
+	}
+}
+
+// TestTopUpAtHalfABatch: a drain handed one item at a time reserves its next
+// batch when the slots it holds are fewer than the item plus half a batch
+// (here at 10 left of 20), not sooner (slots held longer) nor later (the
+// next item might wait for a store call).
+func TestTopUpAtHalfABatch(t *testing.T) {
+	t.Parallel()
+	clk := buckettest.NewClock()
+	ctx, cancel := virtualCtx(t)
+	defer cancel()
+	l := bucket.Limit{Rate: 1000, Burst: 1}
+	obs := &topUpObserver{}
+	d, _ := leaky.New(leaky.Config[item]{
+		Source: &patternSource{left: 60, chunks: []int{1}, cancel: cancel}, Clock: clk, MaxInflight: 64, Batch: 20,
+		Pacer:    leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
+		Start:    func(_ context.Context, _ item, done func()) { done() },
+		Observer: obs,
+	})
+	d.Run(ctx)
+	if want := []int{0, 10, 30, 50}; !slices.Equal(obs.startedAt, want) || d.Missed() != 0 {
+		t.Fatalf("reserved after %v starts (missed %d), want after %v", obs.startedAt, d.Missed(), want)
+	}
+}
+
+// topUpObserver records how many items had started at each Reserve.
+type topUpObserver struct {
+	started   int
+	startedAt []int
+}
+
+func (o *topUpObserver) Started(time.Duration) { o.started++ }
+func (o *topUpObserver) Reserved(int)          { o.startedAt = append(o.startedAt, o.started) }
+func (o *topUpObserver) PacerDown(bool, error) {}

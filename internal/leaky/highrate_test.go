@@ -185,7 +185,7 @@ func TestStallDoesNotClump(t *testing.T) {
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 	clock := &stallClock{Manual: buckettest.NewClock(), stallAt: 50 * time.Millisecond, stall: 20 * time.Millisecond}
 	clock.t0 = clock.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &sliceSource{items: items(200), cancel: cancel}
 	var starts []time.Duration
@@ -244,7 +244,7 @@ func TestPartialFetchesShareOneCall(t *testing.T) {
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 	clock := buckettest.NewClock()
 	t0 := clock.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &trickleSource{sliceSource: sliceSource{items: items(600), cancel: cancel}, per: 3}
 	calls := 0

@@ -47,7 +47,8 @@ type Source[T any] interface {
 	// Next blocks until at least one item is available (or ctx ends), then
 	// returns up to max items that are available without waiting further.
 	Next(ctx context.Context, max int) ([]T, error)
-	// Release gives items back to the queue unstarted (shutdown, no slot).
+	// Release gives items back to the queue unstarted (shutdown, no slot);
+	// it may be called with none.
 	Release(items []T)
 }
 
@@ -175,14 +176,18 @@ type Drain[T any] struct {
 
 // New checks cfg and returns a Drain. It starts nothing.
 func New[T any](cfg Config[T]) (*Drain[T], error) {
-	switch {
-	case cfg.Source == nil:
+	// An if chain rather than a switch: a mutation run sees if conditions,
+	// not case expressions (docs/MUTATION.md).
+	if cfg.Source == nil {
 		return nil, errors.New("leaky: Config.Source is nil")
-	case cfg.Pacer == nil:
+	}
+	if cfg.Pacer == nil {
 		return nil, errors.New("leaky: Config.Pacer is nil")
-	case cfg.Start == nil:
+	}
+	if cfg.Start == nil {
 		return nil, errors.New("leaky: Config.Start is nil")
-	case cfg.MaxInflight < 1:
+	}
+	if cfg.MaxInflight < 1 {
 		return nil, fmt.Errorf("leaky: MaxInflight %d must be at least 1", cfg.MaxInflight)
 	}
 	cfg.Batch = min(max(cfg.Batch, 1), cfg.MaxInflight)
@@ -227,6 +232,19 @@ type fetched[T any] struct {
 // first of the next (no batch boundaries). At most one fetched batch waits
 // beside the one being started; both count in the queue's in-flight bound.
 func (d *Drain[T]) Run(ctx context.Context) error {
+	err := d.run(ctx)
+	// Wait for running dispatches: fill every permit. Not when run panics
+	// (the permits of the items it held are not given back then): a crash
+	// must not become a hang.
+	for range d.cfg.MaxInflight {
+		d.permits <- struct{}{}
+	}
+	return err
+}
+
+// run is Run until the dispatches it started are waited for; every path
+// out of it has given back the permits of the items it did not start.
+func (d *Drain[T]) run(ctx context.Context) error {
 	var held []T
 	// Unbuffered: the fetcher holds the one batch read ahead until the drain
 	// takes it, and reads no further. A job read and not yet given a slot
@@ -241,9 +259,7 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 	giveBackAhead := func() {
 		select {
 		case f := <-ahead:
-			if len(f.items) > 0 {
-				d.cfg.Source.Release(f.items)
-			}
+			d.cfg.Source.Release(f.items)
 		default:
 		}
 	}
@@ -251,13 +267,7 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 		stopFetch()
 		<-fetcherDone
 		giveBackAhead()
-		if len(held) > 0 {
-			d.cfg.Source.Release(held)
-		}
-		// Wait for running dispatches: fill every permit.
-		for range d.cfg.MaxInflight {
-			d.permits <- struct{}{}
-		}
+		d.cfg.Source.Release(held)
 	}()
 	for {
 		if len(held) == 0 {
@@ -331,17 +341,13 @@ func (d *Drain[T]) fetch(ctx context.Context, ahead chan<- fetched[T], done chan
 	for ctx.Err() == nil {
 		items, err := d.cfg.Source.Next(ctx, d.cfg.Batch)
 		if ctx.Err() != nil {
-			if len(items) > 0 {
-				d.cfg.Source.Release(items)
-			}
+			d.cfg.Source.Release(items)
 			return
 		}
 		select {
 		case ahead <- fetched[T]{items: items, err: err}:
 		case <-ctx.Done():
-			if len(items) > 0 {
-				d.cfg.Source.Release(items)
-			}
+			d.cfg.Source.Release(items)
 			return
 		}
 		if err != nil && d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
@@ -391,8 +397,8 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			if d.cfg.Assigned != nil {
 				d.cfg.Assigned(it, slot)
 			}
-			if wait := due.Sub(d.cfg.Clock.Now()); wait > 0 {
-				if err := d.cfg.Clock.Sleep(ctx, wait); err != nil {
+			if now := d.cfg.Clock.Now(); due.After(now) {
+				if err := d.cfg.Clock.Sleep(ctx, due.Sub(now)); err != nil {
 					// Reserved slots of unstarted items are lost capacity,
 					// never overshoot.
 					return batch[i:], err

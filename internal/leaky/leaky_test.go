@@ -3,6 +3,7 @@ package leaky_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,26 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// virtualRunLimit bounds, in real time, a test whose drain runs on virtual
+// time: such a run takes milliseconds, so one still going after this long
+// hangs (an item never started, a permit never given back, a loop that
+// never sleeps), and the test binary fails at once instead of waiting out
+// go test's -timeout.
+const virtualRunLimit = 10 * time.Second
+
+// virtualCtx is the context of a drain run on virtual time, with the
+// virtualRunLimit watchdog: past it the test binary panics (as go test
+// -timeout would, but sooner), naming the test.
+func virtualCtx(t *testing.T) (context.Context, context.CancelFunc) {
+	t.Helper()
+	name := t.Name()
+	watchdog := time.AfterFunc(virtualRunLimit, func() {
+		panic(fmt.Sprintf("%s: the drain was still running after %v of real time on virtual time: it hangs", name, virtualRunLimit))
+	})
+	t.Cleanup(func() { watchdog.Stop() })
+	return context.WithCancel(context.Background())
+}
 
 // item is one queued job of these tests: its number in queue order.
 type item struct{ n int }
@@ -79,7 +100,7 @@ func runVirtual(t *testing.T, l bucket.Limit, maxInflight int, items []item, sto
 	t.Helper()
 	clock := buckettest.NewClock()
 	t0 := clock.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &sliceSource{items: items, cancel: cancel}
 	var starts []start
@@ -161,7 +182,7 @@ func TestAssignedTellsEachSlot(t *testing.T) {
 	l := bucket.Limit{Rate: 1, Burst: 2}
 	clock := buckettest.NewClock()
 	t0 := clock.Now()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &sliceSource{items: items(4), cancel: cancel}
 	type told struct {
@@ -251,7 +272,7 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := buckettest.NewClock()
-			ctx, cancel := context.WithCancel(context.Background())
+			ctx, cancel := virtualCtx(t)
 			defer cancel()
 			src := &sliceSource{items: items(3), cancel: cancel}
 			l := bucket.Limit{Rate: 10, Burst: 1}
@@ -277,7 +298,7 @@ func TestDrainPausesWhilePacerIsDown(t *testing.T) {
 }
 
 func TestMaxInflightBoundsConcurrentDispatches(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	const total, limit = 60, 3
 	src := &blockingSource{ch: make(chan item, total)}
@@ -431,7 +452,7 @@ func (s *signalSource) Release([]item) {}
 // there.
 func TestFetchIsPipelined(t *testing.T) {
 	clock := buckettest.NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &signalSource{first: items(4), asked: make(chan struct{})}
 	l := bucket.Limit{Rate: 100, Burst: 1}
