@@ -51,7 +51,7 @@ func TestStaleCountsAreReadOnce(t *testing.T) {
 		want int64
 	}{
 		{"Backlog", func() (int64, error) { return q.Backlog(ctx, "demo", maxAge) }, 3},
-		{"Ahead", func() (int64, error) { return q.Ahead(ctx, "demo", last.Seq, maxAge) }, 2},
+		{"Ahead", func() (int64, error) { return q.Ahead(ctx, "demo", "", last.Seq, maxAge) }, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := apiCalls(t, nc)
