@@ -670,6 +670,7 @@ func appendAccepted(b []byte, a api.Accepted) []byte {
 // escapes it (HTML characters included).
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
+	open := len(b)
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); i++ {
@@ -678,9 +679,10 @@ func appendJSONString(b []byte, s string) []byte {
 			continue
 		}
 		if c >= 0x80 {
-			// Not in ids or lane names; leave UTF-8 to encoding/json.
+			// Not in ids or lane names; leave UTF-8 (U+2028, invalid
+			// bytes) to encoding/json, dropping what was escaped so far.
 			q, _ := json.Marshal(s)
-			return append(b[:len(b)-1], q...)
+			return append(b[:open], q...)
 		}
 		b = append(b, s[start:i]...)
 		switch c {
@@ -692,6 +694,10 @@ func appendJSONString(b []byte, s string) []byte {
 			b = append(b, '\\', 'r')
 		case '\t':
 			b = append(b, '\\', 't')
+		case '\b':
+			b = append(b, '\\', 'b')
+		case '\f':
+			b = append(b, '\\', 'f')
 		default:
 			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 		}
