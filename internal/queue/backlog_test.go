@@ -112,3 +112,20 @@ func TestJobHeldForAFarSlotStaysCounted(t *testing.T) {
 		t.Fatalf("a job after the held one is done: %v", err)
 	}
 }
+
+// TestSharedBacklogReadCountsPublishesSince: a Backlog with maxAge that
+// reads JetStream (its count stale) answers with the estimate, not the raw
+// count: a job confirmed while the shared stream info was on its way is not
+// in that count, and the answer never counts fewer jobs than are stored.
+func TestSharedBacklogReadCountsPublishesSince(t *testing.T) {
+	q := oneLane(t)
+	ctx := context.Background()
+	onRead(t, func() {
+		if _, err := q.Publish(ctx, queue.Job{ID: "during-read", Lane: "demo"}); err != nil {
+			t.Error(err)
+		}
+	})
+	if n, err := q.Backlog(ctx, "demo", time.Hour); err != nil || n != 1 {
+		t.Fatalf("backlog after a shared read %d %v, want 1 (the job confirmed during the read)", n, err)
+	}
+}

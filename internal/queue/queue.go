@@ -536,18 +536,23 @@ func (q *Queue) Backlog(ctx context.Context, lane string, maxAge time.Duration) 
 		return n, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
 	}
 	read := func() (any, error) { return q.readBacklog(ctx, ls) }
-	var v any
-	if maxAge > 0 {
-		// Requests that find the count stale together share one stream
-		// info (see Ahead); a fresh read (maxAge 0) is always its own.
-		v, err, _ = ls.flight.Do("backlog", read)
-	} else {
-		v, err = read()
+	if maxAge <= 0 {
+		v, err := read()
+		if err != nil {
+			return n, err
+		}
+		return v.(int64), nil
 	}
-	if err != nil {
+	// Requests that find the count stale together share one stream info
+	// (see Ahead); a fresh read (maxAge 0) is always its own. A request
+	// joining a shared read may have seen publishes that read does not
+	// count: it answers with the estimate, which keeps them on top.
+	if _, err, _ := ls.flight.Do("backlog", read); err != nil {
 		return n, err
 	}
-	return v.(int64), nil
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.estimate(), nil
 }
 
 // readBacklog reads the lane's stored jobs from JetStream, which become
