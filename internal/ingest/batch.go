@@ -362,7 +362,13 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 				}
 			}
 			if first >= 0 {
-				ahead = h.ahead(ctx, dec, lane, name, key, pubs[first].Seq)
+				started := 0
+				if key != "" && lane.KeyStarted != nil {
+					if n, err := lane.KeyStarted(ctx, key); err == nil {
+						started = n
+					}
+				}
+				ahead = h.ahead(ctx, dec, name, key, pubs[first].Seq, started)
 				if key != "" {
 					// A key's count holds the batch's later items of the
 					// key too: the decisions count those.

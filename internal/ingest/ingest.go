@@ -539,35 +539,37 @@ const aheadMaxAge = 250 * time.Millisecond
 // keyed lane, the key's jobs not started yet).
 func (h *Handler) eta(ctx context.Context, dec admission.Decision, lane Lane, name, key string, seq uint64) time.Duration {
 	if key == "" || lane.KeyStarted == nil {
-		return dec.ETA(h.ahead(ctx, dec, lane, name, key, seq))
+		return dec.ETA(h.ahead(ctx, dec, name, key, seq, 0))
 	}
 	// A keyed job waits for its key's next free slot and its key's jobs
 	// not started yet. A job reserved between reading the key's state and
 	// counting its started jobs would be in neither: the state is read
-	// again until the count did not move around it (a few tries).
+	// again until the count did not move around it (a few tries). The
+	// last count read is the one subtracted from the jobs ahead.
+	n, err := lane.KeyStarted(ctx, key)
 	for range 3 {
-		n, err := lane.KeyStarted(ctx, key)
 		d := h.cfg.Admitter.Refresh(ctx, lane.forKey(key), key, dec)
-		if m, err2 := lane.KeyStarted(ctx, key); err == nil && err2 == nil && m == n {
-			return d.ETA(h.ahead(ctx, d, lane, name, key, seq))
+		m, err2 := lane.KeyStarted(ctx, key)
+		if err == nil && err2 == nil && m == n {
+			return d.ETA(h.ahead(ctx, d, name, key, seq, m))
 		}
-		dec = d
+		dec, n, err = d, m, err2
 	}
-	return dec.ETA(h.ahead(ctx, dec, lane, name, key, seq))
+	if err != nil {
+		n = 0
+	}
+	return dec.ETA(h.ahead(ctx, dec, name, key, seq, n))
 }
 
-// ahead counts the jobs queued ahead of the one of key stored at seq.
-func (h *Handler) ahead(ctx context.Context, dec admission.Decision, lane Lane, name, key string, seq uint64) int64 {
+// ahead counts the jobs queued ahead of the one of key stored at seq, less
+// started: the key's jobs started and not settled, which the queue still
+// counts.
+func (h *Handler) ahead(ctx context.Context, dec admission.Decision, name, key string, seq uint64, started int) int64 {
 	ahead, err := h.cfg.Publisher.Ahead(ctx, name, key, seq, aheadMaxAge)
 	if err != nil {
 		return dec.Backlog
 	}
-	if key != "" && lane.KeyStarted != nil {
-		if n, err := lane.KeyStarted(ctx, key); err == nil {
-			ahead = max(ahead-int64(n), 0)
-		}
-	}
-	return ahead
+	return max(ahead-int64(started), 0)
 }
 
 // setRateHeaders writes the rate-limit headers of a job's answer: every

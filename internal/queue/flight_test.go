@@ -78,3 +78,58 @@ func TestStaleCountsAreReadOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyedAheadReusesTheKeyCount: on a keyed lane, Ahead reuses a count
+// of the key's stored jobs younger than maxAge that already saw the job
+// asked about, and requests needing it at once share one read; a count
+// read before the job was stored is not reused (it could miss jobs of the
+// key ahead of it), and maxAge 0 always reads.
+func TestKeyedAheadReusesTheKeyCount(t *testing.T) {
+	q, nc := keyedLane(t)
+	ctx := context.Background()
+	publish := func(id string) uint64 {
+		t.Helper()
+		res, err := q.Publish(ctx, queue.Job{ID: id, Lane: "hooks", Key: "k", Payload: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Seq
+	}
+	publish("a")
+	seqB := publish("b")
+	const callers = 64
+	before := apiCalls(t, nc)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			<-start
+			if n, err := q.Ahead(ctx, "hooks", "k", seqB, time.Hour); err != nil || n != 1 {
+				t.Errorf("Ahead: %d %v, want 1", n, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := apiCalls(t, nc) - before - 1; got < 1 || got > 4 {
+		t.Fatalf("%d callers made %d JetStream reads, want 1 (at most 4)", callers, got)
+	}
+
+	// A job stored after the count: asking about it reads again.
+	seqC := publish("c")
+	if n, err := q.Ahead(ctx, "hooks", "k", seqC, time.Hour); err != nil || n != 2 {
+		t.Fatalf("Ahead of the job stored after the count: %d %v, want 2", n, err)
+	}
+	// Asking about b again reuses the newest count (it saw b): one too
+	// many at most, never too few.
+	before = apiCalls(t, nc)
+	if n, err := q.Ahead(ctx, "hooks", "k", seqB, time.Hour); err != nil || n != 2 {
+		t.Fatalf("Ahead of b from the kept count: %d %v, want 2", n, err)
+	}
+	if got := apiCalls(t, nc) - before - 1; got != 0 {
+		t.Fatalf("a kept count made %d JetStream reads, want 0", got)
+	}
+	if n, err := q.Ahead(ctx, "hooks", "k", seqB, 0); err != nil || n != 2 {
+		t.Fatalf("Ahead with maxAge 0: %d %v, want 2", n, err)
+	}
+}

@@ -178,6 +178,8 @@ type laneState struct {
 	keys   []KeyCount
 	keysN  int
 	keysAt time.Time
+	// subjects: a keyed lane's recent counts of keys' stored jobs (Ahead).
+	subjects map[string]subjectCount
 	// lastFetched is the highest stream sequence this instance fetched;
 	// delivered the consumer's last delivered one (all instances) as of
 	// deliveredAt. The jobs between them and a new job wait ahead of it.
@@ -217,14 +219,11 @@ func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge 
 		if key == "" {
 			return 0, nil
 		}
-		subj := InternalSubject(lane, key)
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(subj))
+		c, err := q.keyStored(ctx, ls, InternalSubject(lane, key), seq, maxAge)
 		if err != nil {
-			return 0, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, lane, err)
+			return 0, err
 		}
-		return max(int64(si.State.Subjects[subj])-1, 0), nil
+		return max(int64(c.n)-1, 0), nil
 	}
 	ls.mu.Lock()
 	stale := maxAge <= 0 || time.Since(ls.deliveredAt) >= maxAge
@@ -248,6 +247,77 @@ func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge 
 		return 0, infoErr
 	}
 	return int64(seq - pos - 1), infoErr
+}
+
+// subjectCount is a keyed lane's count of one key's stored jobs, read at
+// at from a stream whose last job then was lastSeq.
+type subjectCount struct {
+	n, lastSeq uint64
+	at         time.Time
+}
+
+// maxSubjectCounts bounds the keys whose counts a lane keeps.
+const maxSubjectCounts = 4096
+
+// keyStored counts the stored jobs of subj, a key's subject, with the job
+// at seq among them. A count read at most maxAge ago (0: now) that already
+// saw the job at seq is reused; requests that need a read of the same
+// subject at once share it.
+func (q *Queue) keyStored(ctx context.Context, ls *laneState, subj string, seq uint64, maxAge time.Duration) (subjectCount, error) {
+	if maxAge > 0 {
+		ls.mu.Lock()
+		c, ok := ls.subjects[subj]
+		ls.mu.Unlock()
+		if ok && time.Since(c.at) < maxAge && c.lastSeq >= seq {
+			return c, nil
+		}
+		v, err, _ := ls.flight.Do(subj, func() (any, error) { return q.readSubject(ctx, ls, subj, maxAge) })
+		if err != nil {
+			return subjectCount{}, err
+		}
+		if c := v.(subjectCount); c.lastSeq >= seq {
+			return c, nil
+		}
+		// The shared read was asked before the job at seq was stored:
+		// its count may miss jobs of the key stored before this one.
+	}
+	return q.readSubject(ctx, ls, subj, maxAge)
+}
+
+// readSubject reads the count of subj's stored jobs from JetStream and
+// keeps it for keyStored. The read is not cancelled with ctx: its result
+// may be shared by other callers.
+func (q *Queue) readSubject(ctx context.Context, ls *laneState, subj string, maxAge time.Duration) (subjectCount, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	asked := time.Now()
+	si, err := ls.stream.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return subjectCount{}, fmt.Errorf("%w: stream info %s: %v", ErrUnavailable, ls.spec.Name, err)
+	}
+	c := subjectCount{n: si.State.Subjects[subj], lastSeq: si.State.LastSeq, at: asked}
+	if maxAge <= 0 {
+		return c, nil
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.subjects == nil {
+		ls.subjects = make(map[string]subjectCount)
+	}
+	if len(ls.subjects) >= maxSubjectCounts {
+		for k, old := range ls.subjects {
+			if time.Since(old.at) >= maxAge {
+				delete(ls.subjects, k)
+			}
+		}
+		if len(ls.subjects) >= maxSubjectCounts {
+			clear(ls.subjects)
+		}
+	}
+	if old, ok := ls.subjects[subj]; !ok || old.at.Before(asked) {
+		ls.subjects[subj] = c
+	}
+	return c, nil
 }
 
 // readDelivered reads the position of the lane's consumer from JetStream.
