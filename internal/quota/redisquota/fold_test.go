@@ -320,3 +320,36 @@ func TestFoldedRestoresLostLane(t *testing.T) {
 		t.Fatalf("after FLUSHALL: %+v %v, restored %d; want no room for about 9s, restored once", res, err, sp.lanes.Restored())
 	}
 }
+
+// TestFoldedUnreadableLaneKeepsTheLayers: when the folded script ran (the
+// layers charged) but the lane's part of its answer cannot be read, Check
+// still answers the layers, with LaneChecked false so that admission peeks
+// the lane on its own; an error would have quota.Failover charge its
+// fallback limiter for the same request. A lane state far beyond what a
+// time.Duration holds (Lua reads it, the store does not) makes the lane's
+// answer unreadable.
+func TestFoldedUnreadableLaneKeepsTheLayers(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	c := client(t, rs.URL())
+	ctx := context.Background()
+	mc := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC))
+	sp := newSpace(c, mc, true)
+	laneLim := bucket.Limit{Rate: 1, Burst: 1}
+	if err := c.Set(ctx, sp.lanes.Key(bucket.Key{Lane: "l"}), "9000000000000000.000", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := quota.Request{IP: "198.51.100.7", PerIP: quota.Window{Limit: 3, Length: time.Minute}, Caller: "key:a",
+		Plan: bucket.Limit{Rate: 1, Burst: 2}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+	before := sp.state(t, c, "l", "198.51.100.7", "key:a")
+	res, err := sp.quotas.Check(ctx, r)
+	if err != nil {
+		t.Fatalf("check: %v, want the layers' answer", err)
+	}
+	if res.LaneChecked || !res.IP.Allowed || !res.Plan.Allowed || !res.PlanChecked {
+		t.Fatalf("%+v, want both layers to admit and the lane unchecked", res)
+	}
+	after := sp.state(t, c, "l", "198.51.100.7", "key:a")
+	if after[1] == before[1] || after[2] == before[2] {
+		t.Fatalf("before %v, after %v: want both layers charged by the one run", before, after)
+	}
+}

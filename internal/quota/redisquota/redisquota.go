@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -69,6 +70,9 @@ type Config struct {
 	// leave it nil on a Redis Cluster client, whose lanes live on other
 	// slots than the {callers} keys (Result.LaneChecked then stays false).
 	Lanes Lanes
+	// Logger hears of a folded lane peek whose answer could not be read;
+	// nil: slog.Default().
+	Logger *slog.Logger
 }
 
 // Lanes folds a peek of a lane into the store's script; *redisbucket.Store
@@ -96,6 +100,7 @@ type Store struct {
 	clock   clock.Clock // nil: Redis TIME
 	extraMs int64
 	lanes   Lanes
+	log     *slog.Logger
 }
 
 // New returns a store over client (a *redis.Client, *redis.ClusterClient
@@ -107,7 +112,10 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, clock: cfg.Clock, lanes: cfg.Lanes}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, clock: cfg.Clock, lanes: cfg.Lanes, log: cfg.Logger}
 	if cfg.Clock != nil {
 		s.extraMs = time.Minute.Milliseconds()
 	}
@@ -262,12 +270,19 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
 	}
 	var ld bucket.Decision
+	laneChecked := lane != nil
 	if lane != nil {
 		if len(reply) != 9 {
 			return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w: %d elements, want 9", bucket.ErrUnavailable, errReply, len(reply))
 		}
 		if ld, err = lane.Decision(reply[6:]); err != nil {
-			return quota.Result{}, fmt.Errorf("redisquota: check: %w", err)
+			// The script has run: the layers are charged and their answer
+			// stands. Failing the check would have the caller (a
+			// quota.Failover) charge its fallback too; admission peeks the
+			// lane on its own instead.
+			s.log.Warn("redisquota: the folded lane peek's answer is unreadable; the lane is peeked apart",
+				"lane", r.Lane.Lane, "err", err)
+			ld, laneChecked = bucket.Decision{}, false
 		}
 		reply = reply[:6]
 	}
@@ -275,7 +290,7 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 	if err != nil {
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
 	}
-	res.LaneChecked, res.Lane = lane != nil, ld
+	res.LaneChecked, res.Lane = laneChecked, ld
 	return res, nil
 }
 
