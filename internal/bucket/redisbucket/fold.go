@@ -24,12 +24,7 @@ import (
 // All keys of one script must live on one server: fold only on a client
 // that is not a Redis Cluster client (a lane's keys carry the lane as their
 // hash tag, and no other key shares it).
-var PeekLua = foldPrelude() + `
-if rel < 0 then rel = 0 end
-local function lane_reply()
-  return num(rel), tail(rel)
-end
-`
+var PeekLua = foldPrelude() + peekBody + "local function lane_reply()\n  return " + peekReply + "\nend\n"
 
 // foldPrelude is the prelude with the state read by one MGET of every key.
 func foldPrelude() string {

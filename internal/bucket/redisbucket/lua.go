@@ -172,10 +172,14 @@ return {num(rel), tail(after)}
 
 // peekScript reads the state without changing it (bucket.Peek), unless it
 // restores a lost one. It returns {max(tat, now) - now, tat, restored}.
-var peekScript = redis.NewScript(prelude + `
-if rel < 0 then rel = 0 end
-return {num(rel), tail(rel)}
-`)
+var peekScript = redis.NewScript(prelude + peekBody + "return {" + peekReply + "}\n")
+
+// peekBody and peekReply are the peek after the prelude: peekScript's and
+// the folded one's (PeekLua) are made of them, so they cannot drift apart.
+const (
+	peekBody  = "\nif rel < 0 then rel = 0 end\n"
+	peekReply = "num(rel), tail(rel)"
+)
 
 // pauseScript raises tat to at least now + ARGV[4] + τ (bucket.Pause). It
 // returns {tat' - now, tat', restored}.
