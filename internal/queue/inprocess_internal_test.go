@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/textproto"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -206,8 +207,8 @@ func TestJobMsgHeaderKeys(t *testing.T) {
 		}
 		want.Set(k, v[0])
 	}
-	if len(msg.Header) != 8 {
-		t.Errorf("%d headers, want 8: %v", len(msg.Header), msg.Header)
+	if len(msg.Header) != jobHeaders {
+		t.Errorf("%d headers, want %d: %v", len(msg.Header), jobHeaders, msg.Header)
 	}
 	got := decodeJob("demo", msg.Header, msg.Data, "k", 7, true, now)
 	got.Payload, job.Payload = nil, nil
@@ -221,5 +222,40 @@ func TestJobMsgHeaderKeys(t *testing.T) {
 	}
 	if msg.Subject != InternalSubject("demo", "k") {
 		t.Errorf("subject %s", msg.Subject)
+	}
+}
+
+// TestJobMsgHeaderCount: a job with every field set (found by reflection,
+// so a field added later is set too) gets at most jobHeaders headers, the
+// room jobMsg keeps for them without allocating.
+func TestJobMsgHeaderCount(t *testing.T) {
+	var job Job
+	v := reflect.ValueOf(&job).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("x")
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			f.SetInt(3)
+		case reflect.Uint, reflect.Uint64, reflect.Uint32:
+			f.SetUint(3)
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		case reflect.Struct:
+			if f.Type() == reflect.TypeFor[time.Time]() {
+				f.Set(reflect.ValueOf(time.Now()))
+			}
+		}
+	}
+	if n := len(jobMsg(job).Header); n > jobHeaders {
+		t.Fatalf("a job with every field set has %d headers; raise jobHeaders to %d", n, n)
+	}
+	// The message, its subject, the map, the shared values, two numbers
+	// formatted, and one in the map: the header arrays stay on the stack.
+	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 7 {
+		t.Errorf("jobMsg allocates %v times, want at most 7", n)
 	}
 }

@@ -463,16 +463,19 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
+// jobHeaders is the most headers jobMsg sets on a message.
+const jobHeaders = 8
+
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
 // its values sharing one array: Header.Set would allocate a slice a value.
+// A header added past jobHeaders costs an allocation, never a panic;
+// TestJobMsgHeaderCount keeps jobHeaders the most a job sets.
 func jobMsg(job Job) *nats.Msg {
-	var vals [8]string
-	keys := [8]string{}
-	n := 0
+	var keysA, valsA [jobHeaders]string
+	keys, vals := keysA[:0], valsA[:0]
 	add := func(k, v string) {
-		keys[n], vals[n] = k, v
-		n++
+		keys, vals = append(keys, k), append(vals, v)
 	}
 	if job.ContentType != "" {
 		add(HeaderContentType, job.ContentType)
@@ -500,9 +503,10 @@ func jobMsg(job Job) *nats.Msg {
 	if !job.EnqueuedAt.IsZero() {
 		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
 	}
+	n := len(keys)
 	h := make(nats.Header, n)
 	shared := make([]string, n)
-	copy(shared, vals[:n])
+	copy(shared, vals)
 	for i := range n {
 		h[keys[i]] = shared[i : i+1 : i+1]
 	}
