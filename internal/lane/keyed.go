@@ -120,7 +120,14 @@ func (k *keyedRun) run(ctx context.Context) {
 	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
 	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
 	k.loop(ctx)
+	// The claimer stops with ctx; the slots of the deliveries still in
+	// flight stay refreshed until they settle, however long that takes.
+	drained := make(chan struct{})
+	var refresher sync.WaitGroup
+	refresher.Go(func() { k.refreshUntil(drained, refreshEvery) })
 	k.waiting.Wait()
+	close(drained)
+	refresher.Wait()
 	helpers.Wait()
 	k.releases.Wait()
 	// Hand back the jobs read and not started: they stay in the stream.
@@ -389,6 +396,23 @@ func (k *keyedRun) releaseSlotAsync(key, tok string) {
 	delete(k.slots, tok)
 	k.mu.Unlock()
 	k.releases.Go(func() { k.releaseSlot(key, tok) })
+}
+
+// refreshUntil refreshes the slots held every period until stop closes:
+// at a stop, while deliveries settle after the claimer ended.
+func (k *keyedRun) refreshUntil(stop <-chan struct{}, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), period)
+			k.refreshSlots(ctx)
+			cancel()
+		}
+	}
 }
 
 // refreshSlots keeps this instance's fleet-wide slots alive while their

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -54,4 +55,49 @@ func TestKeyedAcquireErrorReleases(t *testing.T) {
 	if len(k.slots) != 0 {
 		t.Fatalf("tokens kept: %v", k.slots)
 	}
+}
+
+// TestKeyedSlotsRefreshedAtStop: at a stop the claimer has ended, yet the
+// slots of the deliveries still in flight stay alive past their lease
+// until the deliveries drain (refreshUntil); then they lapse.
+func TestKeyedSlotsRefreshedAtStop(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	const lease = 300 * time.Millisecond
+	slots := redisclaims.New(client, redisclaims.Config{Instance: "a", SlotLease: lease})
+	l := &Lane{
+		cfg: config.Lane{Name: "demo", MaxInflight: 4, PerKey: &config.PerKey{MaxInflight: 2}},
+		d:   Deps{Slots: slots, Instance: "a", DispatchCtx: ctx},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	k := &keyedRun{l: l, slots: map[string]string{}}
+	tok, full, err := k.acquire(ctx, "k")
+	if err != nil || full != keyed.Taken {
+		t.Fatalf("acquire: %v, %v", full, err)
+	}
+	held := func() int {
+		n, err := slots.Held(ctx, "demo", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { k.refreshUntil(stop, lease/6); close(done) }()
+	// Three leases: without refreshes the slot lapsed long ago.
+	deadline := time.Now().Add(3 * lease)
+	for time.Now().Before(deadline) {
+		if n := held(); n != 1 {
+			close(stop)
+			<-done
+			t.Fatalf("slot %s of k lapsed while its delivery was in flight: held %d", tok, n)
+		}
+		time.Sleep(lease / 10)
+	}
+	close(stop)
+	<-done
+	testenv.Eventually(t, 5*time.Second, "the slot lapses once refreshes stop", func() bool { return held() == 0 })
 }
