@@ -529,7 +529,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		now = clk.Now()
 		if err != nil {
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			(*observer)(l).PacerDown(true, err)
 			l.log.Warn("pacer unavailable, keyed lane waits", "err", err)
 			k.sched.NotReady(key, now.Add(retryWait))
@@ -542,7 +542,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		laneNext = now.Add(res.LaneNext)
 		if !res.OK {
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
@@ -552,7 +552,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			// read and reserved: it must not start first. Its slot is
 			// lost; the key reads again in order.
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			k.missed.Add(1)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue

@@ -101,3 +101,54 @@ func TestKeyedSlotsRefreshedAtStop(t *testing.T) {
 	<-done
 	testenv.Eventually(t, 5*time.Second, "the slot lapses once refreshes stop", func() bool { return held() == 0 })
 }
+
+// slowRelease holds every ReleaseSlot until gate closes: a state store
+// that answers slowly.
+type slowRelease struct {
+	keyed.Slots
+	gate chan struct{}
+}
+
+func (s slowRelease) ReleaseSlot(ctx context.Context, lane, key, token string) error {
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Slots.ReleaseSlot(ctx, lane, key, token)
+}
+
+// TestKeyedReleaseOffTheLoop: a slot the scheduling loop gives back (a
+// reservation refused, the pacer down, a slot missed) is released on a
+// goroutine of its own: the loop goes on while the store is slow, and the
+// slot is free once the store answers.
+func TestKeyedReleaseOffTheLoop(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	real := redisclaims.New(client, redisclaims.Config{Instance: "a"})
+	gate := make(chan struct{})
+	l := &Lane{
+		cfg: config.Lane{Name: "demo", MaxInflight: 4, PerKey: &config.PerKey{MaxInflight: 2}},
+		d:   Deps{Slots: slowRelease{real, gate}, Instance: "a", DispatchCtx: ctx},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	k := &keyedRun{l: l, slots: map[string]string{}}
+	tok, full, err := k.acquire(ctx, "k")
+	if err != nil || full != keyed.Taken {
+		t.Fatalf("acquire: %v, %v", full, err)
+	}
+	k.releaseSlotAsync("k", tok) // returns with the store still silent
+	if _, ok := k.slots[tok]; ok {
+		t.Fatalf("token %s still counted as held", tok)
+	}
+	if n, err := real.Held(ctx, "demo", "k"); err != nil || n != 1 {
+		t.Fatalf("held before the store answered: %d, %v; want 1", n, err)
+	}
+	close(gate)
+	k.releases.Wait()
+	if n, err := real.Held(ctx, "demo", "k"); err != nil || n != 0 {
+		t.Fatalf("held after the release: %d, %v; want 0", n, err)
+	}
+}
