@@ -53,6 +53,9 @@ type keyedRun struct {
 	// waiting counts the jobs waiting for their slot on their own
 	// goroutines (startAt).
 	waiting sync.WaitGroup
+	// releases counts the slot releases under way off the scheduling
+	// loop (releaseSlotAsync).
+	releases sync.WaitGroup
 }
 
 // sweepEvery is how often an instance lists the keys with stored jobs and
@@ -117,8 +120,16 @@ func (k *keyedRun) run(ctx context.Context) {
 	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
 	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
 	k.loop(ctx)
+	// The claimer stops with ctx; the slots of the deliveries still in
+	// flight stay refreshed until they settle, however long that takes.
+	drained := make(chan struct{})
+	var refresher sync.WaitGroup
+	refresher.Go(func() { k.refreshUntil(drained, refreshEvery) })
 	k.waiting.Wait()
+	close(drained)
+	refresher.Wait()
 	helpers.Wait()
+	k.releases.Wait()
 	// Hand back the jobs read and not started: they stay in the stream.
 	k.mu.Lock()
 	k.held = map[string]*queue.Msg{}
@@ -339,8 +350,15 @@ func (k *keyedRun) acquire(ctx context.Context, key string) (string, keyed.Full,
 	}
 	tok := l.d.Instance + "-" + strconv.FormatUint(k.slotSeq.Add(1), 36)
 	full, err := l.d.Slots.Acquire(ctx, l.cfg.Name, key, tok, l.cfg.MaxInflight, l.keyOpts(key).MaxInflight)
-	if err != nil || full != keyed.Taken {
+	if err != nil {
+		// The script may have run and the answer got lost (a timeout, a
+		// broken connection): give the token's slots back, or they stay
+		// held for a whole lease with nothing to release them.
+		k.releaseSlotAsync(key, tok)
 		return "", full, err
+	}
+	if full != keyed.Taken {
+		return "", full, nil
 	}
 	k.mu.Lock()
 	k.slots[tok] = key
@@ -357,10 +375,43 @@ func (k *keyedRun) releaseSlot(key, tok string) {
 	delete(k.slots, tok)
 	k.mu.Unlock()
 	l := k.l
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), releaseSlotTimeout)
 	defer cancel()
 	if err := l.d.Slots.ReleaseSlot(ctx, l.cfg.Name, key, tok); err != nil {
 		l.log.Warn("giving back an in-flight slot failed; it lapses by itself", "key", key, "err", err)
+	}
+}
+
+// releaseSlotTimeout bounds a slot release made off the scheduling loop.
+const releaseSlotTimeout = time.Second
+
+// releaseSlotAsync gives back the fleet-wide slot tok of key ("" holds
+// none) on a goroutine of its own, so that the scheduling loop never waits
+// for the state store; run waits for it at a stop.
+func (k *keyedRun) releaseSlotAsync(key, tok string) {
+	if tok == "" {
+		return
+	}
+	k.mu.Lock()
+	delete(k.slots, tok)
+	k.mu.Unlock()
+	k.releases.Go(func() { k.releaseSlot(key, tok) })
+}
+
+// refreshUntil refreshes the slots held every period until stop closes:
+// at a stop, while deliveries settle after the claimer ended.
+func (k *keyedRun) refreshUntil(stop <-chan struct{}, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), period)
+			k.refreshSlots(ctx)
+			cancel()
+		}
 	}
 }
 
@@ -478,7 +529,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		now = clk.Now()
 		if err != nil {
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			(*observer)(l).PacerDown(true, err)
 			l.log.Warn("pacer unavailable, keyed lane waits", "err", err)
 			k.sched.NotReady(key, now.Add(retryWait))
@@ -491,7 +542,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		laneNext = now.Add(res.LaneNext)
 		if !res.OK {
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
@@ -501,7 +552,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			// read and reserved: it must not start first. Its slot is
 			// lost; the key reads again in order.
 			<-k.permits
-			k.releaseSlot(key, tok)
+			k.releaseSlotAsync(key, tok)
 			k.missed.Add(1)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue

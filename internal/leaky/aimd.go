@@ -69,8 +69,11 @@ func (a *AIMD) Limited(now time.Time) (float64, bool) {
 	return a.factor, true
 }
 
-// Adopt takes a lower factor that another instance decided, so that every
-// instance slows down together. It reports whether the factor changed.
+// Adopt takes a lower factor that another instance decided at now, so
+// that every instance slows down together. It reports whether the factor
+// changed. A factor decided before this one's last decrease or step never
+// moves them back: the next decrease and the next increase stay as far
+// away as they were.
 func (a *AIMD) Adopt(factor float64, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -79,6 +82,14 @@ func (a *AIMD) Adopt(factor float64, now time.Time) bool {
 		return false
 	}
 	a.factor = max(a.Min, factor)
-	a.lastDecrease, a.lastStep = now, now
+	a.lastDecrease, a.lastStep = later(now, a.lastDecrease), later(now, a.lastStep)
 	return true
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

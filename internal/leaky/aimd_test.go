@@ -50,6 +50,37 @@ func TestAIMD(t *testing.T) {
 	}
 }
 
+// TestAIMDAdoptOlder: a lower factor decided before this instance's last
+// decrease never moves that decrease back: the next rate-limit answer
+// within Interval of it is still the same burst, and the increase steps
+// count from it, not from the older decision.
+func TestAIMDAdoptOlder(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	a := &leaky.AIMD{Decrease: 0.5, Increase: 0.1, Min: 0.1, Interval: 5 * time.Second}
+	a.Factor(at(0))
+	if f, ok := a.Limited(at(10)); !ok || f != 0.5 {
+		t.Fatalf("limited at 10s: %v %v", f, ok)
+	}
+	// A peer's 0.3, decided at 7 s, arrives late.
+	if !a.Adopt(0.3, at(7)) {
+		t.Fatal("a lower factor was not adopted")
+	}
+	// 13 s is within Interval of this instance's decrease at 10 s (not of
+	// 7 s): the same burst, no further cut.
+	if f, ok := a.Limited(at(13)); ok || f != 0.3 {
+		t.Fatalf("limited at 13s: %v changed %v; want 0.3, unchanged", f, ok)
+	}
+	// The last step is at 13 s (the answer postponed it): no increase
+	// before 18 s, even though 7 s + 2 intervals has passed at 17.5 s.
+	if f := a.Factor(at(17.5)); f != 0.3 {
+		t.Fatalf("factor at 17.5s: %v, want 0.3", f)
+	}
+	if f := a.Factor(at(18)); f < 0.4-1e-9 || f > 0.4+1e-9 {
+		t.Fatalf("factor at 18s: %v, want 0.4", f)
+	}
+}
+
 // TestDrainHonoursPause: a pause that begins after slots were reserved stops
 // every start inside it; the jobs start after it on fresh slots, in order.
 func TestDrainHonoursPause(t *testing.T) {

@@ -16,17 +16,8 @@ import (
 // every slot): the {lane} hash tag keeps each script's keys on one slot, and
 // jobs flow as with a single Redis.
 func TestRedisClusterMode(t *testing.T) {
-	node := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	c := redis.NewClient(&redis.Options{Addr: node.Addr})
-	defer c.Close()
+	node, c := oneNodeCluster(t)
 	ctx := context.Background()
-	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
-	}
-	waitFor(t, 10*time.Second, "the cluster to be ok", func() bool {
-		info, err := c.ClusterInfo(ctx).Result()
-		return err == nil && len(info) > 0 && strings.Contains(info, "cluster_state:ok")
-	})
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 100, 5)
 	cfg.Redis.URL = "redis://" + node.Addr
@@ -52,17 +43,8 @@ func TestRedisClusterMode(t *testing.T) {
 // CROSSSLOT, even on one node): the layers hold from Redis, in their own
 // script, and no check falls back to memory.
 func TestCallerQuotasOnRedisCluster(t *testing.T) {
-	node := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	c := redis.NewClient(&redis.Options{Addr: node.Addr})
-	defer c.Close()
+	node, c := oneNodeCluster(t)
 	ctx := context.Background()
-	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
-	}
-	waitFor(t, 10*time.Second, "the cluster to be ok", func() bool {
-		info, err := c.ClusterInfo(ctx).Result()
-		return err == nil && len(info) > 0 && strings.Contains(info, "cluster_state:ok")
-	})
 	rec := newRecorder(t)
 	ns := testenv.StartNATS(t)
 	cfg := callersConfig(t, ns.ClientURL(), "redis://"+node.Addr, rec.srv.URL+"/hook", 40)
@@ -84,4 +66,22 @@ func TestCallerQuotasOnRedisCluster(t *testing.T) {
 	if n, err := c.Exists(ctx, "thr:{callers}:c:key:shop").Result(); err != nil || n != 1 {
 		t.Fatalf("the plan's state is not in the cluster: %d %v", n, err)
 	}
+}
+
+// oneNodeCluster starts a Redis Cluster of one node owning every slot and
+// returns it with a plain client to it, once the cluster says ok.
+func oneNodeCluster(t *testing.T) (*testenv.Redis, *redis.Client) {
+	t.Helper()
+	node := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	c := redis.NewClient(&redis.Options{Addr: node.Addr})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the cluster to be ok", func() bool {
+		info, err := c.ClusterInfo(ctx).Result()
+		return err == nil && len(info) > 0 && strings.Contains(info, "cluster_state:ok")
+	})
+	return node, c
 }

@@ -175,7 +175,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
-	lanes := &directory{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}}
+	lanes := &directory{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}}
 	for i, lc := range s.cfg.Lanes {
 		lanes.cfg[lc.Name] = lc
 		l, err := lane.New(ctx, lc, deps)
@@ -186,6 +186,10 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		closers = append(closers, l.Close)
 		lanes.byName[lc.Name] = l
 		lanes.order = append(lanes.order, l)
+		if lc.PerKey != nil {
+			// Made once: a method value is a new closure each time.
+			lanes.keyFns[lc.Name] = keyFns{limit: l.KeyLimit, started: l.KeyStarted}
+		}
 	}
 
 	adm, err := admission.New(admission.Config{Store: store, Backlog: q, Logger: s.log.With("component", "admission")})
@@ -577,6 +581,15 @@ type directory struct {
 	byName map[string]*lane.Lane
 	order  []*lane.Lane
 	cfg    map[string]config.Lane
+	// keyFns are the keyed lanes' key lookups, made once per lane rather
+	// than per request.
+	keyFns map[string]keyFns
+}
+
+// keyFns are a keyed lane's lookups that ingest asks of each key.
+type keyFns struct {
+	limit   func(key string) bucket.Limit
+	started func(ctx context.Context, key string) (int, error)
 }
 
 func (d *directory) Lane(name string) (ingest.Lane, bool) {
@@ -586,8 +599,8 @@ func (d *directory) Lane(name string) (ingest.Lane, bool) {
 	}
 	c := d.cfg[name]
 	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
-	if c.PerKey != nil {
-		il.KeyLimit, il.KeyStarted = l.KeyLimit, l.KeyStarted
+	if f, ok := d.keyFns[name]; ok {
+		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
 	return il, true
 }

@@ -31,14 +31,7 @@ import (
 // makes), layers=lane is the lane's admission peek (redisbucket) on its
 // own, on the same server, for comparison.
 func BenchmarkCheck(b *testing.B) {
-	rs := testenv.StartRedis(b)
-	c := redis.NewClient(&redis.Options{Addr: rs.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
-	b.Cleanup(func() { c.Close() })
-	pipe, err := c.AutoPipeline()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { pipe.Close() })
+	_, pipe := benchRedis(b)
 	lim := bucket.Limit{Rate: bucket.MaxRate, Burst: bucket.MaxBurst}
 	run := func(b *testing.B, op func(ctx context.Context, i int) error) {
 		b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
@@ -110,14 +103,7 @@ func (noBacklog) Backlog(context.Context, string, time.Duration) (int64, error) 
 //
 //	go test -run '^$' -bench DecisionCPU -benchtime 20000x ./internal/quota/redisquota/
 func BenchmarkDecisionCPU(b *testing.B) {
-	rs := testenv.StartRedis(b)
-	c := redis.NewClient(&redis.Options{Addr: rs.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
-	b.Cleanup(func() { c.Close() })
-	pipe, err := c.AutoPipeline()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { pipe.Close() })
+	c, pipe := benchRedis(b)
 	lim := bucket.Limit{Rate: bucket.MaxRate, Burst: bucket.MaxBurst}
 	lanes := redisbucket.New(pipe, redisbucket.DefaultConfig())
 	adm, err := admission.New(admission.Config{Store: lanes, Backlog: noBacklog{}})
@@ -207,4 +193,19 @@ func BenchmarkDecisionCPU(b *testing.B) {
 			b.ReportMetric(float64(s.Microseconds())/float64(b.N), "client-cpu-µs/op")
 		})
 	}
+}
+
+// benchRedis starts a redis-server and returns a client with a pool for 64
+// goroutines and the autopipeliner on it that the service uses.
+func benchRedis(b *testing.B) (*redis.Client, *redis.AutoPipeliner) {
+	b.Helper()
+	rs := testenv.StartRedis(b)
+	c := redis.NewClient(&redis.Options{Addr: rs.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { c.Close() })
+	pipe, err := c.AutoPipeline()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pipe.Close() })
+	return c, pipe
 }
