@@ -149,26 +149,7 @@ func (r Reservation) Delay(i int) time.Duration {
 // fresh, full bucket). It returns the decision and the new tat, which equals tat
 // when the job was not allowed.
 func Admit(now, tat time.Time, l Limit) (Decision, time.Time) {
-	period, tau := l.Period(), l.Tolerance()
-	if tat.Before(now) {
-		tat = now
-	}
-	allowAt := tat.Add(-tau)
-	if now.Before(allowAt) {
-		return Decision{
-			Allowed:    false,
-			Remaining:  0,
-			RetryAfter: allowAt.Sub(now),
-			ResetAfter: tat.Sub(now),
-		}, tat
-	}
-	newTAT := tat.Add(period)
-	d := Decision{Allowed: true, ResetAfter: newTAT.Sub(now)}
-	d.Remaining = remaining(now, newTAT, period, tau)
-	if d.Remaining == 0 {
-		d.RetryAfter = newTAT.Add(-tau).Sub(now)
-	}
-	return d, newTAT
+	return AdmitN(now, tat, l, 1)
 }
 
 // AdmitN is Admit for a request that costs n tokens at once (a batch of n
