@@ -97,13 +97,13 @@ func (d *Lanes) KeyStatus(_ context.Context, name, key string) (api.KeyStatus, e
 
 // SetKey implements ingest.KeyDirectory.
 func (d *Lanes) SetKey(ctx context.Context, name, key string, c ingest.KeyChange, by string) (api.KeyStatus, error) {
-	st, err := d.byName[name].SetKey(ctx, key, KeyChange(c), by)
+	st, err := d.byName[name].SetKey(ctx, key, keyChange(c), by)
 	return st, keyErr(err)
 }
 
-// KeyChange turns the API's change of a key into the lane's (a rate in
+// keyChange turns the API's change of a key into the lane's (a rate in
 // jobs per second).
-func KeyChange(c ingest.KeyChange) lane.KeyChange {
+func keyChange(c ingest.KeyChange) lane.KeyChange {
 	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
 	if c.Rate != nil {
 		r := c.Rate.PerSecond()

@@ -34,10 +34,20 @@ type Server struct {
 
 	mu  sync.Mutex // held by Start and Reload
 	cfg config.Config
-	api *ingest.Handler // set by Start
+	api API // set by Start
 	srv *http.Server
 	ln  net.Listener
 }
+
+// API is what the server serves and what a reload changes in it: the
+// handler of package ingest.
+type API interface {
+	http.Handler
+	SetKeys(keys []ingest.Key) error
+	SetCallers(p ingest.CallerPolicy) error
+}
+
+var _ API = (*ingest.Handler)(nil)
 
 // ErrNotRunning is Reload's error before Start.
 var ErrNotRunning = errors.New("apiserver: reload: the API is not running yet")
@@ -143,7 +153,7 @@ func (s *Server) loadCert() error {
 // open at once: one more is answered 503 and closed) and serves api there
 // with the http section's bounds. The channel gets the error that stopped
 // serving (http.ErrServerClosed after Shutdown).
-func (s *Server) Start(api *ingest.Handler) (<-chan error, error) {
+func (s *Server) Start(api API) (<-chan error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ln, err := net.Listen("tcp", s.cfg.Listen)
