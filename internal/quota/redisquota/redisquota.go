@@ -293,8 +293,7 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 	if lane == nil {
 		reply, err = script.Run(ctx, s.client, []string{ipKey, cKey}, now, params).Slice()
 	} else {
-		args := append(lane.Args(), params)
-		reply, err = foldedScript.Run(ctx, s.client, []string{lane.Key(), ipKey, cKey}, args...).Slice()
+		reply, err = foldedScript.Run(ctx, s.client, []string{lane.Key(), ipKey, cKey}, lane.Args(params)...).Slice()
 	}
 	if err != nil {
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
