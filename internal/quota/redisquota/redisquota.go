@@ -127,11 +127,18 @@ func New(client redis.Scripter, cfg Config) *Store {
 	return s
 }
 
-// callersLua checks both layers: callers(now, kip, kc, p, vip, vc)
-// decides at now (whole µs since the epoch) on vip and vc, the values of
-// the IP window's key kip and of the caller's key kc (false when missing),
-// with p the packed parameters (packParams: seven little-endian doubles,
-// read by one struct.unpack):
+// callersLua checks both layers. It is a block, not a function (a
+// closure made on every run costs Redis more than the call saves), run
+// after the code before it set the locals
+//
+//	now  whole µs since the epoch
+//	kip  the IP window's key   vip  its value (false when missing)
+//	kc   the caller's key      vc   its value (false when missing)
+//	p    the packed parameters (packParams: seven little-endian doubles,
+//	     read by one struct.unpack)
+//
+// and declared the results ip, cur, prev, elapsed, plan, crel (not rel:
+// PeekLua has a rel of its own). The parameters are
 //
 //	limit   IP limit (0: skip the layer)   win  window length in µs
 //	observe 1 when the IP layer is observed (the caller layer is checked
@@ -140,16 +147,16 @@ func New(client redis.Scripter, cfg Config) *Store {
 //	tau     τ in ns                        n    cost in tokens
 //	extra   extra TTL in ms (tests with an injected clock)
 //
-// It returns ip, cur, prev, elapsed µs, plan, tat − now in ns, where ip
-// and plan are 1 allowed, 0 refused, -1 not checked: all of them whole
-// numbers that leave as integer replies (tat − now is at most τ + T, under
+// The results are ip, cur, prev, elapsed µs, plan, crel = tat − now in
+// ns, where ip and plan are 1 allowed, 0 refused, -1 not checked: all of
+// them whole numbers that leave as integer replies (tat − now is at most τ + T, under
 // 2^63 ns for every valid plan: bucket.Limit.Validate bounds burst·period
 // by 100 days). A layer that allows writes its state once (SET … PX, the
 // expiry folded in); a refusal writes nothing, except for a bucket clamped
 // to a stricter plan (see quota.clampTAT), as does a read (cost 0) that
 // clamps.
 //
-// The script does no string work of its own (string.match, string.format
+// The block does no string work of its own (string.match, string.format
 // and tonumber are what a short script spends its time on inside Redis):
 // the IP window is 24 bytes struct.pack('<ddd', index, count, previous
 // count), the caller's tat an integer that Redis formats as it writes it
@@ -157,9 +164,9 @@ func New(client redis.Scripter, cfg Config) *Store {
 // A window value of any other length (an old or foreign one) counts as no
 // state.
 const callersLua = `
-local function callers(now, kip, kc, p, vip, vc)
+ip, cur, prev, elapsed, plan, crel = -1, 0, 0, 0, -1, 0
+do
   local limit, win, observe, period, tau, n, extra = struct.unpack('<ddddddd', p)
-  local ip, cur, prev, elapsed = -1, 0, 0, 0
   if limit > 0 then
     local idx = math.floor(now / win)
     elapsed = now - idx * win
@@ -178,21 +185,20 @@ local function callers(now, kip, kc, p, vip, vc)
       ip = 0
     end
   end
-  local plan, rel = -1, 0
   if period > 0 and (ip ~= 0 or observe == 1) then
     local clamped = false
     if vc then
-      rel = (tonumber(vc) - now) * 1000
-      if rel < 0 then rel = 0 end
+      crel = (tonumber(vc) - now) * 1000
+      if crel < 0 then crel = 0 end
       -- At most an empty bucket of the plan: a plan change holds at once.
-      if rel > tau + period then
-        rel, clamped = tau + period, true
+      if crel > tau + period then
+        crel, clamped = tau + period, true
       end
     end
-    local w = clamped and rel or nil
-    if rel + (n - 1) * period - tau <= 0 then
+    local w = clamped and crel or nil
+    if crel + (n - 1) * period - tau <= 0 then
       plan = 1
-      if n > 0 then w = rel + n * period end
+      if n > 0 then w = crel + n * period end
     else
       plan = 0
     end
@@ -200,7 +206,6 @@ local function callers(now, kip, kc, p, vip, vc)
       redis.call('SET', kc, now + math.ceil(w / 1000), 'PX', math.ceil(w / 1000000) + extra)
     end
   end
-  return ip, cur, prev, elapsed, plan, rel
 end
 `
 
@@ -208,7 +213,7 @@ end
 // bucket; ARGV[1] now in µs, or "" for Redis TIME; ARGV[2] callersLua's
 // packed parameters. Reply: {ip, cur, prev, elapsed µs, plan, tat − now in
 // ns}.
-var script = redis.NewScript(callersLua + `
+var script = redis.NewScript(`
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -217,7 +222,10 @@ else
   now = tonumber(ARGV[1])
 end
 local v = redis.call('MGET', KEYS[1], KEYS[2])
-return {callers(now, KEYS[1], KEYS[2], ARGV[2], v[1], v[2])}
+local kip, kc, p, vip, vc = KEYS[1], KEYS[2], ARGV[2], v[1], v[2]
+local ip, cur, prev, elapsed, plan, crel
+` + callersLua + `
+return {ip, cur, prev, elapsed, plan, crel}
 `)
 
 // foldedScript peeks a lane's state (redisbucket.PeekLua: KEYS[1],
@@ -225,8 +233,10 @@ return {callers(now, KEYS[1], KEYS[2], ARGV[2], v[1], v[2])}
 // window, KEYS[3] the caller's bucket, ARGV[8] callersLua's packed
 // parameters), in one run that reads all three keys with one MGET. Reply:
 // script's six values, then the lane's three.
-var foldedScript = redis.NewScript(redisbucket.PeekLua + callersLua + `
-local ip, cur, prev, elapsed, plan, crel = callers(now_us, KEYS[2], KEYS[3], ARGV[8], pre[2], pre[3])
+var foldedScript = redis.NewScript(redisbucket.PeekLua + `
+local now, kip, kc, p, vip, vc = now_us, KEYS[2], KEYS[3], ARGV[8], pre[2], pre[3]
+local ip, cur, prev, elapsed, plan, crel
+` + callersLua + `
 return {ip, cur, prev, elapsed, plan, crel, lane_reply()}
 `)
 
