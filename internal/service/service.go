@@ -48,7 +48,8 @@ type Service struct {
 	reg *prometheus.Registry
 
 	ready chan struct{}
-	addr  string // set before ready closes
+	addr  string         // set before ready closes
+	nats  *server.Server // the embedded NATS server; set before ready closes, nil with nats.url
 
 	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
 	guardTiming instance.Timing
@@ -97,6 +98,12 @@ func (s *Service) Ready() <-chan struct{} { return s.ready }
 // Addr is the HTTP API's address; valid after Ready is closed.
 func (s *Service) Addr() string { return s.addr }
 
+// EmbeddedNATS is the NATS server the service runs in its own process, nil
+// when it connects to nats.url; valid after Ready is closed. A program that
+// embeds the service can open an in-process connection to it
+// (queue.ConnectEmbedded), the kind the service itself publishes over.
+func (s *Service) EmbeddedNATS() *server.Server { return s.nats }
+
 // Run starts everything, serves until ctx ends, then stops in order. It
 // returns nil after a clean stop, or the error that kept it from starting.
 func (s *Service) Run(ctx context.Context) (err error) {
@@ -112,6 +119,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, func() { closeNATS(nc, srv) })
+	s.nats = srv
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
