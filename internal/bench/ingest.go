@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -87,6 +89,10 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 	defer client.CloseIdleConnections()
 	url := "http://" + svc.svc.Addr() + "/v1/lanes/" + ours + "/jobs"
 	prefix := nuid.Next()
+	// Ids count up over the whole run: a warm-up or a round that gave the
+	// ids of an earlier loop again would be answered as duplicates, which
+	// JetStream does not store.
+	var seq atomic.Int64
 
 	sides := []side{
 		{name: "http", op: func(ctx context.Context, _, _ int) error {
@@ -101,8 +107,8 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 			_, err := post(ctx, client, rs.base+"/publish", ingestPayload, 202)
 			return err
 		}},
-		{name: "js.Publish", op: func(ctx context.Context, w, i int) error {
-			_, err := js.Publish(ctx, subject, ingestPayload, jetstream.WithMsgID(prefix+strconv.Itoa(w)+"."+strconv.Itoa(i)))
+		{name: "js.Publish", op: func(ctx context.Context, _, _ int) error {
+			_, err := js.Publish(ctx, subject, ingestPayload, jetstream.WithMsgID(prefix+"p"+strconv.FormatInt(seq.Add(1), 10)))
 			return err
 		}},
 	}
@@ -118,8 +124,9 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 		if goal != "—" {
 			res.Verdict = verdict(o.Rate() >= 0.8*r.Rate())
 		}
+		res.Note = cpuNote(o, r, 1)
 		if o.Failed+r.Failed > 0 {
-			res.Note = fmt.Sprintf("%d requests and %d of the reference failed (first: %v / %v)", o.Failed, r.Failed, o.Err, r.Err)
+			res.Note += fmt.Sprintf("; %d requests and %d of the reference failed (first: %v / %v)", o.Failed, r.Failed, o.Err, r.Err)
 		}
 		return res
 	}
@@ -128,7 +135,7 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 		row(fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s (vs a handler storing each body with js.Publish + Nats-Msg-Id)", ingestConns), durable, "—"),
 		row(fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s (vs js.Publish ×%d, no HTTP)", ingestConns, ingestConns), direct, "—"),
 	}
-	batchRows, err := e.batchIngest(ctx, client, "http://"+svc.svc.Addr()+"/v1/lanes/"+ours+"/jobs:batch", rs, js, subject, prefix)
+	batchRows, err := e.batchIngest(ctx, client, "http://"+svc.svc.Addr()+"/v1/lanes/"+ours+"/jobs:batch", rs, js, subject, prefix, &seq)
 	return append(rows, batchRows...), err
 }
 
@@ -140,7 +147,8 @@ type side struct {
 
 // interleave warms every side up, then runs rounds of every side one after
 // the other (three in a full run, one with --smoke) with workers goroutines
-// and keeps each side's best round. A side whose every call failed in a
+// and keeps each side's best round, with the CPU time the whole process
+// (load, service, NATS) used during it. A side whose every call failed in a
 // round ends the scenario.
 func (e *env) interleave(ctx context.Context, workers, maxOps int, sides []side) ([]loadResult, error) {
 	for _, s := range sides {
@@ -153,7 +161,11 @@ func (e *env) interleave(ctx context.Context, workers, maxOps int, sides []side)
 	best := make([]loadResult, len(sides))
 	for r := range rounds {
 		for k, s := range sides {
+			cpu0, cerr := cpuTime(os.Getpid())
 			res := closedLoop(ctx, workers, e.dur, maxOps, e.prog, fmt.Sprintf("%s round %d/%d", s.name, r+1, rounds), s.op)
+			if cpu1, err := cpuTime(os.Getpid()); err == nil && cerr == nil {
+				res.CPU = cpu1 - cpu0
+			}
 			if res.Err != nil && res.OK == 0 {
 				return nil, fmt.Errorf("bench: ingest: %s: every call failed: %w", s.name, res.Err)
 			}
@@ -290,8 +302,9 @@ const (
 	batchSize  = 100
 )
 
-func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, rs *refServer, js jetstream.JetStream, subject, prefix string) ([]Result, error) {
-	body := func(kind string, w, i int) []byte {
+func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, rs *refServer, js jetstream.JetStream, subject, prefix string, seq *atomic.Int64) ([]Result, error) {
+	// A fresh id for every job of the run (see runIngest).
+	body := func(kind string) []byte {
 		var b bytes.Buffer
 		b.Grow(batchSize * (len(ingestPayload) + 64))
 		b.WriteByte('[')
@@ -300,7 +313,7 @@ func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, 
 				b.WriteByte(',')
 			}
 			b.WriteString(`{"idempotency_key":"`)
-			b.WriteString(prefix + kind + strconv.Itoa(w) + "." + strconv.Itoa(i) + "." + strconv.Itoa(k))
+			b.WriteString(prefix + kind + strconv.FormatInt(seq.Add(1), 10))
 			b.WriteString(`","payload":`)
 			b.Write(ingestPayload)
 			b.WriteByte('}')
@@ -310,18 +323,18 @@ func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, 
 	}
 	sides := []side{
 		{name: "batch", op: func(ctx context.Context, w, i int) error {
-			_, err := post(ctx, client, url, body("b", w, i), 202)
+			_, err := post(ctx, client, url, body("b"), 202)
 			return err
 		}},
 		{name: "HTTP + PublishAsync", op: func(ctx context.Context, w, i int) error {
-			_, err := post(ctx, client, rs.base+"/batch", body("h", w, i), 202)
+			_, err := post(ctx, client, rs.base+"/batch", body("h"), 202)
 			return err
 		}},
-		{name: "js.PublishAsync", op: func(ctx context.Context, w, i int) error {
+		{name: "js.PublishAsync", op: func(ctx context.Context, _, _ int) error {
 			futures := make([]jetstream.PubAckFuture, 0, batchSize)
-			for k := range batchSize {
+			for range batchSize {
 				f, err := js.PublishAsync(subject, ingestPayload,
-					jetstream.WithMsgID(prefix+"r"+strconv.Itoa(w)+"."+strconv.Itoa(i)+"."+strconv.Itoa(k)))
+					jetstream.WithMsgID(prefix+"r"+strconv.FormatInt(seq.Add(1), 10)))
 				if err != nil {
 					return err
 				}
@@ -344,8 +357,9 @@ func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, 
 		if goal != "—" {
 			res.Verdict = verdict(ours >= 0.8*ref)
 		}
+		res.Note = cpuNote(o, r, batchSize)
 		if o.Failed+r.Failed > 0 {
-			res.Note = fmt.Sprintf("%d requests and %d of the reference failed (first: %v / %v)", o.Failed, r.Failed, o.Err, r.Err)
+			res.Note += fmt.Sprintf("; %d requests and %d of the reference failed (first: %v / %v)", o.Failed, r.Failed, o.Err, r.Err)
 		}
 		return res
 	}
@@ -355,4 +369,17 @@ func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, 
 		row(fmt.Sprintf("batch ingest, %d jobs a request @%d conns: jobs/s (vs js.PublishAsync, windows of %d ×%d, no HTTP)", batchSize, batchConns, batchSize, batchConns),
 			best[2], "window", "—"),
 	}, nil
+}
+
+// cpuNote gives the CPU time per job of ours and of the reference (the
+// whole process: load, service, NATS), each in its best round; jobs is the
+// number of jobs an operation carries. On a machine whose cores are busy a
+// closed loop's rate follows its CPU per job, so the two ratios agree when
+// the load holds still.
+func cpuNote(o, r loadResult, jobs int) string {
+	if o.CPU == 0 || r.CPU == 0 {
+		return ""
+	}
+	ours, ref := o.CPUPerOp()/time.Duration(jobs), r.CPUPerOp()/time.Duration(jobs)
+	return fmt.Sprintf("CPU per job (whole process) %s ours, %s reference: %s", fmtDur(ours), fmtDur(ref), fmtRatio(float64(ref), float64(ours)))
 }
