@@ -327,7 +327,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	}
 	// The items that are new in this batch, decided as if they came one
 	// after the other. (Keyed lanes decide per key.)
-	var fresh []int
+	fresh := make([]int, 0, len(jobs))
 	for i, bj := range jobs {
 		if bj.first < 0 {
 			fresh = append(fresh, i)
@@ -353,8 +353,8 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	var (
-		toStore []queue.Job
-		stored  []struct{ i, k int } // batch index and decision index of toStore[j]
+		toStore = make([]queue.Job, 0, len(fresh))
+		stored  = make([]struct{ i, k int }, 0, len(fresh)) // batch index and decision index of toStore[j]
 		waits   = map[int]func(context.Context, time.Duration) (queue.Told, bool){}
 		last    admission.Decision
 	)
@@ -516,10 +516,14 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	if answer.Failed > 0 {
 		status = http.StatusMultiStatus
 	}
-	w.Header().Set("Content-Type", jsonContentType)
-	w.WriteHeader(status)
 	buf := answerBufs.Get().(*[]byte)
 	*buf = appendBatchAccepted((*buf)[:0], answer)
+	// A length known up front spares the answer the chunked encoding
+	// net/http gives one larger than its buffer.
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{jsonContentType}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(*buf))}
+	w.WriteHeader(status)
 	_, _ = w.Write(*buf)
 	if cap(*buf) <= 1<<20 {
 		answerBufs.Put(buf)
