@@ -153,10 +153,14 @@ type laneState struct {
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
 	retry    jetstream.Consumer // the lane's retry mover
-	// keyed lanes: the intake of public subjects, and who hears of
-	// stored jobs (OnStored)
+	// keyed lanes: the intake stream of public subjects (intakein.go),
+	// whose creation time makes its moves' msg ids; migrate says the lane
+	// stream still holds jobs on public subjects (the former layout); and
+	// who hears of stored jobs (OnStored)
 	keyed    bool
-	intake   jetstream.Consumer
+	in       jetstream.Stream
+	inEpoch  int64
+	migrate  bool
 	onStored func(key string)
 
 	// flight shares the JetStream reads of Backlog and Ahead between

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
@@ -139,12 +141,12 @@ func intakeDone(t *testing.T, url string) time.Time {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "the intake to move every public job", func() bool {
-		c, err := js.Consumer(context.Background(), "THROTTLE_demo", "intake")
+		st, err := js.Stream(context.Background(), queue.IntakeStreamName("demo"))
 		if err != nil {
 			return false
 		}
-		ci, err := c.Info(context.Background())
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+		si, err := st.Info(context.Background())
+		return err == nil && si.State.Msgs == 0
 	})
 	return time.Now()
 }
@@ -470,4 +472,83 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 	// The pause shows in the lane's status on this instance meanwhile
 	// (checked after the fact: the key count never leaves the API).
 	_ = svc
+}
+
+// TestKeyedLaneNATSBurstOverMaxBacklog: a keyed lane with max_backlog 10
+// gets 3 × 40 jobs on its public subjects, far faster than it delivers
+// them. Public jobs wait in the intake stream, whose publishes are refused
+// while it holds max_backlog (the publisher retries, as JetStream
+// publishers do on a refusal), and move into the lane stream as it has
+// room: every job is delivered, once, in order per key. (A lane stream
+// that took the public subjects itself filled up with jobs nobody could
+// move, and stalled.)
+func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	tgt := newKeyedTarget(t)
+	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Lanes[0].MaxBacklog = 10
+	start(t, cfg)
+
+	nc, err := nats.Connect(natsSrv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "c"}
+	const n = 40
+	refused := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for i := range n {
+		for _, key := range keys {
+			m := nats.NewMsg("throttle.demo." + key)
+			m.Data = []byte("x")
+			m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s-%05d", key, i))
+			for {
+				_, err := js.PublishMsg(context.Background(), m)
+				if err == nil {
+					break
+				}
+				var apiErr *jetstream.APIError
+				if !errors.As(err, &apiErr) || time.Now().After(deadline) {
+					t.Fatalf("publish %s/%d: %v", key, i, err)
+				}
+				refused++ // the intake stream is full: back pressure
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	if refused == 0 {
+		t.Errorf("no publish was refused: the burst never filled the intake stream, and the test proves nothing")
+	}
+	waitFor(t, 60*time.Second, "every job delivered", func() bool {
+		for _, key := range keys {
+			if tgt.count(key) < n {
+				return false
+			}
+		}
+		return true
+	})
+	intakeDone(t, natsSrv.ClientURL())
+	// With both streams empty every job is settled: a job moved twice
+	// would have been delivered by now.
+	waitFor(t, 10*time.Second, "the lane stream empty", func() bool {
+		st, err := js.Stream(context.Background(), queue.StreamName("demo"))
+		if err != nil {
+			return false
+		}
+		si, err := st.Info(context.Background())
+		return err == nil && si.State.Msgs == 0
+	})
+	for _, key := range keys {
+		as := tgt.of(key)
+		checkFIFO(t, key, as)
+		if len(as) != n {
+			t.Errorf("key %s: %d deliveries, want %d", key, len(as), n)
+		}
+	}
 }
