@@ -186,8 +186,8 @@ func TestKeyedIntakeMigratesFormerLayout(t *testing.T) {
 	ctx := context.Background()
 	spec := intakeSpec(6)
 	old, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:     queue.StreamName("demo"),
-		Subjects: []string{"throttle.demo", "throttle.demo.>", "throttler.lane.demo", "throttler.lane.demo.>"},
+		Name:      queue.StreamName("demo"),
+		Subjects:  []string{"throttle.demo", "throttle.demo.>", "throttler.lane.demo", "throttler.lane.demo.>"},
 		Retention: jetstream.LimitsPolicy, MaxMsgs: 6, Discard: jetstream.DiscardNew,
 		Duplicates: time.Minute, AllowDirect: true,
 	})
