@@ -633,8 +633,20 @@ func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, uint64, er
 	if err != nil || m == nil {
 		return m, epoch, err
 	}
+	stored := 0
+	if from == 0 && k.l.cfg.PerKey.Ordered {
+		// The key's oldest job, read here for the first time: it may
+		// have failed attempts from before a restart or on another
+		// instance (queue.TriesBucket).
+		if stored, err = k.reader.Tries(ctx, m.Seq()); err != nil {
+			return nil, epoch, err
+		}
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if stored > k.tries[m.Seq()] {
+		k.tries[m.Seq()] = stored
+	}
 	if n := k.tries[m.Seq()]; n > 0 {
 		m.AddAttempts(n)
 	}
@@ -662,17 +674,34 @@ func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uin
 
 // retryInPlace counts a failed attempt of an ordered key's job, which waits
 // in place (a retry behind the key's later jobs would break their order).
+// The count is stored (queue.TriesBucket) so that max_attempts holds
+// across a restart; when that fails it is kept here only.
 func (k *keyedRun) retryInPlace(msg *queue.Msg) {
 	k.mu.Lock()
 	k.tries[msg.Seq()]++
+	n := k.tries[msg.Seq()]
 	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), settleTimeout)
+	defer cancel()
+	if err := k.reader.SetTries(ctx, msg.Seq(), n); err != nil {
+		k.l.log.Warn("storing an ordered job's failed attempts failed; a restart counts them from its message", "id", msg.Job().ID, "tries", n, "err", err)
+	}
 }
 
 // settledJob forgets a job's in-place attempts once it left the stream.
 func (k *keyedRun) settledJob(msg *queue.Msg) {
 	k.mu.Lock()
+	n, ok := k.tries[msg.Seq()]
 	delete(k.tries, msg.Seq())
 	k.mu.Unlock()
+	if !ok || n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), settleTimeout)
+	defer cancel()
+	if err := k.reader.ClearTries(ctx, msg.Seq()); err != nil {
+		k.l.log.Warn("forgetting a settled ordered job's failed attempts failed; the entry lapses by itself", "id", msg.Job().ID, "err", err)
+	}
 }
 
 // pauseKey holds one key for d (its downstream asked to wait): locally, and

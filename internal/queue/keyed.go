@@ -122,8 +122,14 @@ func (q *Queue) EnsureKeyedLane(ctx context.Context, spec LaneSpec) error {
 	if err != nil {
 		return err
 	}
+	var tries jetstream.KeyValue
+	if spec.Ordered {
+		if tries, err = q.ensureTries(ctx, spec.Replicas); err != nil {
+			return err
+		}
+	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, retry: retry, keyed: true,
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, retry: retry, keyed: true, tries: tries,
 		in: in, inEpoch: in.CachedInfo().Created.UnixNano(), migrate: left > 0}
 	q.mu.Unlock()
 	return nil

@@ -102,6 +102,9 @@ type LaneSpec struct {
 	DedupWindow time.Duration
 	// Replicas for a clustered JetStream; 0 means 1.
 	Replicas int
+	// Ordered: a keyed lane whose keys retry a failing job in place
+	// (per_key.ordered); their attempts are kept in TriesBucket.
+	Ordered bool
 }
 
 // Job is one unit of work as stored on the queue.
@@ -158,6 +161,7 @@ type laneState struct {
 	// stream still holds jobs on public subjects (the former layout); and
 	// who hears of stored jobs (OnStored)
 	keyed    bool
+	tries    jetstream.KeyValue // ordered keyed lanes: TriesBucket
 	in       jetstream.Stream
 	inEpoch  int64
 	migrate  bool

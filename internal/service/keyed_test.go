@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,7 +33,7 @@ import (
 type keyedTarget struct {
 	mu       sync.Mutex
 	arrivals map[string][]arrival
-	answer   func(w http.ResponseWriter, key string, n int) bool
+	answer   func(w http.ResponseWriter, r *http.Request, key string, n int) bool
 	srv      *httptest.Server
 }
 
@@ -43,7 +44,7 @@ func newKeyedTarget(t *testing.T) *keyedTarget {
 		key := r.Header.Get("Throttle-Key")
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		if k.answer != nil && k.answer(w, key, len(k.arrivals[key])) {
+		if k.answer != nil && k.answer(w, r, key, len(k.arrivals[key])) {
 			return
 		}
 		k.arrivals[key] = append(k.arrivals[key], arrival{id: r.Header.Get("Idempotency-Key"), at: now})
@@ -427,7 +428,7 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	var limitedAt time.Time
-	tgt.answer = func(w http.ResponseWriter, key string, n int) bool {
+	tgt.answer = func(w http.ResponseWriter, _ *http.Request, key string, n int) bool {
 		if key == "limited" && n == 2 && limitedAt.IsZero() {
 			limitedAt = time.Now()
 			w.Header().Set("Retry-After", "2")
@@ -550,5 +551,67 @@ func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
 		if len(as) != n {
 			t.Errorf("key %s: %d deliveries, want %d", key, len(as), n)
 		}
+	}
+}
+
+// TestKeyedOrderedAttemptsSurviveRestart: an ordered key's failing job is
+// retried in place, and its failed attempts are stored beside it: after a
+// restart between its second and third attempt (max_attempts 3), it is
+// tried once more and dead-lettered with 3 attempts, not tried 3 times
+// afresh. The key's next job waits behind it and is delivered after it.
+func TestKeyedOrderedAttemptsSurviveRestart(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	tgt := newKeyedTarget(t)
+	var failed atomic.Int64
+	// k-0 always fails; its second failure asks for a minute's wait,
+	// which the restart cuts short. The key's next job is delivered.
+	tgt.answer = func(w http.ResponseWriter, r *http.Request, key string, _ int) bool {
+		if r.Header.Get("Idempotency-Key") != "k-0" {
+			return false
+		}
+		if failed.Add(1) == 2 {
+			w.Header().Set("Retry-After", "60")
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		return true
+	}
+	cfg := keyedConfig(t, tgt.srv.URL, 100, 10, 50, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Lanes[0].PerKey.Ordered = true
+	cfg.Lanes[0].Retry.MaxAttempts = 3
+	cfg.Lanes[0].Retry.BackoffBase = config.Duration(100 * time.Millisecond)
+	cfg.Lanes[0].Retry.BackoffMax = config.Duration(100 * time.Millisecond)
+	svc, stop := start(t, cfg)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	if code := submitKeyed(t, client, svc.Addr(), "k", "k-0"); code != http.StatusAccepted {
+		t.Fatalf("submit: %d", code)
+	}
+	waitFor(t, 20*time.Second, "the job's second attempt", func() bool { return failed.Load() >= 2 })
+	stop()
+	if n := failed.Load(); n != 2 {
+		t.Fatalf("%d attempts before the restart, want 2", n)
+	}
+
+	svc2, _ := start(t, cfg)
+	if code := submitKeyed(t, client, svc2.Addr(), "k", "k-1"); code != http.StatusAccepted {
+		t.Fatalf("submit: %d", code)
+	}
+	waitFor(t, 20*time.Second, "the key's next job delivered", func() bool { return tgt.count("k") >= 1 })
+	if n := failed.Load(); n != 3 {
+		t.Errorf("the failing job was tried %d times in all, want max_attempts 3 across the restart", n)
+	}
+	if as := tgt.of("k"); len(as) != 1 || as[0].id != "k-1" {
+		t.Errorf("delivered %+v, want k-1 once, after k-0 was dead", as)
+	}
+	resp, err := client.Get("http://" + svc2.Addr() + "/v1/lanes/demo/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page api.DeadLetters
+	err = json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	if err != nil || len(page.Dead) != 1 || page.Dead[0].ID != "k-0" || page.Dead[0].Attempts != 3 {
+		t.Errorf("dead letters %+v (%v), want k-0 after 3 attempts", page.Dead, err)
 	}
 }
