@@ -28,14 +28,13 @@ import (
 // copy is stored, and is believed. The intake stream's creation time keeps
 // the ids of a re-created intake stream apart.
 //
-// Every instance runs a mover. Each reads the intake stream in sequence
-// order and never passes a job it could not move, so the keys' jobs reach
+// Every instance runs a mover. Each reads the oldest job left and never
+// passes a job it could not move, so the keys' jobs reach
 // their internal subjects in the order they were published (FIFO per key),
 // whichever instance moves them.
 
 // IntakeStreamName returns the stream that takes a keyed lane's public
-// subjects. Lane names have no '-' after a prefix of "THROTTLE-", so it
-// never names a lane's own stream.
+// subjects. A lane's own stream starts "THROTTLE_", so the two never meet.
 func IntakeStreamName(lane string) string { return "THROTTLE-INTAKE_" + lane }
 
 // Intake pacing: how long a mover waits when the intake stream is empty
@@ -151,17 +150,21 @@ func (q *Queue) migrate(ctx context.Context, ls *laneState, log *slog.Logger) bo
 	return false
 }
 
-// drainIntake moves the jobs stored in st on subject (a filter) in
-// sequence order, naming each move with msgID. With the lane stream's own
+// drainIntake moves the jobs stored in st on subject (a filter), oldest
+// first, naming each move with msgID. With the lane stream's own
 // former public subjects it returns true once none is left; with the
 // intake stream it runs until ctx ends (or a test stops it) and returns
 // false.
 func (q *Queue) drainIntake(ctx context.Context, ls *laneState, st jetstream.Stream, subject string, msgID func(*Job, uint64), log *slog.Logger) bool {
 	once := st != ls.in
-	next := uint64(1)
 	idle, full := intakeIdleMin, intakeIdleMin
 	for ctx.Err() == nil {
-		raw, err := getNext(ctx, st, next, subject)
+		// Always the oldest job left: a move deletes its original, so
+		// that is the next one to move, whichever instance moved the
+		// others; one whose delete failed is read and moved again (a
+		// duplicate). No cursor, so a purged or re-created stream is
+		// read from its start.
+		raw, err := getNext(ctx, st, 1, subject)
 		if err != nil {
 			log.Debug("reading the keyed intake failed", "err", err)
 			sleep(ctx, intakeFailed)
@@ -192,7 +195,6 @@ func (q *Queue) drainIntake(ctx context.Context, ls *laneState, st jetstream.Str
 			sleep(ctx, intakeFailed)
 		default:
 			full = intakeIdleMin
-			next = raw.Sequence + 1
 		}
 	}
 	return false
