@@ -610,13 +610,17 @@ const bounceAfter = 100 * time.Millisecond
 // bounceWorkers answers the workers that have waited here for bounceAfter
 // with no job due for them, so that they ask again: a pull goes to one
 // instance of the fleet, and the keys with jobs may be held by another one.
-// With no job stored in the lane (as last read, at most a second ago) they
-// wait here as on any pull lane: there is no better place to ask. It
-// reports whether workers may wait here (a pull-mode lane).
+// With no job stored in the lane (as last read, at most a second ago), or
+// on the embedded pacer's one instance (no Deps.Slots), they wait here as
+// on any pull lane: there is no better place to ask. It reports whether
+// workers may wait here (a pull-mode lane).
 func (k *keyedRun) bounceWorkers(ctx context.Context) bool {
 	l := k.l
 	if l.pull == nil {
 		return false
+	}
+	if l.d.Slots == nil {
+		return true
 	}
 	if n, err := l.d.Queue.Backlog(ctx, l.cfg.Name, time.Second); err == nil && n > 0 {
 		l.pull.Bounce(bounceAfter)
