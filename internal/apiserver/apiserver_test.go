@@ -410,3 +410,43 @@ func TestStartListenError(t *testing.T) {
 		t.Fatalf("Start on a bad address: %v", err)
 	}
 }
+
+// TestReloadCallersAfterIgnoredOff: a reload whose file turns the caller
+// quotas off is ignored (it needs a restart), so the quotas stay on, and a
+// later reload with a callers section replaces them as usual instead of
+// being taken for turning them on.
+func TestReloadCallersAfterIgnoredOff(t *testing.T) {
+	t.Parallel()
+	withCallers := func(rate string) config.Config {
+		return parse(t, `callers:
+  plans: {free: {rate: `+rate+`, burst: 10}}
+  default_plan: free
+`)
+	}
+	var logs logBuf
+	s, err := apiserver.New(withCallers("10/min"), logs.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := newFakeAPI()
+	done, err := s.Start(api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = s.Shutdown(context.Background())
+		<-done
+	}()
+	if err := s.Reload(func() (config.Config, error) { return parse(t, ""), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(api.callers) != 0 || !strings.Contains(logs.String(), "turning caller quotas on or off needs a restart") {
+		t.Fatalf("callers turned off by a reload: %d policies set (want 0), log:\n%s", len(api.callers), logs.String())
+	}
+	if err := s.Reload(func() (config.Config, error) { return withCallers("30/min"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(api.callers) != 1 || api.callers[0].Plans["free"].Rate.PerSecond() != 30.0/60 {
+		t.Fatalf("caller policies set by the reload after an ignored off: %+v\nlog:\n%s", api.callers, logs.String())
+	}
+}

@@ -26,13 +26,17 @@ func (s *Server) Reload(load func() (config.Config, error)) error {
 			s.log.Error("reload: config file refused; the keys and caller quotas in use stay", "err", err)
 			return err
 		}
+		// The section in force changes only when the API took it: one
+		// that is ignored (quotas turned on or off) or refused leaves the
+		// quotas in use, and the next reload compares with them.
 		if err := s.reloadCallers(next.Callers); err != nil {
 			errs = append(errs, err)
+		} else if (s.cfg.Callers == nil) == (next.Callers == nil) {
+			cfg.Callers = next.Callers
 		}
 		if next.HasKeys() && s.cfg.HasKeys() {
 			cfg.Auth = next.Auth
 		}
-		cfg.Callers = next.Callers
 	}
 	if cfg.HasKeys() && (load != nil || cfg.Auth.KeysFile != "") {
 		keys, err := cfg.LoadKeys()
