@@ -133,6 +133,24 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
+// startFleet starts n instances, i0, i1, …, with the nats and redis
+// sections given (flow mappings such as {url: "…", mode: sentinel}),
+// dispatching to loopback targets only, draining lanes (the list items of
+// the lanes section).
+func startFleet(t *testing.T, n int, nats, redis, lanes string) []*service.Service {
+	t.Helper()
+	svcs := make([]*service.Service, n)
+	for i := range svcs {
+		svcs[i] = startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
+nats: %s
+redis: %s
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+%s`, nats, redis, lanes))
+	}
+	return svcs
+}
+
 // laneYAML is one lane entry of a configuration.
 func laneYAML(name string, l bucket.Limit, url string) string {
 	return fmt.Sprintf("  - name: %s\n    rate: %g\n    burst: %d\n    max_inflight: 16\n    max_bytes: 8MiB\n    target: {http: {url: %q, timeout: 5s}}\n", name, l.Rate, l.Burst, url)
