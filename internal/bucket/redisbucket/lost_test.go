@@ -71,8 +71,7 @@ func TestLostStateIsRestored(t *testing.T) {
 // for the loss, and the case that must stay as it was: a lane whose tat
 // passed is a full bucket, whatever happened to Redis.
 func TestLostStateFloors(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	flush := func() {
 		t.Helper()

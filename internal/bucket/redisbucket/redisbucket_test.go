@@ -3,8 +3,10 @@ package redisbucket_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +22,43 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// shared is the redis-server of every test that does not stop its server:
+// one for the package, each test taking it empty from sharedRedis.
+var shared *testenv.Redis
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "redisbucket-test-")
+	if err == nil {
+		shared, err = testenv.LaunchRedis(dir)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "redisbucket tests need a real redis-server "+
+			"(`apt-get install redis-server` or `brew install redis`): %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	shared.Close()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// sharedRedis returns the address of the package's redis-server, emptied of
+// keys and scripts. Tests that stop their server start one of their own.
+func sharedRedis(t testing.TB) string {
+	t.Helper()
+	for _, cmd := range [][]string{{"FLUSHALL"}, {"SCRIPT", "FLUSH"}} {
+		if _, err := testenv.RedisDo(shared.Addr, cmd...); err != nil {
+			t.Fatalf("%v on the shared redis-server: %v", cmd, err)
+		}
+	}
+	return shared.Addr
+}
 
 var (
 	ctx  = context.Background()
@@ -52,8 +90,7 @@ func fixedClock() clock.Clock {
 }
 
 func TestConformance(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	buckettest.Run(t, func(t *testing.T, clock *clock.Manual) bucket.Store {
 		if err := client.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
@@ -69,8 +106,7 @@ func TestConformance(t *testing.T) {
 // whose periods are not whole microseconds: the answers must be identical,
 // not merely close.
 func TestMatchesMemoryExactly(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	clock := buckettest.NewClock()
 	cfg := redisbucket.DefaultConfig()
 	cfg.Clock = clock
@@ -123,8 +159,7 @@ func TestMatchesMemoryExactly(t *testing.T) {
 // TestRealClock uses Redis TIME (no Now hook): fake clocks hide bugs. The
 // bounds allow for any delay between calls, as on a loaded CI machine.
 func TestRealClock(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	s := redisbucket.New(newClient(t, srv.Addr), redisbucket.DefaultConfig())
+	s := redisbucket.New(newClient(t, sharedRedis(t)), redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 
 	start := time.Now()
@@ -156,7 +191,7 @@ func TestRealClock(t *testing.T) {
 
 	// Admission on a fresh lane with a period far longer than two calls take.
 	k := bucket.Key{Lane: "admit"}
-	l = bucket.Limit{Rate: 2, Burst: 1} // T = 500ms
+	l = bucket.Limit{Rate: 5, Burst: 1} // T = 200ms
 	start = time.Now()
 	if d, err := s.Admit(ctx, k, l); err != nil || !d.Allowed {
 		t.Fatalf("first admit: %+v %v", d, err)
@@ -178,10 +213,9 @@ func TestRealClock(t *testing.T) {
 }
 
 func TestKeysExpireOnceFull(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
-	l := bucket.Limit{Rate: 2, Burst: 3} // T = 500ms
+	l := bucket.Limit{Rate: 20, Burst: 3} // T = 50ms
 	k := bucket.Key{Lane: "ttl", Sub: "endpoint-1"}
 	key := s.Key(k)
 	if key != "thr:{ttl}:k:endpoint-1" {
@@ -190,8 +224,8 @@ func TestKeysExpireOnceFull(t *testing.T) {
 
 	start := time.Now()
 	d, err := s.Admit(ctx, k, l)
-	if err != nil || !d.Allowed || d.ResetAfter != 500*time.Millisecond {
-		t.Fatalf("admit: %+v %v, want allowed with ResetAfter 500ms", d, err)
+	if err != nil || !d.Allowed || d.ResetAfter != 50*time.Millisecond {
+		t.Fatalf("admit: %+v %v, want allowed with ResetAfter 50ms", d, err)
 	}
 	pttl, err := client.PTTL(ctx, key).Result()
 	if err != nil {
@@ -229,7 +263,7 @@ func TestKeysExpireOnceFull(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("key still there %v after the bucket refilled", time.Since(start)-refill)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	if gone := time.Since(start); gone < refill-5*time.Millisecond {
 		t.Fatalf("key gone after %v, before the bucket refilled (%v)", gone, refill)
@@ -272,8 +306,7 @@ func TestKeyLayout(t *testing.T) {
 }
 
 func TestNoScriptFallback(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1, Burst: 3}
 	if _, err := s.Admit(ctx, lane, l); err != nil {
@@ -297,7 +330,7 @@ func TestNoScriptFallback(t *testing.T) {
 func TestUnavailable(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
-	cfg.Timeout = 300 * time.Millisecond
+	cfg.Timeout = 100 * time.Millisecond
 	slow := cfg
 	slow.Timeout = 2 * time.Second
 	l := bucket.Limit{Rate: 100, Burst: 10}
@@ -436,10 +469,9 @@ func TestTimeoutOnHungServer(t *testing.T) {
 }
 
 func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
-	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
 	cfg.Clock = fixedClock() // no time passes: nothing refills
-	checkConcurrentExactness(t, redisbucket.New(newClient(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
+	checkConcurrentExactness(t, redisbucket.New(newClient(t, sharedRedis(t)), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
 }
 
 // checkConcurrentExactness runs workers×each Admit calls on one key at a
@@ -517,8 +549,7 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 // (another application, another type) gives an error, never a panic or a
 // fresh bucket.
 func TestForeignState(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1, Burst: 1}
 
