@@ -11,18 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttler/throttler/internal/config"
-
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// net/http keeps idle client connections' loops briefly after a run.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func TestPercentile(t *testing.T) {

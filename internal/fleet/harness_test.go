@@ -23,16 +23,13 @@ import (
 	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testenv.IdleHTTP(),
 		goleak.IgnoreTopFunction("time.Sleep"), // the stall meter
-		// net/http keeps idle client connections' loops briefly after a test.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	)...)
 }
 
 // arrival is one request at the target: the job id (Idempotency-Key), the
