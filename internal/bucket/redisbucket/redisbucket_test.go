@@ -276,6 +276,19 @@ func TestKeysExpireOnceFull(t *testing.T) {
 	}
 }
 
+// TestZeroConfig: a store made from the zero Config works with the defaults
+// (prefix "thr", DefaultTimeout), as Config's doc says.
+func TestZeroConfig(t *testing.T) {
+	client := newClient(t, sharedRedis(t))
+	s := redisbucket.New(client, redisbucket.Config{})
+	if d, err := s.Admit(ctx, lane, bucket.Limit{Rate: 1, Burst: 1}); err != nil || !d.Allowed {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	if n, err := client.Exists(ctx, "thr:{demo}:gcra").Result(); err != nil || n != 1 {
+		t.Fatalf("state under the default prefix: %d %v", n, err)
+	}
+}
+
 func TestKeyLayout(t *testing.T) {
 	s := redisbucket.New(nil, redisbucket.Config{Prefix: "p"})
 	for _, c := range []struct {
@@ -626,6 +639,14 @@ func TestUnexpectedRepliesAreErrors(t *testing.T) {
 		}
 		if err := s.Pause(ctx, lane, l, time.Second); !errors.Is(err, bucket.ErrUnavailable) {
 			t.Errorf("Pause with reply %#v: %v, want ErrUnavailable", reply, err)
+		}
+	}
+	// Durations past the ends of time.Duration saturate, never wrap round.
+	for reply, wantAllowed := range map[string]bool{"9223372036854775808": false, "1e300": false, "-9223372036854775809": true, "-1e300": true} {
+		s := redisbucket.New(fakeClient{[]any{reply, "", int64(0)}}, redisbucket.DefaultConfig())
+		d, err := s.Peek(ctx, lane, l)
+		if err != nil || d.Allowed != wantAllowed || !wantAllowed && d.RetryAfter < 100*365*24*time.Hour {
+			t.Errorf("Peek with tat-now %s: %+v %v, want allowed %v", reply, d, err, wantAllowed)
 		}
 	}
 	// The model and the script disagreeing is an error too: allowed, yet
