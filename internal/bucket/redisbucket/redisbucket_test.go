@@ -538,7 +538,7 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 	s := redisbucket.New(nil, redisbucket.DefaultConfig())
 	for _, l := range []bucket.Limit{
 		{Rate: 0, Burst: 1},
-		{Rate: 1e-9, Burst: 1_000_000}, // valid for Limit.Validate, but spans longer than a Duration holds
+		{Rate: 1e-9, Burst: 1_000_000}, // below MinRate, and spans longer than a Duration holds
 	} {
 		if _, err := s.Admit(ctx, lane, l); !errors.Is(err, bucket.ErrInvalidLimit) {
 			t.Errorf("Admit(%v) = %v, want ErrInvalidLimit", l, err)
@@ -552,6 +552,11 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 		if err := s.Pause(ctx, lane, l, time.Second); !errors.Is(err, bucket.ErrInvalidLimit) {
 			t.Errorf("Pause(%v) = %v, want ErrInvalidLimit", l, err)
 		}
+	}
+	// Valid for Limit.Validate, but 3000 slots 1e15 ns apart span more than
+	// a time.Duration holds (maxSpan, 2^61 ns, is a quarter of it).
+	if _, err := s.Reserve(ctx, lane, bucket.Limit{Rate: 1e-6, Burst: 1}, 3000); !errors.Is(err, bucket.ErrInvalidLimit) {
+		t.Errorf("Reserve of 3000 slots at 1e-6/s = %v, want ErrInvalidLimit", err)
 	}
 	if redisbucket.Calls(s) != 0 {
 		t.Fatalf("Calls() = %d after invalid limits only", redisbucket.Calls(s))
