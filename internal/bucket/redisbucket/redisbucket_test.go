@@ -313,8 +313,13 @@ func TestKeyLayout(t *testing.T) {
 	if err := (redisbucket.Config{Prefix: "x{y}"}).Validate(); err == nil || !strings.Contains(err.Error(), "prefix") {
 		t.Fatalf("Validate of a braced prefix = %v, want an error naming the prefix", err)
 	}
-	if err := redisbucket.DefaultConfig().Validate(); err != nil {
-		t.Fatal(err)
+	for _, cfg := range []redisbucket.Config{redisbucket.DefaultConfig(), {}} {
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("Validate(%+v) = %v", cfg, err)
+		}
+	}
+	if err := (redisbucket.Config{Timeout: -time.Nanosecond}).Validate(); err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("Validate of a negative timeout = %v, want an error naming the timeout", err)
 	}
 }
 
@@ -560,6 +565,26 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 	}
 	if redisbucket.Calls(s) != 0 {
 		t.Fatalf("Calls() = %d after invalid limits only", redisbucket.Calls(s))
+	}
+
+	// The bound itself is allowed: 2^31 slots of 2^30 ns (a rate of
+	// 10^9/2^30 per second) span exactly 2^61 ns, and so does a pause of
+	// 2^61 ns either way; the next representable value past it is not.
+	ok := redisbucket.New(fakeClient{[]any{"0", "", int64(0)}}, redisbucket.DefaultConfig())
+	edge := bucket.Limit{Rate: 1e9 / (1 << 30), Burst: 1}
+	if _, err := ok.Reserve(ctx, lane, edge, 1<<31-1); err != nil {
+		t.Errorf("Reserve spanning exactly 2^61 ns: %v", err)
+	}
+	if _, err := s.Reserve(ctx, lane, edge, 1<<31); !errors.Is(err, bucket.ErrInvalidLimit) {
+		t.Errorf("Reserve spanning 2^61 ns and a slot: %v, want ErrInvalidLimit", err)
+	}
+	for _, d := range []time.Duration{1 << 61, -1 << 61} {
+		if err := ok.Pause(ctx, lane, edge, d); err != nil {
+			t.Errorf("Pause(%v): %v", d, err)
+		}
+		if err := s.Pause(ctx, lane, edge, d+d/(1<<52)); !errors.Is(err, bucket.ErrInvalidLimit) {
+			t.Errorf("Pause(%v): %v, want ErrInvalidLimit", d+d/(1<<52), err)
+		}
 	}
 }
 
