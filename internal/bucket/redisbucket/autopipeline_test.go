@@ -36,9 +36,7 @@ func TestAutoPipelineConformance(t *testing.T) {
 		if err := ap.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
-		cfg := redisbucket.DefaultConfig()
-		cfg.Clock = clock
-		return redisbucket.New(ap, cfg)
+		return onClock(ap, clock)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
 
@@ -47,9 +45,7 @@ func TestAutoPipelineConformance(t *testing.T) {
 // although the calls travel in shared pipelines.
 func TestAutoPipelineConcurrentExactness(t *testing.T) {
 	sameCodeAsTestConformance(t)
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = fixedClock()
-	checkConcurrentExactness(t, redisbucket.New(newAutoPipeline(t, sharedRedis(t)), cfg), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
+	checkConcurrentExactness(t, onClock(newAutoPipeline(t, sharedRedis(t)), fixedClock()), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
 }
 
 // TestAutoPipelineOutage: with Redis away every call fails at once with

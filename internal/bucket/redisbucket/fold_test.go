@@ -23,9 +23,7 @@ var foldedOnly = redis.NewScript(redisbucket.PeekLua + "local ns, tat, restored 
 func TestFoldedPeekIsPeek(t *testing.T) {
 	client := newClient(t, sharedRedis(t))
 	clock := buckettest.NewClock()
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = clock
-	s := redisbucket.New(client, cfg)
+	s := onClock(client, clock)
 	k := bucket.Key{Lane: "fold"}
 	l := bucket.Limit{Rate: 10, Burst: 3}
 	folded := func() bucket.Decision {

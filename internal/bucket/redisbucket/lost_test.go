@@ -244,9 +244,7 @@ func TestLostStateFloors(t *testing.T) {
 // script's clock, here a stopped one: only real time since the call is
 // taken off). A floor dropped early would let a loss hand out a burst.
 func TestFloorFollowsTheTat(t *testing.T) {
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = fixedClock()
-	s := redisbucket.New(newClient(t, sharedRedis(t)), cfg)
+	s := onClock(newClient(t, sharedRedis(t)), fixedClock())
 	l := bucket.Limit{Rate: 10, Burst: 2} // T = 100ms, τ = 100ms
 	const slack = time.Second
 	check := func(op string, k bucket.Key, rel time.Duration) {

@@ -84,7 +84,15 @@ func newFailFastClient(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// fixedClock returns a clock stuck at one instant.
+// onClock is a store on client (the default configuration) whose scripts
+// read clk instead of Redis TIME.
+func onClock(client redis.Scripter, clk clock.Clock) *redisbucket.Store {
+	cfg := redisbucket.DefaultConfig()
+	cfg.Clock = clk
+	return redisbucket.New(client, cfg)
+}
+
+// fixedClock returns a clock stuck at one instant (nothing refills).
 func fixedClock() clock.Clock {
 	return buckettest.NewClock() // nothing advances it
 }
@@ -95,9 +103,7 @@ func TestConformance(t *testing.T) {
 		if err := client.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
-		cfg := redisbucket.DefaultConfig()
-		cfg.Clock = clock
-		return redisbucket.New(client, cfg)
+		return onClock(client, clock)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
 
@@ -108,9 +114,7 @@ func TestConformance(t *testing.T) {
 func TestMatchesMemoryExactly(t *testing.T) {
 	client := newClient(t, sharedRedis(t))
 	clock := buckettest.NewClock()
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = clock
-	rs := redisbucket.New(client, cfg)
+	rs := onClock(client, clock)
 	ms := &bucket.Memory{Clock: clock}
 
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -487,9 +491,7 @@ func TestTimeoutOnHungServer(t *testing.T) {
 }
 
 func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = fixedClock() // no time passes: nothing refills
-	checkConcurrentExactness(t, redisbucket.New(newClient(t, sharedRedis(t)), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
+	checkConcurrentExactness(t, onClock(newClient(t, sharedRedis(t)), fixedClock()), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
 }
 
 // checkConcurrentExactness runs workers×each Admit calls on one key at a
