@@ -172,7 +172,6 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"KeyedInflightOverLane", withLane("max_inflight: 4\n    per_key: {rate: 5/s, max_inflight: 5}"), "t.yaml: lanes[0].per_key.max_inflight: must be between 1 and the lane's max_inflight (4)"},
 		{"KeyedAdaptive", withLane("per_key: {rate: 5/s, adaptive: {enabled: true}}"), ""},
 		{"KeyedAdaptiveBad", withLane("per_key: {rate: 5/s, adaptive: {enabled: true, min: 2}}"), "t.yaml: lanes[0].per_key.adaptive.min: must be in (0, 1], got 2"},
-		{"KeyedPull", strings.Replace(withLane("per_key: {rate: 5/s}"), "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1), "t.yaml: lanes[0].per_key: a keyed lane cannot use target.nats.mode pull"},
 		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
 		{"BadReplicas", good + "nats:\n  url: nats://x:4222\n  replicas: 2\n", "t.yaml: nats.replicas: must be 1, 3 or 5"},
 		{"RetryTypo", withLane("retry: {max_atempts: 3}"), "field max_atempts not found in a lane's retry"},
