@@ -380,6 +380,14 @@ func (s *Service) connectNATS() (*nats.Conn, *server.Server, error) {
 		srv.Shutdown()
 		return nil, nil, err
 	}
+	if mem := s.cfg.EmbeddedMemory(); mem > config.EmbeddedMemoryWarn {
+		// The store is in this process: a burst that fills the lanes'
+		// bounds takes this much, mostly JetStream's de-duplication index.
+		s.log.Warn("embedded nats: the lanes' bounds allow more memory than a small instance expects",
+			"estimate_mb", mem/1_000_000, "warn_mb", config.EmbeddedMemoryWarn/1_000_000,
+			"dedup_ids", s.cfg.DedupIDs(), "dedup_window", n.DedupWindow.D().String(),
+			"fix", "shorten nats.dedup_window, lower lanes[].max_backlog, or set nats.url (docs/OPERATIONS.md, Memory of the embedded server)")
+	}
 	return nc, srv, nil
 }
 
