@@ -27,7 +27,7 @@ func TestEmbeddedMemoryWarning(t *testing.T) {
 		}
 		_, logs := startLogged(t, cfg)
 		out := logs.String()
-		for _, want := range []string{warning, `"estimate_mb":211`, `"dedup_ids":733740`, "nats.dedup_window", "nats.url"} {
+		for _, want := range []string{warning, `"estimate_mb":253`, `"dedup_ids":733740`, "nats.dedup_window", "nats.url"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("start log lacks %q:\n%s", want, out)
 			}
