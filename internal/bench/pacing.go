@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
@@ -146,11 +147,12 @@ func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, 
 	// up within G1. Same jobs, same sink, after the burst-1 lane.
 	var withBurst *pacing
 	var burstMissed float64
+	var burstShort string
 	burstLim := bucket.Limit{Rate: float64(perSecond), Burst: pacingCatchUpBurst}
 	if perSecond >= 10_000 {
 		wb, _, m, err := e.lanePacing(ctx, sk, burstLim, n, nil)
 		if errors.Is(err, errShort) {
-			short, err = append(short, err.Error()), nil
+			burstShort, err = "; "+err.Error(), nil
 		}
 		if err != nil {
 			return nil, err
@@ -191,18 +193,20 @@ func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, 
 				fmtInt(int64(slots)), sideBySide(perSecond)),
 		},
 	}
+	for i := range short {
+		short[i] = "; " + short[i]
+	}
 	for i := range rows {
-		for _, sh := range short {
-			rows[i].Note += "; " + sh
-		}
+		rows[i].Note += strings.Join(short, "")
 	}
 	if refFailed != nil {
 		for i := range rows {
 			rows[i].Reference, rows[i].Ratio = "did not finish", "—"
 			rows[i].Note += "; the reference did not finish: " + refFailed.Error()
 		}
-		// No gaps to compare against.
+		// No gaps to compare against, and no Take() times to show.
 		rows[0].Verdict = NoGoal
+		rows[0].Note = "the reference did not finish: " + refFailed.Error() + strings.Join(short, "")
 	}
 	if withBurst != nil {
 		bBound := burstLim.Burst + perSecond
@@ -212,8 +216,8 @@ func (e *env) pacingAt(ctx context.Context, sk *sink, perSecond int) ([]Result, 
 			Ratio:   "rate " + fmtRatio(withBurst.Achieved, ref.Achieved),
 			Goal:    fmt.Sprintf("≤ %s in 1 s (G1), ≥ 99%% of rate", fmtInt(int64(bBound))),
 			Verdict: verdict(withBurst.MaxPerSecond <= bBound && withBurst.Achieved >= 0.99*float64(perSecond)),
-			Note: fmt.Sprintf("the same lane with burst %d (τ = %v): a stall up to τ is caught up within G1 instead of costing its slots; %s slots given up; |gap − period| %s; the reference is the burst-1 row's",
-				burstLim.Burst, burstLim.Tolerance(), fmtInt(int64(burstMissed)), devCell(*withBurst)),
+			Note: fmt.Sprintf("the same lane with burst %d (τ = %v): a stall up to τ is caught up within G1 instead of costing its slots; %s slots given up; |gap − period| %s; the reference is the burst-1 row's%s",
+				burstLim.Burst, burstLim.Tolerance(), fmtInt(int64(burstMissed)), devCell(*withBurst), burstShort),
 		})
 		if refFailed != nil {
 			rows[len(rows)-1].Ratio = "—"
