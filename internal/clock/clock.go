@@ -29,8 +29,8 @@ func (system) Now() time.Time { return time.Now() }
 
 // timers are stopped timers for Sleep to reuse: a drain waits once per
 // slot (up to thousands of times a second), and a timer made per wait is
-// garbage the collector then has to find, with the drain's goroutine
-// drafted to help (an assist) at the moment it woke up to start a job.
+// garbage, allocated on the way to the next slot, where a GC assist drafts
+// the allocating goroutine.
 // Since Go 1.23 a stopped or reset timer never delivers a stale value, so a
 // timer from the pool behaves like a new one.
 var timers = sync.Pool{New: func() any {
