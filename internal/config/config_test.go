@@ -149,7 +149,6 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"KeyedInflightOverLane", strings.Replace(good, "burst: 10", "burst: 10\n    max_inflight: 4\n    per_key: {rate: 5/s, max_inflight: 5}", 1), "t.yaml: lanes[0].per_key.max_inflight: must be between 1 and the lane's max_inflight (4)"},
 		{"KeyedAdaptive", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s, adaptive: {enabled: true}}", 1), ""},
 		{"KeyedAdaptiveBad", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s, adaptive: {enabled: true, min: 2}}", 1), "t.yaml: lanes[0].per_key.adaptive.min: must be in (0, 1], got 2"},
-		{"KeyedPull", strings.Replace(strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s}", 1), "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1), "t.yaml: lanes[0].per_key: a keyed lane cannot use target.nats.mode pull"},
 		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
 		{"BadReplicas", good + "nats:\n  url: nats://x:4222\n  replicas: 2\n", "t.yaml: nats.replicas: must be 1, 3 or 5"},
 		{"RetryTypo", strings.Replace(good, "burst: 10", "burst: 10\n    retry: {max_atempts: 3}", 1), "field max_atempts not found in a lane's retry"},
