@@ -59,6 +59,7 @@ func TestSmokeBuildsTheService(t *testing.T) {
 		t.Fatalf("stdout:\n%s", table)
 	}
 	for _, want := range []string{
+		"RSS of throttler with the example config's lane (configs/throttler.yaml: 20/s, burst 10, max_backlog 100,000), 500 jobs offered",
 		"keyed lane, 1 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, Redis pacer",
