@@ -109,9 +109,9 @@ type Config[T any] struct {
 	PausedUntil func() time.Time
 	// Assigned, when set, is told the slot each item is given, before the
 	// drain waits for it; a slot due at or before now (and not past its
-	// deadline, see MaxLate) starts the item at once. An item that then
-	// wakes too late for a future slot is told again with its next one. It
-	// must be cheap.
+	// deadline, see MaxLate) starts the item at once. An item that then wakes too late for
+	// a future slot (see MaxLate) is told again with its next one. It must
+	// be cheap.
 	Assigned func(it T, s Slot)
 	// MaxLate is the least time after its slot an item may still start; a
 	// slot missed by more, and by more than its theoretical time (see
