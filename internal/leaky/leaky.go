@@ -9,9 +9,8 @@
 // once), and start each item at a slot, reserving Batch slots in one call to
 // the Pacer whenever the slots left from the last call do not cover the items
 // held. Permits are taken before items are started, and a slot is never used
-// after its deadline (below), so a slow target never makes reserved slots
-// pile up and fire in a clump beyond the lane's burst: they are given up
-// instead.
+// more than MaxLate after its time, so a slow target never makes reserved
+// slots pile up and fire in a clump: they are given up instead.
 //
 // The drain is the only place that takes slots from a lane's state: an item
 // whose slot is due at once (an idle lane with room in its bucket) starts at
@@ -20,16 +19,12 @@
 //
 // When the period is shorter than a timer can sleep, the drain wakes late and
 // starts every item whose slot has passed: a micro-batch. Starts are never
-// earlier than their slots, and never later than their deadline: the slot's
-// theoretical time in the lane's state (bucket.Reservation.Latest, up to
-// (burst−1) periods after the slot when the bucket was empty), or MaxLate
-// after the slot if that is later. A slot passed by more (the process
-// stalled: GC, scheduler, a loaded machine) is given up as lost capacity and
-// its item takes the next slot, instead of starting in a clump with the ones
-// after it. Up to the theoretical time a late start keeps the lane's bound
-// exactly (burst + rate·W in any window W): a stall shorter than the burst's
-// tolerance is caught up, in a clump the burst allows. Beyond it, the
-// MaxLate floor widens W by at most MaxLate.
+// earlier than their slots, and never later than MaxLate after them: a slot
+// that has passed by more (the process stalled: GC, scheduler, a loaded
+// machine) is given up as lost capacity and its item takes the next slot,
+// instead of starting in a clump with the ones after it. The slots keep the
+// lane's bound (burst + rate·W in any window W); the starts keep it with W
+// widened by the MaxLate of the slots they started in.
 //
 // The package is pure: it knows nothing of NATS, Redis or HTTP. Those come in
 // through the small interfaces below.
@@ -108,18 +103,16 @@ type Config[T any] struct {
 	// slots reserved before a pause are given up rather than used during it.
 	PausedUntil func() time.Time
 	// Assigned, when set, is told the slot each item is given, before the
-	// drain waits for it; a slot due at or before now (and not past its
-	// deadline, see MaxLate) starts the item at once. An item that then wakes too late for
+	// drain waits for it; a slot due at or before now (and not later than
+	// MaxLate) starts the item at once. An item that then wakes too late for
 	// a future slot (see MaxLate) is told again with its next one. It must
 	// be cheap.
 	Assigned func(it T, s Slot)
-	// MaxLate is the least time after its slot an item may still start; a
-	// slot missed by more, and by more than its theoretical time (see
-	// bucket.Reservation.Latest: where a lane with a burst over 1 keeps its
-	// limit exactly), is given up (lost capacity, never a clump). The
-	// floor used is the larger of MaxLate and the lane's period, so that
-	// below 1/MaxLate jobs/s a timer waking late never costs a slot. Zero
-	// means DefaultMaxLate.
+	// MaxLate bounds how long after its slot an item may start; a slot
+	// missed by more is given up (lost capacity, never a clump). The bound
+	// used is the larger of MaxLate and the lane's period, so that below
+	// 1/MaxLate jobs/s a timer waking late never costs a slot. Zero means
+	// DefaultMaxLate.
 	MaxLate time.Duration
 	// Clock is the time source; nil means clock.Real.
 	Clock    clock.Clock
@@ -153,9 +146,8 @@ var errPaused = errors.New("leaky: lane paused")
 var errLate = errors.New("leaky: slots missed")
 
 // DefaultMaxLate is Config.MaxLate's default: a few timer wake-ups at the
-// ~1 ms granularity of an idle Go timer. At 10,000 jobs/s, burst 1, a start
-// may then come with at most 20 others that were due before it (with a
-// larger burst, as many as the burst allows).
+// ~1 ms granularity of an idle Go timer. At 10,000 jobs/s a start may then
+// come with at most 20 others that were due before it.
 const DefaultMaxLate = 2 * time.Millisecond
 
 // Slot is a dispatch slot the drain gives an item.
@@ -168,15 +160,6 @@ type Slot struct {
 	Free bool
 }
 
-// heldSlot is a reserved slot with the last moment it may start.
-type heldSlot struct {
-	Slot
-	// deadline is the latest start: the slot's theoretical time in the
-	// lane's state (bucket.Reservation.Latest, where the limit holds
-	// exactly) or Due + MaxLate, whichever is later.
-	deadline time.Time
-}
-
 // Drain paces one lane. Create it with New; Run it once.
 type Drain[T any] struct {
 	cfg     Config[T]
@@ -186,7 +169,7 @@ type Drain[T any] struct {
 	downSince time.Time
 	// slots are the slots reserved and not yet used, in order, and period
 	// their spacing; only Run's goroutine touches them.
-	slots  []heldSlot
+	slots  []Slot
 	period time.Duration
 	missed atomic.Uint64
 }
@@ -230,7 +213,7 @@ func New[T any](cfg Config[T]) (*Drain[T], error) {
 }
 
 // Missed reports how many reserved slots were given up because no item
-// could start in them by their deadline (the drain woke late, no job or permit
+// could start in them within MaxLate (the drain woke late, no job or permit
 // was there in time, an admitted job came late). Safe for concurrent use.
 func (d *Drain[T]) Missed() uint64 { return d.missed.Load() }
 
@@ -384,31 +367,23 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 		// the slots left over, and the state's tat stays ahead of now, so no
 		// time is lost between batches. Slots nobody takes in time are given
 		// up below: capacity lost, never overshoot.
-		res, sent, t0, err := d.reserve(ctx, max(len(batch), d.cfg.Batch))
+		res, t0, err := d.reserve(ctx, max(len(batch), d.cfg.Batch))
 		if err != nil {
 			return batch, err
 		}
-		d.period = res.Period
-		maxLate := max(d.cfg.MaxLate, d.period)
 		for j := range res.N {
-			// Due counts from when the answer came (latency only delays a
-			// start), the theoretical time from when the call was sent
-			// (latency only brings the deadline forward): both err on the
-			// side of the limit.
 			delay := res.Delay(j)
-			due := t0.Add(delay)
-			d.slots = append(d.slots, heldSlot{
-				Slot:     Slot{Due: due, Free: delay == 0},
-				deadline: later(due.Add(maxLate), sent.Add(res.Latest(j))),
-			})
+			d.slots = append(d.slots, Slot{Due: t0.Add(delay), Free: delay == 0})
 		}
+		d.period = res.Period
 	}
+	maxLate := max(d.cfg.MaxLate, d.period)
 	for i, it := range batch {
 		var due time.Time
 		for {
 			// Slots already too late are given up before the item is told
 			// one: an item told a slot due at once does start at once.
-			for len(d.slots) > 0 && d.cfg.Clock.Now().After(d.slots[0].deadline) {
+			for len(d.slots) > 0 && d.cfg.Clock.Now().Sub(d.slots[0].Due) > maxLate {
 				d.slots = d.slots[1:]
 				d.missed.Add(1)
 			}
@@ -420,7 +395,7 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			due = slot.Due
 			d.slots = d.slots[1:]
 			if d.cfg.Assigned != nil {
-				d.cfg.Assigned(it, slot.Slot)
+				d.cfg.Assigned(it, slot)
 			}
 			if now := d.cfg.Clock.Now(); due.After(now) {
 				if err := d.cfg.Clock.Sleep(ctx, due.Sub(now)); err != nil {
@@ -429,12 +404,11 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 					return batch[i:], err
 				}
 			}
-			if !d.cfg.Clock.Now().After(slot.deadline) {
+			if d.cfg.Clock.Now().Sub(due) <= maxLate {
 				break
 			}
 			// Woke too late for this slot: starting now would clump with
-			// the slots after it beyond what the limit allows. Give it up;
-			// the item takes the next one.
+			// the slots after it. Give it up; the item takes the next one.
 			d.missed.Add(1)
 		}
 		if d.cfg.PausedUntil != nil {
@@ -457,13 +431,11 @@ func (d *Drain[T]) done() { <-d.permits }
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the
-// moment the call returned, so latency only delays slots. sent is when the
-// answering call was made: the store's now lies between the two.
-func (d *Drain[T]) reserve(ctx context.Context, n int) (res bucket.Reservation, sent, t0 time.Time, err error) {
+// moment the call returned, so latency only delays slots.
+func (d *Drain[T]) reserve(ctx context.Context, n int) (bucket.Reservation, time.Time, error) {
 	var firstFail time.Time
 	for {
-		sent = d.cfg.Clock.Now()
-		res, err = d.cfg.Pacer.Reserve(ctx, n)
+		res, err := d.cfg.Pacer.Reserve(ctx, n)
 		now := d.cfg.Clock.Now()
 		if err == nil {
 			if !d.downSince.IsZero() {
@@ -472,10 +444,10 @@ func (d *Drain[T]) reserve(ctx context.Context, n int) (res bucket.Reservation, 
 				d.downSince = time.Time{}
 			}
 			d.cfg.Observer.Reserved(res.N)
-			return res, sent, now, nil
+			return res, now, nil
 		}
 		if ctx.Err() != nil {
-			return res, sent, now, ctx.Err()
+			return res, now, ctx.Err()
 		}
 		if d.downSince.IsZero() {
 			d.downSince = now
@@ -486,10 +458,10 @@ func (d *Drain[T]) reserve(ctx context.Context, n int) (res bucket.Reservation, 
 			firstFail = now
 		}
 		if now.Sub(firstFail) >= d.cfg.GiveBackAfter {
-			return res, sent, now, fmt.Errorf("leaky: pacer down for %v: %w", now.Sub(firstFail), err)
+			return res, now, fmt.Errorf("leaky: pacer down for %v: %w", now.Sub(firstFail), err)
 		}
 		if d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
-			return res, sent, now, ctx.Err()
+			return res, now, ctx.Err()
 		}
 	}
 }
