@@ -23,6 +23,9 @@ import (
 const (
 	TriesBucket = "THROTTLER_TRIES"
 	triesMaxAge = 7 * 24 * time.Hour
+	// triesMarkerTTL: how long the marker of a cleared entry stays (a
+	// plain KV delete would keep one per settled job for triesMaxAge).
+	triesMarkerTTL = time.Second
 )
 
 // ensureTries creates or opens TriesBucket.
@@ -30,6 +33,7 @@ func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyVal
 	kv, err := q.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: TriesBucket, Description: "throttler failed attempts of ordered keys' jobs retried in place",
 		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		LimitMarkerTTL: triesMarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: tries bucket: %w", err)
@@ -78,7 +82,10 @@ func (r *KeyedReader) SetTries(ctx context.Context, seq uint64, n int) error {
 	return nil
 }
 
-// ClearTries forgets the failed attempts of the settled job at seq.
+// ClearTries forgets the failed attempts of the settled job at seq. The
+// entry is purged with a marker that lapses after triesMarkerTTL: a plain
+// delete would leave one marker per settled job for triesMaxAge. An entry
+// never stored is left alone (a purge would write a marker).
 func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	kv := r.ls.tries
 	if kv == nil {
@@ -86,7 +93,14 @@ func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	if err := kv.Delete(ctx, r.triesEntry(seq)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	_, err := kv.Get(ctx, r.triesEntry(seq))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err == nil {
+		err = kv.Purge(ctx, r.triesEntry(seq), jetstream.PurgeTTL(triesMarkerTTL))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("%w: clear tries of %d: %v", ErrUnavailable, seq, err)
 	}
 	return nil
