@@ -223,13 +223,22 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 		// The intake stream leaves HeaderRoom for the publisher's
 		// headers, so a payload over max_body gets in; its copy, with
 		// the throttler's headers, may not fit the lane stream, and
-		// would then stop every job behind it. Cut at max_body, the
-		// dead letter fits the server's max_payload.
-		reason = fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d; the dead letter keeps its first %d bytes",
-			len(job.Payload), mb, mb)
-		job.Payload = job.Payload[:mb]
+		// would then stop every job behind it.
+		reason = fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)
 	}
 	if reason != "" {
+		// The dead letter must fit the server's max_payload (max_body
+		// plus HeaderRoom, as the embedded server is started), or the
+		// job would stay at the head of the intake stream: its payload
+		// is cut at max_body and an invalid key at MaxKey bytes.
+		if mb := ls.spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
+			reason += fmt.Sprintf("; the dead letter keeps the payload's first %d of %d bytes", mb, len(job.Payload))
+			job.Payload = job.Payload[:mb]
+		}
+		if len(job.Key) > MaxKey {
+			reason += fmt.Sprintf("; the dead letter keeps the key's first %d of %d bytes", MaxKey, len(job.Key))
+			job.Key = job.Key[:MaxKey]
+		}
 		meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: raw.Time}
 		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
 		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, 0); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -355,5 +356,50 @@ func TestKeyedIntakeMigrationRepeatAfterCopyRead(t *testing.T) {
 			id = m.Job().ID
 		}
 		t.Fatalf("lane stream holds %d jobs after the repeated move (next on key b: %q), want 0: the job was stored twice", n, id)
+	}
+}
+
+// TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload: a public job with a long
+// invalid key and a payload over max_body, on a server whose max_payload
+// is max_body plus room for headers (as the embedded server is started):
+// its dead letter must fit max_payload, or the job stays at the head of
+// the intake stream forever, in front of every job behind it.
+func TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload(t *testing.T) {
+	spec := intakeSpec(100)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoSigs: true, NoLog: true, MaxPayload: int32(spec.MaxBody + queue.HeaderRoom)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not become ready in 10s")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	q := reconnect(t, nc, spec)
+	js, _ := jetstream.New(nc)
+	m := nats.NewMsg(queue.Subject("demo", strings.Repeat("x", 3000)))
+	m.Data = make([]byte, spec.MaxBody+2000)
+	m.Header.Set(jetstream.MsgIDHeader, "badkey")
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatalf("publish the job with a bad key: %v", err)
+	}
+	publishPublic(t, js, "k", "k-0")
+	runIntake(t, q)
+	got := drainKeys(t, q, []string{"k"}, 1)
+	if !slices.Equal(got["k"], []string{"k-0"}) {
+		t.Fatalf("key k read %v, want [k-0]", got["k"])
+	}
+	dead, err := q.ListDead(context.Background(), "demo", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != "badkey" || !strings.Contains(dead[0].Reason, "Throttle-Key") {
+		t.Fatalf("dead letters %+v, want job badkey, the reason naming the key", dead)
 	}
 }
