@@ -46,7 +46,7 @@ func (r *KeyedReader) triesEntry(seq uint64) string {
 }
 
 // Tries returns the failed attempts stored for the job at seq (0 for none,
-// or when the lane is not ordered).
+// for an entry that is not a count, or when the lane is not ordered).
 func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	kv := r.ls.tries
 	if kv == nil {
@@ -63,7 +63,10 @@ func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	}
 	n, err := strconv.Atoi(string(e.Value()))
 	if err != nil || n < 0 || n > maxAttempts {
-		return 0, fmt.Errorf("queue: tries of %d: bad entry %q", seq, e.Value())
+		// Not written by the throttler: failing here would hold the
+		// key until the entry lapses. Count from the message instead.
+		r.q.log.Warn("ignoring a bad entry in the tries bucket", "bucket", TriesBucket, "entry", r.triesEntry(seq), "value", string(e.Value()))
+		return 0, nil
 	}
 	return n, nil
 }

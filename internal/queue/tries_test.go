@@ -59,3 +59,31 @@ func TestTriesClearedLeaveNothing(t *testing.T) {
 		return n == 0
 	})
 }
+
+// TestTriesBadEntryDoesNotHoldTheKey: an entry that is not a count (written
+// by hand) must not make every read of the key's oldest job fail for the
+// bucket's week: it counts as no stored attempts.
+func TestTriesBadEntryDoesNotHoldTheKey(t *testing.T) {
+	q, nc := newBareQueue(t)
+	spec := intakeSpec(100)
+	spec.Ordered = true
+	ctx := context.Background()
+	if err := q.EnsureKeyedLane(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, queue.TriesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "demo.5", []byte("lots")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := q.KeyedReader("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Tries(ctx, 5); err != nil || n != 0 {
+		t.Fatalf("tries of a bad entry: %d, %v; want 0, no error", n, err)
+	}
+}
