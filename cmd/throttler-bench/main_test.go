@@ -9,15 +9,12 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// net/http keeps idle client connections' loops briefly after a run.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func TestUsage(t *testing.T) {
@@ -62,6 +59,7 @@ func TestSmokeBuildsTheService(t *testing.T) {
 		t.Fatalf("stdout:\n%s", table)
 	}
 	for _, want := range []string{
+		"RSS of throttler with the example config's lane (configs/throttler.yaml: 20/s, burst 10, max_backlog 100,000), 500 jobs offered",
 		"keyed lane, 1 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, Redis pacer",
