@@ -20,7 +20,9 @@ import (
 // publish with a Nats-Msg-Id of its own, and the original is deleted only
 // after the lane stream confirmed the copy (or answered that it already
 // holds it). So a job is never lost, and a move repeated after a crash, or
-// by a second instance moving the same job, is a duplicate JetStream drops.
+// by a second instance moving the same job, is a duplicate JetStream drops
+// while the repeat comes within the lane's dedup window (after a longer
+// outage the job is stored twice: delivered at least once).
 //
 // The move's msg id is "<job id> intake-<stream created>-<sequence>". It
 // holds a space, which no job id may (ValidJobID), so nobody who submits
