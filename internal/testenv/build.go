@@ -45,13 +45,20 @@ var throttlerBin struct {
 // removed.
 func ThrottlerBinary(t testing.TB) string {
 	t.Helper()
+	bin, err := ThrottlerBinaryPath()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return bin
+}
+
+// ThrottlerBinaryPath is ThrottlerBinary for a TestMain: it returns the
+// error instead of failing a test.
+func ThrottlerBinaryPath() (string, error) {
 	throttlerBin.once.Do(func() {
 		throttlerBin.path, throttlerBin.err = buildThrottler()
 	})
-	if throttlerBin.err != nil {
-		t.Fatalf("testenv: %v", throttlerBin.err)
-	}
-	return throttlerBin.path
+	return throttlerBin.path, throttlerBin.err
 }
 
 // NATSServerBinary returns the path of a nats-server executable built from
