@@ -97,6 +97,16 @@ func buildThrottler() (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("build %s: %w", throttlerPkg, err)
 	}
+	// One build at a time: a test binary that finds another one
+	// building waits, then finds the binary.
+	unlock, err := lockFile(filepath.Join(dir, "throttler.lock"))
+	if err != nil {
+		return "", fmt.Errorf("build %s: lock: %w", throttlerPkg, err)
+	}
+	defer unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
 	// A temporary name, then a rename: test binaries of several packages
 	// may build at the same time, and none must run a half-written file.
 	tmp, err := os.CreateTemp(dir, "throttler-build-")
@@ -181,7 +191,7 @@ func sourceKey(goBin, dir, pkg string) (string, error) {
 func pruneBinaries(dir, keep string) {
 	matches, _ := filepath.Glob(filepath.Join(dir, "throttler-*"))
 	for _, m := range matches {
-		if m == keep || strings.HasPrefix(filepath.Base(m), "throttler-build-") {
+		if m == keep || strings.HasPrefix(filepath.Base(m), "throttler-build-") || strings.HasSuffix(m, ".lock") {
 			continue
 		}
 		if fi, err := os.Stat(m); err == nil && time.Since(fi.ModTime()) > binaryKeep {
