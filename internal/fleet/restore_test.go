@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -11,10 +10,6 @@ import (
 	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
-
-// pollClient bounds every request of the tests, so that a server that
-// stops answering fails the test instead of hanging it until -timeout.
-var pollClient = &http.Client{Timeout: 5 * time.Second}
 
 // metricSum reads one sample family without labels (or the sum over its
 // label sets) from an instance's /metrics; -1 when absent.
