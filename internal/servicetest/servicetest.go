@@ -30,6 +30,7 @@ import (
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // ReadyTimeout bounds how long an instance may take to serve.
@@ -203,21 +204,18 @@ const Any = -1
 
 // WaitFor reads series with read until every want holds (the value, or
 // with Any any value above 0) and returns the last read; it fails t with
-// the series that do not hold after within.
+// the series that do not hold after within (testenv.EventuallyNil).
 func WaitFor(t testing.TB, within time.Duration, read func() Series, want map[string]float64) Series {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := read()
-		miss := missing(got, want)
-		if len(miss) == 0 {
-			return got
+	var got Series
+	testenv.EventuallyNil(t, within, "the metrics", func() error {
+		got = read()
+		if miss := missing(got, want); len(miss) > 0 {
+			return errors.New("\n" + strings.Join(miss, "\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("servicetest: after %v:\n%s", within, strings.Join(miss, "\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 func missing(got Series, want map[string]float64) []string {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
@@ -111,5 +112,19 @@ lanes:
 	stop()
 	if _, _, err := servicetest.TryScrape(svc.Addr(), ""); err == nil {
 		t.Errorf("a stopped service answered /metrics")
+	}
+}
+
+// TestWaitFor: it reads until every want holds, Any asking for a value
+// above 0, and returns that read.
+func TestWaitFor(t *testing.T) {
+	t.Parallel()
+	reads := 0
+	got := servicetest.WaitFor(t, 10*time.Second, func() servicetest.Series {
+		reads++
+		return servicetest.Series{"a": float64(reads), "b": float64(reads - 3)}
+	}, map[string]float64{"a": 5, "b": servicetest.Any})
+	if reads != 5 || got["a"] != 5 || got["b"] != 2 {
+		t.Fatalf("%d reads, returned %v; want the fifth read (a = 5, b = 2 > 0)", reads, got)
 	}
 }
