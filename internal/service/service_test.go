@@ -76,16 +76,12 @@ var pollClient = servicetest.Client
 // waitFor is testenv.Eventually, the suite's one polling helper.
 var waitFor = testenv.Eventually
 
-// waitSettled waits until the lane at addr holds nothing: no job stored
-// (waiting or in flight) and none waiting for a retry. Nothing is left then
-// that could be delivered again, so a count taken after it is final: the
-// proof that no duplicate comes, without sleeping to see none.
+// waitSettled waits until the lane at addr holds nothing
+// (servicetest.WaitSettled): a count taken after it is final, the proof
+// that no duplicate comes, without sleeping to see none.
 func waitSettled(t *testing.T, addr string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the lane to settle", func() bool {
-		l := getLanes(t, addr).Lanes[0]
-		return l.Backlog == 0 && l.Retrying == 0 && l.InFlight == 0
-	})
+	servicetest.WaitSettled(t, 10*time.Second, addr)
 }
 
 func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) config.Config {

@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
@@ -77,6 +79,35 @@ func Run(t testing.TB, svc *service.Service) (stop func()) {
 		t.Fatalf("servicetest: the service is not ready after %v", ReadyTimeout)
 	}
 	return stop
+}
+
+// WaitSettled waits until every lane at addr holds nothing: no job stored
+// (waiting or in flight) and none waiting for a retry (GET /v1/lanes).
+// Nothing is left then that could be delivered later, so a count taken
+// after it is final: the proof that no stray or duplicate delivery comes,
+// without sleeping to see none.
+func WaitSettled(t testing.TB, within time.Duration, addr string) {
+	t.Helper()
+	testenv.EventuallyNil(t, within, "the lanes at "+addr+" to settle", func() error {
+		resp, err := Client.Get("http://" + addr + "/v1/lanes")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var l api.Lanes
+		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+			return fmt.Errorf("GET /v1/lanes: %d: %w", resp.StatusCode, err)
+		}
+		if len(l.Lanes) == 0 {
+			return errors.New("GET /v1/lanes lists no lane")
+		}
+		for _, ln := range l.Lanes {
+			if ln.Backlog != 0 || ln.Retrying != 0 || ln.InFlight != 0 {
+				return fmt.Errorf("lane %s: backlog %d, retrying %d, in flight %d", ln.Name, ln.Backlog, ln.Retrying, ln.InFlight)
+			}
+		}
+		return nil
+	})
 }
 
 // Series is one scrape or gather: every sample by its series, written as
