@@ -214,6 +214,8 @@ func runAdmission(ctx context.Context, e *env) ([]Result, error) {
 		Goal:    quotaGoal,
 		Verdict: verdict(bestLane.Rate() <= 1.3*bestBoth.Rate()),
 		Note: fmt.Sprintf("per-IP window, plan bucket and the lane's peek in one script (one round trip), then the lane's decision on that peek, as intake makes it for a single job; "+
+			"that script calls four commands, two of them writes (the window's count, the plan's tat), where the lane-only peek calls two reads: "+
+			"the least an exact check of both layers writes, and what bounds the ratio while redis-server's thread is the bottleneck (docs/BENCHMARKS.md); "+
 			"the ratio is lane-only decisions/s over decisions/s with both layers; in two round trips (the layers' script, then the lane's peek: batches, Redis Cluster) "+
 			"the same rounds made %s (%s), %s", fmtRate(bestTwo.Rate()), fmtLat(bestTwo.Lat), fmtRatio(bestLane.Rate(), bestTwo.Rate())),
 	}}, nil

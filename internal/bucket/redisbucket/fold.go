@@ -57,10 +57,11 @@ func (s *Store) Fold(k bucket.Key, l bucket.Limit) (FoldedPeek, error) {
 func (f FoldedPeek) Key() string { return f.key }
 
 // Args are the script's ARGV[1..7], read now (the store's clock, the
-// floor).
-func (f FoldedPeek) Args() []any {
+// floor), followed by more, the arguments of the code after PeekLua (in
+// one slice: go-redis copies it once more into the command).
+func (f FoldedPeek) Args(more ...any) []any {
 	f.s.calls.Add(1)
-	return f.s.args(f.k, f.key, f.l, 0)
+	return append(f.s.args(f.k, f.key, f.l, 0, len(more)), more...)
 }
 
 // Decision reads the three values of lane_reply() (the last three of the
@@ -71,9 +72,10 @@ func (f FoldedPeek) Decision(tail []any) (bucket.Decision, error) {
 	if len(tail) != 3 {
 		return bucket.Decision{}, f.s.fail("peek", f.k, fmt.Errorf("%w: %d values, want {ns, tat, restored}", errReply, len(tail)))
 	}
-	rel, err := parseFirst(tail)
+	reply := any(tail) // boxed once for both readers
+	rel, err := parseFirst(reply)
 	if err == nil {
-		err = f.s.see(f.key, tail, rel)
+		err = f.s.see(f.key, reply, rel)
 	}
 	if err != nil {
 		return bucket.Decision{}, f.s.fail("peek", f.k, err)

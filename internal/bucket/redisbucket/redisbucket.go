@@ -323,15 +323,16 @@ func (s *Store) run(ctx context.Context, script *redis.Script, op string, k buck
 		defer cancel()
 	}
 	s.calls.Add(1)
-	reply, err := script.Run(ctx, s.client, []string{key}, s.args(k, key, l, arg)...).Result()
+	reply, err := script.Run(ctx, s.client, []string{key}, s.args(k, key, l, arg, 0)...).Result()
 	if err != nil {
 		return nil, s.fail(op, k, err)
 	}
 	return reply, nil
 }
 
-// args are a script's ARGV[1..7] for k's key (see the prelude).
-func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64) []any {
+// args are a script's ARGV[1..7] for k's key (see the prelude), in a slice
+// with room for spare more.
+func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64, spare int) []any {
 	now := ""
 	if s.clock != nil {
 		now = formatNow(s.clock.Now())
@@ -342,7 +343,7 @@ func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64) []any 
 			held = min(int64(n)*int64(l.Period()), int64(maxSpan))
 		}
 	}
-	return []any{now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held}
+	return append(make([]any, 0, 7+spare), now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held)
 }
 
 // fail wraps a failed call: every error of the store other than an invalid

@@ -92,14 +92,35 @@ type noBacklog struct{}
 
 func (noBacklog) Backlog(context.Context, string, time.Duration) (int64, error) { return 0, nil }
 
+// foldEnvelope and foldWrites cut the folded script down to what no
+// version of it can do without, for BenchmarkDecisionCPU's decomposition.
+// foldEnvelope is the lane's peek in the folded script's shape (three
+// keys, the packed parameters, one MGET of the three, a nine-value reply)
+// without the layers; foldWrites adds the two writes that every request
+// both layers admit must make (the IP window's count and the caller's tat,
+// SET … PX, values of the same size), still without the layers' checks.
+var (
+	foldEnvelope = redis.NewScript(redisbucket.PeekLua + `
+return {1, 0, 0, 0, 1, 0, lane_reply()}
+`)
+	foldWrites = redis.NewScript(redisbucket.PeekLua + `
+redis.call('SET', KEYS[2], '012345670123456701234567', 'PX', 7200000)
+redis.call('SET', KEYS[3], now_us + 1, 'PX', 1)
+return {1, 0, 0, 0, 1, 0, lane_reply()}
+`)
+)
+
 // BenchmarkDecisionCPU: a single job's whole decision from 64 goroutines
 // on the autopipeliner, lane-only (admission.Decide: the lane's peek), with
 // both caller layers folded into the lane's script (one round trip), and
 // with both layers in their own script before the lane's peek (two round
-// trips: batches, and Redis Cluster). Besides wall time it reports the CPU
-// time per decision of redis-server (INFO cpu) and of this process
-// (getrusage): on a shared machine wall time moves with the neighbours'
-// load, CPU time much less.
+// trips: batches, and Redis Cluster). Two rows between lane-only and
+// layers-folded say where the folded script's cost lies: fold-envelope
+// and fold-writes (foldEnvelope, foldWrites). Besides wall time it reports
+// the CPU time per decision of redis-server (INFO cpu) and of this process
+// (getrusage), the time redis-server spent in scripts and the commands
+// the scripts called per decision (INFO commandstats): on a shared machine
+// wall time moves with the neighbours' load, CPU time much less.
 //
 //	go test -run '^$' -bench DecisionCPU -benchtime 20000x ./internal/quota/redisquota/
 func BenchmarkDecisionCPU(b *testing.B) {
@@ -129,6 +150,44 @@ func BenchmarkDecisionCPU(b *testing.B) {
 		}
 		return time.Duration(s * float64(time.Second))
 	}
+	// scripts reads INFO commandstats: the time redis-server spent running
+	// scripts (evalsha and eval, the redis.call's inside included, apart
+	// from reading requests and writing replies), and how many commands
+	// the scripts called (Redis counts those on their own lines).
+	scripts := func() (time.Duration, int64) {
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var us, inner int64
+		for _, l := range strings.Split(info, "\r\n") {
+			k, v, ok := strings.Cut(l, ":")
+			if !ok || !strings.HasPrefix(k, "cmdstat_") {
+				continue
+			}
+			field := func(name string) int64 {
+				for _, f := range strings.Split(v, ",") {
+					if n, ok := strings.CutPrefix(f, name+"="); ok {
+						u, err := strconv.ParseInt(n, 10, 64)
+						if err != nil {
+							b.Fatalf("INFO commandstats %s: %v", l, err)
+						}
+						return u
+					}
+				}
+				b.Fatalf("INFO commandstats %s: no %s", l, name)
+				return 0
+			}
+			switch k {
+			case "cmdstat_evalsha", "cmdstat_eval":
+				us += field("usec")
+			case "cmdstat_info", "cmdstat_config", "cmdstat_hello", "cmdstat_client", "cmdstat_ping", "cmdstat_script":
+			default:
+				inner += field("calls")
+			}
+		}
+		return time.Duration(us) * time.Microsecond, inner
+	}
 	selfCPU := func() time.Duration {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -136,16 +195,44 @@ func BenchmarkDecisionCPU(b *testing.B) {
 		}
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	req := func(i int, lane bool) quota.Request {
-		r := quota.Request{IP: "10.0.0." + strconv.Itoa(i), PerIP: quota.Window{Limit: 1_000_000_000, Length: time.Hour},
+	// Every goroutine's requests and lane are made up front, as intake
+	// has them at hand: the rows compare decisions, not string building.
+	workers := runtime.GOMAXPROCS(0)*max(1, 64/runtime.GOMAXPROCS(0)) + 1
+	reqs, bare, lanesOf := make([]quota.Request, workers), make([]quota.Request, workers), make([]admission.Lane, workers)
+	for i := range workers {
+		bare[i] = quota.Request{IP: "10.0.0." + strconv.Itoa(i), PerIP: quota.Window{Limit: 1_000_000_000, Length: time.Hour},
 			Caller: "key:" + strconv.Itoa(i), Plan: lim, Cost: 1}
-		if lane {
-			r.Lane, r.LaneLimit = bucket.Key{Lane: "lane-" + strconv.Itoa(i)}, lim
-		}
-		return r
+		reqs[i] = bare[i]
+		reqs[i].Lane, reqs[i].LaneLimit = bucket.Key{Lane: "lane-" + strconv.Itoa(i)}, lim
+		lanesOf[i] = admission.Lane{Name: "lane-" + strconv.Itoa(i), Limit: lim, MaxBacklog: 1 << 40}
 	}
-	lane := func(i int) admission.Lane {
-		return admission.Lane{Name: "lane-" + strconv.Itoa(i), Limit: lim, MaxBacklog: 1 << 40}
+	req := func(i int, lane bool) quota.Request {
+		if lane {
+			return reqs[i]
+		}
+		return bare[i]
+	}
+	lane := func(i int) admission.Lane { return lanesOf[i] }
+	params := strings.Repeat("\x00", 7*8)
+	// cut runs a cut-down folded script for goroutine i's request and
+	// decides on its peek as layers-folded does.
+	cut := func(ctx context.Context, script *redis.Script, i int) error {
+		r := reqs[i]
+		f, err := lanes.Fold(r.Lane, r.LaneLimit)
+		if err != nil {
+			return err
+		}
+		keys := []string{f.Key(), "thr:{callers}:ipw:" + r.IP, "thr:{callers}:c:" + r.Caller}
+		reply, err := script.Run(ctx, pipe, keys, f.Args(params)...).Slice()
+		if err != nil {
+			return err
+		}
+		d, err := f.Decision(reply[6:])
+		if err != nil {
+			return err
+		}
+		_, err = adm.DecideFrom(ctx, lane(i), admission.Peeked{D: d, At: time.Now()}, time.Now())
+		return err
 	}
 	for _, tc := range []struct {
 		name string
@@ -155,6 +242,8 @@ func BenchmarkDecisionCPU(b *testing.B) {
 			_, err := adm.Decide(ctx, lane(i), "")
 			return err
 		}},
+		{"fold-envelope", func(ctx context.Context, i int) error { return cut(ctx, foldEnvelope, i) }},
+		{"fold-writes", func(ctx context.Context, i int) error { return cut(ctx, foldWrites, i) }},
 		{"layers-folded", func(ctx context.Context, i int) error {
 			res, err := folded.Check(ctx, req(i, true))
 			if err == nil && !res.LaneChecked {
@@ -176,8 +265,9 @@ func BenchmarkDecisionCPU(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-			var next atomic.Int64
+			var next atomic.Int64 // goroutine i uses reqs[i], lanesOf[i]
 			r0, s0 := redisCPU(), selfCPU()
+			l0, n0 := scripts()
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(next.Add(1))
 				for pb.Next() {
@@ -189,7 +279,11 @@ func BenchmarkDecisionCPU(b *testing.B) {
 			})
 			b.StopTimer()
 			r, s := redisCPU()-r0, selfCPU()-s0
+			l, n := scripts()
+			l, n = l-l0, n-n0
 			b.ReportMetric(float64(r.Microseconds())/float64(b.N), "redis-cpu-µs/op")
+			b.ReportMetric(float64(l.Microseconds())/float64(b.N), "redis-script-µs/op")
+			b.ReportMetric(float64(n)/float64(b.N), "redis-calls/op")
 			b.ReportMetric(float64(s.Microseconds())/float64(b.N), "client-cpu-µs/op")
 		})
 	}

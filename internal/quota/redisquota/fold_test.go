@@ -50,7 +50,7 @@ func (sp space) state(t *testing.T, c *redis.Client, lane, ip, caller string) [3
 	t.Helper()
 	ctx := context.Background()
 	var out [3]keyState
-	for i, k := range []string{sp.lanes.Key(bucket.Key{Lane: lane}), sp.prefix + ":{callers}:ip:" + ip, sp.prefix + ":{callers}:c:" + caller} {
+	for i, k := range []string{sp.lanes.Key(bucket.Key{Lane: lane}), sp.prefix + ":{callers}:ipw:" + ip, sp.prefix + ":{callers}:c:" + caller} {
 		v, err := c.Get(ctx, k).Result()
 		if err != nil && err != redis.Nil {
 			t.Fatal(err)

@@ -4,9 +4,10 @@
 // and the caller's token bucket) in one round trip, atomically, on Redis
 // TIME.
 //
-// State: the IP layer is a string "<prefix>:{callers}:ip:<ip>" holding
-// "<window index>:<its count>:<the previous window's count>", expiring two
-// windows after its last write; the caller layer is
+// State: the IP layer is a string "<prefix>:{callers}:ipw:<ip>" holding
+// the window's index, its count and the previous window's count as three
+// little-endian doubles (24 bytes, Lua's struct.pack('<ddd')), expiring
+// two windows after its last write; the caller layer is
 // a string "<prefix>:{callers}:c:<caller>" holding the bucket's theoretical
 // arrival time in whole microseconds since the epoch (rounded up, so that
 // rounding only ever slows a caller down), expiring once the bucket is full
@@ -28,9 +29,11 @@ package redisquota
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -95,7 +98,8 @@ func (c Config) Validate() error {
 // of goroutines and instances.
 type Store struct {
 	client  redis.Scripter
-	head    string
+	ipHead  string // "<prefix>:{callers}:ipw:"
+	cHead   string // "<prefix>:{callers}:c:"
 	timeout time.Duration
 	clock   clock.Clock // nil: Redis TIME
 	extraMs int64
@@ -115,113 +119,153 @@ func New(client redis.Scripter, cfg Config) *Store {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{client: client, head: cfg.Prefix + ":{callers}:", timeout: cfg.Timeout, clock: cfg.Clock, lanes: cfg.Lanes, log: cfg.Logger}
+	head := cfg.Prefix + ":{callers}:"
+	s := &Store{client: client, ipHead: head + "ipw:", cHead: head + "c:", timeout: cfg.Timeout, clock: cfg.Clock, lanes: cfg.Lanes, log: cfg.Logger}
 	if cfg.Clock != nil {
 		s.extraMs = time.Minute.Milliseconds()
 	}
 	return s
 }
 
-// callersLua checks both layers: callers(now, ipKey, callerKey, o, v)
-// decides on v, the values of both keys ({ip, caller}, false when
-// missing), and reads its arguments from ARGV[o+1] on (o is 1 in script, 7
-// in foldedScript, after the lane's peek):
+// callersLua checks both layers. It is a block, not a function (a
+// closure made on every run costs Redis more than the call saves), run
+// after the code before it set the locals
 //
-//	ARGV[o+1]  IP limit (0: skip the layer)   ARGV[o+2] window length in µs
-//	ARGV[o+3]  1 when the IP layer is observed (the caller layer is checked
-//	           even when it refuses)
-//	ARGV[o+4]  period T in ns (0: skip the caller layer)
-//	ARGV[o+5]  tolerance τ in ns              ARGV[o+6] cost n in tokens
-//	ARGV[o+7]  extra TTL in ms (tests with an injected clock)
+//	now  whole µs since the epoch
+//	kip  the IP window's key   vip  its value (false when missing)
+//	kc   the caller's key      vc   its value (false when missing)
+//	p    the packed parameters (packParams: seven little-endian doubles,
+//	     read by one struct.unpack)
 //
-// It returns ip, cur, prev, elapsed µs, plan, tat − now in ns, where ip
-// and plan are 1 allowed, 0 refused, -1 not checked. tat − now leaves as a
-// string: a Lua number that large could exceed an integer reply (the others
-// are bounded by the window's limit and length). A layer that
-// allows writes its state once (SET … PX, the expiry folded in); a refusal
-// writes nothing, except for a bucket clamped to a stricter plan (see
-// quota.clampTAT), as does a read (cost 0) that clamps.
+// and declared the results ip, cur, prev, elapsed, plan, crel (not rel:
+// PeekLua has a rel of its own). The parameters are
+//
+//	limit   IP limit (0: skip the layer)   win  window length in µs
+//	observe 1 when the IP layer is observed (the caller layer is checked
+//	        even when it refuses)
+//	period  T in ns (0: skip the caller layer)
+//	tau     τ in ns                        n    cost in tokens
+//	extra   extra TTL in ms (tests with an injected clock)
+//
+// The results are ip, cur, prev, elapsed µs, plan, crel = tat − now in
+// ns, where ip and plan are 1 allowed, 0 refused, -1 not checked: all of
+// them whole numbers that leave as integer replies (tat − now is at most τ + T, under
+// 2^63 ns for every valid plan: bucket.Limit.Validate bounds burst·period
+// by 100 days). A layer that allows writes its state once (SET … PX, the
+// expiry folded in); a refusal writes nothing, except for a bucket clamped
+// to a stricter plan (see quota.clampTAT), as does a read (cost 0) that
+// clamps.
+//
+// The block does no string work of its own (string.match, string.format
+// and tonumber are what a short script spends its time on inside Redis):
+// the IP window is 24 bytes struct.pack('<ddd', index, count, previous
+// count), the caller's tat an integer that Redis formats as it writes it
+// (a Lua number argument becomes its %.17g digits) and tonumber reads.
+// A window value of any other length (an old or foreign one) counts as no
+// state.
 const callersLua = `
-local function callers(now, kip, kc, o, v)
-  local extra = tonumber(ARGV[o+7])
-  local ip, cur, prev, elapsed = -1, 0, 0, 0
-  local limit = tonumber(ARGV[o+1])
+ip, cur, prev, elapsed, plan, crel = -1, 0, 0, 0, -1, 0
+do
+  local limit, win, observe, period, tau, n, extra = struct.unpack('<ddddddd', p)
   if limit > 0 then
-    local win = tonumber(ARGV[o+2])
     local idx = math.floor(now / win)
     elapsed = now - idx * win
-    if v[1] then
-      local si, c, p = string.match(v[1], '^(%d+):(%d+):(%d+)$')
-      si = tonumber(si)
+    if vip and #vip == 24 then
+      local si, c, pr = struct.unpack('<ddd', vip)
       if si == idx then
-        cur, prev = tonumber(c), tonumber(p)
+        cur, prev = c, pr
       elseif si == idx - 1 then
-        prev = tonumber(c)
+        prev = c
       end
     end
     if prev * (win - elapsed) / win + cur + 1 <= limit then
       ip = 1
-      redis.call('SET', kip, string.format('%.0f:%.0f:%.0f', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
+      redis.call('SET', kip, struct.pack('<ddd', idx, cur + 1, prev), 'PX', math.ceil(2 * win / 1000) + extra)
     else
       ip = 0
     end
   end
-  local plan, rel = -1, 0
-  local period = tonumber(ARGV[o+4])
-  if period > 0 and (ip ~= 0 or ARGV[o+3] == '1') then
-    local tau = tonumber(ARGV[o+5])
-    local n = tonumber(ARGV[o+6])
+  if period > 0 and (ip ~= 0 or observe == 1) then
     local clamped = false
-    if v[2] then
-      rel = (tonumber(v[2]) - now) * 1000
-      if rel < 0 then rel = 0 end
+    if vc then
+      crel = (tonumber(vc) - now) * 1000
+      if crel < 0 then crel = 0 end
       -- At most an empty bucket of the plan: a plan change holds at once.
-      if rel > tau + period then
-        rel, clamped = tau + period, true
+      if crel > tau + period then
+        crel, clamped = tau + period, true
       end
     end
-    local w = clamped and rel or nil
-    if rel + (n - 1) * period - tau <= 0 then
+    local w = clamped and crel or nil
+    if crel + (n - 1) * period - tau <= 0 then
       plan = 1
-      if n > 0 then w = rel + n * period end
+      if n > 0 then w = crel + n * period end
     else
       plan = 0
     end
     if w then
-      redis.call('SET', kc, string.format('%.0f', now + math.ceil(w / 1000)), 'PX', math.ceil(w / 1000000) + extra)
+      redis.call('SET', kc, now + math.ceil(w / 1000), 'PX', math.ceil(w / 1000000) + extra)
     end
   end
-  return ip, cur, prev, elapsed, plan, string.format('%.0f', rel)
 end
 `
 
 // script checks both layers: KEYS[1] the IP window, KEYS[2] the caller's
-// bucket; ARGV[1] now in µs, or "" for Redis TIME; ARGV[2..8] callersLua's.
-// Reply: {ip, cur, prev, elapsed µs, plan, tat − now in ns}.
-var script = redis.NewScript(callersLua + `
+// bucket; ARGV[1] now in µs, or "" for Redis TIME; ARGV[2] callersLua's
+// packed parameters. Reply: {ip, cur, prev, elapsed µs, plan, tat − now in
+// ns}.
+var script = redis.NewScript(`
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 else
   now = tonumber(ARGV[1])
 end
-return {callers(now, KEYS[1], KEYS[2], 1, redis.call('MGET', KEYS[1], KEYS[2]))}
+local v = redis.call('MGET', KEYS[1], KEYS[2])
+local kip, kc, p, vip, vc = KEYS[1], KEYS[2], ARGV[2], v[1], v[2]
+local ip, cur, prev, elapsed, plan, crel
+` + callersLua + `
+return {ip, cur, prev, elapsed, plan, crel}
 `)
 
 // foldedScript peeks a lane's state (redisbucket.PeekLua: KEYS[1],
 // ARGV[1..7]) and checks both layers on the same now (KEYS[2] the IP
-// window, KEYS[3] the caller's bucket, ARGV[8..14] callersLua's), in one
-// run that reads all three keys with one MGET. Reply: script's six values,
-// then the lane's three.
-var foldedScript = redis.NewScript(redisbucket.PeekLua + callersLua + `
-local ip, cur, prev, elapsed, plan, crel = callers(now_us, KEYS[2], KEYS[3], 7, {pre[2], pre[3]})
+// window, KEYS[3] the caller's bucket, ARGV[8] callersLua's packed
+// parameters), in one run that reads all three keys with one MGET. Reply:
+// script's six values, then the lane's three.
+var foldedScript = redis.NewScript(redisbucket.PeekLua + `
+local now, kip, kc, p, vip, vc = now_us, KEYS[2], KEYS[3], ARGV[8], pre[2], pre[3]
+local ip, cur, prev, elapsed, plan, crel
+` + callersLua + `
 return {ip, cur, prev, elapsed, plan, crel, lane_reply()}
 `)
 
-// IPKey and CallerKey are the Redis keys of the two layers' states.
-func (s *Store) ipKey(ip string) string         { return s.head + "ip:" + ip }
-func (s *Store) callerKey(caller string) string { return s.head + "c:" + caller }
+// paramsLen is the length of callersLua's packed parameters.
+const paramsLen = 7 * 8
+
+// packParams packs callersLua's parameters as seven little-endian
+// doubles: one argument that the script reads with one struct.unpack,
+// instead of seven decimal strings and seven tonumber calls. Every value
+// is a whole number below 2^53 (or a period and τ that tonumber rounded to
+// the same double before), so the script sees what it saw as decimals.
+func packParams(limit, win int64, observe bool, period, tau int64, n int, extra int64) []byte {
+	b := make([]byte, paramsLen)
+	obs := int64(0)
+	if observe {
+		obs = 1
+	}
+	for i, v := range [7]int64{limit, win, obs, period, tau, int64(n), extra} {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(float64(v)))
+	}
+	return b
+}
+
+// ipKey and callerKey are the Redis keys of the two layers' states. The
+// IP window's key says "ipw:" since its value became binary: the text
+// windows of older versions ("ip:", "<index>:<count>:<previous count>")
+// are never read, and expire two windows after their last request.
+func (s *Store) ipKey(ip string) string         { return s.ipHead + ip }
+func (s *Store) callerKey(caller string) string { return s.cHead + caller }
 
 // Check implements quota.Limiter.
 func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error) {
@@ -238,19 +282,16 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 		now = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
 	}
 	var limit, win int64
-	ipKey := s.head + "ip:"
+	ipKey := s.ipHead
 	if r.IP != "" && r.PerIP.On() {
 		limit, win, ipKey = r.PerIP.Limit, r.PerIP.Length.Microseconds(), s.ipKey(r.IP)
 	}
 	var period, tau int64
-	cKey := s.head + "c:"
+	cKey := s.cHead
 	if r.Caller != "" {
 		period, tau, cKey = int64(r.Plan.Period()), int64(r.Plan.Tolerance()), s.callerKey(r.Caller)
 	}
-	observe := "0"
-	if r.ObserveIP {
-		observe = "1"
-	}
+	params := packParams(limit, win, r.ObserveIP, period, tau, r.Cost, s.extraMs)
 	var lane *redisbucket.FoldedPeek
 	if r.Lane.Lane != "" && s.lanes != nil {
 		if f, err := s.lanes.Fold(r.Lane, r.LaneLimit); err == nil {
@@ -260,11 +301,9 @@ func (s *Store) Check(ctx context.Context, r quota.Request) (quota.Result, error
 	var reply []any
 	var err error
 	if lane == nil {
-		reply, err = script.Run(ctx, s.client, []string{ipKey, cKey},
-			now, limit, win, observe, period, tau, r.Cost, s.extraMs).Slice()
+		reply, err = script.Run(ctx, s.client, []string{ipKey, cKey}, now, params).Slice()
 	} else {
-		args := append(lane.Args(), limit, win, observe, period, tau, r.Cost, s.extraMs)
-		reply, err = foldedScript.Run(ctx, s.client, []string{lane.Key(), ipKey, cKey}, args...).Slice()
+		reply, err = foldedScript.Run(ctx, s.client, []string{lane.Key(), ipKey, cKey}, lane.Args(params)...).Slice()
 	}
 	if err != nil {
 		return quota.Result{}, fmt.Errorf("redisquota: check: %w: %w", bucket.ErrUnavailable, err)
