@@ -100,6 +100,9 @@ func (n *NATS) Where() string {
 	return config.RedactURL(n.url)
 }
 
+// Embedded is the embedded server, nil for nats.url.
+func (n *NATS) Embedded() *server.Server { return n.srv }
+
 // Ready is nil while the connection is up, else says what it is.
 func (n *NATS) Ready(context.Context) error {
 	if st := n.Conn.Status(); st != nats.CONNECTED {

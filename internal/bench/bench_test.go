@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"runtime"
@@ -11,18 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttler/throttler/internal/config"
-
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// net/http keeps idle client connections' loops briefly after a run.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func TestPercentile(t *testing.T) {
@@ -270,5 +267,40 @@ func TestSmoke(t *testing.T) {
 	}
 	if !strings.Contains(progress.String(), "[1/2] pacing") {
 		t.Errorf("progress:\n%s", progress.String())
+	}
+}
+
+// TestIngestSmoke runs the intake rows with tiny counts: every side of
+// them (ours, the no-op and durable floors, the batch reference behind
+// HTTP, the native publishes) answers, and each row names its reference
+// and, on Linux, the CPU per job of both sides.
+func TestIngestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rows, err := Run(ctx, Config{Smoke: true, Only: []string{Ingest}, Duration: 200 * time.Millisecond,
+		Progress: io.Discard, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wants := []string{"no-op handler", "js.Publish + Nats-Msg-Id", "js.Publish ×64", "handler that stores them with js.PublishAsync", "js.PublishAsync, windows"}
+	if len(rows) != len(wants) {
+		t.Fatalf("%d ingest rows, want %d: %+v", len(rows), len(wants), rows)
+	}
+	for i, r := range rows {
+		if !strings.Contains(r.Scenario, wants[i]) {
+			t.Errorf("row %d is %q, want one against %q", i, r.Scenario, wants[i])
+		}
+		if r.Ours == "" || r.Reference == "" || r.Ratio == "" || r.Ratio == "—" {
+			t.Errorf("row %q lacks a figure: %+v", r.Scenario, r)
+		}
+		if strings.Contains(r.Note, "failed") {
+			t.Errorf("row %q: %s", r.Scenario, r.Note)
+		}
+		if runtime.GOOS == "linux" && !strings.Contains(r.Note, "CPU per job") {
+			t.Errorf("row %q has no CPU per job: %q", r.Scenario, r.Note)
+		}
 	}
 }

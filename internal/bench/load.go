@@ -170,6 +170,17 @@ type loadResult struct {
 	Elapsed    time.Duration
 	Lat        latencies
 	Err        error // the first failure
+	// CPU is the CPU time of the whole process (load, service, embedded
+	// NATS) during the loop, when the caller measured it; 0: not measured.
+	CPU time.Duration
+}
+
+// CPUPerOp is CPU per successful operation, 0 when not measured.
+func (r loadResult) CPUPerOp() time.Duration {
+	if r.OK == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.OK)
 }
 
 // Rate is successful operations per second.

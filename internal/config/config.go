@@ -919,11 +919,6 @@ func (l *Lane) validate(p string) error {
 		if k.MaxInflight < 1 || k.MaxInflight > l.MaxInflight {
 			return fail("per_key.max_inflight", "must be between 1 and the lane's max_inflight (%d), got %d", l.MaxInflight, k.MaxInflight)
 		}
-		if l.Target.Pull() {
-			// Pull-mode workers ask the lane's drain for work; a keyed
-			// lane's jobs are chosen key by key and never pass through it.
-			return fail("per_key", "a keyed lane cannot use target.nats.mode pull (use mode request, or a lane without per_key)")
-		}
 	}
 	if field, msg := l.Adaptive.check(); field != "" {
 		return fail("adaptive."+field, "%s", msg)

@@ -112,6 +112,7 @@ type parkedPull struct {
 	// first (take, or the timer itself) owns the request.
 	timer *time.Timer
 	elem  *list.Element
+	at    time.Time // when it was parked
 }
 
 // lease is a job handed to a worker, waiting for its outcome.
@@ -183,7 +184,7 @@ func (p *Pull) onPull(m *nats.Msg) {
 	// Never hand a job out in the last tenth of the wait (at most 1 s):
 	// the worker must still be listening when it arrives.
 	wait := expires - min(expires/10, time.Second)
-	pp := &parkedPull{reply: m.Reply, worker: m.Header.Get(api.HeaderWorker)}
+	pp := &parkedPull{reply: m.Reply, worker: m.Header.Get(api.HeaderWorker), at: time.Now()}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -235,6 +236,32 @@ func (p *Pull) Claim(ctx context.Context, max int) (int, error) {
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// Bounce answers "empty" to the pull requests that have waited here longer
+// than d and that no job is meant for (Claim), oldest first, so that their
+// workers ask again, maybe at another instance; it returns how many. A
+// keyed lane calls it when it has no job due for them: the keys with jobs
+// may be held by another instance, whose own workers are elsewhere.
+func (p *Pull) Bounce(d time.Duration) int {
+	var replies []string
+	p.mu.Lock()
+	cutoff := time.Now().Add(-d)
+	for e := p.parked.Front(); e != nil && p.parked.Len() > p.claimed; e = p.parked.Front() {
+		pp := e.Value.(*parkedPull)
+		if pp.at.After(cutoff) {
+			break
+		}
+		if pp.timer.Stop() {
+			replies = append(replies, pp.reply)
+		}
+		p.removeLocked(pp)
+	}
+	p.mu.Unlock()
+	for _, r := range replies {
+		p.answer(r, api.StatusEmpty, "")
+	}
+	return len(replies)
 }
 
 // Unclaim gives back n claims that no job was fetched for.

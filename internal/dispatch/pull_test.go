@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // TestParseOutcome: every status of the pull protocol, and what is refused.
@@ -80,5 +82,71 @@ func TestWireNamesMatchAPI(t *testing.T) {
 		if pair[0] != pair[1] {
 			t.Errorf("dispatch says %q, api says %q", pair[0], pair[1])
 		}
+	}
+}
+
+// TestBounceAnswersUnclaimedOldPulls: Bounce answers "empty" to the pull
+// requests older than its bound that no job is meant for, oldest first, and
+// leaves the claimed and the young ones parked.
+func TestBounceAnswersUnclaimedOldPulls(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := dispatch.OpenPull(nc, dispatch.PullConfig{Subject: "work"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	inbox := nats.NewInbox()
+	answers, err := nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(name string) {
+		m := nats.NewMsg("work")
+		m.Reply = inbox + "." + name
+		m.Header.Set(api.HeaderExpires, "30000")
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask("a")
+	ask("b")
+	ask("c")
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// All three parked: claim them in turn, then give two back.
+	for range 3 {
+		if _, err := p.Claim(ctx, 1); err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+	}
+	p.Unclaim(2)
+	if n := p.Bounce(time.Hour); n != 0 {
+		t.Fatalf("bounced %d young pulls, want 0", n)
+	}
+	if n := p.Bounce(0); n != 2 {
+		t.Fatalf("bounced %d, want the 2 unclaimed of 3", n)
+	}
+	for _, want := range []string{"a", "b"} {
+		m, err := answers.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatalf("no answer for %s: %v", want, err)
+		}
+		if m.Subject != inbox+"."+want || m.Header.Get(api.HeaderStatus) != api.StatusEmpty {
+			t.Fatalf("answer %s %v, want %s empty (oldest first)", m.Subject, m.Header, want)
+		}
+	}
+	if m, err := answers.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("the claimed pull was answered too: %s", m.Subject)
+	}
+	if n := p.Bounce(0); n != 0 {
+		t.Fatalf("bounced %d, want 0: the one left is claimed", n)
 	}
 }

@@ -45,15 +45,7 @@ func TestRedisRestartedEmptyStaysExact(t *testing.T) {
 	natsURL := testenv.StartNATS(t).ClientURL()
 	rs := testenv.StartRedis(t)
 	tg := newTarget(t)
-	var svcs []*service.Service
-	for i := range 3 {
-		svcs = append(svcs, startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-%s`, natsURL, rs.URL(), laneYAML("demo", l, tg.URL("demo")))))
-	}
+	svcs := startFleet(t, 3, fmt.Sprintf("{url: %q}", natsURL), fmt.Sprintf("{url: %q}", rs.URL()), laneYAML("demo", l, tg.URL("demo")))
 	c := newClient(t, addrs(svcs)...)
 	c.submitAll("demo", "r", jobs, 6)
 

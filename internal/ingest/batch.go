@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nuid"
@@ -126,7 +127,56 @@ func (h *Handler) maxBatchBytes() int64 {
 
 // parseBatch reads and checks every item of a batch body; a problem names
 // the first thing wrong, and then nothing may be stored.
+//
+// A well-formed body is decoded in one pass into a pooled slice of items;
+// anything that pass refuses (bad JSON, an unknown field, a wrong type, too
+// many items, data after the array) is read again item by item by
+// parseBatchItems, which names what is wrong, so both agree on every body
+// (FuzzParseBatch).
 func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
+	ip := batchItems.Get().(*[]api.BatchItem)
+	defer func() {
+		clear(*ip)
+		if cap(*ip) <= maxPooledItems {
+			*ip = (*ip)[:0]
+			batchItems.Put(ip)
+		}
+	}()
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	items := (*ip)[:0]
+	err := dec.Decode(&items)
+	*ip = items
+	if err != nil || items == nil || len(items) == 0 || len(items) > maxItems ||
+		dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
+		return parseBatchItems(body, lane, maxBody, maxItems)
+	}
+	jobs := make([]batchJob, len(items))
+	seen := make(map[string]int, len(items))
+	for i := range items {
+		job, p := checkItem(items[i], i, lane, maxBody)
+		if p != nil {
+			return nil, p
+		}
+		jobs[i] = batchJob{job: job, first: -1}
+		if f, ok := seen[job.ID]; ok {
+			jobs[i].first = f
+		} else {
+			seen[job.ID] = i
+		}
+	}
+	return jobs, nil
+}
+
+// batchItems holds the decode targets of parseBatch.
+var batchItems = sync.Pool{New: func() any { return new([]api.BatchItem) }}
+
+// maxPooledItems bounds the item slices batchItems keeps.
+const maxPooledItems = 4096
+
+// parseBatchItems is parseBatch item by item: slower, and it names the item
+// and the field of the first thing wrong.
+func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
 	bad := func(status int, field, format string, args ...any) *api.Problem {
 		typ := ProblemBadBody
 		if status == http.StatusRequestEntityTooLarge {
@@ -277,7 +327,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	}
 	// The items that are new in this batch, decided as if they came one
 	// after the other. (Keyed lanes decide per key.)
-	var fresh []int
+	fresh := make([]int, 0, len(jobs))
 	for i, bj := range jobs {
 		if bj.first < 0 {
 			fresh = append(fresh, i)
@@ -303,8 +353,8 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	var (
-		toStore []queue.Job
-		stored  []struct{ i, k int } // batch index and decision index of toStore[j]
+		toStore = make([]queue.Job, 0, len(fresh))
+		stored  = make([]struct{ i, k int }, 0, len(fresh)) // batch index and decision index of toStore[j]
 		waits   = map[int]func(context.Context, time.Duration) (queue.Told, bool){}
 		last    admission.Decision
 	)
@@ -466,10 +516,14 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	if answer.Failed > 0 {
 		status = http.StatusMultiStatus
 	}
-	w.Header().Set("Content-Type", jsonContentType)
-	w.WriteHeader(status)
 	buf := answerBufs.Get().(*[]byte)
 	*buf = appendBatchAccepted((*buf)[:0], answer)
+	// A length known up front spares the answer the chunked encoding
+	// net/http gives one larger than its buffer.
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{jsonContentType}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(*buf))}
+	w.WriteHeader(status)
 	_, _ = w.Write(*buf)
 	if cap(*buf) <= 1<<20 {
 		answerBufs.Put(buf)

@@ -100,3 +100,42 @@ func FuzzAppendJSONString(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseBatch: the one-pass decode of a batch and the item-by-item read
+// agree on every body: the same problem, or the same jobs (an id the server
+// made is a fresh nuid on each side, so only its presence is compared).
+func FuzzParseBatch(f *testing.F) {
+	for _, s := range []string{
+		`[{"payload":{"a":1}}]`, `[{"idempotency_key":"k","payload":1},{"idempotency_key":"k","payload":2}]`,
+		`[]`, `null`, `[null]`, `{}`, `[1]`, `[{"payload":1}] x`, `[{"payload":1}]   `, `[{"payload":1}`,
+		`[{"payload":1,"nope":2}]`, `[{"payload":1,"IDEMPOTENCY_KEY":"K"}]`, `[{"payload_base64":"aGk=","content_type":"text/plain"}]`,
+		`[{"payload":1,"payload_base64":"aGk="}]`, `[{"idempotency_key":7,"payload":1}]`, `[{"payload":null}]`,
+		`[{"payload":1},{"payload":2},{"payload":3},{"payload":4}]`, `[{"throttle_key":"a b","payload":1}]`,
+		`[{"payload":"` + strings.Repeat("x", 70) + `"}]`, `[{"content_type":"a\u0001","payload":1}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	const maxBody, maxItems = 64, 3
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fast, fp := parseBatch(body, "demo", maxBody, maxItems)
+		slow, sp := parseBatchItems(body, "demo", maxBody, maxItems)
+		if (fp == nil) != (sp == nil) || fp != nil && *fp != *sp {
+			t.Fatalf("%q: problems differ:\n one pass:     %+v\n item by item: %+v", body, fp, sp)
+		}
+		if len(fast) != len(slow) {
+			t.Fatalf("%q: %d jobs in one pass, %d item by item", body, len(fast), len(slow))
+		}
+		for i := range fast {
+			a, b := fast[i], slow[i]
+			if a.job.ID != b.job.ID && (len(a.job.ID) != 22 || len(b.job.ID) != 22) {
+				t.Fatalf("%q: job %d: id %q against %q", body, i, a.job.ID, b.job.ID)
+			}
+			a.job.ID, b.job.ID = "", ""
+			aj, _ := json.Marshal(a.job)
+			bj, _ := json.Marshal(b.job)
+			if a.first != b.first || !bytes.Equal(aj, bj) {
+				t.Fatalf("%q: job %d differs:\n one pass:     %s (first %d)\n item by item: %s (first %d)", body, i, aj, a.first, bj, b.first)
+			}
+		}
+	})
+}

@@ -120,6 +120,7 @@ func (k *keyedRun) run(ctx context.Context) {
 	helpers.Go(func() { k.l.d.Queue.RunIntake(ctx, k.l.cfg.Name, k.l.log) })
 	helpers.Go(func() { k.l.d.Queue.MoveRetries(ctx, k.l.cfg.Name, k.l.log) })
 	k.loop(ctx)
+	k.l.stopPulls()
 	// The claimer stops with ctx; the slots of the deliveries still in
 	// flight stay refreshed until they settle, however long that takes.
 	drained := make(chan struct{})
@@ -482,14 +483,27 @@ func (k *keyedRun) loop(ctx context.Context) {
 			<-k.permits
 			return
 		}
+		// Pull mode: a slot is reserved only for a worker waiting here,
+		// as on unkeyed lanes (pull.go); each path below that starts no
+		// job gives the claim back with the permit.
+		if !k.claimWorker(ctx) {
+			<-k.permits
+			return
+		}
 		now := clk.Now()
 		// Keys due within the lookahead; when the lane's cap binds, only
 		// those ready by the lane's slot (no lane capacity lost).
 		key, wait := k.sched.Next(now, later(now.Add(lookahead), laneNext.Add(bucket.PairSlack)))
 		if key == "" {
+			k.unclaimWorker()
 			<-k.permits
-			if wait < 0 || wait > time.Second {
-				wait = time.Second
+			longest := time.Second
+			if k.bounceWorkers(ctx) {
+				// Look again at the workers waiting here soon.
+				longest = bounceAfter
+			}
+			if wait < 0 || wait > longest {
+				wait = longest
 			}
 			if !pause(wait - lookahead) {
 				return
@@ -498,12 +512,14 @@ func (k *keyedRun) loop(ctx context.Context) {
 		}
 		msg, readEpoch, err := k.next(ctx, key)
 		if err != nil {
+			k.unclaimWorker()
 			<-k.permits
 			l.log.Warn("reading a key's next job failed", "key", key, "err", err)
 			k.sched.NotReady(key, now.Add(retryWait))
 			continue
 		}
 		if msg == nil {
+			k.unclaimWorker()
 			<-k.permits
 			if k.sched.Empty(key, now) {
 				k.markIdle(key)
@@ -513,6 +529,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		keyLim := k.effectiveLimit(key, now)
 		tok, full, err := k.acquire(ctx, key)
 		if err != nil || full != keyed.Taken {
+			k.unclaimWorker()
 			<-k.permits
 			wait := slotPoll
 			if err != nil {
@@ -528,6 +545,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		res, err := k.pair.ReservePair(ctx, bucket.Key{Lane: l.cfg.Name, Sub: key}, l.EffectiveLimit(), keyLim, lookahead)
 		now = clk.Now()
 		if err != nil {
+			k.unclaimWorker()
 			<-k.permits
 			k.releaseSlotAsync(key, tok)
 			(*observer)(l).PacerDown(true, err)
@@ -541,6 +559,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		(*observer)(l).PacerDown(false, nil)
 		laneNext = now.Add(res.LaneNext)
 		if !res.OK {
+			k.unclaimWorker()
 			<-k.permits
 			k.releaseSlotAsync(key, tok)
 			k.sched.NotReady(key, now.Add(res.KeyNext))
@@ -551,6 +570,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			// An earlier job of the key went back while this one was
 			// read and reserved: it must not start first. Its slot is
 			// lost; the key reads again in order.
+			k.unclaimWorker()
 			<-k.permits
 			k.releaseSlotAsync(key, tok)
 			k.missed.Add(1)
@@ -571,6 +591,50 @@ func (k *keyedRun) loop(ctx context.Context) {
 	}
 }
 
+// claimWorker waits, on a pull-mode lane, until a worker waits here for a
+// job that no job taken before is meant for, and claims it; false when ctx
+// ended first. Other lanes claim nothing.
+func (k *keyedRun) claimWorker(ctx context.Context) bool {
+	if k.l.pull == nil {
+		return true
+	}
+	_, err := k.l.pull.Claim(ctx, 1)
+	return err == nil
+}
+
+// bounceAfter is how long a pull-mode worker may wait at an instance that
+// has no job due for it, while the lane has jobs stored, before it is sent
+// to ask again (bounceWorkers).
+const bounceAfter = 100 * time.Millisecond
+
+// bounceWorkers answers the workers that have waited here for bounceAfter
+// with no job due for them, so that they ask again: a pull goes to one
+// instance of the fleet, and the keys with jobs may be held by another one.
+// With no job stored in the lane (as last read, at most a second ago), or
+// on the embedded pacer's one instance (no Deps.Slots), they wait here as
+// on any pull lane: there is no better place to ask. It reports whether
+// workers may wait here (a pull-mode lane).
+func (k *keyedRun) bounceWorkers(ctx context.Context) bool {
+	l := k.l
+	if l.pull == nil {
+		return false
+	}
+	if l.d.Slots == nil {
+		return true
+	}
+	if n, err := l.d.Queue.Backlog(ctx, l.cfg.Name, time.Second); err == nil && n > 0 {
+		l.pull.Bounce(bounceAfter)
+	}
+	return true
+}
+
+// unclaimWorker gives back the claim of a job that did not start.
+func (k *keyedRun) unclaimWorker() {
+	if k.l.pull != nil {
+		k.l.pull.Unclaim(1)
+	}
+}
+
 // startAt starts msg at due (its permit is held), or hands it back when ctx
 // ends first.
 func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
@@ -584,9 +648,15 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		}
 		<-k.permits
 	}
+	// A job that does not start gives its worker's claim back (pull
+	// mode); one that starts uses it up when it is handed over.
+	unstarted := func() {
+		k.unclaimWorker()
+		done()
+	}
 	if d := due.Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
 		_ = msg.Release()
-		done()
+		unstarted()
 		return
 	}
 	k.mu.Lock()
@@ -596,7 +666,7 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		// An earlier job of the key went back, and the key reads again
 		// from it: this one stays stored and is read again in its turn.
 		// It must not move the key's cursor or epoch itself.
-		done()
+		unstarted()
 		return
 	}
 	late := clk.Now().Sub(due)
@@ -606,7 +676,7 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		// key's next.
 		k.missed.Add(1)
 		_ = msg.Release()
-		done()
+		unstarted()
 		return
 	}
 	(*observer)(l).Started(max(late, 0))
@@ -633,8 +703,20 @@ func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, uint64, er
 	if err != nil || m == nil {
 		return m, epoch, err
 	}
+	stored := 0
+	if from == 0 && k.l.cfg.PerKey.Ordered {
+		// The key's oldest job, read here for the first time: it may
+		// have failed attempts from before a restart or on another
+		// instance (queue.TriesBucket).
+		if stored, err = k.reader.Tries(ctx, m.Seq()); err != nil {
+			return nil, epoch, err
+		}
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if stored > k.tries[m.Seq()] {
+		k.tries[m.Seq()] = stored
+	}
 	if n := k.tries[m.Seq()]; n > 0 {
 		m.AddAttempts(n)
 	}
@@ -662,17 +744,34 @@ func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uin
 
 // retryInPlace counts a failed attempt of an ordered key's job, which waits
 // in place (a retry behind the key's later jobs would break their order).
+// The count is stored (queue.TriesBucket) so that max_attempts holds
+// across a restart; when that fails it is kept here only.
 func (k *keyedRun) retryInPlace(msg *queue.Msg) {
 	k.mu.Lock()
 	k.tries[msg.Seq()]++
+	n := k.tries[msg.Seq()]
 	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), settleTimeout)
+	defer cancel()
+	if err := k.reader.SetTries(ctx, msg.Seq(), n); err != nil {
+		k.l.log.Warn("storing an ordered job's failed attempts failed; a restart counts them from its message", "id", msg.Job().ID, "tries", n, "err", err)
+	}
 }
 
 // settledJob forgets a job's in-place attempts once it left the stream.
 func (k *keyedRun) settledJob(msg *queue.Msg) {
 	k.mu.Lock()
+	n, ok := k.tries[msg.Seq()]
 	delete(k.tries, msg.Seq())
 	k.mu.Unlock()
+	if !ok || n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.l.d.DispatchCtx), settleTimeout)
+	defer cancel()
+	if err := k.reader.ClearTries(ctx, msg.Seq()); err != nil {
+		k.l.log.Warn("forgetting a settled ordered job's failed attempts failed; the entry lapses by itself", "id", msg.Job().ID, "err", err)
+	}
 }
 
 // pauseKey holds one key for d (its downstream asked to wait): locally, and

@@ -196,6 +196,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
 	}
 	if l.cfg.PerKey != nil {
+		spec.Ordered = l.cfg.PerKey.Ordered
 		if l.d.Pair == nil || l.d.Claims == nil {
 			return errors.New("per_key: the lane is keyed but no keyed pacer was given (Deps.Pair, Deps.Claims)")
 		}

@@ -71,8 +71,20 @@ func (q *Queue) PublishBatch(ctx context.Context, lane string, jobs []Job) ([]Ba
 				continue
 			}
 			r := &out[lo+i]
+			// Most acks of a window are in by the time the wait reaches
+			// them: take those without making the future's error channel.
+			ok := f.Ok()
 			select {
-			case ack := <-f.Ok():
+			case ack := <-ok:
+				r.Seq, r.Duplicate = ack.Sequence, ack.Duplicate
+				if !ack.Duplicate {
+					stored++
+				}
+				continue
+			default:
+			}
+			select {
+			case ack := <-ok:
 				r.Seq, r.Duplicate = ack.Sequence, ack.Duplicate
 				if !ack.Duplicate {
 					stored++

@@ -9,3 +9,11 @@ func OnStreamRead(f func()) (undo func()) {
 	}
 	return func() { testHookStreamRead = nil }
 }
+
+// OnMoved makes the keyed intake's mover call f after each confirmed move,
+// before the original is deleted; f returning true stops the mover there, as
+// if its instance died. Set it only while no mover runs; undo takes it back.
+func OnMoved(f func(seq uint64) bool) (undo func()) {
+	testHookMoved = f
+	return func() { testHookMoved = nil }
+}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,14 +22,18 @@ import (
 // message of a key's subject is always its next job, and the stream's
 // message count is still the lane's backlog (MaxMsgs = max_backlog holds).
 //
-// Jobs published on the public subjects, throttle.<lane>.<key>, are taken by
-// one durable consumer per lane ("intake", shared by every instance): each is
-// stored again on its key's internal subject (trusting nothing of it, as for
-// unkeyed lanes) and then deleted. That keeps the trust boundary of
-// intake.go and gives every job of a key one subject to read in order.
+// Jobs published on the public subjects, throttle.<lane> and
+// throttle.<lane>.<key>, are stored in a stream of their own, the lane's
+// intake stream THROTTLE-INTAKE_<lane> (intakein.go), and moved into the
+// lane stream, onto their key's internal subject, as the lane stream has
+// room. That keeps the trust boundary of intake.go, gives every job of a key
+// one subject to read in order, and keeps a burst of public jobs from
+// filling the lane stream with jobs nobody can move (the lane stream holds
+// only jobs ready to be read by key).
 
-// IntakeConsumerName is the durable consumer of a keyed lane's public
-// subjects.
+// IntakeConsumerName was the durable consumer of a keyed lane's public
+// subjects on its lane stream; a lane stream that still has it is migrated
+// (EnsureKeyedLane).
 const IntakeConsumerName = "intake"
 
 // MaxKey is the longest key of a keyed lane, in bytes.
@@ -59,24 +63,48 @@ func ValidKey(k string) error {
 }
 
 // EnsureKeyedLane creates or updates a keyed lane's stream and its intake
-// consumer. A lane whose stream is a work queue (it was not keyed before)
-// is refused: JetStream cannot change a stream's retention.
+// stream. A lane whose stream is a work queue (it was not keyed before) is
+// refused: JetStream cannot change a stream's retention.
+//
+// A lane stream of the former layout, which also took the public subjects,
+// is migrated: its intake consumer is deleted, the public subjects move to
+// the intake stream, and the jobs it still holds on them are moved onto
+// their keys by RunIntake before any job of the intake stream. Until then
+// the lane stream's MaxMsgs is max_backlog plus those jobs, so that moving
+// them never waits for room they take themselves.
 func (q *Queue) EnsureKeyedLane(ctx context.Context, spec LaneSpec) error {
 	if spec.Replicas == 0 {
 		spec.Replicas = 1
 	}
 	name := StreamName(spec.Name)
+	var left uint64 // jobs on public subjects in the lane stream (former layout)
 	if st, err := q.js.Stream(ctx, name); err == nil {
-		if st.CachedInfo().Config.Retention == jetstream.WorkQueuePolicy {
+		cfg := st.CachedInfo().Config
+		if cfg.Retention == jetstream.WorkQueuePolicy {
 			return fmt.Errorf("queue: lane %s is keyed (per_key) but its stream %s was made for an unkeyed lane; "+
 				"drain it and delete the stream (nats stream rm %s) before making the lane keyed", spec.Name, name, name)
 		}
+		if slices.Contains(cfg.Subjects, Subject(spec.Name, ">")) {
+			// The former intake consumer filters on subjects the
+			// stream is about to give up.
+			if err := st.DeleteConsumer(ctx, IntakeConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("queue: migrate keyed lane %s: delete its intake consumer: %w", spec.Name, err)
+			}
+		}
+		if left, err = publicLeft(ctx, st, spec.Name); err != nil {
+			return fmt.Errorf("queue: migrate keyed lane %s: %w", spec.Name, err)
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("queue: stream for keyed lane %s: %w", spec.Name, err)
 	}
-	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
-		Name:        name,
-		Description: "throttler keyed lane " + spec.Name,
-		Subjects: []string{Subject(spec.Name, ""), Subject(spec.Name, ">"),
-			InternalSubject(spec.Name, ""), InternalSubject(spec.Name, ">")},
+	st, err := ensureStream(ctx, q.js, laneStreamConfig(spec, left))
+	if err != nil {
+		return fmt.Errorf("queue: stream for keyed lane %s: %w", spec.Name, err)
+	}
+	in, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
+		Name:        IntakeStreamName(spec.Name),
+		Description: "throttler intake of keyed lane " + spec.Name + ": jobs published on its public subjects",
+		Subjects:    []string{Subject(spec.Name, ""), Subject(spec.Name, ">")},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxMsgs:     spec.MaxBacklog,
@@ -88,30 +116,47 @@ func (q *Queue) EnsureKeyedLane(ctx context.Context, spec LaneSpec) error {
 		AllowDirect: true,
 	})
 	if err != nil {
-		return fmt.Errorf("queue: stream for keyed lane %s: %w", spec.Name, err)
-	}
-	intake, err := ensureConsumer(ctx, st, jetstream.ConsumerConfig{
-		Durable:        IntakeConsumerName,
-		Description:    "throttler intake of keyed lane " + spec.Name,
-		FilterSubjects: []string{Subject(spec.Name, ""), Subject(spec.Name, ">")},
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        30 * time.Second,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		MaxAckPending:  1024,
-		MaxDeliver:     -1,
-		Replicas:       spec.Replicas,
-	})
-	if err != nil {
-		return fmt.Errorf("queue: intake consumer for keyed lane %s: %w", spec.Name, err)
+		return fmt.Errorf("queue: intake stream for keyed lane %s: %w", spec.Name, err)
 	}
 	retry, err := q.ensureRetryConsumer(ctx, spec)
 	if err != nil {
 		return err
 	}
+	var tries jetstream.KeyValue
+	if spec.Ordered {
+		if tries, err = q.ensureTries(ctx, spec.Replicas); err != nil {
+			return err
+		}
+	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, retry: retry, intake: intake, keyed: true}
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, retry: retry, keyed: true, tries: tries,
+		in: in, inEpoch: in.CachedInfo().Created.UnixNano(), migrate: left > 0}
 	q.mu.Unlock()
 	return nil
+}
+
+// laneStreamConfig is a keyed lane's stream: its keys' internal subjects
+// only, with room for left more jobs than max_backlog while jobs of the
+// former layout are moved.
+func laneStreamConfig(spec LaneSpec, left uint64) jetstream.StreamConfig {
+	maxMsgs := spec.MaxBacklog
+	if maxMsgs > 0 {
+		maxMsgs += int64(left)
+	}
+	return jetstream.StreamConfig{
+		Name:        StreamName(spec.Name),
+		Description: "throttler keyed lane " + spec.Name,
+		Subjects:    []string{InternalSubject(spec.Name, ""), InternalSubject(spec.Name, ">")},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxMsgs:     maxMsgs,
+		MaxBytes:    maxBytes(spec.MaxBytes),
+		Discard:     jetstream.DiscardNew,
+		MaxMsgSize:  int32(spec.MaxBody + HeaderRoom),
+		Duplicates:  spec.DedupWindow,
+		Replicas:    spec.Replicas,
+		AllowDirect: true,
+	}
 }
 
 // OnStored registers f to hear the key of every job the throttler stores on
@@ -241,99 +286,6 @@ func (a *keyedAck) NakWithDelay(time.Duration) error {
 }
 
 func (a *keyedAck) InProgress() error { return nil }
-
-// RunIntake moves jobs published on a keyed lane's public subjects to their
-// keys' internal subjects until ctx ends (every instance runs one; the shared
-// consumer hands each message to one of them). A message without a valid key
-// is dead-lettered with the reason.
-func (q *Queue) RunIntake(ctx context.Context, lane string, log *slog.Logger) {
-	ls, err := q.lane(lane)
-	if err != nil || ls.intake == nil {
-		return
-	}
-	for ctx.Err() == nil {
-		batch, err := ls.intake.Fetch(256, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Debug("keyed intake fetch failed", "err", err)
-				sleep(ctx, time.Second)
-			}
-			continue
-		}
-		for m := range batch.Messages() {
-			q.intakeOne(ctx, ls, m, log)
-		}
-	}
-}
-
-// PublicJobsWaiting counts jobs on a keyed lane's public subjects not yet
-// moved to their keys.
-func (q *Queue) PublicJobsWaiting(ctx context.Context, lane string) (uint64, error) {
-	ls, err := q.lane(lane)
-	if err != nil || ls.intake == nil {
-		return 0, err
-	}
-	ci, err := ls.intake.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("%w: intake consumer %s: %v", ErrUnavailable, lane, err)
-	}
-	return ci.NumPending + uint64(ci.NumAckPending), nil
-}
-
-func (q *Queue) intakeOne(ctx context.Context, ls *laneState, m jetstream.Msg, log *slog.Logger) {
-	meta, err := m.Metadata()
-	if err != nil {
-		_ = m.Term()
-		return
-	}
-	lane, seq := ls.spec.Name, meta.Sequence.Stream
-	_, key, _ := subjectKey(lane, m.Subject())
-	job := decodeJob(lane, m.Headers(), m.Data(), key, seq, false, time.Now())
-	job.Outside = false
-	job.EnqueuedAt = meta.Timestamp
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
-	defer cancel()
-	done := func() {
-		_ = m.Ack()
-		if err := ls.stream.DeleteMsg(pctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			log.Warn("deleting a moved public job failed", "seq", seq, "err", err)
-		}
-	}
-	if kerr := ValidKey(key); kerr != nil {
-		reason := "no Throttle-Key: a keyed lane's jobs are published on throttle." + lane + ".<key>"
-		if key != "" {
-			reason = "invalid Throttle-Key: " + kerr.Error()
-		}
-		c := &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}
-		msg := &Msg{job: job, m: &intakeAck{m: m, done: done}, meta: meta, c: c}
-		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, time.Second); err != nil {
-			log.Warn("dead-lettering a public job without a valid key failed", "seq", seq, "err", err)
-			return
-		}
-		log.Warn("public job without a valid key dead-lettered", "seq", seq, "subject", m.Subject(), "reason", reason)
-		return
-	}
-	// A repeat after a crash between store and delete is a duplicate.
-	job.MsgID = fmt.Sprintf("%s#in-%d", job.ID, seq)
-	job.Outside = true // counted as NATS intake when it starts
-	if err := q.republish(pctx, job); err != nil {
-		log.Warn("moving a public job to its key failed; trying again in 1s", "seq", seq, "err", err)
-		_ = m.NakWithDelay(time.Second)
-		return
-	}
-	done()
-}
-
-// intakeAck settles an intake message that was dead-lettered.
-type intakeAck struct {
-	m    jetstream.Msg
-	done func()
-}
-
-func (a *intakeAck) Ack() error                         { a.done(); return nil }
-func (a *intakeAck) Nak() error                         { return a.m.Nak() }
-func (a *intakeAck) NakWithDelay(d time.Duration) error { return a.m.NakWithDelay(d) }
-func (a *intakeAck) InProgress() error                  { return a.m.InProgress() }
 
 // HeaderVia says, on a keyed lane's internal copy of a job published on its
 // public subject, that the job came in over NATS ("nats"): the lane counts

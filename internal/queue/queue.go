@@ -102,6 +102,9 @@ type LaneSpec struct {
 	DedupWindow time.Duration
 	// Replicas for a clustered JetStream; 0 means 1.
 	Replicas int
+	// Ordered: a keyed lane whose keys retry a failing job in place
+	// (per_key.ordered); their attempts are kept in TriesBucket.
+	Ordered bool
 }
 
 // Job is one unit of work as stored on the queue.
@@ -153,10 +156,15 @@ type laneState struct {
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
 	retry    jetstream.Consumer // the lane's retry mover
-	// keyed lanes: the intake of public subjects, and who hears of
-	// stored jobs (OnStored)
+	// keyed lanes: the intake stream of public subjects (intakein.go),
+	// whose creation time makes its moves' msg ids; migrate says the lane
+	// stream still holds jobs on public subjects (the former layout); and
+	// who hears of stored jobs (OnStored)
 	keyed    bool
-	intake   jetstream.Consumer
+	tries    jetstream.KeyValue // ordered keyed lanes: TriesBucket
+	in       jetstream.Stream
+	inEpoch  int64
+	migrate  bool
 	onStored func(key string)
 
 	// flight shares the JetStream reads of Backlog and Ahead between

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
@@ -30,7 +33,7 @@ import (
 type keyedTarget struct {
 	mu       sync.Mutex
 	arrivals map[string][]arrival
-	answer   func(w http.ResponseWriter, key string, n int) bool
+	answer   func(w http.ResponseWriter, r *http.Request, key string, n int) bool
 	srv      *httptest.Server
 }
 
@@ -41,7 +44,7 @@ func newKeyedTarget(t *testing.T) *keyedTarget {
 		key := r.Header.Get("Throttle-Key")
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		if k.answer != nil && k.answer(w, key, len(k.arrivals[key])) {
+		if k.answer != nil && k.answer(w, r, key, len(k.arrivals[key])) {
 			return
 		}
 		k.arrivals[key] = append(k.arrivals[key], arrival{id: r.Header.Get("Idempotency-Key"), at: now})
@@ -139,12 +142,12 @@ func intakeDone(t *testing.T, url string) time.Time {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "the intake to move every public job", func() bool {
-		c, err := js.Consumer(context.Background(), "THROTTLE_demo", "intake")
+		st, err := js.Stream(context.Background(), queue.IntakeStreamName("demo"))
 		if err != nil {
 			return false
 		}
-		ci, err := c.Info(context.Background())
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+		si, err := st.Info(context.Background())
+		return err == nil && si.State.Msgs == 0
 	})
 	return time.Now()
 }
@@ -425,7 +428,7 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	var limitedAt time.Time
-	tgt.answer = func(w http.ResponseWriter, key string, n int) bool {
+	tgt.answer = func(w http.ResponseWriter, _ *http.Request, key string, n int) bool {
 		if key == "limited" && n == 2 && limitedAt.IsZero() {
 			limitedAt = time.Now()
 			w.Header().Set("Retry-After", "2")
@@ -470,4 +473,145 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 	// The pause shows in the lane's status on this instance meanwhile
 	// (checked after the fact: the key count never leaves the API).
 	_ = svc
+}
+
+// TestKeyedLaneNATSBurstOverMaxBacklog: a keyed lane with max_backlog 10
+// gets 3 × 40 jobs on its public subjects, far faster than it delivers
+// them. Public jobs wait in the intake stream, whose publishes are refused
+// while it holds max_backlog (the publisher retries, as JetStream
+// publishers do on a refusal), and move into the lane stream as it has
+// room: every job is delivered, once, in order per key. (A lane stream
+// that took the public subjects itself filled up with jobs nobody could
+// move, and stalled.)
+func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	tgt := newKeyedTarget(t)
+	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Lanes[0].MaxBacklog = 10
+	start(t, cfg)
+
+	nc, err := nats.Connect(natsSrv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "c"}
+	const n = 40
+	refused := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for i := range n {
+		for _, key := range keys {
+			m := nats.NewMsg("throttle.demo." + key)
+			m.Data = []byte("x")
+			m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s-%05d", key, i))
+			for {
+				_, err := js.PublishMsg(context.Background(), m)
+				if err == nil {
+					break
+				}
+				var apiErr *jetstream.APIError
+				if !errors.As(err, &apiErr) || time.Now().After(deadline) {
+					t.Fatalf("publish %s/%d: %v", key, i, err)
+				}
+				refused++ // the intake stream is full: back pressure
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	if refused == 0 {
+		t.Errorf("no publish was refused: the burst never filled the intake stream, and the test proves nothing")
+	}
+	waitFor(t, 60*time.Second, "every job delivered", func() bool {
+		for _, key := range keys {
+			if tgt.count(key) < n {
+				return false
+			}
+		}
+		return true
+	})
+	intakeDone(t, natsSrv.ClientURL())
+	// With both streams empty every job is settled: a job moved twice
+	// would have been delivered by now.
+	waitFor(t, 10*time.Second, "the lane stream empty", func() bool {
+		st, err := js.Stream(context.Background(), queue.StreamName("demo"))
+		if err != nil {
+			return false
+		}
+		si, err := st.Info(context.Background())
+		return err == nil && si.State.Msgs == 0
+	})
+	for _, key := range keys {
+		as := tgt.of(key)
+		checkFIFO(t, key, as)
+		if len(as) != n {
+			t.Errorf("key %s: %d deliveries, want %d", key, len(as), n)
+		}
+	}
+}
+
+// TestKeyedOrderedAttemptsSurviveRestart: an ordered key's failing job is
+// retried in place, and its failed attempts are stored beside it: after a
+// restart between its second and third attempt (max_attempts 3), it is
+// tried once more and dead-lettered with 3 attempts, not tried 3 times
+// afresh. The key's next job waits behind it and is delivered after it.
+func TestKeyedOrderedAttemptsSurviveRestart(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	tgt := newKeyedTarget(t)
+	var failed atomic.Int64
+	// k-0 always fails; its second failure asks for a minute's wait,
+	// which the restart cuts short. The key's next job is delivered.
+	tgt.answer = func(w http.ResponseWriter, r *http.Request, key string, _ int) bool {
+		if r.Header.Get("Idempotency-Key") != "k-0" {
+			return false
+		}
+		if failed.Add(1) == 2 {
+			w.Header().Set("Retry-After", "60")
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		return true
+	}
+	cfg := keyedConfig(t, tgt.srv.URL, 100, 10, 50, 1)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	cfg.Lanes[0].PerKey.Ordered = true
+	cfg.Lanes[0].Retry.MaxAttempts = 3
+	cfg.Lanes[0].Retry.BackoffBase = config.Duration(100 * time.Millisecond)
+	cfg.Lanes[0].Retry.BackoffMax = config.Duration(100 * time.Millisecond)
+	svc, stop := start(t, cfg)
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	if code := submitKeyed(t, client, svc.Addr(), "k", "k-0"); code != http.StatusAccepted {
+		t.Fatalf("submit: %d", code)
+	}
+	waitFor(t, 20*time.Second, "the job's second attempt", func() bool { return failed.Load() >= 2 })
+	stop()
+	if n := failed.Load(); n != 2 {
+		t.Fatalf("%d attempts before the restart, want 2", n)
+	}
+
+	svc2, _ := start(t, cfg)
+	if code := submitKeyed(t, client, svc2.Addr(), "k", "k-1"); code != http.StatusAccepted {
+		t.Fatalf("submit: %d", code)
+	}
+	waitFor(t, 20*time.Second, "the key's next job delivered", func() bool { return tgt.count("k") >= 1 })
+	if n := failed.Load(); n != 3 {
+		t.Errorf("the failing job was tried %d times in all, want max_attempts 3 across the restart", n)
+	}
+	if as := tgt.of("k"); len(as) != 1 || as[0].id != "k-1" {
+		t.Errorf("delivered %+v, want k-1 once, after k-0 was dead", as)
+	}
+	resp, err := client.Get("http://" + svc2.Addr() + "/v1/lanes/demo/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page api.DeadLetters
+	err = json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	if err != nil || len(page.Dead) != 1 || page.Dead[0].ID != "k-0" || page.Dead[0].Attempts != 3 {
+		t.Errorf("dead letters %+v (%v), want k-0 after 3 attempts", page.Dead, err)
+	}
 }

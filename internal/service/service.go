@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -47,7 +48,8 @@ type Service struct {
 	reg *prometheus.Registry
 
 	ready chan struct{}
-	addr  string // set before ready closes
+	addr  string         // set before ready closes
+	nats  *server.Server // the embedded NATS server; set before ready closes, nil with nats.url
 
 	// guardTiming is the instance guard's; zero: instance.DefaultTiming.
 	guardTiming instance.Timing
@@ -97,6 +99,12 @@ func (s *Service) Ready() <-chan struct{} { return s.ready }
 // Addr is the HTTP API's address; valid after Ready is closed.
 func (s *Service) Addr() string { return s.addr }
 
+// EmbeddedNATS is the NATS server the service runs in its own process, nil
+// when it connects to nats.url; valid after Ready is closed. A program that
+// embeds the service can open an in-process connection to it
+// (queue.ConnectEmbedded), the kind the service itself publishes over.
+func (s *Service) EmbeddedNATS() *server.Server { return s.nats }
+
 // Run starts everything, serves until ctx ends, then stops in order. It
 // returns nil after a clean stop, or the error that kept it from starting.
 func (s *Service) Run(ctx context.Context) (err error) {
@@ -114,6 +122,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	closers = append(closers, nb.Close)
 	backend.FitBodies(s.cfg.Lanes, nb.Conn.MaxPayload(), s.log) // no-op on the embedded server, sized for them
 	nc := nb.Conn
+	s.nats = nb.Embedded()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)

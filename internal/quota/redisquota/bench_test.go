@@ -108,6 +108,13 @@ redis.call('SET', KEYS[2], '012345670123456701234567', 'PX', 7200000)
 redis.call('SET', KEYS[3], now_us + 1, 'PX', 1)
 return {1, 0, 0, 0, 1, 0, lane_reply()}
 `)
+	// foldMset is foldWrites with the two writes as one MSET: the floor of
+	// a layout that writes both layers' states in one command (MSET sets
+	// no expiry and clears one a key had).
+	foldMset = redis.NewScript(redisbucket.PeekLua + `
+redis.call('MSET', KEYS[2], '012345670123456701234567', KEYS[3], now_us + 1)
+return {1, 0, 0, 0, 1, 0, lane_reply()}
+`)
 )
 
 // BenchmarkDecisionCPU: a single job's whole decision from 64 goroutines
@@ -116,7 +123,8 @@ return {1, 0, 0, 0, 1, 0, lane_reply()}
 // with both layers in their own script before the lane's peek (two round
 // trips: batches, and Redis Cluster). Two rows between lane-only and
 // layers-folded say where the folded script's cost lies: fold-envelope
-// and fold-writes (foldEnvelope, foldWrites). Besides wall time it reports
+// and fold-writes (foldEnvelope, foldWrites); fold-mset (foldMset) is
+// fold-writes with its two writes in one command. Besides wall time it reports
 // the CPU time per decision of redis-server (INFO cpu) and of this process
 // (getrusage), the time redis-server spent in scripts and the commands
 // the scripts called per decision (INFO commandstats): on a shared machine
@@ -244,6 +252,7 @@ func BenchmarkDecisionCPU(b *testing.B) {
 		}},
 		{"fold-envelope", func(ctx context.Context, i int) error { return cut(ctx, foldEnvelope, i) }},
 		{"fold-writes", func(ctx context.Context, i int) error { return cut(ctx, foldWrites, i) }},
+		{"fold-mset", func(ctx context.Context, i int) error { return cut(ctx, foldMset, i) }},
 		{"layers-folded", func(ctx context.Context, i int) error {
 			res, err := folded.Check(ctx, req(i, true))
 			if err == nil && !res.LaneChecked {

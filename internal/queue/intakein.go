@@ -1,0 +1,290 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A keyed lane's intake stream.
+//
+// Jobs published on a keyed lane's public subjects are stored in the lane's
+// intake stream, THROTTLE-INTAKE_<lane> (limits retention, MaxMsgs =
+// max_backlog, DiscardNew, the lane's dedup window for the publishers'
+// Nats-Msg-Id). RunIntake moves them, oldest first, into the lane stream on
+// their keys' internal subjects, as the lane stream has room: a move is a
+// publish with a Nats-Msg-Id of its own, and the original is deleted only
+// after the lane stream confirmed the copy (or answered that it already
+// holds it). So a job is never lost, and a move repeated after a crash, or
+// by a second instance moving the same job, is a duplicate JetStream drops.
+//
+// The move's msg id is "<job id> intake-<stream created>-<sequence>". It
+// holds a space, which no job id may (ValidJobID), so nobody who submits
+// jobs can claim it first; a duplicate answer therefore always means the
+// copy is stored, and is believed. The intake stream's creation time keeps
+// the ids of a re-created intake stream apart.
+//
+// Every instance runs a mover. Each reads the oldest job left and never
+// passes a job it could not move, so the keys' jobs reach
+// their internal subjects in the order they were published (FIFO per key),
+// whichever instance moves them.
+
+// IntakeStreamName returns the stream that takes a keyed lane's public
+// subjects. A lane's own stream starts "THROTTLE_", so the two never meet.
+func IntakeStreamName(lane string) string { return "THROTTLE-INTAKE_" + lane }
+
+// Intake pacing: how long a mover waits when the intake stream is empty
+// (growing from intakeIdleMin to intakeIdleMax while it stays empty), when
+// the lane stream is full (the same), and after JetStream failed.
+const (
+	intakeIdleMin = 5 * time.Millisecond
+	intakeIdleMax = 100 * time.Millisecond
+	intakeFailed  = time.Second
+)
+
+// testHookMoved runs after a move was confirmed and before its original is
+// deleted; when it returns true the mover stops there, as if the instance
+// died. nil outside tests.
+var testHookMoved func(seq uint64) bool
+
+// publicLeft counts the jobs a keyed lane's stream still holds on the
+// lane's public subjects (the former layout); a direct get finds out first
+// whether there are any.
+func publicLeft(ctx context.Context, st jetstream.Stream, lane string) (uint64, error) {
+	var n uint64
+	for _, subj := range []string{Subject(lane, ">"), Subject(lane, "")} {
+		if raw, err := getNext(ctx, st, 1, subj); err != nil {
+			return 0, err
+		} else if raw == nil {
+			continue
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+		if err != nil {
+			return 0, fmt.Errorf("stream info: %w", err)
+		}
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+	}
+	return n, nil
+}
+
+// getNext reads the first message on subject (a filter) at or after the
+// stream sequence from, or nil when there is none.
+func getNext(ctx context.Context, st jetstream.Stream, from uint64, subject string) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	raw, err := st.GetMsg(ctx, max(from, 1), jetstream.WithGetMsgSubject(subject))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, subject, err)
+	}
+	return raw, nil
+}
+
+// RunIntake moves the jobs published on a keyed lane's public subjects onto
+// their keys until ctx ends: first those a lane stream of the former layout
+// still holds, then the intake stream's. A job without a valid key is
+// dead-lettered with the reason.
+func (q *Queue) RunIntake(ctx context.Context, lane string, log *slog.Logger) {
+	ls, err := q.lane(lane)
+	if err != nil || ls.in == nil {
+		return
+	}
+	if ls.migrate && !q.migrate(ctx, ls, log) {
+		return
+	}
+	q.drainIntake(ctx, ls, ls.in, Subject(lane, ">"), func(job *Job, seq uint64) {
+		job.MsgID = fmt.Sprintf("%s intake-%d-%d", job.ID, ls.inEpoch, seq)
+	}, log)
+}
+
+// migrate moves the jobs a lane stream of the former layout holds on public
+// subjects (keyed ones first, then those published without a key, which
+// are dead-lettered), then gives the lane stream back its MaxMsgs. It
+// reports false when ctx ended or a test stopped it first.
+func (q *Queue) migrate(ctx context.Context, ls *laneState, log *slog.Logger) bool {
+	lane := ls.spec.Name
+	log.Info("moving the jobs of the former layout's public subjects onto their keys")
+	for _, subj := range []string{Subject(lane, ">"), Subject(lane, "")} {
+		// The former intake's msg id: a move it made before the
+		// upgrade, and not yet deleted, is a duplicate of this one.
+		if !q.drainIntake(ctx, ls, ls.stream, subj, func(job *Job, seq uint64) {
+			job.MsgID = fmt.Sprintf("%s#in-%d", job.ID, seq)
+		}, log) {
+			return false
+		}
+	}
+	for ctx.Err() == nil {
+		err := func() error {
+			uctx, cancel := context.WithTimeout(ctx, publishTimeout)
+			defer cancel()
+			info, err := ls.stream.Info(uctx)
+			if err != nil {
+				return err
+			}
+			if info.Config.MaxMsgs == ls.spec.MaxBacklog {
+				return nil
+			}
+			cfg := info.Config
+			cfg.MaxMsgs = ls.spec.MaxBacklog
+			_, err = q.js.UpdateStream(uctx, cfg)
+			return err
+		}()
+		if err == nil {
+			log.Info("former layout's public jobs moved; the lane stream holds max_backlog again")
+			ls.mu.Lock()
+			ls.migrate = false
+			ls.mu.Unlock()
+			return true
+		}
+		log.Warn("restoring the lane stream's max_backlog failed; trying again", "err", err)
+		sleep(ctx, intakeFailed)
+	}
+	return false
+}
+
+// drainIntake moves the jobs stored in st on subject (a filter), oldest
+// first, naming each move with msgID. With the lane stream's own
+// former public subjects it returns true once none is left; with the
+// intake stream it runs until ctx ends (or a test stops it) and returns
+// false.
+func (q *Queue) drainIntake(ctx context.Context, ls *laneState, st jetstream.Stream, subject string, msgID func(*Job, uint64), log *slog.Logger) bool {
+	once := st != ls.in
+	idle, full := intakeIdleMin, intakeIdleMin
+	for ctx.Err() == nil {
+		// Always the oldest job left: a move deletes its original, so
+		// that is the next one to move, whichever instance moved the
+		// others; one whose delete failed is read and moved again (a
+		// duplicate). No cursor, so a purged or re-created stream is
+		// read from its start.
+		raw, err := getNext(ctx, st, 1, subject)
+		if err != nil {
+			log.Debug("reading the keyed intake failed", "err", err)
+			sleep(ctx, intakeFailed)
+			continue
+		}
+		if raw == nil {
+			if once {
+				return true
+			}
+			sleep(ctx, idle)
+			idle = min(2*idle, intakeIdleMax)
+			continue
+		}
+		idle = intakeIdleMin
+		switch err := q.moveIn(ctx, ls, st, raw, msgID); {
+		case errors.Is(err, errStopped):
+			return false
+		case errors.Is(err, ErrBacklogFull), errors.Is(err, ErrFull):
+			// Read it again after the wait: another instance may
+			// have moved it meanwhile.
+			if full == intakeIdleMin {
+				log.Debug("keyed lane stream full; public jobs wait in the intake stream", "seq", raw.Sequence)
+			}
+			sleep(ctx, full)
+			full = min(2*full, intakeIdleMax)
+		case err != nil:
+			log.Warn("moving a public job to its key failed; trying again", "seq", raw.Sequence, "err", err)
+			sleep(ctx, intakeFailed)
+		default:
+			full = intakeIdleMin
+		}
+	}
+	return false
+}
+
+// errStopped: a test stopped the mover between a move and its delete.
+var errStopped = errors.New("queue: intake mover stopped")
+
+// moveIn moves one public job, stored in from at raw.Sequence, onto its
+// key's internal subject, then deletes the original. A job without a valid
+// key is dead-lettered instead.
+func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream, raw *jetstream.RawStreamMsg, msgID func(*Job, uint64)) error {
+	lane, seq := ls.spec.Name, raw.Sequence
+	_, key, _ := subjectKey(lane, raw.Subject)
+	job := decodeJob(lane, raw.Header, raw.Data, key, seq, false, time.Now())
+	job.EnqueuedAt = raw.Time
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	defer cancel()
+	if kerr := ValidKey(key); kerr != nil {
+		reason := "no Throttle-Key: a keyed lane's jobs are published on throttle." + lane + ".<key>"
+		if key != "" {
+			reason = "invalid Throttle-Key: " + kerr.Error()
+		}
+		meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: raw.Time}
+		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
+		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, 0); err != nil {
+			return err
+		}
+		q.log.Warn("public job without a valid key dead-lettered", "lane", lane, "seq", seq, "subject", raw.Subject, "reason", reason)
+		return nil
+	}
+	msgID(&job, seq)
+	job.Outside = true // counted as NATS intake when it starts
+	if from == ls.in {
+		ack, err := q.publish(pctx, InternalSubject(lane, key), jobMsg(job))
+		if err != nil {
+			return err
+		}
+		if !ack.Duplicate {
+			ls.mu.Lock()
+			ls.confirmed++
+			ls.mu.Unlock()
+		}
+		ls.stored(key)
+	} else if err := q.republish(pctx, job); err != nil {
+		// The former layout's msg id has no space: a duplicate answer
+		// is checked against the stored copy (republish).
+		return err
+	}
+	if h := testHookMoved; h != nil && h(seq) {
+		return errStopped
+	}
+	if err := from.DeleteMsg(pctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		// Moved but still there: the next read finds it again, and its
+		// move is a duplicate.
+		return fmt.Errorf("%w: delete moved job %d: %v", ErrUnavailable, seq, err)
+	}
+	return nil
+}
+
+// deleteAck settles a public job that was dead-lettered: done deletes it;
+// handed back it stays, and the mover reads it again.
+type deleteAck struct {
+	st  jetstream.Stream
+	seq uint64
+}
+
+func (a *deleteAck) Ack() error {
+	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
+	defer cancel()
+	err := a.st.DeleteMsg(ctx, a.seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		err = nil
+	}
+	return err
+}
+func (a *deleteAck) Nak() error                       { return nil }
+func (a *deleteAck) NakWithDelay(time.Duration) error { return nil }
+func (a *deleteAck) InProgress() error                { return nil }
+
+// PublicJobsWaiting counts jobs published on a keyed lane's public subjects
+// and not yet moved to their keys: the intake stream's.
+func (q *Queue) PublicJobsWaiting(ctx context.Context, lane string) (uint64, error) {
+	ls, err := q.lane(lane)
+	if err != nil || ls.in == nil {
+		return 0, err
+	}
+	info, err := ls.in.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%w: intake stream %s: %v", ErrUnavailable, lane, err)
+	}
+	return info.State.Msgs, nil
+}

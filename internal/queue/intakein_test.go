@@ -1,0 +1,272 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/internal/queue"
+)
+
+func intakeSpec(maxBacklog int64) queue.LaneSpec {
+	return queue.LaneSpec{Name: "demo", MaxBacklog: maxBacklog, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}
+}
+
+// reconnect is a second Queue on nc's server with the lane set up again: an
+// instance after a restart.
+func reconnect(t *testing.T, nc *nats.Conn, spec queue.LaneSpec) *queue.Queue {
+	t.Helper()
+	nc2, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc2.Close)
+	q, err := queue.New(nc2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureKeyedLane(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// runIntake runs q's intake mover until the test ends, or until it stops by
+// itself (OnMoved); the returned channel closes when it returned.
+func runIntake(t *testing.T, q *queue.Queue) <-chan struct{} {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.RunIntake(ctx, "demo", slogDiscard())
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return done
+}
+
+// publishPublic stores a job with id on the public subject of key ("" for
+// the lane's bare subject).
+func publishPublic(t *testing.T, js jetstream.JetStream, key, id string) {
+	t.Helper()
+	m := nats.NewMsg(queue.Subject("demo", key))
+	m.Data = []byte(id)
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatalf("publish %s: %v", id, err)
+	}
+}
+
+// drainKeys reads and settles the keys' jobs in order, as the lane's drain
+// does, until want jobs were read, and returns each key's job ids.
+func drainKeys(t *testing.T, q *queue.Queue, keys []string, want int) map[string][]string {
+	t.Helper()
+	r, err := q.KeyedReader("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	n := 0
+	deadline := time.Now().Add(20 * time.Second)
+	for n < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("read %d of %d jobs in 20s: %v", n, want, got)
+		}
+		progress := false
+		for _, key := range keys {
+			m, err := r.Next(context.Background(), key, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m == nil {
+				continue
+			}
+			got[key] = append(got[key], m.Job().ID)
+			if err := m.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			n++
+			progress = true
+		}
+		if !progress {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return got
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream, name string) (uint64, jetstream.StreamConfig) {
+	t.Helper()
+	st, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs, info.Config
+}
+
+func ids(prefix string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, fmt.Sprintf("%s-%d", prefix, i))
+	}
+	return out
+}
+
+// TestKeyedIntakeRestartMidMove: the mover dies after the lane stream
+// confirmed a move and before it deleted the original; the instance that
+// starts next moves the rest, and the repeated move is a duplicate: every
+// job is stored on its key once, in order, and the intake stream ends
+// empty.
+func TestKeyedIntakeRestartMidMove(t *testing.T) {
+	q, nc := newBareQueue(t)
+	spec := intakeSpec(100)
+	if err := q.EnsureKeyedLane(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	for i := range 5 {
+		publishPublic(t, js, "k", fmt.Sprintf("k-%d", i))
+	}
+	var stoppedAt []uint64
+	undo := queue.OnMoved(func(seq uint64) bool {
+		if seq == 3 {
+			stoppedAt = append(stoppedAt, seq)
+			return true
+		}
+		return false
+	})
+	<-runIntake(t, q)
+	undo()
+	if !slices.Equal(stoppedAt, []uint64{3}) {
+		t.Fatalf("stopped at %v, want at the move of sequence 3", stoppedAt)
+	}
+	if n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo")); n != 3 {
+		t.Fatalf("intake stream holds %d jobs after the stop, want 3 (the stopped move's original and two more)", n)
+	}
+
+	q2 := reconnect(t, nc, spec)
+	runIntake(t, q2)
+	got := drainKeys(t, q2, []string{"k"}, 5)
+	if want := ids("k", 5); !slices.Equal(got["k"], want) {
+		t.Fatalf("key k read %v, want %v once each, in order", got["k"], want)
+	}
+	if n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo")); n != 0 {
+		t.Errorf("intake stream holds %d jobs, want 0", n)
+	}
+	if n, _ := streamMsgs(t, js, queue.StreamName("demo")); n != 0 {
+		t.Errorf("lane stream holds %d jobs after all were read, want 0 (a duplicate stayed)", n)
+	}
+}
+
+// TestKeyedIntakeMigratesFormerLayout: a lane stream of the former layout
+// took the public subjects itself and is full of public jobs (the stall).
+// Set up again, its public subjects move to the intake stream, the former
+// intake consumer goes, and the jobs it held are moved onto their keys
+// before the intake stream's, across a restart in the middle of the
+// migration: each once, in order per key; the keyless one dead-lettered;
+// and the lane stream's max_backlog is back once they are moved.
+func TestKeyedIntakeMigratesFormerLayout(t *testing.T) {
+	q, nc := newBareQueue(t)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	spec := intakeSpec(6)
+	old, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      queue.StreamName("demo"),
+		Subjects:  []string{"throttle.demo", "throttle.demo.>", "throttler.lane.demo", "throttler.lane.demo.>"},
+		Retention: jetstream.LimitsPolicy, MaxMsgs: 6, Discard: jetstream.DiscardNew,
+		Duplicates: time.Minute, AllowDirect: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: queue.IntakeConsumerName,
+		FilterSubjects: []string{"throttle.demo", "throttle.demo.>"}, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		publishPublic(t, js, "a", fmt.Sprintf("a-%d", i))
+		if i < 2 {
+			publishPublic(t, js, "b", fmt.Sprintf("b-%d", i))
+		}
+	}
+	publishPublic(t, js, "", "nokey")
+	if n, _ := streamMsgs(t, js, queue.StreamName("demo")); n != 6 {
+		t.Fatalf("former lane stream holds %d jobs, want 6 (full)", n)
+	}
+
+	if err := q.EnsureKeyedLane(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	n, cfg := streamMsgs(t, js, queue.StreamName("demo"))
+	if n != 6 || cfg.MaxMsgs != 12 || slices.Contains(cfg.Subjects, "throttle.demo.>") {
+		t.Fatalf("lane stream during the migration: %d jobs, max %d, subjects %v; want 6, 6+6, internal subjects only", n, cfg.MaxMsgs, cfg.Subjects)
+	}
+	if _, err := old.Consumer(ctx, queue.IntakeConsumerName); err == nil {
+		t.Errorf("the former intake consumer is still there")
+	}
+	// Published after the upgrade: into the intake stream, moved after
+	// the former layout's jobs.
+	publishPublic(t, js, "a", "a-3")
+	publishPublic(t, js, "b", "b-2")
+	if n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo")); n != 2 {
+		t.Fatalf("intake stream holds %d jobs, want 2", n)
+	}
+
+	// The first instance dies after moving the former layout's second job.
+	undo := queue.OnMoved(func(seq uint64) bool { return seq == 2 })
+	<-runIntake(t, q)
+	undo()
+
+	q2 := reconnect(t, nc, spec)
+	if _, cfg := streamMsgs(t, js, queue.StreamName("demo")); cfg.MaxMsgs != 6+5 {
+		t.Errorf("lane stream's max after the restart: %d, want 6 + the 5 public jobs left", cfg.MaxMsgs)
+	}
+	runIntake(t, q2)
+	got := drainKeys(t, q2, []string{"a", "b"}, 7)
+	if want := ids("a", 4); !slices.Equal(got["a"], want) {
+		t.Errorf("key a read %v, want %v", got["a"], want)
+	}
+	if want := ids("b", 3); !slices.Equal(got["b"], want) {
+		t.Errorf("key b read %v, want %v", got["b"], want)
+	}
+	waitForCond(t, "the lane stream's max_backlog back at 6", func() bool {
+		_, cfg := streamMsgs(t, js, queue.StreamName("demo"))
+		return cfg.MaxMsgs == 6
+	})
+	if n, _ := streamMsgs(t, js, queue.StreamName("demo")); n != 0 {
+		t.Errorf("lane stream holds %d jobs after all were read, want 0", n)
+	}
+	dead, err := q2.ListDead(ctx, "demo", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != "nokey" {
+		t.Errorf("dead letters %+v, want the job published without a key", dead)
+	}
+}
+
+// waitForCond polls cond for up to 10 s.
+func waitForCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,93 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// An ordered key (per_key.ordered) retries a failing job in place: a copy
+// at the tail would start after the key's later jobs. The job's message
+// stays as it was stored, so its failed attempts are kept beside it, in the
+// key-value bucket TriesBucket: entry "<lane>.<stream sequence>", the count
+// in decimal. The entry is written at each failed attempt, read when an
+// instance reads a key's oldest job for the first time (only that job can
+// have failed attempts: a failing job holds its key), and deleted when the
+// job is settled. So max_attempts holds across restarts and a key's move to
+// another instance. The bucket's MaxAge drops an entry whose job left
+// without being settled here (purged by hand).
+const (
+	TriesBucket = "THROTTLER_TRIES"
+	triesMaxAge = 7 * 24 * time.Hour
+)
+
+// ensureTries creates or opens TriesBucket.
+func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyValue, error) {
+	kv, err := q.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: TriesBucket, Description: "throttler failed attempts of ordered keys' jobs retried in place",
+		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: tries bucket: %w", err)
+	}
+	return kv, nil
+}
+
+func (r *KeyedReader) triesEntry(seq uint64) string {
+	return r.ls.spec.Name + "." + strconv.FormatUint(seq, 10)
+}
+
+// Tries returns the failed attempts stored for the job at seq (0 for none,
+// or when the lane is not ordered).
+func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
+	kv := r.ls.tries
+	if kv == nil {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	e, err := kv.Get(ctx, r.triesEntry(seq))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: read tries of %d: %v", ErrUnavailable, seq, err)
+	}
+	n, err := strconv.Atoi(string(e.Value()))
+	if err != nil || n < 0 || n > maxAttempts {
+		return 0, fmt.Errorf("queue: tries of %d: bad entry %q", seq, e.Value())
+	}
+	return n, nil
+}
+
+// SetTries stores n failed attempts of the job at seq.
+func (r *KeyedReader) SetTries(ctx context.Context, seq uint64, n int) error {
+	kv := r.ls.tries
+	if kv == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	if _, err := kv.Put(ctx, r.triesEntry(seq), []byte(strconv.Itoa(n))); err != nil {
+		return fmt.Errorf("%w: store tries of %d: %v", ErrUnavailable, seq, err)
+	}
+	return nil
+}
+
+// ClearTries forgets the failed attempts of the settled job at seq.
+func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
+	kv := r.ls.tries
+	if kv == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	if err := kv.Delete(ctx, r.triesEntry(seq)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("%w: clear tries of %d: %v", ErrUnavailable, seq, err)
+	}
+	return nil
+}
