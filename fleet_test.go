@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,7 +21,7 @@ import (
 // everything it started.
 func TestLocalFleet(t *testing.T) {
 	t.Parallel()
-	env := []string{"FLEET_BIN=" + t.TempDir()}
+	env := []string{"FLEET_BIN=" + prebuiltBin(t), "FLEET_PREBUILT=1"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "THROTTLER_") && !strings.HasPrefix(kv, "FLEET_") {
 			env = append(env, kv)
@@ -103,6 +104,7 @@ func TestLocalCluster(t *testing.T) {
 			t.Fatalf("deploy/local/cluster.sh needs %s on PATH (apt-get install redis-server redis-sentinel curl)", tool)
 		}
 	}
+	bin := prebuiltBin(t)
 	var out string
 	var base int
 	for attempt := 0; ; attempt++ {
@@ -111,7 +113,7 @@ func TestLocalCluster(t *testing.T) {
 		// ports and outgoing connections land: a port the script found
 		// free was once taken by one of those before nats-server bound it.
 		base = 20000 + 1000*int(time.Now().UnixNano()%12)
-		env := []string{"CLUSTER_BIN=" + t.TempDir(), fmt.Sprintf("CLUSTER_BASE=%d", base)}
+		env := []string{"CLUSTER_BIN=" + bin, "CLUSTER_PREBUILT=1", fmt.Sprintf("CLUSTER_BASE=%d", base)}
 		for _, kv := range os.Environ() {
 			if !strings.HasPrefix(kv, "THROTTLER_") && !strings.HasPrefix(kv, "CLUSTER_") {
 				env = append(env, kv)
@@ -161,5 +163,44 @@ func TestLocalCluster(t *testing.T) {
 			c.Close()
 			t.Errorf("port %d still answers after cluster.sh ended", base+off)
 		}
+	}
+}
+
+// TestLocalScriptsBuild: deploy/local's scripts, unless told that their
+// binaries are prebuilt (as TestLocalFleet and TestLocalCluster do, to
+// share the test run's binaries), build throttler and nats-server from
+// go.mod into their bin directory with one go build; told so, they refuse
+// a bin directory without both. The go command here is a script that
+// records its arguments.
+func TestLocalScriptsBuild(t *testing.T) {
+	tools := t.TempDir()
+	argsFile := filepath.Join(t.TempDir(), "args")
+	shim := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + argsFile + "\n"
+	if err := os.WriteFile(filepath.Join(tools, "go"), []byte(shim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	script := func(prebuilt string) (string, error) {
+		cmd := exec.Command("bash", "-c", `prefix=fleet bin=$1 prebuilt=$2; source deploy/local/lib.sh; build_binaries`, "-", bin, prebuilt)
+		cmd.Env = append(os.Environ(), "PATH="+tools+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := script(""); err != nil {
+		t.Fatalf("build_binaries: %v\n%s", err, out)
+	}
+	args, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "build\n-o\n" + bin + "/\n./cmd/throttler\ngithub.com/nats-io/nats-server/v2\n"; string(args) != want {
+		t.Errorf("go called with\n%s\nwant\n%s", args, want)
+	}
+	os.Remove(argsFile)
+	if out, err := script("1"); err == nil || !strings.Contains(out, bin+"/throttler is missing") {
+		t.Errorf("prebuilt, with an empty bin: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(argsFile); err == nil {
+		t.Errorf("prebuilt, the script ran go")
 	}
 }

@@ -71,8 +71,8 @@ func TestImportRules(t *testing.T) {
 			"a public package links nothing of the service into its users' programs"},
 		{"internal/ui", append(internal("service", "ingest", "lane", "queue", "leaky", "dispatch", "admission", "bucket", "config", "metrics", "instance"), module+"/api"),
 			"the status page's files speak the public HTTP API and import nothing of the service"},
-		{"cmd/throttler", append(internal("bench"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),
-			"the service binary links no load tool and no peer library"},
+		{"cmd/throttler", append(internal("bench", "testenv", "servicetest"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),
+			"the service binary links no load tool, no peer library and no test support"},
 	} {
 		if _, err := os.Stat(rule.pkg); err != nil {
 			t.Errorf("%s: %v", rule.pkg, err)

@@ -3,12 +3,12 @@ package throttler_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -17,9 +17,6 @@ func TestMain(m *testing.M) {
 		os.Exit(natsCLI(os.Args[1:], os.Stderr))
 	}
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -29,29 +26,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// built is the throttler binary, built once for the tests that run it.
-var built struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
-}
-
-// throttlerBinary builds ./cmd/throttler once per test run and returns its
-// path.
+// throttlerBinary is the throttler binary that the recipes run, built
+// once for every test package that runs it (testenv.ThrottlerBinary).
 func throttlerBinary(t *testing.T) string {
 	t.Helper()
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "throttler-bin"); built.err != nil {
-			return
+	return testenv.ThrottlerBinary(t)
+}
+
+// prebuiltBin returns a directory holding throttler and nats-server, as
+// deploy/local's scripts would build them into their bin directory, for a
+// run with FLEET_PREBUILT or CLUSTER_PREBUILT set: the scripts then start
+// the binaries the tests share instead of linking their own.
+func prebuiltBin(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, path := range map[string]string{"throttler": testenv.ThrottlerBinary(t), "nats-server": testenv.NATSServerBinary(t)} {
+		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
 		}
-		built.path = filepath.Join(built.dir, "throttler")
-		if out, err := exec.Command("go", "build", "-o", built.path, "./cmd/throttler").CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build ./cmd/throttler: %w\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
 	}
-	return built.path
+	return dir
 }

@@ -12,16 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttler/throttler/api"
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 // TestDelay is the backoff rule, step by step: at least Retry-After; the

@@ -8,7 +8,6 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -21,7 +20,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -31,6 +29,7 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -245,24 +244,8 @@ lanes:
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.NewBuildInfo(metrics.Build{Version: "v0.0.0-test", Revision: "unknown", GoVersion: runtime.Version()}))
-	svc := service.New(cfg, slog.New(slog.DiscardHandler), reg)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	select {
-	case <-svc.Ready():
-	case err := <-errc:
-		errc <- err
-		t.Fatalf("service did not start: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("service not ready after 20s")
-	}
+	stop := servicetest.Run(t, service.New(cfg, slog.New(slog.DiscardHandler), reg))
+	defer stop()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 	"github.com/throttler/throttler/worker"
 )
@@ -94,24 +94,7 @@ func (f *fleet) start(t *testing.T) *service.Service {
 	cfg := f.cfg
 	cfg.NATS.DataDir = t.TempDir()
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
-	select {
-	case <-svc.Ready():
-	case err := <-errc:
-		cancel()
-		t.Fatalf("throttler did not start: %v", err)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("throttler not ready after 20s")
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("throttler Run: %v", err)
-		}
-	})
+	servicetest.Run(t, svc)
 	f.svcs = append(f.svcs, svc)
 	return svc
 }
@@ -149,7 +132,7 @@ func (f *fleet) submit(t *testing.T, prefix string, n int) []string {
 
 // pollClient bounds every request of the tests, so that a server that
 // stops answering fails the test instead of hanging it until -timeout.
-var pollClient = &http.Client{Timeout: 5 * time.Second}
+var pollClient = servicetest.Client
 
 // deadLetters lists the lane's dead letters through the HTTP API.
 func (f *fleet) deadLetters(t *testing.T) []api.DeadLetter {
@@ -190,17 +173,8 @@ func runPool(t *testing.T, nc *nats.Conn, cfg worker.Config, h worker.HandlerFun
 	return stop
 }
 
-// waitFor polls cond every 10 ms until it holds or d passed.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitFor is testenv.Eventually, the suite's one polling helper.
+var waitFor = testenv.Eventually
 
 // rawWorker speaks the wire protocol by hand, as a worker in another
 // language would.

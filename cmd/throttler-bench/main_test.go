@@ -4,20 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// net/http keeps idle client connections' loops briefly after a run.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func TestUsage(t *testing.T) {
@@ -42,18 +41,20 @@ func TestUsage(t *testing.T) {
 	}
 }
 
-// TestSmokeBuildsTheService runs the scenarios that start the service binary
-// (rss, and keyed with 20 keys) in smoke mode: the tool builds the binary
-// itself (once) and starts it, and every row is measured, none skipped or
-// failed; the keyed rows on both pacers.
-func TestSmokeBuildsTheService(t *testing.T) {
+// TestSmokeStartsTheService runs the scenarios that start the service binary
+// (rss, and keyed with 20 keys) in smoke mode on the binary the test
+// packages share (testenv.ThrottlerBinary; TestBuildThrottler covers the
+// tool's own build): every row is measured, none skipped or failed; the
+// keyed rows on both pacers.
+func TestSmokeStartsTheService(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the service")
+		t.Skip("runs the service")
 	}
+	bin := testenv.ThrottlerBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"--smoke", "--only", "rss,keyed", "--backlog", "500", "--keys", "20"}, &stdout, &stderr)
+	err := run(ctx, []string{"--smoke", "--only", "rss,keyed", "--backlog", "500", "--keys", "20", "--throttler", bin}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
@@ -62,6 +63,7 @@ func TestSmokeBuildsTheService(t *testing.T) {
 		t.Fatalf("stdout:\n%s", table)
 	}
 	for _, want := range []string{
+		"RSS of throttler with the example config's lane (configs/throttler.yaml: 20/s, burst 10, max_backlog 100,000), 500 jobs offered",
 		"keyed lane, 1 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, memory pacer",
 		"keyed lane, 20 keys with backlog → sink, Redis pacer",
@@ -78,5 +80,47 @@ func TestSmokeBuildsTheService(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Fatalf("stdout:\n%s\nstderr:\n%s", table, stderr.String())
+	}
+}
+
+// TestBuildThrottler: without --throttler the tool builds the service with
+// the go command found on PATH, stamping its version, into the directory
+// it is given; a failed build is an error that quotes the go command's
+// output. The go command here is a script that records its arguments
+// (the real link is what TestSmokeStartsTheService's binary went through).
+func TestBuildThrottler(t *testing.T) {
+	tools := t.TempDir()
+	argsFile := filepath.Join(t.TempDir(), "args")
+	shim := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + argsFile + "\n" +
+		"while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then echo built > \"$2\"; fi; shift; done\n" +
+		"[ -z \"$GO_SHIM_FAIL\" ] || { echo 'cmd/throttler: undefined: x' >&2; exit 1; }\n"
+	if err := os.WriteFile(filepath.Join(tools, "go"), []byte(shim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", tools+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	dir := t.TempDir()
+	bin, err := buildThrottler(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "throttler"); bin != want {
+		t.Errorf("built %s, want %s", bin, want)
+	}
+	if b, err := os.ReadFile(bin); err != nil || string(b) != "built\n" {
+		t.Errorf("the go command did not write the binary it returned: %q %v", b, err)
+	}
+	args, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{"build", "-ldflags", "-X main.version=" + buildVersion(), "-o", bin, throttlerPkg}, "\n") + "\n"
+	if string(args) != want {
+		t.Errorf("go called with\n%s\nwant\n%s", args, want)
+	}
+
+	t.Setenv("GO_SHIM_FAIL", "1")
+	if _, err := buildThrottler(context.Background(), dir); err == nil || !strings.Contains(err.Error(), "undefined: x") || !strings.Contains(err.Error(), "--throttler") {
+		t.Errorf("a failed build: %v, want the go command's output and the hint", err)
 	}
 }

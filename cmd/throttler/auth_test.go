@@ -37,6 +37,7 @@ func status(t *testing.T, method, url, secret string) int {
 // file changes, SIGHUP makes the new key work and the old one fail, without
 // a restart.
 func TestSIGHUPReloadsKeys(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	keys := filepath.Join(dir, "keys.yaml")
 	write := func(id, secret string) {
@@ -77,6 +78,7 @@ func TestSIGHUPReloadsKeys(t *testing.T) {
 // TestNonLoopbackNeedsKeys: a non-loopback listen without keys refuses to
 // start, naming auth; with auth.anonymous it starts and warns.
 func TestNonLoopbackNeedsKeys(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	free := freePort(t)
 	port := free[strings.LastIndex(free, ":"):] // ":12345"
@@ -117,6 +119,7 @@ lanes:
 // TestBadRedisURLIsNotPrinted: a redis.url the process refuses is printed
 // without its password.
 func TestBadRedisURLIsNotPrinted(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path, _ := procConfig(t, dir, "", "redis://user:hunter2-redis@127.0.0.1:1/not-a-db", laneYAML{rate: 5, burst: 1, target: "http://127.0.0.1:1/never"})
 	msg := serveFails(t, path)

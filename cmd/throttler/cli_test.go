@@ -102,6 +102,7 @@ func want(t *testing.T, what string, code int, stdout, stderr string, wantCode i
 // TestCLIAgainstServer runs every CLI command as a real process against a
 // real server: output, flags and env, errors on stderr, exit codes.
 func TestCLIAgainstServer(t *testing.T) {
+	t.Parallel()
 	url := cliServer(t)
 	env := []string{"THROTTLER_SERVER=" + url, "THROTTLER_KEY=viewer-secret"}
 	ops := append(env[:1:1], "THROTTLER_KEY=ops-secret")
@@ -253,6 +254,7 @@ func TestCLIAgainstServer(t *testing.T) {
 
 // TestCLIWatch: lanes --watch refreshes until interrupted, then exits 0.
 func TestCLIWatch(t *testing.T) {
+	t.Parallel()
 	url := cliServer(t)
 	cmd := exec.Command(binary, "lanes", "--watch", "--interval", "200ms", "--server", url, "--key", "viewer-secret")
 	var stdout, stderr syncBuffer
@@ -276,6 +278,7 @@ func TestCLIWatch(t *testing.T) {
 
 // TestExitCodes: the documented mapping of errors to exit codes.
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		code int

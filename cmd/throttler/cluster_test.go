@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -126,23 +125,11 @@ func postState(client *http.Client, addr, id string) (int, string) {
 // labels the exact label set as it appears ({lane="demo",op="reserve"}).
 // It returns -1 when the sample is absent or /metrics does not answer.
 func metric(addr, name, labels string) float64 {
-	resp, err := pollClient.Get("http://" + addr + "/metrics")
+	v, err := servicetest.Value(addr, name+labels)
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	want := name + labels + " "
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, want) {
-			v, err := strconv.ParseFloat(strings.TrimPrefix(line, want), 64)
-			if err != nil {
-				return -1
-			}
-			return v
-		}
-	}
-	return -1
+	return v
 }
 
 // maxInWindow is the largest number of arrivals in a window [a_i, a_i + w)

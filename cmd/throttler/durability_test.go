@@ -13,6 +13,7 @@ import (
 // with SIGKILL mid-drain and started again: every accepted job is
 // delivered; only jobs in flight at the kill may come twice, with their id.
 func TestKill9MidDrainLosesNothing(t *testing.T) {
+	t.Parallel()
 	nats := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	target := newArrivals(t)

@@ -15,29 +15,27 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
-// binary is the throttler built once, by `make build`, for the tests that
-// run real processes (one link of the service per test run, not two).
-// builtRevision is the revision make put in it (TestVersionOfMakeBuild).
-var binary, builtRevision string
+// binary is the throttler the tests that run real processes start: the
+// one the test packages share (testenv.ThrottlerBinary), built at most
+// once per content of the sources. TestVersionOfMakeBuild builds its own
+// with make.
+var binary string
 
-// builtVersion is the VERSION given to make build.
-const builtVersion = "v9.8.7-test"
-
+// Tests that check outcomes only call t.Parallel; those that measure the
+// real clock (a fleet's windows at the target, a stop's or a refusal's
+// deadline) do not, so that go test runs them first, one at a time, before
+// the parallel ones start (make test runs this package alone, -p 1).
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "throttler-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "throttler")
-	if builtRevision, err = makeBuild(binary); err != nil {
+	var err error
+	if binary, err = testenv.ThrottlerBinaryPath(); err != nil {
 		fmt.Fprintf(os.Stderr, "building throttler: %v\n", err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -75,6 +73,7 @@ func TestUsageErrors(t *testing.T) {
 // TestDepsLeaveOutTheLoadTool: the service binary links neither the load
 // tool nor the peer libraries it measures against, nor the test helpers.
 func TestDepsLeaveOutTheLoadTool(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
 	if err != nil {
 		var exit *exec.ExitError
@@ -92,6 +91,7 @@ func TestDepsLeaveOutTheLoadTool(t *testing.T) {
 		"github.com/go-redis/redis_rate",
 		"github.com/throttler/throttler/internal/bench",
 		"github.com/throttler/throttler/internal/testenv",
+		"github.com/throttler/throttler/internal/servicetest",
 	}
 	for _, dep := range deps {
 		for _, f := range forbidden {
@@ -105,6 +105,7 @@ func TestDepsLeaveOutTheLoadTool(t *testing.T) {
 // TestBadConfigExitsNonZero runs the real binary: a config error names the
 // file and the field, and the exit code is 1.
 func TestBadConfigExitsNonZero(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(path, []byte("lanes:\n  - name: demo\n    rate: -3\n    target: {http: {url: http://127.0.0.1:1/}}\n"), 0o644)
 	if msg := serveFails(t, path); !strings.Contains(msg, path) || !strings.Contains(msg, "lanes[0].rate") {
@@ -140,6 +141,7 @@ func freePort(t *testing.T) string {
 // TestServeAndSIGTERM starts the real binary on its embedded default, checks
 // /healthz, /readyz and /metrics, then stops it with SIGTERM.
 func TestServeAndSIGTERM(t *testing.T) {
+	t.Parallel()
 	path, addr := procConfig(t, t.TempDir(), "", "", laneYAML{rate: 5, burst: 2, target: "http://127.0.0.1:1/never"})
 	p := startProc(t, path, addr)
 	for _, path := range []string{"/healthz", "/metrics", "/v1/lanes"} {
@@ -160,6 +162,7 @@ func TestServeAndSIGTERM(t *testing.T) {
 // TestRefusedTargetNamesFileAndField: a target that resolves to a
 // forbidden address fails the start with the file and the field named.
 func TestRefusedTargetNamesFileAndField(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path, _ := procConfig(t, dir, "", "", laneYAML{rate: 5, burst: 1, target: "http://169.254.169.254/latest/meta-data"})
 	msg := serveFails(t, path)

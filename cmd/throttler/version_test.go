@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -44,6 +45,9 @@ func TestResolveBuild(t *testing.T) {
 	}
 }
 
+// builtVersion is the VERSION given to make build.
+const builtVersion = "v9.8.7-test"
+
 // makeBuild runs `make build` into bin with VERSION=builtVersion and
 // GOFLAGS=-buildvcs=false, and returns the revision it should have put
 // in: the short HEAD, "-modified" when tracked files differ from it.
@@ -74,12 +78,18 @@ func makeBuild(bin string) (string, error) {
 	return rev, nil
 }
 
-// TestVersionOfMakeBuild: `make build` (TestMain's, see makeBuild) puts
-// the version and the revision into the binary even with
-// GOFLAGS=-buildvcs=false; `throttler version` prints them and /metrics
-// carries them in throttler_build_info.
+// TestVersionOfMakeBuild: `make build` (see makeBuild) puts the version
+// and the revision into the binary even with GOFLAGS=-buildvcs=false;
+// `throttler version` prints them and /metrics carries them in
+// throttler_build_info. Parallel: its link runs after the real-clock tests
+// of the package, beside the others that only check outcomes.
 func TestVersionOfMakeBuild(t *testing.T) {
-	bin, rev := binary, builtRevision
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "throttler")
+	rev, err := makeBuild(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(bin, "version").Output()
 	if err != nil {
 		t.Fatal(err)

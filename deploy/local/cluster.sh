@@ -17,8 +17,10 @@
 # (default 17000) plus: 81-83 the instances' HTTP, 222-224 NATS clients,
 # 622-624 NATS routes, 822-824 NATS monitoring, 379 the Redis master, 380
 # the replica, 501-503 the sentinels, 900 the sink. Binaries go to
-# CLUSTER_BIN (default bin/). Data lives in a temporary directory that is
-# removed at the end.
+# CLUSTER_BIN (default bin/); with CLUSTER_PREBUILT=1 the throttler and
+# nats-server already in CLUSTER_BIN are used as they are, unbuilt (the
+# tests build them once for all). Data lives in a temporary directory that
+# is removed at the end.
 set -euo pipefail
 
 mode=${1:-demo}
@@ -34,6 +36,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 base=${CLUSTER_BASE:-17000}
 bin=${CLUSTER_BIN:-bin}
+prebuilt=${CLUSTER_PREBUILT:-}
 jobs=90
 http=($((base + 81)) $((base + 82)) $((base + 83)))
 nats_client=($((base + 222)) $((base + 223)) $((base + 224)))

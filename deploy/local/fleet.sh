@@ -9,8 +9,10 @@
 #
 # Needs go and redis-server on PATH (apt-get install redis-server). Ports can
 # be changed with FLEET_HTTP1, FLEET_HTTP2, FLEET_NATS, FLEET_REDIS and
-# FLEET_SINK; binaries go to FLEET_BIN (default bin/). Data lives in a
-# temporary directory that is removed at the end.
+# FLEET_SINK; binaries go to FLEET_BIN (default bin/); with FLEET_PREBUILT=1
+# the throttler and nats-server already in FLEET_BIN are used as they are,
+# unbuilt (the tests build them once for all). Data lives in a temporary
+# directory that is removed at the end.
 set -euo pipefail
 
 mode=${1:-demo}
@@ -30,6 +32,7 @@ nats_port=${FLEET_NATS:-4222}
 redis_port=${FLEET_REDIS:-6380}
 sink_port=${FLEET_SINK:-9000}
 bin=${FLEET_BIN:-bin}
+prebuilt=${FLEET_PREBUILT:-}
 jobs=60
 
 prefix=fleet

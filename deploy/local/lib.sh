@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # The process helpers of deploy/local/fleet.sh and deploy/local/cluster.sh,
 # sourced by both after they set `prefix` (the word that starts their
-# messages) and `bin` (where the binaries go). Not a script of its own.
+# messages), `bin` (where the binaries go) and `prebuilt` (non-empty: the
+# binaries in bin are used unbuilt). Not a script of its own.
 #
 # Every background process gets a process group of its own (set -m), so that
 # Ctrl-C reaches the script only and each process is stopped once, in order.
@@ -26,8 +27,17 @@ need_tools() {
 # port_in_use PORT: true when something on 127.0.0.1 answers on PORT.
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# build_binaries: throttler and nats-server (the version in go.mod) into $bin.
+# build_binaries: throttler and nats-server (the version in go.mod) into
+# $bin; with prebuilt set, checks that both are there instead.
 build_binaries() {
+	if [[ -n ${prebuilt:-} ]]; then
+		local tool
+		for tool in throttler nats-server; do
+			[[ -x $bin/$tool ]] || fail "$bin/$tool is missing or not executable (the binaries are said to be prebuilt)"
+		done
+		say "using the prebuilt $bin/throttler and $bin/nats-server"
+		return
+	fi
 	say "building $bin/throttler and $bin/nats-server (the first build takes a minute)"
 	mkdir -p "$bin"
 	go build -o "$bin/" ./cmd/throttler github.com/nats-io/nats-server/v2

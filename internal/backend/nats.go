@@ -88,6 +88,14 @@ func OpenNATS(n config.NATS, lanes []config.Lane, log *slog.Logger) (*NATS, erro
 		srv.Shutdown()
 		return nil, err
 	}
+	if c := (config.Config{NATS: n, Lanes: lanes}); c.EmbeddedMemory() > config.EmbeddedMemoryWarn {
+		// The store is in this process: a burst that fills the lanes'
+		// bounds takes this much, mostly JetStream's de-duplication index.
+		log.Warn("embedded nats: the lanes' bounds allow more memory than a small instance expects",
+			"estimate_mb", c.EmbeddedMemory()/1_000_000, "warn_mb", config.EmbeddedMemoryWarn/1_000_000,
+			"dedup_ids", c.DedupIDs(), "dedup_window", n.DedupWindow.D().String(),
+			"fix", "shorten nats.dedup_window, lower lanes[].max_backlog, or set nats.url (docs/OPERATIONS.md, Memory of the embedded server)")
+	}
 	return &NATS{Conn: nc, srv: srv}, nil
 }
 

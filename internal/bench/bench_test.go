@@ -12,18 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttler/throttler/internal/config"
-
 	"go.uber.org/goleak"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// net/http keeps idle client connections' loops briefly after a run.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func TestPercentile(t *testing.T) {
@@ -248,7 +244,8 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]int{Pacing: 2 * len(pacingRates), Latency: 1}
+	// Two rows per rate, and the 10,000/s lane again with a burst.
+	want := map[string]int{Pacing: 2*len(pacingRates) + 1, Latency: 1}
 	got := map[string]int{}
 	for _, r := range rows {
 		if r.Verdict == Failed {
@@ -266,7 +263,8 @@ func TestSmoke(t *testing.T) {
 	}
 	var table bytes.Buffer
 	PrintTable(&table, rows)
-	if !strings.Contains(table.String(), "| scenario") || !strings.Contains(table.String(), "pacing @10,000/s") {
+	if !strings.Contains(table.String(), "| scenario") || !strings.Contains(table.String(), "pacing @10,000/s") ||
+		!strings.Contains(table.String(), "pacing @10,000/s, burst 100") {
 		t.Errorf("table:\n%s", table.String())
 	}
 	if !strings.Contains(progress.String(), "[1/2] pacing") {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -50,14 +52,23 @@ func runRSS(ctx context.Context, e *env) ([]Result, error) {
 	}
 	defer sk.close()
 
-	emb, err := e.rssRun(ctx, sk, n, "", true)
+	// The example config's lane (`make run`), offered the whole backlog:
+	// what a newcomer's burst does to the default.
+	def, err := e.rssRun(ctx, sk, n, "", true, &exampleLane)
 	if err != nil {
 		return nil, err
 	}
-	rows := []Result{emb.row(embName)}
+	defRow := def.row(fmt.Sprintf("RSS of throttler with the example config's lane (configs/throttler.yaml: %s/s, burst %d, max_backlog %s), %s jobs offered, embedded NATS",
+		strconv.FormatFloat(exampleLane.rate, 'g', -1, 64), exampleLane.burst, fmtInt(exampleLane.backlog), fmtInt(int64(n))))
+	defRow.Ours = fmt.Sprintf("%s (peak %s; %s stored, %s refused)", fmtMB(def.rss), fmtMB(def.hwm), fmtInt(int64(def.stored)), fmtInt(int64(n-def.stored)))
+	emb, err := e.rssRun(ctx, sk, n, "", true, nil)
+	if err != nil {
+		return []Result{defRow}, err
+	}
+	rows := []Result{defRow, emb.row(embName)}
 	// The same without Nats-Msg-Id (jobs published by `nats pub`): the
 	// difference is JetStream's de-duplication index, held for dedup_window.
-	plain, err := e.rssRun(ctx, sk, n, "", false)
+	plain, err := e.rssRun(ctx, sk, n, "", false, nil)
 	if err != nil {
 		return rows, err
 	}
@@ -81,7 +92,7 @@ func runRSS(ctx context.Context, e *env) ([]Result, error) {
 		}
 		url = srv.ClientURL()
 	}
-	ext, err := e.rssRun(ctx, sk, n, url, true)
+	ext, err := e.rssRun(ctx, sk, n, url, true, nil)
 	if err != nil {
 		return rows, err
 	}
@@ -92,7 +103,14 @@ type rssFigure struct {
 	n        int
 	rss, hwm int64
 	fill     time.Duration
+	// stored is how many of the n jobs the lane took (all of them,
+	// unless its max_backlog refused some).
+	stored int
 }
+
+// exampleLane is the lane of configs/throttler.yaml, the config `make run`
+// serves (TestExampleLaneIsTheConfigs keeps the two the same).
+var exampleLane = laneOpts{rate: 20, burst: 10, inflight: 16, backlog: 100_000}
 
 func (f rssFigure) row(name string) Result {
 	return Result{
@@ -104,8 +122,10 @@ func (f rssFigure) row(name string) Result {
 }
 
 // rssRun starts the binary, fills its lane with n jobs (each with a
-// Nats-Msg-Id when ids) and reads its memory.
-func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids bool) (rssFigure, error) {
+// Nats-Msg-Id when ids) and reads its memory. The lane is lo when set (jobs
+// over its max_backlog are refused, and counted), else one that drains
+// nothing and holds them all.
+func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids bool, lo *laneOpts) (rssFigure, error) {
 	dir := e.dir("rss")
 	listen, err := freeAddr()
 	if err != nil {
@@ -114,6 +134,9 @@ func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids b
 	lane := e.lane("rss")
 	opts := svcOpts{dataDir: filepath.Join(dir, "data"), natsURL: natsURL, listen: listen, target: sk.URL,
 		lanes: map[string]laneOpts{lane: {rate: 0.001, burst: 1, inflight: 1, backlog: int64(2 * n)}}}
+	if lo != nil {
+		opts.lanes[lane] = *lo
+	}
 	external := natsURL != ""
 	if !external {
 		addr, err := freeAddr()
@@ -182,7 +205,14 @@ func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids b
 	if !ids {
 		phase = "fill (no Nats-Msg-Id)"
 	}
-	if err := publishN(fillCtx, js, queue.Subject(lane, ""), n, rssPayload, ids, func(d int) { e.prog.set(phase, d, n) }); err != nil {
+	stored := n
+	if lo != nil {
+		phase = "fill (example config, refusals expected)"
+		stored, err = publishOffered(fillCtx, js, queue.Subject(lane, ""), n, rssPayload, func(d int) { e.prog.set(phase, d, n) })
+	} else {
+		err = publishN(fillCtx, js, queue.Subject(lane, ""), n, rssPayload, ids, func(d int) { e.prog.set(phase, d, n) })
+	}
+	if err != nil {
 		return rssFigure{}, childErr(err)
 	}
 	fill := time.Since(start)
@@ -195,8 +225,8 @@ func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids b
 	if err != nil {
 		return rssFigure{}, err
 	}
-	if got := info.State.Msgs; got+1 < uint64(n) {
-		return rssFigure{}, fmt.Errorf("bench: the stream holds %d of %d jobs", got, n)
+	if got, want := info.State.Msgs, uint64(stored); got+uint64(opts.lanes[lane].burst)+uint64(opts.lanes[lane].rate*fill.Seconds())+1 < want {
+		return rssFigure{}, fmt.Errorf("bench: the stream holds %d of %d jobs", got, want)
 	}
 	// Let the fill settle: GC, file store flushes, caches that expire.
 	settle := 5 * time.Second
@@ -214,7 +244,7 @@ func (e *env) rssRun(ctx context.Context, sk *sink, n int, natsURL string, ids b
 		return rssFigure{}, err
 	}
 	e.prog.set("settle", 1, 1)
-	return rssFigure{n: n, rss: mem.rss, hwm: mem.hwm, fill: fill}, nil
+	return rssFigure{n: n, rss: mem.rss, hwm: mem.hwm, fill: fill, stored: stored}, nil
 }
 
 // waitReady polls url until it answers 200, the process exits, or 60s pass.
@@ -259,4 +289,49 @@ func stopChild(cmd *exec.Cmd, exited <-chan struct{}) {
 // memStatus is a process's resident memory, now and at its peak.
 type memStatus struct {
 	rss, hwm int64 // bytes
+}
+
+// publishOffered publishes n jobs with a Nats-Msg-Id each, like publishN,
+// into a stream that may refuse some (its MaxMsgs, the lane's
+// max_backlog), and returns how many it stored. A refusal from the server
+// is counted; anything else fails.
+func publishOffered(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, progress func(done int)) (int, error) {
+	prefix := nuid.Next()
+	stored := 0
+	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
+	wait := func() error {
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+				stored++
+			case err := <-f.Err():
+				var api *jetstream.APIError
+				if !errors.As(err, &api) {
+					return fmt.Errorf("bench: publish to %s: %w", subject, err)
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(30 * time.Second):
+				return fmt.Errorf("bench: publish to %s: no ack within 30s", subject)
+			}
+		}
+		futures = futures[:0]
+		return nil
+	}
+	for i := range n {
+		f, err := js.PublishAsync(subject, payload, jetstream.WithMsgID(prefix+strconv.Itoa(i)))
+		if err != nil {
+			return stored, fmt.Errorf("bench: publish to %s: %w", subject, err)
+		}
+		futures = append(futures, f)
+		if len(futures) == cap(futures) || i == n-1 {
+			if err := wait(); err != nil {
+				return stored, err
+			}
+			if progress != nil {
+				progress(i + 1)
+			}
+		}
+	}
+	return stored, nil
 }

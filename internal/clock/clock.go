@@ -27,12 +27,28 @@ type system struct{}
 
 func (system) Now() time.Time { return time.Now() }
 
+// timers are stopped timers for Sleep to reuse: a drain waits once per
+// slot (up to thousands of times a second), and a timer made per wait is
+// garbage, allocated on the way to the next slot, where a GC assist drafts
+// the allocating goroutine.
+// Since Go 1.23 a stopped or reset timer never delivers a stale value, so a
+// timer from the pool behaves like a new one.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
 func (system) Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+	t, _ := timers.Get().(*time.Timer) // only *time.Timer is ever put
+	t.Reset(d)
+	defer func() {
+		t.Stop()
+		timers.Put(t)
+	}()
 	select {
 	case <-t.C:
 		return nil

@@ -55,3 +55,37 @@ func TestRealSleep(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// BenchmarkRealSleep: a wait on the real clock, as the drain makes one per
+// slot. It allocates nothing: timers are reused.
+func BenchmarkRealSleep(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := clock.Real.Sleep(ctx, time.Microsecond); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestRealSleepReusesNoStaleTimer: a wait cut short by its context leaves
+// its timer to the next wait, which must still last its whole duration
+// (a stale expiry of the first timer must not end it early).
+func TestRealSleepReusesNoStaleTimer(t *testing.T) {
+	for range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := clock.Real.Sleep(ctx, time.Millisecond); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Sleep returned %v", err)
+		}
+		time.Sleep(2 * time.Millisecond) // the first timer's time passes
+		start := time.Now()
+		if err := clock.Real.Sleep(context.Background(), 5*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < 5*time.Millisecond {
+			t.Fatalf("Sleep(5ms) returned after %v: a stale timer ended it", took)
+		}
+	}
+}

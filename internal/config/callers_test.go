@@ -1,7 +1,6 @@
 package config_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -28,21 +27,10 @@ func TestCallers(t *testing.T) {
 		{"NegativeLimit", good + "callers: {per_ip: {limit: -1}}\n", "t.yaml: callers.per_ip.limit:"},
 		{"DefaultPlanUnknown", good + "callers: {default_plan: gold}\n", "t.yaml: callers.default_plan:"},
 		{"Typo", good + "callers: {plan: {}}\n", "field plan not found in callers"},
-		{"LaneCost", strings.Replace(good, "rate: 20\n", "rate: 20\n    cost: 0\n", 1), ""},
-		{"LaneCostTooHigh", strings.Replace(good, "rate: 20\n", "rate: 20\n    cost: 1001\n", 1), "t.yaml: lanes[0].cost:"},
+		{"LaneCost", withLane("cost: 0"), ""},
+		{"LaneCostTooHigh", withLane("cost: 1001"), "t.yaml: lanes[0].cost:"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Parse("t.yaml", []byte(tc.yaml), nil)
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("unexpected error %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { parseWants(t, tc.yaml, nil, tc.want) })
 	}
 }
 

@@ -27,6 +27,29 @@ lanes:
         url: http://127.0.0.1:9000/hook
 `
 
+// parseWants parses yaml as the file t.yaml, with env as the environment.
+// With want empty the file must load; otherwise it must be refused with a
+// *config.Error naming the file, whose text contains want. It returns that
+// error for further checks (nil when the file loads).
+func parseWants(t *testing.T, yaml string, env func(string) string, want string) error {
+	t.Helper()
+	_, err := config.Parse("t.yaml", []byte(yaml), env)
+	if want == "" {
+		if err != nil {
+			t.Fatalf("unexpected error %v", err)
+		}
+		return nil
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want it to contain %q", err, want)
+	}
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "t.yaml" {
+		t.Fatalf("error %T %v is not a *config.Error naming the file", err, err)
+	}
+	return err
+}
+
 func TestExampleConfigLoads(t *testing.T) {
 	cfg, err := config.Load(filepath.Join("..", "..", "configs", "throttler.yaml"), nil)
 	if err != nil {
@@ -68,11 +91,11 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"Duplicate", good + strings.TrimPrefix(good[strings.Index(good, "  - name"):], ""), "t.yaml: lanes[1].name: \"demo\" is already the name of lanes[0]"},
 		{"UnknownField", strings.Replace(good, "rate: 20", "rate: 20\n    rait: 3", 1), "t.yaml: line 6: field rait not found in a lane"},
 		{"BadDuration", good + "shutdown_timeout: soon\n", "t.yaml: shutdown_timeout: line 10: \"soon\" is not a duration"},
-		{"BadLaneDuration", strings.Replace(good, "burst: 10", "burst: 10\n    retry: {backoff_max: 1d}", 1), `t.yaml: lanes[0].retry.backoff_max: line 7: "1d" is not a duration`},
-		{"HugeSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_bytes: 17179869184GiB", 1), `t.yaml: lanes[0].max_bytes: line 7: "17179869184GiB" is too large`},
+		{"BadLaneDuration", withLane("retry: {backoff_max: 1d}"), `t.yaml: lanes[0].retry.backoff_max: line 7: "1d" is not a duration`},
+		{"HugeSize", withLane("max_bytes: 17179869184GiB"), `t.yaml: lanes[0].max_bytes: line 7: "17179869184GiB" is too large`},
 		{"HugerSize", good + "dead_letters:\n  max_bytes: 99999999999999999999\n", `t.yaml: dead_letters.max_bytes: line 11: "99999999999999999999" is too large`},
-		{"NegativeSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: -1", 1), `t.yaml: lanes[0].max_body: line 7: "-1" is not a size`},
-		{"SignedSize", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: +1KiB", 1), `t.yaml: lanes[0].max_body: line 7: "+1KiB" is not a size`},
+		{"NegativeSize", withLane("max_body: -1"), `t.yaml: lanes[0].max_body: line 7: "-1" is not a size`},
+		{"SignedSize", withLane("max_body: +1KiB"), `t.yaml: lanes[0].max_body: line 7: "+1KiB" is not a size`},
 		{"LargestSize", good + "dead_letters:\n  max_bytes: 8589934591GiB\n", ""},
 		{"SecondDocument", good + "---\nlisten: 127.0.0.1:1\n", "t.yaml: line 10: a second YAML document (after ---) is not allowed"},
 		{"EmptySecondDocument", good + "---\n", "a second YAML document"},
@@ -97,7 +120,7 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"ReservedDead", strings.Replace(good, "name: demo", "name: DEAD", 1), `t.yaml: lanes[0].name: "DEAD" is reserved: its stream would be THROTTLE_DEAD`},
 		{"ReservedRetry", strings.Replace(good, "name: demo", "name: retry", 1), `t.yaml: lanes[0].name: "retry" is reserved: its stream would be THROTTLE_RETRY`},
 		{"NotReserved", strings.Replace(good, "name: demo", "name: dead-letters", 1), ""},
-		{"AckWaitNegative", strings.Replace(good, "burst: 10", "burst: 10\n    ack_wait: -1s", 1), "t.yaml: lanes[0].ack_wait: must be greater than 0"},
+		{"AckWaitNegative", withLane("ack_wait: -1s"), "t.yaml: lanes[0].ack_wait: must be greater than 0"},
 		{"BadNetwork", good + "dispatch:\n  allow_networks: [nope]\n", "t.yaml: dispatch.allow_networks[0]:"},
 		{"BadRedis", good + "redis:\n  url: http://x\n", "t.yaml: redis.url:"},
 		{"NoLanes", "listen: 127.0.0.1:1\n", "t.yaml: lanes: at least one lane is required"},
@@ -121,7 +144,7 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"EndlessRefill", strings.Replace(good, "rate: 20\n    burst: 10", "rate: 0.00001\n    burst: 100000", 1), "t.yaml: lanes[0].burst: too large for the rate"},
 		{"HugeBurst", strings.Replace(good, "burst: 10", "burst: 1000001", 1), "t.yaml: lanes[0].burst: must be between 1 and 1000000"},
 		{"HugeRate", strings.Replace(good, "rate: 20", "rate: 1000001", 1), "t.yaml: lanes[0].rate: must be between"},
-		{"BadHeaderName", strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        headers: {\"Bad Header\": x}", 1), "t.yaml: lanes[0].target.http.headers: \"Bad Header\" is not a valid header name"},
+		{"BadHeaderName", withHTTP("headers: {\"Bad Header\": x}"), "t.yaml: lanes[0].target.http.headers: \"Bad Header\" is not a valid header name"},
 		{"BadSecret", withHTTP("signing_secrets: [whsec_!!!notbase64]"), "t.yaml: lanes[0].target.http.signing_secrets[0]: the part after whsec_ is not standard base64; expected whsec_ followed by the standard base64"},
 		{"ShortSecret", withHTTP("signing_secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_c2hvcnQ=]"), "t.yaml: lanes[0].target.http.signing_secrets[1]: the key is 5 bytes; expected whsec_"},
 		{"RawSecret", withHTTP("signing_secrets: [a-raw-secret-of-thirty-two-chars]"), "t.yaml: lanes[0].target.http.signing_secrets[0]: does not start with whsec_"},
@@ -130,46 +153,31 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"ReservedHeader", withHTTP("headers: {Idempotency-Key: x}"), `t.yaml: lanes[0].target.http.headers: "Idempotency-Key" is set by the target`},
 		{"HeaderControl", withHTTP(`headers: {X-A: "a\u0001b"}`), `t.yaml: lanes[0].target.http.headers: value of "X-A" contains a control character`},
 		{"NoHostname", strings.Replace(good, "http://127.0.0.1:9000/hook", "http://:9000/hook", 1), "t.yaml: lanes[0].target.http.url:"},
-		{"WildcardInToken", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work.a*}", 1), "t.yaml: lanes[0].target.nats.subject:"},
-		{"EmptySubjectToken", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: a..b}", 1), "t.yaml: lanes[0].target.nats.subject:"},
+		{"WildcardInToken", withNATS("{subject: work.a*}"), "t.yaml: lanes[0].target.nats.subject:"},
+		{"EmptySubjectToken", withNATS("{subject: a..b}"), "t.yaml: lanes[0].target.nats.subject:"},
 		{"TwoTargets", strings.Replace(good, "      http:", "      nats: {subject: work}\n      http:", 1), "t.yaml: lanes[0].target: exactly one"},
 		{"HandlerNotInFiles", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      handler: mine", 1), "field handler not found"},
-		{"WorkersOK", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1) + "nats:\n  user: t\n  password: p\n  workers: [{user: w-1, password: q, lanes: [demo]}]\n", ""},
+		{"WorkersOK", withNATS("{subject: work, mode: pull}") + "nats:\n  user: t\n  password: p\n  workers: [{user: w-1, password: q, lanes: [demo]}]\n", ""},
 		{"WorkersNeedPullLane", good + "nats:\n  user: t\n  password: p\n  workers: [{user: w-1, password: q}]\n", "t.yaml: nats.workers[0]: no lane has target.nats.mode pull"},
-		{"WorkerUserName", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1) + "nats:\n  user: t\n  password: p\n  workers: [{user: w.1, password: q}]\n", `t.yaml: nats.workers[0].user: "w.1" must be 1-64 letters`},
-		{"WorkerLaneNotPull", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1) + "nats:\n  user: t\n  password: p\n  workers: [{user: w, password: q, lanes: [nope]}]\n", `t.yaml: nats.workers[0].lanes[0]: no pull-mode lane "nope"`},
-		{"WorkersExternal", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1) + "nats:\n  url: nats://x:4222\n  workers: [{user: w, password: q}]\n", "t.yaml: nats.workers: are users of the embedded server"},
-		{"PullMode", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull, lease: 1m}", 1), ""},
-		{"BadMode", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: push}", 1), `t.yaml: lanes[0].target.nats.mode: "push" is not one of request, pull`},
-		{"PullJetStream", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull, jetstream: true}", 1), "t.yaml: lanes[0].target.nats.mode: pull cannot be combined with jetstream"},
-		{"LeaseInRequestMode", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, lease: 5s}", 1), "t.yaml: lanes[0].target.nats.lease: applies to mode pull only"},
-		{"PullSubjectShared", strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: work, mode: pull}", 1) + "  - {name: two, rate: 1, target: {nats: {subject: work}}}\n", `t.yaml: lanes[1].target.nats.subject: "work" is the pull-mode work subject of lanes[0]`},
-		{"KeyedOK", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s, burst: 2, max_inflight: 4, ordered: true}", 1), ""},
-		{"KeyedNoRate", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {burst: 2}", 1), "t.yaml: lanes[0].per_key.rate: is required"},
-		{"KeyedInflightOverLane", strings.Replace(good, "burst: 10", "burst: 10\n    max_inflight: 4\n    per_key: {rate: 5/s, max_inflight: 5}", 1), "t.yaml: lanes[0].per_key.max_inflight: must be between 1 and the lane's max_inflight (4)"},
-		{"KeyedAdaptive", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s, adaptive: {enabled: true}}", 1), ""},
-		{"KeyedAdaptiveBad", strings.Replace(good, "burst: 10", "burst: 10\n    per_key: {rate: 5/s, adaptive: {enabled: true, min: 2}}", 1), "t.yaml: lanes[0].per_key.adaptive.min: must be in (0, 1], got 2"},
+		{"WorkerUserName", withNATS("{subject: work, mode: pull}") + "nats:\n  user: t\n  password: p\n  workers: [{user: w.1, password: q}]\n", `t.yaml: nats.workers[0].user: "w.1" must be 1-64 letters`},
+		{"WorkerLaneNotPull", withNATS("{subject: work, mode: pull}") + "nats:\n  user: t\n  password: p\n  workers: [{user: w, password: q, lanes: [nope]}]\n", `t.yaml: nats.workers[0].lanes[0]: no pull-mode lane "nope"`},
+		{"WorkersExternal", withNATS("{subject: work, mode: pull}") + "nats:\n  url: nats://x:4222\n  workers: [{user: w, password: q}]\n", "t.yaml: nats.workers: are users of the embedded server"},
+		{"PullMode", withNATS("{subject: work, mode: pull, lease: 1m}"), ""},
+		{"BadMode", withNATS("{subject: work, mode: push}"), `t.yaml: lanes[0].target.nats.mode: "push" is not one of request, pull`},
+		{"PullJetStream", withNATS("{subject: work, mode: pull, jetstream: true}"), "t.yaml: lanes[0].target.nats.mode: pull cannot be combined with jetstream"},
+		{"LeaseInRequestMode", withNATS("{subject: work, lease: 5s}"), "t.yaml: lanes[0].target.nats.lease: applies to mode pull only"},
+		{"PullSubjectShared", withNATS("{subject: work, mode: pull}") + "  - {name: two, rate: 1, target: {nats: {subject: work}}}\n", `t.yaml: lanes[1].target.nats.subject: "work" is the pull-mode work subject of lanes[0]`},
+		{"KeyedOK", withLane("per_key: {rate: 5/s, burst: 2, max_inflight: 4, ordered: true}"), ""},
+		{"KeyedNoRate", withLane("per_key: {burst: 2}"), "t.yaml: lanes[0].per_key.rate: is required"},
+		{"KeyedInflightOverLane", withLane("max_inflight: 4\n    per_key: {rate: 5/s, max_inflight: 5}"), "t.yaml: lanes[0].per_key.max_inflight: must be between 1 and the lane's max_inflight (4)"},
+		{"KeyedAdaptive", withLane("per_key: {rate: 5/s, adaptive: {enabled: true}}"), ""},
+		{"KeyedAdaptiveBad", withLane("per_key: {rate: 5/s, adaptive: {enabled: true, min: 2}}"), "t.yaml: lanes[0].per_key.adaptive.min: must be in (0, 1], got 2"},
 		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
 		{"BadReplicas", good + "nats:\n  url: nats://x:4222\n  replicas: 2\n", "t.yaml: nats.replicas: must be 1, 3 or 5"},
-		{"RetryTypo", strings.Replace(good, "burst: 10", "burst: 10\n    retry: {max_atempts: 3}", 1), "field max_atempts not found in a lane's retry"},
-		{"TinyBody", strings.Replace(good, "burst: 10", "burst: 10\n    max_body: 0B", 1), ""},
+		{"RetryTypo", withLane("retry: {max_atempts: 3}"), "field max_atempts not found in a lane's retry"},
+		{"TinyBody", withLane("max_body: 0B"), ""},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Parse("t.yaml", []byte(tc.yaml), nil)
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("unexpected error %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
-			var ce *config.Error
-			if !errors.As(err, &ce) || ce.File != "t.yaml" {
-				t.Fatalf("error %T %v is not a *config.Error naming the file", err, err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { parseWants(t, tc.yaml, nil, tc.want) })
 	}
 }
 
@@ -183,6 +191,16 @@ func withListen(v string) string {
 	return strings.Replace(good, "listen: 127.0.0.1:8080", "listen: "+v, 1)
 }
 
+// withLane adds a line to good's lane, after its burst.
+func withLane(line string) string {
+	return strings.Replace(good, "burst: 10", "burst: 10\n    "+line, 1)
+}
+
+// withNATS replaces good's http target with target.nats set to v.
+func withNATS(v string) string {
+	return strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: "+v, 1)
+}
+
 // withHTTP adds a line to the target.http section of good.
 func withHTTP(line string) string {
 	return strings.Replace(good, "        url: http://127.0.0.1:9000/hook", "        url: http://127.0.0.1:9000/hook\n        "+line, 1)
@@ -193,14 +211,14 @@ func TestOwnSubjectsRefused(t *testing.T) {
 		"throttle", "throttle.demo", "throttle.other.x", "throttler.control.demo", "throttle_retry.demo",
 		"throttle_dead.demo", "$JS.API.STREAM.LIST", "$KV.bucket.key", "$SYS.REQ.SERVER.PING", "_INBOX.abc",
 	} {
-		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+subject+"}", 1)
+		yaml := withNATS("{subject: " + subject + "}")
 		_, err := config.Parse("t.yaml", []byte(yaml), nil)
 		if err == nil || !strings.Contains(err.Error(), "t.yaml: lanes[0].target.nats.subject: \""+subject+"\" is in ") {
 			t.Errorf("subject %s: err = %v, want it refused naming the field", subject, err)
 		}
 	}
 	for _, subject := range []string{"throttlers.x", "work.throttle", "throttler", "_INBOXES.x", "JS.API", "throttle-x.y", "$JSX.a"} {
-		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+subject+"}", 1)
+		yaml := withNATS("{subject: " + subject + "}")
 		if _, err := config.Parse("t.yaml", []byte(yaml), nil); err != nil {
 			t.Errorf("subject %s: %v", subject, err)
 		}
@@ -225,7 +243,7 @@ func TestReservedNamesMatchQueue(t *testing.T) {
 		t.Errorf("lane RETRY has stream %s, not the retry stream %s: update reservedLaneName", s, queue.RetryStream)
 	}
 	for _, prefix := range []string{queue.SubjectPrefix, queue.RetrySubjectPrefix, queue.DeadSubjectPrefix} {
-		yaml := strings.Replace(good, "      http:\n        url: http://127.0.0.1:9000/hook", "      nats: {subject: "+prefix+".demo}", 1)
+		yaml := withNATS("{subject: " + prefix + ".demo}")
 		if _, err := config.Parse("t.yaml", []byte(yaml), nil); err == nil {
 			t.Errorf("subject %s.demo accepted: update ownSubjects", prefix)
 		}

@@ -1,8 +1,6 @@
 package config_test
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/throttler/throttler/internal/config"
@@ -11,10 +9,7 @@ import (
 // TestNATSPasswordsFromEnvAndFiles: the throttler's NATS password and the
 // publishers' come from the environment or a file like every secret.
 func TestNATSPasswordsFromEnvAndFiles(t *testing.T) {
-	pw := filepath.Join(t.TempDir(), "pw")
-	if err := os.WriteFile(pw, []byte("hunter2\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pw := writeFile(t, "pw", "hunter2\n")
 	y := `nats: {data_dir: ./d, user: throttler, password_env: NATS_PW, publishers: [{user: shop, password_file: ` + pw + `}]}
 lanes: [{name: demo, rate: 5/s, target: {http: {url: "http://127.0.0.1:9/x"}}}]
 `

@@ -17,6 +17,7 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/instance"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 )
 
 // startAccountsNATS runs an in-process nats-server from a configuration
@@ -84,7 +85,9 @@ lanes:
 	cg.submitAll("demo", "job", jobs, 2)
 	waitDelivered(t, cb, blueTarget, 30*time.Second)
 	waitDelivered(t, cg, greenTarget, 30*time.Second)
-	time.Sleep(200 * time.Millisecond) // a stray delivery would show now
+	// Nothing is left that could arrive later: the counts are final.
+	servicetest.WaitSettled(t, 10*time.Second, blue.Addr())
+	servicetest.WaitSettled(t, 10*time.Second, green.Addr())
 	for name, tg := range map[string]*target{"blue": blueTarget, "green": greenTarget} {
 		if at := tg.arrivals(); len(at) != jobs || tg.distinct() != jobs {
 			t.Errorf("%s target: %d arrivals of %d ids, want %d of %d", name, len(at), tg.distinct(), jobs, jobs)

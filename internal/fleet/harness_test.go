@@ -23,16 +23,13 @@ import (
 	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(m, append(testenv.IdleHTTP(),
 		goleak.IgnoreTopFunction("time.Sleep"), // the stall meter
-		// net/http keeps idle client connections' loops briefly after a test.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	)...)
 }
 
 // arrival is one request at the target: the job id (Idempotency-Key), the
@@ -131,6 +128,24 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// startFleet starts n instances, i0, i1, …, with the nats and redis
+// sections given (flow mappings such as {url: "…", mode: sentinel}),
+// dispatching to loopback targets only, draining lanes (the list items of
+// the lanes section).
+func startFleet(t *testing.T, n int, nats, redis, lanes string) []*service.Service {
+	t.Helper()
+	svcs := make([]*service.Service, n)
+	for i := range svcs {
+		svcs[i] = startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
+nats: %s
+redis: %s
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+%s`, nats, redis, lanes))
+	}
+	return svcs
 }
 
 // laneYAML is one lane entry of a configuration.

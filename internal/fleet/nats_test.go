@@ -8,7 +8,6 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/queue"
-	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -45,15 +44,7 @@ func TestNATSLeaderKilledMidDrain(t *testing.T) {
 	cluster := testenv.StartNATSCluster(t, 3)
 	rs := testenv.StartRedis(t)
 	tg := newTarget(t)
-	var svcs []*service.Service
-	for i := range 3 {
-		svcs = append(svcs, startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, replicas: 3}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-%s`, cluster.URLs(), rs.URL(), laneYAML("demo", l, tg.URL("demo")))))
-	}
+	svcs := startFleet(t, 3, fmt.Sprintf("{url: %q, replicas: 3}", cluster.URLs()), fmt.Sprintf("{url: %q}", rs.URL()), laneYAML("demo", l, tg.URL("demo")))
 	c := newClient(t, addrs(svcs)...)
 	c.submitAll("demo", "backlog", jobs, 6)
 	stop := make(chan struct{})

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -41,15 +40,7 @@ func TestRedisClusterHundredLanes(t *testing.T) {
 		t.Fatalf("the lanes' states sit on %d masters, want all 3: %v", len(byNode), byNode)
 	}
 	begin := time.Now()
-	var svcs []*service.Service
-	for i := range 3 {
-		svcs = append(svcs, startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q}
-redis: {url: %q, mode: cluster}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-%s`, natsURL, rc.URL(), y.String())))
-	}
+	svcs := startFleet(t, 3, fmt.Sprintf("{url: %q}", natsURL), fmt.Sprintf("{url: %q, mode: cluster}", rc.URL()), y.String())
 	started := time.Since(begin)
 	c := newClient(t, addrs(svcs)...)
 	begin = time.Now()

@@ -1,44 +1,24 @@
 package fleet
 
 import (
-	"bufio"
 	"fmt"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
-
-// pollClient bounds every request of the tests, so that a server that
-// stops answering fails the test instead of hanging it until -timeout.
-var pollClient = &http.Client{Timeout: 5 * time.Second}
 
 // metricSum reads one sample family without labels (or the sum over its
 // label sets) from an instance's /metrics; -1 when absent.
 func metricSum(addr, name string) float64 {
-	resp, err := pollClient.Get("http://" + addr + "/metrics")
+	m, _, err := servicetest.TryScrape(addr, "")
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	sum, found := 0.0, false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum, found = sum+v, true
-		}
-	}
+	sum, found := m.Sum(name)
 	if !found {
 		return -1
 	}
@@ -65,15 +45,7 @@ func TestRedisRestartedEmptyStaysExact(t *testing.T) {
 	natsURL := testenv.StartNATS(t).ClientURL()
 	rs := testenv.StartRedis(t)
 	tg := newTarget(t)
-	var svcs []*service.Service
-	for i := range 3 {
-		svcs = append(svcs, startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-%s`, natsURL, rs.URL(), laneYAML("demo", l, tg.URL("demo")))))
-	}
+	svcs := startFleet(t, 3, fmt.Sprintf("{url: %q}", natsURL), fmt.Sprintf("{url: %q}", rs.URL()), laneYAML("demo", l, tg.URL("demo")))
 	c := newClient(t, addrs(svcs)...)
 	c.submitAll("demo", "r", jobs, 6)
 

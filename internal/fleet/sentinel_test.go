@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -23,15 +22,7 @@ func TestSentinelFailoverMidDrain(t *testing.T) {
 	natsURL := testenv.StartNATS(t).ClientURL()
 	sentinel := testenv.StartRedisSentinel(t)
 	tg := newTarget(t)
-	var svcs []*service.Service
-	for i := range 3 {
-		svcs = append(svcs, startInstance(t, fmt.Sprintf("i%d", i), fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q}
-redis: {url: %q, mode: sentinel}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-%s`, natsURL, sentinel.URL(), laneYAML("demo", l, tg.URL("demo")))))
-	}
+	svcs := startFleet(t, 3, fmt.Sprintf("{url: %q}", natsURL), fmt.Sprintf("{url: %q, mode: sentinel}", sentinel.URL()), laneYAML("demo", l, tg.URL("demo")))
 	c := newClient(t, addrs(svcs)...)
 	c.submitAll("demo", "s", jobs, 6)
 

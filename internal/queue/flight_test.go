@@ -54,28 +54,36 @@ func TestStaleCountsAreReadOnce(t *testing.T) {
 		{"Ahead", func() (int64, error) { return q.Ahead(ctx, "demo", "", last.Seq, maxAge) }, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			before := apiCalls(t, nc)
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for range callers {
-				wg.Go(func() {
-					<-start
-					n, err := c.call()
-					if err != nil || n != c.want {
-						t.Errorf("%s: %d %v, want %d", c.name, n, err, c.want)
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
-			// One read shared by all, plus the AccountInfo of apiCalls; a
-			// caller that arrives after the shared read finished finds the
-			// count fresh. Allow a few reads on a slow machine: without
-			// sharing there are about one per caller.
-			if got := apiCalls(t, nc) - before - 1; got < 1 || got > 4 {
-				t.Fatalf("%d callers made %d JetStream reads, want 1 (at most 4)", callers, got)
-			}
+			sharedRead(t, nc, callers, func() {
+				n, err := c.call()
+				if err != nil || n != c.want {
+					t.Errorf("%s: %d %v, want %d", c.name, n, err, c.want)
+				}
+			})
 		})
+	}
+}
+
+// sharedRead runs call on callers goroutines released at once and checks
+// that they shared one JetStream read: one, plus the AccountInfo of
+// apiCalls; a caller that arrives after the shared read finished finds the
+// count fresh. A few reads are allowed on a slow machine: without sharing
+// there are about one per caller.
+func sharedRead(t *testing.T, nc *nats.Conn, callers int, call func()) {
+	t.Helper()
+	before := apiCalls(t, nc)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			<-start
+			call()
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := apiCalls(t, nc) - before - 1; got < 1 || got > 4 {
+		t.Fatalf("%d callers made %d JetStream reads, want 1 (at most 4)", callers, got)
 	}
 }
 
@@ -98,22 +106,11 @@ func TestKeyedAheadReusesTheKeyCount(t *testing.T) {
 	publish("a")
 	seqB := publish("b")
 	const callers = 64
-	before := apiCalls(t, nc)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			<-start
-			if n, err := q.Ahead(ctx, "hooks", "k", seqB, time.Hour); err != nil || n != 1 {
-				t.Errorf("Ahead: %d %v, want 1", n, err)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if got := apiCalls(t, nc) - before - 1; got < 1 || got > 4 {
-		t.Fatalf("%d callers made %d JetStream reads, want 1 (at most 4)", callers, got)
-	}
+	sharedRead(t, nc, callers, func() {
+		if n, err := q.Ahead(ctx, "hooks", "k", seqB, time.Hour); err != nil || n != 1 {
+			t.Errorf("Ahead: %d %v, want 1", n, err)
+		}
+	})
 
 	// A job stored after the count: asking about it reads again.
 	seqC := publish("c")
@@ -122,7 +119,7 @@ func TestKeyedAheadReusesTheKeyCount(t *testing.T) {
 	}
 	// Asking about b again reuses the newest count (it saw b): one too
 	// many at most, never too few.
-	before = apiCalls(t, nc)
+	before := apiCalls(t, nc)
 	if n, err := q.Ahead(ctx, "hooks", "k", seqB, time.Hour); err != nil || n != 2 {
 		t.Fatalf("Ahead of b from the kept count: %d %v, want 2", n, err)
 	}

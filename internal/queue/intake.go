@@ -188,6 +188,12 @@ func (q *Queue) isCopy(ctx context.Context, ls *laneState, seq uint64, job Job) 
 	if err != nil {
 		return false
 	}
+	return rawIsCopy(raw, job)
+}
+
+// rawIsCopy reports whether the stored message raw is the throttler's own
+// copy of job (same internal subject, job id and msg id).
+func rawIsCopy(raw *jetstream.RawStreamMsg, job Job) bool {
 	internal, key, ok := subjectKey(job.Lane, raw.Subject)
 	return ok && internal && key == job.Key && raw.Header.Get(HeaderJobID) == job.ID && raw.Header.Get(jetstream.MsgIDHeader) == job.MsgID
 }

@@ -20,7 +20,9 @@ import (
 // publish with a Nats-Msg-Id of its own, and the original is deleted only
 // after the lane stream confirmed the copy (or answered that it already
 // holds it). So a job is never lost, and a move repeated after a crash, or
-// by a second instance moving the same job, is a duplicate JetStream drops.
+// by a second instance moving the same job, is a duplicate JetStream drops
+// while the repeat comes within the lane's dedup window (after a longer
+// outage the job is stored twice: delivered at least once).
 //
 // The move's msg id is "<job id> intake-<stream created>-<sequence>". It
 // holds a space, which no job id may (ValidJobID), so nobody who submits
@@ -205,7 +207,7 @@ var errStopped = errors.New("queue: intake mover stopped")
 
 // moveIn moves one public job, stored in from at raw.Sequence, onto its
 // key's internal subject, then deletes the original. A job without a valid
-// key is dead-lettered instead.
+// key, or with a payload over max_body, is dead-lettered instead.
 func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream, raw *jetstream.RawStreamMsg, msgID func(*Job, uint64)) error {
 	lane, seq := ls.spec.Name, raw.Sequence
 	_, key, _ := subjectKey(lane, raw.Subject)
@@ -213,17 +215,38 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	job.EnqueuedAt = raw.Time
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
+	var reason string
 	if kerr := ValidKey(key); kerr != nil {
-		reason := "no Throttle-Key: a keyed lane's jobs are published on throttle." + lane + ".<key>"
+		reason = "no Throttle-Key: a keyed lane's jobs are published on throttle." + lane + ".<key>"
 		if key != "" {
 			reason = "invalid Throttle-Key: " + kerr.Error()
+		}
+	} else if mb := ls.spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
+		// The intake stream leaves HeaderRoom for the publisher's
+		// headers, so a payload over max_body gets in; its copy, with
+		// the throttler's headers, may not fit the lane stream, and
+		// would then stop every job behind it.
+		reason = fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)
+	}
+	if reason != "" {
+		// The dead letter must fit the server's max_payload (max_body
+		// plus HeaderRoom, as the embedded server is started), or the
+		// job would stay at the head of the intake stream: its payload
+		// is cut at max_body and an invalid key at MaxKey bytes.
+		if mb := ls.spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
+			reason += fmt.Sprintf("; the dead letter keeps the payload's first %d of %d bytes", mb, len(job.Payload))
+			job.Payload = job.Payload[:mb]
+		}
+		if len(job.Key) > MaxKey {
+			reason += fmt.Sprintf("; the dead letter keeps the key's first %d of %d bytes", MaxKey, len(job.Key))
+			job.Key = job.Key[:MaxKey]
 		}
 		meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: raw.Time}
 		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
 		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, 0); err != nil {
 			return err
 		}
-		q.log.Warn("public job without a valid key dead-lettered", "lane", lane, "seq", seq, "subject", raw.Subject, "reason", reason)
+		q.log.Warn("public job dead-lettered", "lane", lane, "seq", seq, "subject", raw.Subject, "reason", reason)
 		return nil
 	}
 	msgID(&job, seq)
@@ -239,9 +262,7 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 			ls.mu.Unlock()
 		}
 		ls.stored(key)
-	} else if err := q.republish(pctx, job); err != nil {
-		// The former layout's msg id has no space: a duplicate answer
-		// is checked against the stored copy (republish).
+	} else if err := q.moveFormer(pctx, ls, job, seq); err != nil {
 		return err
 	}
 	if h := testHookMoved; h != nil && h(seq) {
@@ -252,6 +273,34 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 		// move is a duplicate.
 		return fmt.Errorf("%w: delete moved job %d: %v", ErrUnavailable, seq, err)
 	}
+	return nil
+}
+
+// moveFormer moves a job a lane stream of the former layout holds at seq
+// on a public subject. Its msg id, the former intake's, has no space, so a
+// duplicate answer is checked against the stored copy, as republish does;
+// but a copy made before a crash may already have been read and settled
+// (deleted) when the move is repeated. The lane stream no longer takes
+// public subjects, and a copy is always stored after its original: a
+// duplicate answer naming a message that is gone and came after seq is
+// that copy, and the job is not stored again.
+func (q *Queue) moveFormer(ctx context.Context, ls *laneState, job Job, seq uint64) error {
+	ack, err := q.publish(ctx, InternalSubject(job.Lane, job.Key), jobMsg(job))
+	if err != nil {
+		return fmt.Errorf("lane %s: %w", job.Lane, err)
+	}
+	if ack.Duplicate {
+		// One read: the copy may be settled between two.
+		raw, gerr := ls.stream.GetMsg(ctx, ack.Sequence)
+		switch {
+		case errors.Is(gerr, jetstream.ErrMsgNotFound) && ack.Sequence > seq:
+			return nil // the copy, read and settled already
+		case gerr != nil || !rawIsCopy(raw, job):
+			// Not shown to be the copy: store it under a fresh id.
+			return q.republish(ctx, job)
+		}
+	}
+	ls.stored(job.Key)
 	return nil
 }
 

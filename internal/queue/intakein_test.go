@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -165,9 +167,11 @@ func TestKeyedIntakeRestartMidMove(t *testing.T) {
 	if want := ids("k", 5); !slices.Equal(got["k"], want) {
 		t.Fatalf("key k read %v, want %v once each, in order", got["k"], want)
 	}
-	if n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo")); n != 0 {
-		t.Errorf("intake stream holds %d jobs, want 0", n)
-	}
+	// The last move's original is deleted after its copy can be read.
+	waitForCond(t, "the intake stream empty", func() bool {
+		n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo"))
+		return n == 0
+	})
 	if n, _ := streamMsgs(t, js, queue.StreamName("demo")); n != 0 {
 		t.Errorf("lane stream holds %d jobs after all were read, want 0 (a duplicate stayed)", n)
 	}
@@ -268,5 +272,134 @@ func waitForCond(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not within 10s: %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKeyedIntakeOversizedJobDeadLettered: a public job whose payload is
+// over max_body still fits the intake stream (which leaves HeaderRoom for
+// the publisher's headers), but its copy with the throttler's headers may
+// not fit the lane stream. At the head of the intake stream it must be
+// dead-lettered (its payload cut at max_body), not retried forever in front
+// of every job behind it.
+func TestKeyedIntakeOversizedJobDeadLettered(t *testing.T) {
+	q, nc := newBareQueue(t)
+	spec := intakeSpec(100)
+	if err := q.EnsureKeyedLane(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	m := nats.NewMsg(queue.Subject("demo", "k"))
+	m.Data = make([]byte, spec.MaxBody+queue.HeaderRoom-50)
+	m.Header.Set(jetstream.MsgIDHeader, "big")
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatalf("publish the oversized job: %v", err)
+	}
+	publishPublic(t, js, "k", "k-0")
+	runIntake(t, q)
+	got := drainKeys(t, q, []string{"k"}, 1)
+	if !slices.Equal(got["k"], []string{"k-0"}) {
+		t.Fatalf("key k read %v, want [k-0]", got["k"])
+	}
+	dead, err := q.ListDead(context.Background(), "demo", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != "big" || dead[0].Size != int(spec.MaxBody) || !strings.Contains(dead[0].Reason, "max_body") {
+		t.Fatalf("dead letters %+v, want job big, its payload cut at %d, the reason naming max_body", dead, spec.MaxBody)
+	}
+	waitForCond(t, "the intake stream empty", func() bool {
+		n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo"))
+		return n == 0
+	})
+}
+
+// TestKeyedIntakeMigrationRepeatAfterCopyRead: the mover dies between
+// moving a former layout's public job and deleting it, and the job's copy
+// is read and settled before the next instance repeats the move. The
+// repeated move is a duplicate of a copy that is gone: it must not store
+// the job a second time.
+func TestKeyedIntakeMigrationRepeatAfterCopyRead(t *testing.T) {
+	q, nc := newBareQueue(t)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	spec := intakeSpec(6)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      queue.StreamName("demo"),
+		Subjects:  []string{"throttle.demo", "throttle.demo.>", "throttler.lane.demo", "throttler.lane.demo.>"},
+		Retention: jetstream.LimitsPolicy, MaxMsgs: 6, Discard: jetstream.DiscardNew,
+		Duplicates: time.Minute, AllowDirect: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	publishPublic(t, js, "b", "b-0")
+	if err := q.EnsureKeyedLane(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	undo := queue.OnMoved(func(seq uint64) bool { return seq == 1 })
+	<-runIntake(t, q)
+	undo()
+	if got := drainKeys(t, q, []string{"b"}, 1); !slices.Equal(got["b"], []string{"b-0"}) {
+		t.Fatalf("key b read %v, want [b-0]", got["b"])
+	}
+
+	q2 := reconnect(t, nc, spec)
+	runIntake(t, q2)
+	waitForCond(t, "the migration done (max_backlog back at 6)", func() bool {
+		_, cfg := streamMsgs(t, js, queue.StreamName("demo"))
+		return cfg.MaxMsgs == 6
+	})
+	if n, _ := streamMsgs(t, js, queue.StreamName("demo")); n != 0 {
+		r, _ := q2.KeyedReader("demo")
+		m, _ := r.Next(ctx, "b", 1)
+		var id string
+		if m != nil {
+			id = m.Job().ID
+		}
+		t.Fatalf("lane stream holds %d jobs after the repeated move (next on key b: %q), want 0: the job was stored twice", n, id)
+	}
+}
+
+// TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload: a public job with a long
+// invalid key and a payload over max_body, on a server whose max_payload
+// is max_body plus room for headers (as the embedded server is started):
+// its dead letter must fit max_payload, or the job stays at the head of
+// the intake stream forever, in front of every job behind it.
+func TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload(t *testing.T) {
+	spec := intakeSpec(100)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoSigs: true, NoLog: true, MaxPayload: int32(spec.MaxBody + queue.HeaderRoom)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not become ready in 10s")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	q := reconnect(t, nc, spec)
+	js, _ := jetstream.New(nc)
+	m := nats.NewMsg(queue.Subject("demo", strings.Repeat("x", 3000)))
+	m.Data = make([]byte, spec.MaxBody+2000)
+	m.Header.Set(jetstream.MsgIDHeader, "badkey")
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatalf("publish the job with a bad key: %v", err)
+	}
+	publishPublic(t, js, "k", "k-0")
+	runIntake(t, q)
+	got := drainKeys(t, q, []string{"k"}, 1)
+	if !slices.Equal(got["k"], []string{"k-0"}) {
+		t.Fatalf("key k read %v, want [k-0]", got["k"])
+	}
+	dead, err := q.ListDead(context.Background(), "demo", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != "badkey" || !strings.Contains(dead[0].Reason, "Throttle-Key") {
+		t.Fatalf("dead letters %+v, want job badkey, the reason naming the key", dead)
 	}
 }

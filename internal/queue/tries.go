@@ -23,6 +23,9 @@ import (
 const (
 	TriesBucket = "THROTTLER_TRIES"
 	triesMaxAge = 7 * 24 * time.Hour
+	// triesMarkerTTL: how long the marker of a cleared entry stays (a
+	// plain KV delete would keep one per settled job for triesMaxAge).
+	triesMarkerTTL = time.Second
 )
 
 // ensureTries creates or opens TriesBucket.
@@ -30,6 +33,7 @@ func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyVal
 	kv, err := q.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: TriesBucket, Description: "throttler failed attempts of ordered keys' jobs retried in place",
 		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		LimitMarkerTTL: triesMarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: tries bucket: %w", err)
@@ -42,7 +46,7 @@ func (r *KeyedReader) triesEntry(seq uint64) string {
 }
 
 // Tries returns the failed attempts stored for the job at seq (0 for none,
-// or when the lane is not ordered).
+// for an entry that is not a count, or when the lane is not ordered).
 func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	kv := r.ls.tries
 	if kv == nil {
@@ -59,7 +63,10 @@ func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	}
 	n, err := strconv.Atoi(string(e.Value()))
 	if err != nil || n < 0 || n > maxAttempts {
-		return 0, fmt.Errorf("queue: tries of %d: bad entry %q", seq, e.Value())
+		// Not written by the throttler: failing here would hold the
+		// key until the entry lapses. Count from the message instead.
+		r.q.log.Warn("ignoring a bad entry in the tries bucket", "bucket", TriesBucket, "entry", r.triesEntry(seq), "value", string(e.Value()))
+		return 0, nil
 	}
 	return n, nil
 }
@@ -78,7 +85,10 @@ func (r *KeyedReader) SetTries(ctx context.Context, seq uint64, n int) error {
 	return nil
 }
 
-// ClearTries forgets the failed attempts of the settled job at seq.
+// ClearTries forgets the failed attempts of the settled job at seq. The
+// entry is purged with a marker that lapses after triesMarkerTTL: a plain
+// delete would leave one marker per settled job for triesMaxAge. An entry
+// never stored is left alone (a purge would write a marker).
 func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	kv := r.ls.tries
 	if kv == nil {
@@ -86,7 +96,14 @@ func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	if err := kv.Delete(ctx, r.triesEntry(seq)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	_, err := kv.Get(ctx, r.triesEntry(seq))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err == nil {
+		err = kv.Purge(ctx, r.triesEntry(seq), jetstream.PurgeTTL(triesMarkerTTL))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("%w: clear tries of %d: %v", ErrUnavailable, seq, err)
 	}
 	return nil

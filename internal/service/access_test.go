@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 )
 
 // syncBuffer collects log lines; safe for concurrent use.
@@ -113,6 +114,7 @@ func call(t *testing.T, client *http.Client, method, url, secret, body string) i
 // swaps them without dropping a request in flight, and a bad file is
 // logged and leaves the keys in use.
 func TestKeysFileReload(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 1000, 100)
 	keysFile := filepath.Join(t.TempDir(), "keys.yaml")
@@ -201,27 +203,12 @@ func TestKeysFileReload(t *testing.T) {
 	waitFor(t, 5*time.Second, "4 jobs delivered", func() bool { return len(rec.snapshot()) == 4 })
 }
 
-// scrapeMetrics reads /metrics with a key ("" for none).
-func scrapeMetrics(t *testing.T, client *http.Client, addr, secret string) string {
-	t.Helper()
-	req, _ := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
-	if secret != "" {
-		req.Header.Set("Authorization", "Bearer "+secret)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
-}
-
 // TestSecretsNeverShown reproduces the leaks: the NATS URL with its
 // password was logged at info on every start, and a target URL's
 // credentials could be read back. Now neither the log, /v1/lanes nor
 // /metrics holds a password, a token or a query value of a secret URL.
 func TestSecretsNeverShown(t *testing.T) {
+	t.Parallel()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		NoSigs: true, NoLog: true, Username: "thr", Password: "nats-pw-1234"})
 	if err != nil {
@@ -252,7 +239,8 @@ func TestSecretsNeverShown(t *testing.T) {
 	}
 	lanes, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	shown := map[string]string{"log": logs.String(), "/v1/lanes": string(lanes), "/metrics": scrapeMetrics(t, client, svc.Addr(), "")}
+	_, metricsText := servicetest.Scrape(t, svc.Addr(), "")
+	shown := map[string]string{"log": logs.String(), "/v1/lanes": string(lanes), "/metrics": metricsText}
 	for where, text := range shown {
 		for _, secret := range []string{"nats-pw-1234", "hook-pw-5678", "hook-token-9012", "header-secret-3456", "c2lnbmluZy1zZWNyZXQtNzg5MDEy"} {
 			if strings.Contains(text, secret) {
@@ -271,6 +259,7 @@ func TestSecretsNeverShown(t *testing.T) {
 // TestConnectionErrorsAreRedacted: a NATS or Redis URL that fails at
 // start is named without its password.
 func TestConnectionErrorsAreRedacted(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -309,6 +298,7 @@ func TestConnectionErrorsAreRedacted(t *testing.T) {
 // cut at read_timeout and a connection over max_connections is answered
 // 503 and closed.
 func TestHTTPBoundsWired(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
 	cfg.HTTP.ReadTimeout = config.Duration(2 * time.Second)
@@ -425,6 +415,7 @@ func (p *testPKI) issueServer(t *testing.T, cn string) {
 // certificate of the CA is served, and a refused connection over
 // max_connections still gets its 503 over TLS.
 func TestTLS(t *testing.T) {
+	t.Parallel()
 	pki := newPKI(t)
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)

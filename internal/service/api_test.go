@@ -59,6 +59,7 @@ func getLanes(t *testing.T, addr string) laneList {
 // TestBadInputIsRefusedAndStoresNothing: each refusal is a problem+json that
 // names the field, and the lane's stream stays empty.
 func TestBadInputIsRefusedAndStoresNothing(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 0.001, 1)
 	cfg.Lanes[0].MaxBacklog = 2
@@ -138,6 +139,7 @@ func TestBadInputIsRefusedAndStoresNothing(t *testing.T) {
 // drained and delivered like an HTTP submission, with its Nats-Msg-Id as the
 // job id.
 func TestNATSPublishIsAJob(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartNATS(t)
 	rec := newRecorder(t)
 	// Burst 1: jobs start one period apart, so arrival order is start order.
@@ -180,6 +182,7 @@ func TestNATSPublishIsAJob(t *testing.T) {
 // TestStopFinishesInflightDispatches: SIGTERM (context cancel) waits for a
 // delivery that is under way, acks it, and returns within the bound.
 func TestStopFinishesInflightDispatches(t *testing.T) {
+	t.Parallel()
 	started := make(chan struct{}, 10)
 	release := make(chan struct{})
 	finished := make(chan string, 10)
@@ -238,6 +241,7 @@ func TestStopFinishesInflightDispatches(t *testing.T) {
 // TestLargestBodyIsStored: a body of exactly max_body (1 MiB by default) is
 // stored and delivered whole on the embedded default.
 func TestLargestBodyIsStored(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
 	svc, _ := start(t, cfg)
@@ -257,6 +261,7 @@ func TestLargestBodyIsStored(t *testing.T) {
 // jobs in a Go handler, paced like any other target; an unregistered
 // handler name fails the start naming the field.
 func TestGoHandlerTarget(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/", 50, 2)
 	cfg.Lanes[0].Target = config.Target{Handler: "mine"}
 	if err := cfg.Validate(); err != nil {
@@ -297,6 +302,7 @@ func TestGoHandlerTarget(t *testing.T) {
 // TestFullStreamAnswers503: a lane whose stream reached max_bytes refuses
 // with 503 + Retry-After naming max_bytes, and stores nothing more.
 func TestFullStreamAnswers503(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 0.001, 1)
 	cfg.Lanes[0].MaxBytes = 1 << 20
@@ -332,6 +338,7 @@ func TestFullStreamAnswers503(t *testing.T) {
 // producer outside the process publishes to throttle.<lane> on the
 // embedded server and the job is delivered.
 func TestEmbeddedListenTakesOutsidePublishers(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 50, 5)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

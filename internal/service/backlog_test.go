@@ -21,6 +21,7 @@ import (
 // in backlog (as in_flight, not waiting: the drain has read it) and the lane
 // refuses the next one. Never more than max_backlog jobs are held.
 func TestMaxBacklogCountsTheJobInFlight(t *testing.T) {
+	t.Parallel()
 	arrived := make(chan string, 4)
 	release := make(chan struct{})
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

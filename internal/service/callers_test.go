@@ -1,17 +1,16 @@
 package service_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -83,30 +82,21 @@ func TestCallerQuotasAcrossInstances(t *testing.T) {
 	if code := call(t, client, "POST", "http://"+addrs[0]+"/v1/lanes/demo/jobs", "shop-secret", "{}"); code != 202 {
 		t.Fatalf("with Redis away: %d, want 202 from the instance's memory", code)
 	}
-	m := scrapeMetrics(t, client, addrs[0], "ops-secret")
+	m, _ := servicetest.Scrape(t, addrs[0], "ops-secret")
 	// One check for the job (the scrape, with a valid key, is not
 	// checked).
-	if !strings.Contains(m, "throttler_caller_quota_fallbacks_total 1\n") {
-		t.Fatalf("fallbacks not counted:\n%s", grepLines(m, "throttler_caller_quota_fallbacks_total"))
+	if v, ok := m.Get("throttler_caller_quota_fallbacks_total"); !ok || v != 1 {
+		t.Fatalf("fallbacks not counted:\n%s", m.Grep("throttler_caller_quota_fallbacks_total"))
 	}
-	if !strings.Contains(m, `throttler_caller_rejections_total{lane="demo",layer="plan",plan="free"} 6`) {
-		t.Fatalf("instance 0's plan rejections:\n%s", grepLines(m, "throttler_caller_rejections_total"))
+	if v, ok := m.Get(`throttler_caller_rejections_total{lane="demo",layer="plan",plan="free"}`); !ok || v != 6 {
+		t.Fatalf("instance 0's plan rejections:\n%s", m.Grep("throttler_caller_rejections_total"))
 	}
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // TestCallerPlansReload: Reload (SIGHUP) reads the callers section of the
 // config file again; the next request sees the new plan.
 func TestCallerPlansReload(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "throttler.yaml")
@@ -134,7 +124,7 @@ lanes:
 	}
 	svc := service.New(cfg, nil, nil)
 	svc.ReloadConfigWith(func() (config.Config, error) { return config.Load(path, nil) })
-	svc = runService(t, svc)
+	servicetest.Run(t, svc)
 	client := &http.Client{Timeout: 10 * time.Second}
 	url := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 	for i, want := range []int{202, 429} {
@@ -151,27 +141,4 @@ lanes:
 	waitFor(t, 5*time.Second, "a 202 on the reloaded plan", func() bool {
 		return call(t, client, "POST", url, "shop-secret", "{}") == 202
 	})
-}
-
-// runService runs svc until the test ends.
-func runService(t *testing.T, svc *service.Service) *service.Service {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case <-svc.Ready():
-	case err := <-errc:
-		errc <- err
-		t.Fatalf("service did not start: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("service not ready after 20s")
-	}
-	return svc
 }

@@ -1,13 +1,11 @@
-package service
+package service_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,42 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 )
-
-// gathered is one gather of a registry: name{k="v",…} → value, labels
-// sorted by name; histograms by their sample count.
-type gathered map[string]float64
-
-func gather(t *testing.T, reg *prometheus.Registry) gathered {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := gathered{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			sort.Strings(labels)
-			key := f.GetName() + "{" + strings.Join(labels, ",") + "}"
-			switch f.GetType() {
-			case dto.MetricType_COUNTER:
-				out[key] = m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				out[key] = m.GetGauge().GetValue()
-			case dto.MetricType_HISTOGRAM:
-				out[key] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}
 
 // heldTarget answers by the job id's prefix: hold- waits until release
 // is closed, then 200; dead- 410 (refused for good); retry- 500; else 200.
@@ -85,31 +52,11 @@ func (h *heldTarget) let() { h.once.Do(func() { close(h.release) }) }
 
 // runWithRegistry runs a service on reg with the lanes' queue gauges read
 // every 100 ms, until the test ends.
-func runWithRegistry(t *testing.T, cfg config.Config, reg *prometheus.Registry) *Service {
+func runWithRegistry(t *testing.T, cfg config.Config, reg *prometheus.Registry) *service.Service {
 	t.Helper()
-	logs := &logBuffer{}
-	svc := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), reg)
-	svc.queueStatsEvery = 100 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("logs:\n%s", logs.String())
-		}
-	})
-	select {
-	case <-svc.Ready():
-	case err := <-errc:
-		errc <- err
-		t.Fatalf("service did not start: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("service not ready after 20s")
-	}
+	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), reg)
+	service.SetQueueStatsEvery(svc, 100*time.Millisecond)
+	servicetest.Run(t, svc)
 	return svc
 }
 
@@ -133,11 +80,6 @@ lanes:
 	return cfg
 }
 
-// pollClient bounds the requests of this package's internal tests (the
-// external ones have their own), so that a server that stops answering
-// fails the test instead of hanging it.
-var pollClient = &http.Client{Timeout: 5 * time.Second}
-
 func post(t *testing.T, addr, id string) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs", strings.NewReader("{}"))
@@ -153,29 +95,10 @@ func post(t *testing.T, addr, id string) {
 	}
 }
 
-// waitMetrics polls reg until every want holds (a value, or with a
-// negative want: any value above 0).
-func waitMetrics(t *testing.T, reg *prometheus.Registry, within time.Duration, want map[string]float64) gathered {
+// waitMetrics gathers reg until every want holds (servicetest.WaitFor).
+func waitMetrics(t *testing.T, reg *prometheus.Registry, within time.Duration, want map[string]float64) servicetest.Series {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := gather(t, reg)
-		var miss []string
-		for k, v := range want {
-			g, ok := got[k]
-			if !ok || (v >= 0 && g != v) || (v < 0 && g <= 0) {
-				miss = append(miss, fmt.Sprintf("%s = %v (present %v), want %v", k, g, ok, v))
-			}
-		}
-		if len(miss) == 0 {
-			return got
-		}
-		if time.Now().After(deadline) {
-			sort.Strings(miss)
-			t.Fatalf("after %v:\n%s", within, strings.Join(miss, "\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return servicetest.WaitFor(t, within, func() servicetest.Series { return servicetest.Gather(t, reg) }, want)
 }
 
 // TestLaneMetrics: every per-lane series exists at 0 from the start (so the
@@ -187,7 +110,7 @@ func TestLaneMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	svc := runWithRegistry(t, metricsConfig(t, target.srv.URL), reg)
 
-	atStart := gather(t, reg)
+	atStart := servicetest.Gather(t, reg)
 	for _, k := range []string{
 		`throttler_jobs_dead_lettered_total{lane="demo"}`,
 		`throttler_dispatches_total{lane="demo",outcome="dead"}`,
@@ -195,8 +118,8 @@ func TestLaneMetrics(t *testing.T) {
 		`throttler_jobs_rejected_total{lane="demo",reason="backlog_full"}`,
 		`throttler_jobs_submitted_total{lane="demo",source="nats",state="queued"}`,
 		`throttler_pacer_calls_total{lane="demo",op="pause"}`,
-		`throttler_job_queue_wait_seconds{lane="demo"}`,
-		`throttler_job_end_to_end_seconds{lane="demo"}`,
+		`throttler_job_queue_wait_seconds_count{lane="demo"}`,
+		`throttler_job_end_to_end_seconds_count{lane="demo"}`,
 		`throttler_lane_backlog{lane="demo"}`,
 		`throttler_lane_oldest_job_age_seconds{lane="demo"}`,
 		`throttler_lane_retrying{lane="demo"}`,
@@ -225,13 +148,13 @@ func TestLaneMetrics(t *testing.T) {
 	}
 	waitMetrics(t, reg, 5*time.Second, map[string]float64{
 		`throttler_lane_backlog{lane="demo"}`:                4,
-		`throttler_lane_oldest_job_age_seconds{lane="demo"}`: -1,
+		`throttler_lane_oldest_job_age_seconds{lane="demo"}`: servicetest.Any,
 		`throttler_dispatches_inflight{lane="demo"}`:         1,
 	})
 	// The age grows between reads and scrapes.
-	a1 := gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]
+	a1 := servicetest.Gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]
 	time.Sleep(300 * time.Millisecond)
-	if a2 := gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]; a2 < a1+0.2 {
+	if a2 := servicetest.Gather(t, reg)[`throttler_lane_oldest_job_age_seconds{lane="demo"}`]; a2 < a1+0.2 {
 		t.Fatalf("oldest job age went from %v to %v in 300 ms", a1, a2)
 	}
 
@@ -249,9 +172,9 @@ func TestLaneMetrics(t *testing.T) {
 		`throttler_dispatches_total{lane="demo",outcome="retry"}`: 1,
 		// Six starts; five jobs settled (four done, one dead), the
 		// retry is not.
-		`throttler_job_queue_wait_seconds{lane="demo"}`: 6,
-		`throttler_job_end_to_end_seconds{lane="demo"}`: 5,
-		`throttler_lane_utilization{lane="demo"}`:       -1,
+		`throttler_job_queue_wait_seconds_count{lane="demo"}`: 6,
+		`throttler_job_end_to_end_seconds_count{lane="demo"}`: 5,
+		`throttler_lane_utilization{lane="demo"}`:             servicetest.Any,
 	})
 	// Six starts within a few seconds of the lane's start, at 20/s.
 	if u := got[`throttler_lane_utilization{lane="demo"}`]; u > 1 {
@@ -262,6 +185,7 @@ func TestLaneMetrics(t *testing.T) {
 // TestOpenMetricsWhenAsked: /metrics answers OpenMetrics to a scraper that
 // asks for it, and the classic text format otherwise.
 func TestOpenMetricsWhenAsked(t *testing.T) {
+	t.Parallel()
 	target := newHeldTarget(t)
 	svc := runWithRegistry(t, metricsConfig(t, target.srv.URL), prometheus.NewRegistry())
 	get := func(accept string) (string, string) {

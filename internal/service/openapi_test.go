@@ -25,6 +25,7 @@ import (
 // their schemas, problem bodies included. internal/ingest checks that the
 // document lists exactly the router's routes.
 func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile("../../docs/openapi.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -16,6 +17,7 @@ import (
 // every slot): the {lane} hash tag keeps each script's keys on one slot, and
 // jobs flow as with a single Redis.
 func TestRedisClusterMode(t *testing.T) {
+	t.Parallel()
 	node, c := oneNodeCluster(t)
 	ctx := context.Background()
 	rec := newRecorder(t)
@@ -43,6 +45,7 @@ func TestRedisClusterMode(t *testing.T) {
 // CROSSSLOT, even on one node): the layers hold from Redis, in their own
 // script, and no check falls back to memory.
 func TestCallerQuotasOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	node, c := oneNodeCluster(t)
 	ctx := context.Background()
 	rec := newRecorder(t)
@@ -59,9 +62,9 @@ func TestCallerQuotasOnRedisCluster(t *testing.T) {
 	if codes[202] != 10 || codes[429] != 2 {
 		t.Fatalf("12 jobs of a key on 10/min: %v, want 10 × 202 and 2 × 429", codes)
 	}
-	m := scrapeMetrics(t, client, svc.Addr(), "ops-secret")
-	if !strings.Contains(m, "throttler_caller_quota_fallbacks_total 0\n") {
-		t.Fatalf("caller checks fell back to memory on Redis Cluster:\n%s", grepLines(m, "throttler_caller_quota_fallbacks_total"))
+	m, _ := servicetest.Scrape(t, svc.Addr(), "ops-secret")
+	if v, ok := m.Get("throttler_caller_quota_fallbacks_total"); !ok || v != 0 {
+		t.Fatalf("caller checks fell back to memory on Redis Cluster:\n%s", m.Grep("throttler_caller_quota_fallbacks_total"))
 	}
 	if n, err := c.Exists(ctx, "thr:{callers}:c:key:shop").Result(); err != nil || n != 1 {
 		t.Fatalf("the plan's state is not in the cluster: %d %v", n, err)

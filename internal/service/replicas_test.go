@@ -1,4 +1,4 @@
-package service
+package service_test
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 // keeps taking and delivering jobs after the server that led its stream
 // is killed.
 func TestReplicasOnEveryStream(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartNATSCluster(t, 3)
 	var delivered atomic.Int64
 	target := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { delivered.Add(1) }))

@@ -85,6 +85,7 @@ func deadList(t *testing.T, addr string) []api.DeadLetter {
 }
 
 func TestRetriesThenDelivered(t *testing.T) {
+	t.Parallel()
 	tgt := newScripted(t, 500, 500, 500, 200)
 	svc, _ := start(t, retryConfig(t, tgt.url, 5))
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -110,6 +111,7 @@ func expectDelivered(t *testing.T, addr string, tgt *scripted, id string, reques
 }
 
 func TestDeadLetterAndReplay(t *testing.T) {
+	t.Parallel()
 	tgt := newScripted(t, 500)
 	svc, _ := start(t, retryConfig(t, tgt.url, 3))
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -166,6 +168,7 @@ func TestDeadLetterAndReplay(t *testing.T) {
 }
 
 func TestRejectedJobIsDeadAtOnceAndPurge(t *testing.T) {
+	t.Parallel()
 	tgt := newScripted(t, 404)
 	svc, _ := start(t, retryConfig(t, tgt.url, 5))
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -190,6 +193,7 @@ func TestRejectedJobIsDeadAtOnceAndPurge(t *testing.T) {
 // TestRateLimitWaitsDoNotCountAsAttempts: with max_attempts 1, two 429s
 // followed by a 200 still deliver the job.
 func TestRateLimitWaitsDoNotCountAsAttempts(t *testing.T) {
+	t.Parallel()
 	tgt := newScripted(t, 429, 429, 200)
 	tgt.hdr[0] = http.Header{"Retry-After": {"1"}}
 	tgt.hdr[1] = http.Header{"Retry-After": {"1"}}
@@ -201,6 +205,7 @@ func TestRateLimitWaitsDoNotCountAsAttempts(t *testing.T) {
 }
 
 func TestDuplicateSubmissionDeliveredOnce(t *testing.T) {
+	t.Parallel()
 	tgt := newScripted(t, 200)
 	svc, _ := start(t, retryConfig(t, tgt.url, 3))
 	client := &http.Client{Timeout: 5 * time.Second}

@@ -2,15 +2,12 @@ package service_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,10 +16,18 @@ import (
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 	"go.uber.org/goleak"
 )
 
+// Tests that check only outcomes (answers, what is stored, what arrives,
+// what is logged) call t.Parallel. Those that measure the real clock
+// (pacing and burst windows, ETAs, quotas over time, a bucket's remaining
+// tokens, guard and propagation deadlines) do not: go test runs them first,
+// one at a time, before the parallel ones start, so that no other test of
+// this package shares the cores while they measure (make test runs this
+// package alone, -p 1).
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		// net/http keeps idle client connections' loops briefly after a test.
@@ -66,21 +71,17 @@ func (r *recorder) snapshot() []arrival {
 
 // pollClient is the HTTP client of the tests' reads and polls: a read
 // never hangs past its timeout, so a poll's deadline holds.
-var pollClient = &http.Client{Timeout: 5 * time.Second}
+var pollClient = servicetest.Client
 
 // waitFor is testenv.Eventually, the suite's one polling helper.
 var waitFor = testenv.Eventually
 
-// waitSettled waits until the lane at addr holds nothing: no job stored
-// (waiting or in flight) and none waiting for a retry. Nothing is left then
-// that could be delivered again, so a count taken after it is final: the
-// proof that no duplicate comes, without sleeping to see none.
+// waitSettled waits until the lane at addr holds nothing
+// (servicetest.WaitSettled): a count taken after it is final, the proof
+// that no duplicate comes, without sleeping to see none.
 func waitSettled(t *testing.T, addr string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the lane to settle", func() bool {
-		l := getLanes(t, addr).Lanes[0]
-		return l.Backlog == 0 && l.Retrying == 0 && l.InFlight == 0
-	})
+	servicetest.WaitSettled(t, 10*time.Second, addr)
 }
 
 func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) config.Config {
@@ -106,30 +107,7 @@ func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) c
 // start runs a service until the returned stop is called (or the test ends).
 func start(t *testing.T, cfg config.Config) (*service.Service, func()) {
 	t.Helper()
-	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
-	select {
-	case <-svc.Ready():
-	case err := <-errc:
-		cancel()
-		t.Fatalf("service did not start: %v", err)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("service not ready after 20s")
-	}
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-errc; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return svc, stop
+	return servicetest.Start(t, cfg, nil)
 }
 
 type accepted struct {
@@ -262,23 +240,20 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 		t.Fatalf("the burst took %v to drain, want 4.5s ± 3%%", span)
 	}
 	t.Logf("100 jobs: 10 admitted, 90 queued, drained in %v", span)
-	resp, err := pollClient.Get("http://" + svc.Addr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{
-		`throttler_dispatches_total{lane="demo",outcome="done"} 100`,
-		`throttler_jobs_submitted_total{lane="demo",source="http",state="admitted"} 10`,
-		`throttler_jobs_submitted_total{lane="demo",source="http",state="queued"} 90`,
-		`throttler_slots_missed_total{lane="demo"}`,
-		`throttler_lane_effective_rate{lane="demo"} 20`,
-		`throttler_pacer_up{lane="demo"} 1`,
+	m, _ := servicetest.Scrape(t, svc.Addr(), "")
+	for series, want := range map[string]float64{
+		`throttler_dispatches_total{lane="demo",outcome="done"}`:                     100,
+		`throttler_jobs_submitted_total{lane="demo",source="http",state="admitted"}`: 10,
+		`throttler_jobs_submitted_total{lane="demo",source="http",state="queued"}`:   90,
+		`throttler_lane_effective_rate{lane="demo"}`:                                 20,
+		`throttler_pacer_up{lane="demo"}`:                                            1,
 	} {
-		if !strings.Contains(string(raw), want) {
-			t.Errorf("/metrics lacks %s", want)
+		if got, ok := m.Get(series); !ok || got != want {
+			t.Errorf("/metrics: %s = %v (present %v), want %v", series, got, ok, want)
 		}
+	}
+	if _, ok := m.Get(`throttler_slots_missed_total{lane="demo"}`); !ok {
+		t.Errorf("/metrics lacks throttler_slots_missed_total{lane=\"demo\"}")
 	}
 }
 
@@ -291,6 +266,7 @@ func idIndex(id string) int {
 // TestRestartMidDrainLosesNothing stops the service while 50 jobs wait and
 // starts it again on the same data directory.
 func TestRestartMidDrainLosesNothing(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	dir := t.TempDir()
 	cfg := testConfig(t, dir, rec.srv.URL+"/hook", 50, 5)

@@ -212,6 +212,7 @@ func freeTCPPort(t *testing.T) int {
 // stored again under a fresh id and delivered, and the outsider's job is
 // delivered as a job of its own.
 func TestOutsideMsgIDCannotDropARetry(t *testing.T) {
+	t.Parallel()
 	throttlerURL, publisherURL := natsWithUsers(t)
 	target := newScripted(t, 500, 200)
 	cfg := testConfig(t, t.TempDir(), target.url+"/hook", 50, 5)
@@ -240,6 +241,7 @@ func TestOutsideMsgIDCannotDropARetry(t *testing.T) {
 // TestOutsideMsgIDCannotDropAReplay: the same for a replayed dead letter,
 // whose id is "<id>#replay-<seq>".
 func TestOutsideMsgIDCannotDropAReplay(t *testing.T) {
+	t.Parallel()
 	throttlerURL, publisherURL := natsWithUsers(t)
 	target := newScripted(t, 404)
 	cfg := testConfig(t, t.TempDir(), target.url+"/hook", 50, 5)
@@ -279,6 +281,7 @@ func TestOutsideMsgIDCannotDropAReplay(t *testing.T) {
 // field), and with nats.user and nats.publishers an outside publisher
 // reaches its lane's subject through the listen port and nothing else.
 func TestEmbeddedPublishersAndListen(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/x", 10, 1)
 	cfg.NATS.Listen = "0.0.0.0:4333"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "nats.listen") {

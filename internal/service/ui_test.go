@@ -102,6 +102,7 @@ const readPage = `(() => {
 // anyway). Screenshots go to the test's temp dir (and to $UI_SCREENSHOTS
 // when set, to keep them).
 func TestStatusPageInBrowser(t *testing.T) {
+	t.Parallel()
 	var demoMode atomic.Int32 // 0: 200; 1: 429 with Retry-After
 	var mailReject atomic.Bool
 	var mu sync.Mutex
@@ -430,6 +431,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 // opens at once, asks for no key, and offers replay (an open API lets
 // every caller act).
 func TestStatusPageAnonymous(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		http.Error(w, "refused", http.StatusBadRequest) // every job becomes a dead letter

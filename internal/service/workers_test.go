@@ -19,6 +19,7 @@ import (
 // and no more: a worker pool runs the lane's jobs; the same user cannot
 // publish jobs, write control subjects or read every inbox.
 func TestEmbeddedWorkerUsers(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/unused", 50, 5)
 	cfg.Lanes[0].Target = config.Target{NATS: &config.NATSTarget{Subject: "renders.work", Mode: config.NATSModePull}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -23,6 +23,16 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 	}
 }
 
+// EventuallyNil is Eventually for a check that says why it does not hold
+// yet: it polls check until it returns nil, and fails t with check's last
+// error after within.
+func EventuallyNil(t testing.TB, within time.Duration, what string, check func() error) {
+	t.Helper()
+	if err := poll(within, check); err != nil {
+		t.Fatalf("timed out after %v waiting for %s: %v", within, what, err)
+	}
+}
+
 type notYet struct{}
 
 func (notYet) Error() string { return "not yet" }

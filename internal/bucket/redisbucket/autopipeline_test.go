@@ -30,15 +30,13 @@ func newAutoPipeline(t testing.TB, addr string) *redis.AutoPipeliner {
 }
 
 func TestAutoPipelineConformance(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	ap := newAutoPipeline(t, srv.Addr)
+	sameCodeAsTestConformance(t)
+	ap := newAutoPipeline(t, sharedRedis(t))
 	buckettest.Run(t, func(t *testing.T, clock *clock.Manual) bucket.Store {
 		if err := ap.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
-		cfg := redisbucket.DefaultConfig()
-		cfg.Clock = clock
-		return redisbucket.New(ap, cfg)
+		return onClock(ap, clock)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
 
@@ -46,10 +44,8 @@ func TestAutoPipelineConformance(t *testing.T) {
 // clock: exactly the burst is admitted, and no slot is handed out twice,
 // although the calls travel in shared pipelines.
 func TestAutoPipelineConcurrentExactness(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = fixedClock()
-	checkConcurrentExactness(t, redisbucket.New(newAutoPipeline(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
+	sameCodeAsTestConformance(t)
+	checkConcurrentExactness(t, onClock(newAutoPipeline(t, sharedRedis(t)), fixedClock()), bucket.Limit{Rate: 1, Burst: 100}, 32, 50, 2)
 }
 
 // TestAutoPipelineOutage: with Redis away every call fails at once with

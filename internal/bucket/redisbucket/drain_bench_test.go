@@ -1,3 +1,8 @@
+//go:build !mutation
+
+// Benchmarks are left out of a mutation run (build tag mutation), which
+// builds the tests once per mutant and runs no benchmark.
+
 package redisbucket_test
 
 import (

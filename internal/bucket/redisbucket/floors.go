@@ -1,6 +1,7 @@
 package redisbucket
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +18,7 @@ import (
 type floors struct {
 	mu       sync.Mutex
 	m        map[string]floor
-	ops      int
+	ops      int // raises since the last sweep
 	restored atomic.Uint64
 }
 
@@ -57,15 +58,20 @@ func (f *floors) raise(key string, tat int64, state string, rel time.Duration) {
 		f.m = make(map[string]floor)
 	}
 	e, seen := f.m[key]
-	if !seen || tat > e.tat {
-		e.tat, e.state = tat, state
+	if !seen {
+		e.tat = math.MinInt64
+	}
+	e.tat = max(e.tat, tat)
+	if e.tat == tat { // the latest: an equal tat carries the same text
+		e.state = state
 	}
 	if until.After(e.until) {
 		e.until = until
 	}
 	f.m[key] = e
 	f.ops++
-	if f.ops%sweepEvery == 0 {
+	if f.ops == sweepEvery {
+		f.ops = 0
 		for k, e := range f.m {
 			if now.After(e.until) {
 				delete(f.m, k)

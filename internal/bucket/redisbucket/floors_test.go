@@ -27,8 +27,20 @@ func TestFloorsKeepTheLatestAndForgetPassedOnes(t *testing.T) {
 	if got := f.get("a"); got != "2.000" {
 		t.Fatalf("floor %q, want the later tat 2.000", got)
 	}
+	f.raise("a", 3_000, "3.000", time.Minute)
+	if got := f.get("a"); got != "3.000" {
+		t.Fatalf("floor %q, want the later tat 3.000", got)
+	}
+	f.raise("due", 4_000, "4.000", 0) // due now: still sent for floorSlack
+	if got := f.get("due"); got != "4.000" {
+		t.Fatalf("floor %q of a tat due now, want it kept for %v", got, floorSlack)
+	}
 	if got := f.get("b"); got != "" {
 		t.Fatalf("floor of an unseen key %q", got)
+	}
+	f.raise("early", -2_000, "-2.000", time.Minute) // any tat, also before 1970
+	if got := f.get("early"); got != "-2.000" {
+		t.Fatalf("floor %q, want -2.000", got)
 	}
 	// A floor whose tat has passed is not sent, and a sweep drops it.
 	f.raise("old", 5_000, "5.000", -time.Hour)
@@ -40,15 +52,39 @@ func TestFloorsKeepTheLatestAndForgetPassedOnes(t *testing.T) {
 	if got := f.get("old"); got != "" {
 		t.Fatalf("passed floor sent: %q", got)
 	}
-	for i := 0; i < sweepEvery; i++ {
-		f.raise("a", 2_000, "2.000", time.Minute)
+	kept := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		_, ok := f.m["old"]
+		return ok
 	}
+	// The sweep comes at every sweepEvery-th raise, not before: 6 so far.
+	for range sweepEvery - 7 {
+		f.raise("a", 3_000, "3.000", time.Minute)
+	}
+	if !kept() {
+		t.Fatalf("swept before the %dth raise", sweepEvery)
+	}
+	f.raise("a", 3_000, "3.000", time.Minute)
+	if kept() || f.get("a") != "3.000" || f.get("early") != "-2.000" {
+		t.Fatalf("after a sweep: old kept %v, a %q, early %q; want old dropped, the floors ahead kept", kept(), f.get("a"), f.get("early"))
+	}
+	// And again sweepEvery raises later, not before.
+	f.raise("old", 5_000, "5.000", -time.Hour)
 	f.mu.Lock()
-	_, kept := f.m["old"]
-	n := len(f.m)
+	e = f.m["old"]
+	e.until = time.Now().Add(-time.Millisecond)
+	f.m["old"] = e
 	f.mu.Unlock()
-	if kept || n != 1 {
-		t.Fatalf("after a sweep: old kept %v, %d entries; want only a", kept, n)
+	for range sweepEvery - 2 {
+		f.raise("a", 3_000, "3.000", time.Minute)
+	}
+	if !kept() {
+		t.Fatal("swept before the next sweepEvery raises")
+	}
+	f.raise("a", 3_000, "3.000", time.Minute)
+	if kept() {
+		t.Fatalf("not swept %d raises after the last sweep", sweepEvery)
 	}
 }
 

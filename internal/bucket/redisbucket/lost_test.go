@@ -2,6 +2,7 @@ package redisbucket_test
 
 import (
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,8 +72,7 @@ func TestLostStateIsRestored(t *testing.T) {
 // for the loss, and the case that must stay as it was: a lane whose tat
 // passed is a full bucket, whatever happened to Redis.
 func TestLostStateFloors(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	flush := func() {
 		t.Helper()
@@ -237,4 +237,54 @@ func TestLostStateFloors(t *testing.T) {
 				d, err, before, s.Restored())
 		}
 	})
+}
+
+// TestFloorFollowsTheTat: every call keeps its key's floor for as long as
+// the tat it saw is ahead, plus a second of slack for the clocks (on the
+// script's clock, here a stopped one: only real time since the call is
+// taken off). A floor dropped early would let a loss hand out a burst.
+func TestFloorFollowsTheTat(t *testing.T) {
+	s := onClock(newClient(t, sharedRedis(t)), fixedClock())
+	l := bucket.Limit{Rate: 10, Burst: 2} // T = 100ms, τ = 100ms
+	const slack = time.Second
+	check := func(op string, k bucket.Key, rel time.Duration) {
+		t.Helper()
+		// The call took real time, at most the test's tolerance (a busy
+		// machine); the floor's end is measured after it.
+		if got, want := redisbucket.FloorAhead(s, k), rel+slack; got > want || got < want-300*time.Millisecond {
+			t.Errorf("%s: floor kept %v more, want %v (tat %v ahead + %v)", op, got, want, rel, slack)
+		}
+	}
+	k := bucket.Key{Lane: "floors", Sub: "reserve"}
+	if _, err := s.Reserve(ctx, k, l, 20); err != nil {
+		t.Fatal(err)
+	}
+	check("Reserve 20", k, 20*l.Period()) // a fresh bucket: tat = now + 20 T
+	k = bucket.Key{Lane: "floors", Sub: "admit"}
+	if _, err := s.Admit(ctx, k, l); err != nil {
+		t.Fatal(err)
+	}
+	check("Admit", k, l.Period())
+	k = bucket.Key{Lane: "floors", Sub: "pause"}
+	if err := s.Pause(ctx, k, l, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	check("Pause 3s", k, 3*time.Second+l.Period()) // no start for 3s, then an empty bucket
+	if _, err := s.Peek(ctx, k, l); err != nil {
+		t.Fatal(err)
+	}
+	check("Peek", k, 3*time.Second+l.Period())
+
+	// A keyed slot: the lane's floor is the lane's tat, 20 slots ahead
+	// after 20 reservations of as many keys (the lane's next start a
+	// second earlier, its burst of 11 less one).
+	lane, ll := bucket.Key{Lane: "pair"}, bucket.Limit{Rate: 10, Burst: 11}
+	kl := bucket.Limit{Rate: 1, Burst: 1}
+	for i := range 20 {
+		r, err := s.ReservePair(ctx, bucket.Key{Lane: "pair", Sub: strconv.Itoa(i)}, ll, kl, time.Minute)
+		if err != nil || !r.OK {
+			t.Fatalf("pair %d: %+v %v", i, r, err)
+		}
+	}
+	check("ReservePair ×20", lane, 20*ll.Period())
 }

@@ -232,9 +232,7 @@ func (s *Store) Admit(ctx context.Context, k bucket.Key, l bucket.Limit) (bucket
 // Reserve implements bucket.Store: it reserves n consecutive slots of k in
 // one script call (n < 1 counts as 1).
 func (s *Store) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit, n int) (bucket.Reservation, error) {
-	if n < 1 {
-		n = 1
-	}
+	n = max(n, 1)
 	if err := checkLimit(l, n); err != nil {
 		return bucket.Reservation{}, err
 	}
@@ -339,9 +337,7 @@ func (s *Store) args(k bucket.Key, key string, l bucket.Limit, arg int64, spare 
 	}
 	floor, held := s.floors.get(key), int64(0)
 	if floor != "" && s.held != nil {
-		if n := s.held(k); n > 0 {
-			held = min(int64(n)*int64(l.Period()), int64(maxSpan))
-		}
+		held = min(int64(max(s.held(k), 0))*int64(l.Period()), int64(maxSpan))
 	}
 	return append(make([]any, 0, 7+spare), now, int64(l.Period()), int64(l.Tolerance()), arg, s.ttlMs, floor, held)
 }
@@ -440,11 +436,8 @@ func parseDuration(v any) (time.Duration, error) {
 	default:
 		return 0, fmt.Errorf("%w %T %v, want a number of nanoseconds", errReply, v, v)
 	}
-	switch {
-	case f >= math.MaxInt64:
+	if f >= math.MaxInt64 { // 2^63: a conversion would wrap
 		return math.MaxInt64, nil
-	case f <= math.MinInt64:
-		return math.MinInt64, nil
 	}
-	return time.Duration(f), nil
+	return time.Duration(max(f, math.MinInt64)), nil
 }

@@ -3,8 +3,10 @@ package redisbucket_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +22,43 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// shared is the redis-server of every test that does not stop its server:
+// one for the package, each test taking it empty from sharedRedis.
+var shared *testenv.Redis
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "redisbucket-test-")
+	if err == nil {
+		shared, err = testenv.LaunchRedis(dir)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "redisbucket tests need a real redis-server "+
+			"(`apt-get install redis-server` or `brew install redis`): %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	shared.Close()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// sharedRedis returns the address of the package's redis-server, emptied of
+// keys and scripts. Tests that stop their server start one of their own.
+func sharedRedis(t testing.TB) string {
+	t.Helper()
+	for _, cmd := range [][]string{{"FLUSHALL"}, {"SCRIPT", "FLUSH"}} {
+		if _, err := testenv.RedisDo(shared.Addr, cmd...); err != nil {
+			t.Fatalf("%v on the shared redis-server: %v", cmd, err)
+		}
+	}
+	return shared.Addr
+}
 
 var (
 	ctx  = context.Background()
@@ -46,21 +84,26 @@ func newFailFastClient(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// fixedClock returns a clock stuck at one instant.
+// onClock is a store on client (the default configuration) whose scripts
+// read clk instead of Redis TIME.
+func onClock(client redis.Scripter, clk clock.Clock) *redisbucket.Store {
+	cfg := redisbucket.DefaultConfig()
+	cfg.Clock = clk
+	return redisbucket.New(client, cfg)
+}
+
+// fixedClock returns a clock stuck at one instant (nothing refills).
 func fixedClock() clock.Clock {
 	return buckettest.NewClock() // nothing advances it
 }
 
 func TestConformance(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	buckettest.Run(t, func(t *testing.T, clock *clock.Manual) bucket.Store {
 		if err := client.FlushAll(ctx).Err(); err != nil {
 			t.Fatalf("FLUSHALL: %v", err)
 		}
-		cfg := redisbucket.DefaultConfig()
-		cfg.Clock = clock
-		return redisbucket.New(client, cfg)
+		return onClock(client, clock)
 	}, buckettest.Options{Resolution: 2 * time.Microsecond})
 }
 
@@ -69,12 +112,9 @@ func TestConformance(t *testing.T) {
 // whose periods are not whole microseconds: the answers must be identical,
 // not merely close.
 func TestMatchesMemoryExactly(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	clock := buckettest.NewClock()
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = clock
-	rs := redisbucket.New(client, cfg)
+	rs := onClock(client, clock)
 	ms := &bucket.Memory{Clock: clock}
 
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -123,8 +163,7 @@ func TestMatchesMemoryExactly(t *testing.T) {
 // TestRealClock uses Redis TIME (no Now hook): fake clocks hide bugs. The
 // bounds allow for any delay between calls, as on a loaded CI machine.
 func TestRealClock(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	s := redisbucket.New(newClient(t, srv.Addr), redisbucket.DefaultConfig())
+	s := redisbucket.New(newClient(t, sharedRedis(t)), redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1000, Burst: 1}
 
 	start := time.Now()
@@ -156,7 +195,7 @@ func TestRealClock(t *testing.T) {
 
 	// Admission on a fresh lane with a period far longer than two calls take.
 	k := bucket.Key{Lane: "admit"}
-	l = bucket.Limit{Rate: 2, Burst: 1} // T = 500ms
+	l = bucket.Limit{Rate: 5, Burst: 1} // T = 200ms
 	start = time.Now()
 	if d, err := s.Admit(ctx, k, l); err != nil || !d.Allowed {
 		t.Fatalf("first admit: %+v %v", d, err)
@@ -178,10 +217,9 @@ func TestRealClock(t *testing.T) {
 }
 
 func TestKeysExpireOnceFull(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
-	l := bucket.Limit{Rate: 2, Burst: 3} // T = 500ms
+	l := bucket.Limit{Rate: 20, Burst: 3} // T = 50ms
 	k := bucket.Key{Lane: "ttl", Sub: "endpoint-1"}
 	key := s.Key(k)
 	if key != "thr:{ttl}:k:endpoint-1" {
@@ -190,8 +228,8 @@ func TestKeysExpireOnceFull(t *testing.T) {
 
 	start := time.Now()
 	d, err := s.Admit(ctx, k, l)
-	if err != nil || !d.Allowed || d.ResetAfter != 500*time.Millisecond {
-		t.Fatalf("admit: %+v %v, want allowed with ResetAfter 500ms", d, err)
+	if err != nil || !d.Allowed || d.ResetAfter != 50*time.Millisecond {
+		t.Fatalf("admit: %+v %v, want allowed with ResetAfter 50ms", d, err)
 	}
 	pttl, err := client.PTTL(ctx, key).Result()
 	if err != nil {
@@ -229,7 +267,7 @@ func TestKeysExpireOnceFull(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("key still there %v after the bucket refilled", time.Since(start)-refill)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	if gone := time.Since(start); gone < refill-5*time.Millisecond {
 		t.Fatalf("key gone after %v, before the bucket refilled (%v)", gone, refill)
@@ -239,6 +277,19 @@ func TestKeysExpireOnceFull(t *testing.T) {
 	}
 	if ks, _ := client.Keys(ctx, "*").Result(); len(ks) != 0 {
 		t.Fatalf("keys left after refill: %v", ks)
+	}
+}
+
+// TestZeroConfig: a store made from the zero Config works with the defaults
+// (prefix "thr", DefaultTimeout), as Config's doc says.
+func TestZeroConfig(t *testing.T) {
+	client := newClient(t, sharedRedis(t))
+	s := redisbucket.New(client, redisbucket.Config{})
+	if d, err := s.Admit(ctx, lane, bucket.Limit{Rate: 1, Burst: 1}); err != nil || !d.Allowed {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	if n, err := client.Exists(ctx, "thr:{demo}:gcra").Result(); err != nil || n != 1 {
+		t.Fatalf("state under the default prefix: %d %v", n, err)
 	}
 }
 
@@ -266,14 +317,18 @@ func TestKeyLayout(t *testing.T) {
 	if err := (redisbucket.Config{Prefix: "x{y}"}).Validate(); err == nil || !strings.Contains(err.Error(), "prefix") {
 		t.Fatalf("Validate of a braced prefix = %v, want an error naming the prefix", err)
 	}
-	if err := redisbucket.DefaultConfig().Validate(); err != nil {
-		t.Fatal(err)
+	for _, cfg := range []redisbucket.Config{redisbucket.DefaultConfig(), {}} {
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("Validate(%+v) = %v", cfg, err)
+		}
+	}
+	if err := (redisbucket.Config{Timeout: -time.Nanosecond}).Validate(); err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("Validate of a negative timeout = %v, want an error naming the timeout", err)
 	}
 }
 
 func TestNoScriptFallback(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1, Burst: 3}
 	if _, err := s.Admit(ctx, lane, l); err != nil {
@@ -297,7 +352,7 @@ func TestNoScriptFallback(t *testing.T) {
 func TestUnavailable(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := redisbucket.DefaultConfig()
-	cfg.Timeout = 300 * time.Millisecond
+	cfg.Timeout = 100 * time.Millisecond
 	slow := cfg
 	slow.Timeout = 2 * time.Second
 	l := bucket.Limit{Rate: 100, Burst: 10}
@@ -436,10 +491,7 @@ func TestTimeoutOnHungServer(t *testing.T) {
 }
 
 func TestConcurrentAdmitsTakeExactlyTheBurst(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	cfg := redisbucket.DefaultConfig()
-	cfg.Clock = fixedClock() // no time passes: nothing refills
-	checkConcurrentExactness(t, redisbucket.New(newClient(t, srv.Addr), cfg), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
+	checkConcurrentExactness(t, onClock(newClient(t, sharedRedis(t)), fixedClock()), bucket.Limit{Rate: 1, Burst: 50}, 8, 100, 1)
 }
 
 // checkConcurrentExactness runs workers×each Admit calls on one key at a
@@ -493,7 +545,7 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 	s := redisbucket.New(nil, redisbucket.DefaultConfig())
 	for _, l := range []bucket.Limit{
 		{Rate: 0, Burst: 1},
-		{Rate: 1e-9, Burst: 1_000_000}, // valid for Limit.Validate, but spans longer than a Duration holds
+		{Rate: 1e-9, Burst: 1_000_000}, // below MinRate, and spans longer than a Duration holds
 	} {
 		if _, err := s.Admit(ctx, lane, l); !errors.Is(err, bucket.ErrInvalidLimit) {
 			t.Errorf("Admit(%v) = %v, want ErrInvalidLimit", l, err)
@@ -508,8 +560,33 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 			t.Errorf("Pause(%v) = %v, want ErrInvalidLimit", l, err)
 		}
 	}
+	// Valid for Limit.Validate, but 3000 slots 1e15 ns apart span more than
+	// a time.Duration holds (maxSpan, 2^61 ns, is a quarter of it).
+	if _, err := s.Reserve(ctx, lane, bucket.Limit{Rate: 1e-6, Burst: 1}, 3000); !errors.Is(err, bucket.ErrInvalidLimit) {
+		t.Errorf("Reserve of 3000 slots at 1e-6/s = %v, want ErrInvalidLimit", err)
+	}
 	if redisbucket.Calls(s) != 0 {
 		t.Fatalf("Calls() = %d after invalid limits only", redisbucket.Calls(s))
+	}
+
+	// The bound itself is allowed: 2^31 slots of 2^30 ns (a rate of
+	// 10^9/2^30 per second) span exactly 2^61 ns, and so does a pause of
+	// 2^61 ns either way; the next representable value past it is not.
+	ok := redisbucket.New(fakeClient{[]any{"0", "", int64(0)}}, redisbucket.DefaultConfig())
+	edge := bucket.Limit{Rate: 1e9 / (1 << 30), Burst: 1}
+	if _, err := ok.Reserve(ctx, lane, edge, 1<<31-1); err != nil {
+		t.Errorf("Reserve spanning exactly 2^61 ns: %v", err)
+	}
+	if _, err := s.Reserve(ctx, lane, edge, 1<<31); !errors.Is(err, bucket.ErrInvalidLimit) {
+		t.Errorf("Reserve spanning 2^61 ns and a slot: %v, want ErrInvalidLimit", err)
+	}
+	for _, d := range []time.Duration{1 << 61, -1 << 61} {
+		if err := ok.Pause(ctx, lane, edge, d); err != nil {
+			t.Errorf("Pause(%v): %v", d, err)
+		}
+		if err := s.Pause(ctx, lane, edge, d+d/(1<<52)); !errors.Is(err, bucket.ErrInvalidLimit) {
+			t.Errorf("Pause(%v): %v, want ErrInvalidLimit", d+d/(1<<52), err)
+		}
 	}
 }
 
@@ -517,8 +594,7 @@ func TestInvalidLimitsSendNothing(t *testing.T) {
 // (another application, another type) gives an error, never a panic or a
 // fresh bucket.
 func TestForeignState(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	client := newClient(t, srv.Addr)
+	client := newClient(t, sharedRedis(t))
 	s := redisbucket.New(client, redisbucket.DefaultConfig())
 	l := bucket.Limit{Rate: 1, Burst: 1}
 
@@ -595,6 +671,14 @@ func TestUnexpectedRepliesAreErrors(t *testing.T) {
 		}
 		if err := s.Pause(ctx, lane, l, time.Second); !errors.Is(err, bucket.ErrUnavailable) {
 			t.Errorf("Pause with reply %#v: %v, want ErrUnavailable", reply, err)
+		}
+	}
+	// Durations past the ends of time.Duration saturate, never wrap round.
+	for reply, wantAllowed := range map[string]bool{"9223372036854775808": false, "1e300": false, "-9223372036854775809": true, "-1e300": true} {
+		s := redisbucket.New(fakeClient{[]any{reply, "", int64(0)}}, redisbucket.DefaultConfig())
+		d, err := s.Peek(ctx, lane, l)
+		if err != nil || d.Allowed != wantAllowed || !wantAllowed && d.RetryAfter < 100*365*24*time.Hour {
+			t.Errorf("Peek with tat-now %s: %+v %v, want allowed %v", reply, d, err, wantAllowed)
 		}
 	}
 	// The model and the script disagreeing is an error too: allowed, yet

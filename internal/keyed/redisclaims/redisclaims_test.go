@@ -16,17 +16,25 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// twoInstances starts a redis-server and returns a client of it and the
+// claims of two instances, "a" and "b", sharing it under cfg.
+func twoInstances(t *testing.T, cfg redisclaims.Config) (*redis.Client, *redisclaims.Claims, *redisclaims.Claims) {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: testenv.StartRedis(t).Addr})
+	t.Cleanup(func() { client.Close() })
+	cfg.Instance = "a"
+	a := redisclaims.New(client, cfg)
+	cfg.Instance = "b"
+	return client, a, redisclaims.New(client, cfg)
+}
+
 // TestOneReaderPerKey: of two instances, only one holds a key at a time;
 // a released key, or one whose holder stopped answering, goes to the
 // other. Local, the single instance's claims, holds every key.
 func TestOneReaderPerKey(t *testing.T) {
 	ctx := context.Background()
-	srv := testenv.StartRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
 	alive := 300 * time.Millisecond
-	a := redisclaims.New(client, redisclaims.Config{Instance: "a", Alive: alive})
-	b := redisclaims.New(client, redisclaims.Config{Instance: "b", Alive: alive})
+	client, a, b := twoInstances(t, redisclaims.Config{Alive: alive})
 	claim := func(c keyed.Claims, keys ...string) []string {
 		t.Helper()
 		got, err := c.Claim(ctx, "demo", keys)
@@ -54,16 +62,9 @@ func TestOneReaderPerKey(t *testing.T) {
 		t.Fatalf("b claimed %v after a released k1, want k1 only", got)
 	}
 	// a stops answering: once its liveness lapses, b takes k2 over.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if got := claim(b, "k2"); slices.Equal(got, []string{"k2"}) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("b never took over the key of a silent instance")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, "b to take over the key of a silent instance", func() bool {
+		return slices.Equal(claim(b, "k2"), []string{"k2"})
+	})
 	if got := claim(a, "k2"); len(got) != 0 {
 		t.Fatalf("a took k2 back from a live b: %v", got)
 	}
@@ -84,11 +85,7 @@ func TestOneReaderPerKey(t *testing.T) {
 // from Redis once it would have recovered.
 func TestSlowShared(t *testing.T) {
 	ctx := context.Background()
-	srv := testenv.StartRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
-	a := redisclaims.New(client, redisclaims.Config{Instance: "a"})
-	b := redisclaims.New(client, redisclaims.Config{Instance: "b"})
+	client, a, b := twoInstances(t, redisclaims.Config{})
 	if err := a.SaveSlow(ctx, "demo", "k1", 0.25, 400*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -102,20 +99,13 @@ func TestSlowShared(t *testing.T) {
 	if len(got) != 1 || got[0].Key != "k1" || got[0].Factor != 0.25 || got[0].Age < 0 || got[0].Age > 200*time.Millisecond {
 		t.Fatalf("loaded %+v, want k1 at 0.25 aged < 200ms (k2 has none, bad is of another version)", got)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.Eventually(t, 5*time.Second, "a recovered slow-down to leave Redis", func() bool {
 		n, err := client.Exists(ctx, "thr:{demo}:slow:k1").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a recovered slow-down stays in Redis")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n == 0
+	})
 	if got, err := b.LoadSlow(ctx, "demo", []string{"k1"}); err != nil || len(got) != 0 {
 		t.Fatalf("loaded %+v, %v after it expired", got, err)
 	}
@@ -126,12 +116,8 @@ func TestSlowShared(t *testing.T) {
 // instance that stopped refreshing come back after their lease.
 func TestSlotsBoundTheFleet(t *testing.T) {
 	ctx := context.Background()
-	srv := testenv.StartRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
 	lease := 400 * time.Millisecond
-	a := redisclaims.New(client, redisclaims.Config{Instance: "a", SlotLease: lease})
-	b := redisclaims.New(client, redisclaims.Config{Instance: "b", SlotLease: lease})
+	client, a, b := twoInstances(t, redisclaims.Config{SlotLease: lease})
 	acquire := func(c *redisclaims.Claims, key, tok string, want keyed.Full) {
 		t.Helper()
 		got, err := c.Acquire(ctx, "demo", key, tok, 3, 2)
@@ -153,8 +139,7 @@ func TestSlotsBoundTheFleet(t *testing.T) {
 	}
 	acquire(b, "j", "b3", keyed.Taken)
 	// a keeps a1 alive, b stops refreshing b3: b3 lapses, a1 does not.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.Eventually(t, 5*time.Second, "a crashed holder's slot to come back", func() bool {
 		if err := a.Refresh(ctx, "demo", map[string]string{"a1": "k", "a2": "j"}); err != nil {
 			t.Fatal(err)
 		}
@@ -162,17 +147,11 @@ func TestSlotsBoundTheFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got == keyed.Taken {
-			break
-		}
-		if got != keyed.LaneFull {
+		if got != keyed.Taken && got != keyed.LaneFull {
 			t.Fatalf("a3: %v while b3 holds the lane's third slot", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a crashed holder's slot never came back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return got == keyed.Taken
+	})
 	if n, err := client.ZCard(ctx, "thr:{demo}:inflight").Result(); err != nil || n != 3 {
 		t.Fatalf("lane slots held: %d, %v, want 3 (a1, a2, a3)", n, err)
 	}

@@ -37,6 +37,31 @@ func newSpace(c *redis.Client, clk clock.Clock, fold bool) space {
 	return sp
 }
 
+// foldStart is the time of the manual clocks of these tests.
+var foldStart = time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC)
+
+// reservedLane starts a redis-server and a folded space on it (clk nil:
+// Redis TIME) whose lane "l" has n slots of laneLim taken (none when n is 0).
+func reservedLane(t *testing.T, clk clock.Clock, laneLim bucket.Limit, n int) (*redis.Client, space) {
+	t.Helper()
+	c := client(t, testenv.StartRedis(t).URL())
+	sp := newSpace(c, clk, true)
+	if n == 0 {
+		return c, sp
+	}
+	if _, err := sp.lanes.Reserve(context.Background(), bucket.Key{Lane: "l"}, laneLim, n); err != nil {
+		t.Fatal(err)
+	}
+	return c, sp
+}
+
+// layered is a request through both layers (the per-IP window, 3 a minute,
+// and the plan, rate 1 burst 2) to lane "l" at laneLim.
+func layered(laneLim bucket.Limit) quota.Request {
+	return quota.Request{IP: "198.51.100.7", PerIP: quota.Window{Limit: 3, Length: time.Minute}, Caller: "key:a",
+		Plan: bucket.Limit{Rate: 1, Burst: 2}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+}
+
 // keyState is a key's value ("" when missing) and when it expires (Redis
 // PEXPIRETIME, ms since the epoch; -2 missing, -1 never).
 type keyState struct {
@@ -153,17 +178,11 @@ func TestFoldedMatchesSeparate(t *testing.T) {
 // plan's refusal does not touch the lane, and a lane with no room (which
 // queues, never refuses) changes nothing of the layers' answers.
 func TestFoldedRefusalTouchesNothingElse(t *testing.T) {
-	rs := testenv.StartRedis(t)
-	c := client(t, rs.URL())
 	ctx := context.Background()
-	mc := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC))
-	sp := newSpace(c, mc, true)
 	laneLim := bucket.Limit{Rate: 1, Burst: 1}
-	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 5); err != nil {
-		t.Fatal(err)
-	}
-	r := quota.Request{IP: "198.51.100.7", PerIP: quota.Window{Limit: 3, Length: time.Minute}, Caller: "key:a",
-		Plan: bucket.Limit{Rate: 1, Burst: 2}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+	mc := clock.NewManual(foldStart)
+	c, sp := reservedLane(t, mc, laneLim, 5)
+	r := layered(laneLim)
 	check := func() quota.Result {
 		t.Helper()
 		res, err := sp.quotas.Check(ctx, r)
@@ -265,14 +284,9 @@ func TestFoldedThreeInstances(t *testing.T) {
 // free slot, within the time between the two calls), and the layers'
 // counts are the separate script's.
 func TestFoldedOnRedisTime(t *testing.T) {
-	rs := testenv.StartRedis(t)
-	c := client(t, rs.URL())
 	ctx := context.Background()
-	sp := newSpace(c, nil, true)
 	laneLim := bucket.Limit{Rate: 1, Burst: 1}
-	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 30); err != nil {
-		t.Fatal(err)
-	}
+	_, sp := reservedLane(t, nil, laneLim, 30)
 	r := quota.Request{IP: "192.0.2.8", PerIP: quota.Window{Limit: 1000, Length: time.Hour}, Caller: "key:t",
 		Plan: bucket.Limit{Rate: 1.0 / 3600, Burst: 3}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
 	for i := range 5 {
@@ -299,14 +313,9 @@ func TestFoldedOnRedisTime(t *testing.T) {
 // lane state Redis lost (FLUSHALL) comes back as an empty bucket, not a
 // fresh burst, exactly as a Peek of its own would restore it.
 func TestFoldedRestoresLostLane(t *testing.T) {
-	rs := testenv.StartRedis(t)
-	c := client(t, rs.URL())
 	ctx := context.Background()
-	sp := newSpace(c, nil, true)
 	laneLim := bucket.Limit{Rate: 1, Burst: 2}
-	if _, err := sp.lanes.Reserve(ctx, bucket.Key{Lane: "l"}, laneLim, 10); err != nil {
-		t.Fatal(err)
-	}
+	c, sp := reservedLane(t, nil, laneLim, 10)
 	r := quota.Request{Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
 	res, err := sp.quotas.Check(ctx, r)
 	if err != nil || !res.LaneChecked || res.Lane.Allowed {
@@ -329,17 +338,13 @@ func TestFoldedRestoresLostLane(t *testing.T) {
 // time.Duration holds (Lua reads it, the store does not) makes the lane's
 // answer unreadable.
 func TestFoldedUnreadableLaneKeepsTheLayers(t *testing.T) {
-	rs := testenv.StartRedis(t)
-	c := client(t, rs.URL())
 	ctx := context.Background()
-	mc := clock.NewManual(time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC))
-	sp := newSpace(c, mc, true)
 	laneLim := bucket.Limit{Rate: 1, Burst: 1}
+	c, sp := reservedLane(t, clock.NewManual(foldStart), laneLim, 0)
 	if err := c.Set(ctx, sp.lanes.Key(bucket.Key{Lane: "l"}), "9000000000000000.000", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := quota.Request{IP: "198.51.100.7", PerIP: quota.Window{Limit: 3, Length: time.Minute}, Caller: "key:a",
-		Plan: bucket.Limit{Rate: 1, Burst: 2}, Cost: 1, Lane: bucket.Key{Lane: "l"}, LaneLimit: laneLim}
+	r := layered(laneLim)
 	before := sp.state(t, c, "l", "198.51.100.7", "key:a")
 	res, err := sp.quotas.Check(ctx, r)
 	if err != nil {
