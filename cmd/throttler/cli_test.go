@@ -21,6 +21,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/client"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // cliServer starts the real binary with two keyed-auth lanes: demo (its
@@ -257,7 +258,7 @@ func TestCLIWatch(t *testing.T) {
 	t.Parallel()
 	url := cliServer(t)
 	cmd := exec.Command(binary, "lanes", "--watch", "--interval", "200ms", "--server", url, "--key", "viewer-secret")
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.LogBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

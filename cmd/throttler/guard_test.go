@@ -30,7 +30,7 @@ func TestSecondMemoryPacerRefused(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, "serve", "--config", pathB)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr syncBuffer
+	var stderr testenv.LogBuffer
 	cmd.Stderr = &stderr
 	start := time.Now()
 	err := cmd.Run()

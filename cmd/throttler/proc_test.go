@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,26 +24,9 @@ import (
 type proc struct {
 	t    *testing.T
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testenv.LogBuffer
 	addr string
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // laneYAML is the config of one lane for procConfig.
@@ -100,7 +82,7 @@ func startProc(t *testing.T, path, addr string) *proc {
 // startBinary is startProc with the throttler binary at bin.
 func startBinary(t *testing.T, bin, path, addr string) *proc {
 	t.Helper()
-	p := &proc{t: t, cmd: exec.Command(bin, "serve", "--config", path), logs: &syncBuffer{}, addr: addr, done: make(chan struct{})}
+	p := &proc{t: t, cmd: exec.Command(bin, "serve", "--config", path), logs: &testenv.LogBuffer{}, addr: addr, done: make(chan struct{})}
 	p.cmd.Stderr = p.logs
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

@@ -1,7 +1,6 @@
 package apiserver_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -30,6 +29,7 @@ import (
 	"github.com/throttler/throttler/internal/apiserver"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/ingest"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -58,26 +58,6 @@ lanes:
 	}
 	return cfg
 }
-
-// logBuf collects JSON log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuf) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(l, nil)) }
 
 // fakeAPI records what a reload sets.
 type fakeAPI struct {
@@ -232,8 +212,8 @@ func TestServeTLSReloadsCertificate(t *testing.T) {
 	certFile, keyFile, first := selfSigned(t, dir, "first")
 	cfg := parse(t, "")
 	cfg.TLS.CertFile, cfg.TLS.KeyFile = certFile, keyFile
-	var logs logBuf
-	s, err := apiserver.New(cfg, logs.logger())
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(cfg, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,8 +286,8 @@ callers:
   default_plan: free
 `
 	}
-	var logs logBuf
-	s, err := apiserver.New(parse(t, withCallers("one", "10/min")), logs.logger())
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(parse(t, withCallers("one", "10/min")), logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,8 +403,8 @@ func TestReloadCallersAfterIgnoredOff(t *testing.T) {
   default_plan: free
 `)
 	}
-	var logs logBuf
-	s, err := apiserver.New(withCallers("10/min"), logs.logger())
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(withCallers("10/min"), logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}

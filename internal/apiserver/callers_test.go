@@ -18,6 +18,7 @@ import (
 	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/quota"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 const callersSection = `callers:
@@ -27,8 +28,8 @@ const callersSection = `callers:
 
 func TestCallersOff(t *testing.T) {
 	t.Parallel()
-	var logs logBuf
-	s, err := apiserver.New(parse(t, ""), logs.logger())
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(parse(t, ""), logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +80,8 @@ func TestCallersFallbackLog(t *testing.T) {
 
 	cfg := parse(t, callersSection)
 	cfg.Redis.URL = "redis://:pw-1234@" + away
-	var logs logBuf
-	s, err := apiserver.New(cfg, logs.logger())
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(cfg, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package backend_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,26 +22,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// logBuf collects JSON log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuf) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(l, nil)) }
 
 var quiet = slog.New(slog.DiscardHandler)
 
@@ -73,8 +51,8 @@ func TestMaxMessage(t *testing.T) {
 func TestFitBodies(t *testing.T) {
 	t.Parallel()
 	lanes := []config.Lane{{Name: "small", MaxBody: 1000}, {Name: "big", MaxBody: 8 << 20}, {Name: "edge", MaxBody: 1 << 20}}
-	var logs logBuf
-	n := backend.FitBodies(lanes, 1<<20+queue.HeaderRoom, logs.logger())
+	var logs testenv.LogBuffer
+	n := backend.FitBodies(lanes, 1<<20+queue.HeaderRoom, logs.Logger())
 	if n != 1 {
 		t.Fatalf("lowered %d lanes, want 1", n)
 	}

@@ -81,8 +81,8 @@ func TestOpenRedis(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedis(t)
 	ctx := context.Background()
-	var logs logBuf
-	r, err := backend.OpenRedis(ctx, config.Redis{URL: srv.URL()}, logs.logger())
+	var logs testenv.LogBuffer
+	r, err := backend.OpenRedis(ctx, config.Redis{URL: srv.URL()}, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,9 +107,9 @@ func TestOpenRedisAway(t *testing.T) {
 	t.Parallel()
 	addr := closedAddr(t)
 	url := "redis://:s3cret-pw@" + addr
-	var logs logBuf
+	var logs testenv.LogBuffer
 	start := time.Now()
-	r, err := backend.OpenRedis(context.Background(), config.Redis{URL: url}, logs.logger())
+	r, err := backend.OpenRedis(context.Background(), config.Redis{URL: url}, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func startInstance(t *testing.T, name, y string) *service.Service {
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, y)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", name), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -111,23 +111,6 @@ func startInstance(t *testing.T, name, y string) *service.Service {
 		t.Fatalf("%s not ready after 30s\n%s", name, logs.String())
 	}
 	return svc
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // startFleet starts n instances, i0, i1, …, with the nats and redis

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // Fakes of the handler's interfaces: the HTTP layer is tested alone; the
@@ -173,24 +173,6 @@ func (f *fakeDead) PurgeDead(context.Context, string) error {
 	return nil
 }
 
-// logBuffer collects JSON log lines; safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // testKey is a key whose secret is "secret-<id>".
 func testKey(id string, s Scopes) Key {
 	return Key{ID: id, SHA256: sha256.Sum256([]byte("secret-" + id)), Scopes: s}
@@ -210,13 +192,13 @@ type fixture struct {
 	pub  *fakePublisher
 	dir  *fakeLanes
 	dead *fakeDead
-	logs *logBuffer
+	logs *testenv.LogBuffer
 }
 
 // newFixture builds a handler on fakes; edit changes its Config first.
 func newFixture(t testing.TB, edit func(*Config)) *fixture {
 	t.Helper()
-	f := &fixture{pub: &fakePublisher{}, dir: &fakeLanes{maxBody: 1 << 10}, dead: &fakeDead{}, logs: &logBuffer{}}
+	f := &fixture{pub: &fakePublisher{}, dir: &fakeLanes{maxBody: 1 << 10}, dead: &fakeDead{}, logs: &testenv.LogBuffer{}}
 	cfg := Config{
 		Admitter: fakeAdmitter{}, Publisher: f.pub, Lanes: f.dir, DeadLetters: f.dead,
 		Metrics: metrics.New(prometheus.NewRegistry()),

@@ -22,7 +22,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,31 +29,14 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/servicetest"
+	"github.com/throttler/throttler/internal/testenv"
 )
-
-// syncBuffer collects log lines; safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startLogged is start with the service's JSON log captured (and copied
 // to the test's output).
-func startLogged(t *testing.T, cfg config.Config) (*service.Service, *syncBuffer) {
+func startLogged(t *testing.T, cfg config.Config) (*service.Service, *testenv.LogBuffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	svc := service.New(cfg, slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil)), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)

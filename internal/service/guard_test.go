@@ -1,14 +1,12 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,27 +43,9 @@ lanes:
 	return cfg
 }
 
-// logBuffer collects a service's log lines for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type running struct {
 	svc  *Service
-	logs *logBuffer
+	logs *testenv.LogBuffer
 	errc chan error
 	stop context.CancelFunc
 }
@@ -73,7 +53,7 @@ type running struct {
 // launch runs a service with the fast guard. It does not wait for it.
 func launch(t *testing.T, cfg config.Config) *running {
 	t.Helper()
-	in := &running{logs: &logBuffer{}, errc: make(chan error, 1)}
+	in := &running{logs: &testenv.LogBuffer{}, errc: make(chan error, 1)}
 	in.svc = New(cfg, slog.New(slog.NewTextHandler(in.logs, nil)), nil)
 	in.svc.guardTiming = fastGuard
 	ctx, cancel := context.WithCancel(context.Background())
