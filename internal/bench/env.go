@@ -370,14 +370,28 @@ const publishWindow = 2048
 // With ids each message carries a unique Nats-Msg-Id, like a job submitted
 // over HTTP. It stops at ctx's end.
 func publishN(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, ids bool, progress func(done int)) error {
+	_, err := publishWindowed(ctx, js, subject, n, payload, ids, false, progress)
+	return err
+}
+
+// publishWindowed publishes n copies of payload asynchronously, waiting
+// for the acks of every publishWindow, with a Nats-Msg-Id each when ids.
+// It returns how many the server stored; a refusal from the server is
+// counted as not stored when refusals are allowed, and fails otherwise.
+func publishWindowed(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, ids, refusals bool, progress func(done int)) (int, error) {
 	prefix := nuid.Next()
+	stored := 0
 	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
 	wait := func() error {
 		for _, f := range futures {
 			select {
 			case <-f.Ok():
+				stored++
 			case err := <-f.Err():
-				return fmt.Errorf("bench: publish to %s: %w", subject, err)
+				var api *jetstream.APIError
+				if !refusals || !errors.As(err, &api) {
+					return fmt.Errorf("bench: publish to %s: %w", subject, err)
+				}
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(30 * time.Second):
@@ -394,19 +408,19 @@ func publishN(ctx context.Context, js jetstream.JetStream, subject string, n int
 		}
 		f, err := js.PublishAsync(subject, payload, opts...)
 		if err != nil {
-			return fmt.Errorf("bench: publish to %s: %w", subject, err)
+			return stored, fmt.Errorf("bench: publish to %s: %w", subject, err)
 		}
 		futures = append(futures, f)
 		if len(futures) == cap(futures) || i == n-1 {
 			if err := wait(); err != nil {
-				return err
+				return stored, err
 			}
 			if progress != nil {
 				progress(i + 1)
 			}
 		}
 	}
-	return nil
+	return stored, nil
 }
 
 // prefill stores count[lane] messages on the streams of cfg's lanes while

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -296,42 +295,5 @@ type memStatus struct {
 // max_backlog), and returns how many it stored. A refusal from the server
 // is counted; anything else fails.
 func publishOffered(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, progress func(done int)) (int, error) {
-	prefix := nuid.Next()
-	stored := 0
-	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
-	wait := func() error {
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-				stored++
-			case err := <-f.Err():
-				var api *jetstream.APIError
-				if !errors.As(err, &api) {
-					return fmt.Errorf("bench: publish to %s: %w", subject, err)
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(30 * time.Second):
-				return fmt.Errorf("bench: publish to %s: no ack within 30s", subject)
-			}
-		}
-		futures = futures[:0]
-		return nil
-	}
-	for i := range n {
-		f, err := js.PublishAsync(subject, payload, jetstream.WithMsgID(prefix+strconv.Itoa(i)))
-		if err != nil {
-			return stored, fmt.Errorf("bench: publish to %s: %w", subject, err)
-		}
-		futures = append(futures, f)
-		if len(futures) == cap(futures) || i == n-1 {
-			if err := wait(); err != nil {
-				return stored, err
-			}
-			if progress != nil {
-				progress(i + 1)
-			}
-		}
-	}
-	return stored, nil
+	return publishWindowed(ctx, js, subject, n, payload, true, true, progress)
 }
