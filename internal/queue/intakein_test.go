@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
 )
 
@@ -287,26 +288,14 @@ func TestKeyedIntakeOversizedJobDeadLettered(t *testing.T) {
 	if err := q.EnsureKeyedLane(context.Background(), spec); err != nil {
 		t.Fatal(err)
 	}
-	js, _ := jetstream.New(nc)
 	m := nats.NewMsg(queue.Subject("demo", "k"))
 	m.Data = make([]byte, spec.MaxBody+queue.HeaderRoom-50)
 	m.Header.Set(jetstream.MsgIDHeader, "big")
-	if _, err := js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatalf("publish the oversized job: %v", err)
-	}
-	publishPublic(t, js, "k", "k-0")
-	runIntake(t, q)
-	got := drainKeys(t, q, []string{"k"}, 1)
-	if !slices.Equal(got["k"], []string{"k-0"}) {
-		t.Fatalf("key k read %v, want [k-0]", got["k"])
-	}
-	dead, err := q.ListDead(context.Background(), "demo", 0, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dead := poisonThenGood(t, q, nc, m, "the oversized job")
 	if len(dead) != 1 || dead[0].ID != "big" || dead[0].Size != int(spec.MaxBody) || !strings.Contains(dead[0].Reason, "max_body") {
 		t.Fatalf("dead letters %+v, want job big, its payload cut at %d, the reason naming max_body", dead, spec.MaxBody)
 	}
+	js, _ := jetstream.New(nc)
 	waitForCond(t, "the intake stream empty", func() bool {
 		n, _ := streamMsgs(t, js, queue.IntakeStreamName("demo"))
 		return n == 0
@@ -382,12 +371,23 @@ func TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	q := reconnect(t, nc, spec)
-	js, _ := jetstream.New(nc)
 	m := nats.NewMsg(queue.Subject("demo", strings.Repeat("x", 3000)))
 	m.Data = make([]byte, spec.MaxBody+2000)
 	m.Header.Set(jetstream.MsgIDHeader, "badkey")
+	dead := poisonThenGood(t, q, nc, m, "the job with a bad key")
+	if len(dead) != 1 || dead[0].ID != "badkey" || !strings.Contains(dead[0].Reason, "Throttle-Key") {
+		t.Fatalf("dead letters %+v, want job badkey, the reason naming the key", dead)
+	}
+}
+
+// poisonThenGood publishes m, a public job that can never move, then a good
+// job k-0 on key k, runs the intake and checks that k-0 reaches its key
+// past m. It returns the lane's dead letters.
+func poisonThenGood(t *testing.T, q *queue.Queue, nc *nats.Conn, m *nats.Msg, what string) []api.DeadLetter {
+	t.Helper()
+	js, _ := jetstream.New(nc)
 	if _, err := js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatalf("publish the job with a bad key: %v", err)
+		t.Fatalf("publish %s: %v", what, err)
 	}
 	publishPublic(t, js, "k", "k-0")
 	runIntake(t, q)
@@ -399,7 +399,5 @@ func TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dead) != 1 || dead[0].ID != "badkey" || !strings.Contains(dead[0].Reason, "Throttle-Key") {
-		t.Fatalf("dead letters %+v, want job badkey, the reason naming the key", dead)
-	}
+	return dead
 }
