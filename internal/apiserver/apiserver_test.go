@@ -294,15 +294,7 @@ callers:
 	if got := s.Auth().Keys; len(got) != 1 || got[0].SHA256 != sha256.Sum256([]byte("one")) {
 		t.Fatalf("Auth keys: %+v", got)
 	}
-	api := newFakeAPI()
-	done, err := s.Start(api)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = s.Shutdown(context.Background())
-		<-done
-	}()
+	api := startAPI(t, s)
 
 	next := parse(t, withCallers("two", "20/min"))
 	if err := s.Reload(func() (config.Config, error) { return next, nil }); err != nil {
@@ -353,15 +345,7 @@ func TestReloadWithoutKeys(t *testing.T) {
 	if s.TLS() || len(s.Auth().Keys) != 0 {
 		t.Fatalf("TLS %v, keys %d: want plain HTTP without keys", s.TLS(), len(s.Auth().Keys))
 	}
-	api := newFakeAPI()
-	done, err := s.Start(api)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = s.Shutdown(context.Background())
-		<-done
-	}()
+	api := startAPI(t, s)
 	resp, err := http.Get("http://" + s.Addr() + "/healthz")
 	if err != nil {
 		t.Fatal(err)
@@ -408,15 +392,7 @@ func TestReloadCallersAfterIgnoredOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := newFakeAPI()
-	done, err := s.Start(api)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = s.Shutdown(context.Background())
-		<-done
-	}()
+	api := startAPI(t, s)
 	if err := s.Reload(func() (config.Config, error) { return parse(t, ""), nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -429,4 +405,19 @@ func TestReloadCallersAfterIgnoredOff(t *testing.T) {
 	if len(api.callers) != 1 || api.callers[0].Plans["free"].Rate.PerSecond() != 30.0/60 {
 		t.Fatalf("caller policies set by the reload after an ignored off: %+v\nlog:\n%s", api.callers, logs.String())
 	}
+}
+
+// startAPI serves a fake API through s until the test ends.
+func startAPI(t *testing.T, s *apiserver.Server) *fakeAPI {
+	t.Helper()
+	api := newFakeAPI()
+	done, err := s.Start(api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.Shutdown(context.Background())
+		<-done
+	})
+	return api
 }
