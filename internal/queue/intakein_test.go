@@ -24,23 +24,8 @@ func intakeSpec(maxBacklog int64) queue.LaneSpec {
 // instance after a restart.
 func reconnect(t *testing.T, nc *nats.Conn, spec queue.LaneSpec) *queue.Queue {
 	t.Helper()
-	nc2, err := nats.Connect(nc.ConnectedUrl())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc2.Close)
-	q, err := queue.New(nc2, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureKeyedLane(ctx, spec); err != nil {
+	q, _ := bareQueueOn(t, nc.ConnectedUrl())
+	if err := q.EnsureKeyedLane(context.Background(), spec); err != nil {
 		t.Fatal(err)
 	}
 	return q

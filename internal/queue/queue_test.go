@@ -33,8 +33,13 @@ func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 // streams, and no lane yet.
 func newBareQueue(t *testing.T) (*queue.Queue, *nats.Conn) {
 	t.Helper()
-	srv := testenv.StartNATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
+	return bareQueueOn(t, testenv.StartNATS(t).ClientURL())
+}
+
+// bareQueueOn is newBareQueue on the server at url.
+func bareQueueOn(t *testing.T, url string) (*queue.Queue, *nats.Conn) {
+	t.Helper()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
