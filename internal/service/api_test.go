@@ -147,12 +147,7 @@ func TestNATSPublishIsAJob(t *testing.T) {
 	cfg.NATS.URL = srv.ClientURL()
 	start(t, cfg)
 
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testenv.JetStream(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for i := 0; i < 20; i++ {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/internal/config"
@@ -111,15 +110,7 @@ func (in *running) refused(t *testing.T, within time.Duration, want ...string) e
 
 func kvOf(t *testing.T, url string) jetstream.KeyValue {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instance.Bucket, TTL: fastGuard.TTL, History: 1, Storage: jetstream.MemoryStorage})

@@ -102,15 +102,7 @@ func submitKeyed(t *testing.T, client *http.Client, addr, key, id string) int {
 // ids <key>-<i>.
 func publishKeyed(t *testing.T, url, key string, n int) {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, url)
 	for i := range n {
 		m := nats.NewMsg("throttle.demo." + key)
 		m.Data = []byte("x")
@@ -132,15 +124,7 @@ func publishKeyed(t *testing.T, url, key string, n int) {
 // to its key, and returns when.
 func intakeDone(t *testing.T, url string) time.Time {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, url)
 	waitFor(t, 60*time.Second, "the intake to move every public job", func() bool {
 		st, err := js.Stream(context.Background(), queue.IntakeStreamName("demo"))
 		if err != nil {
@@ -491,15 +475,7 @@ func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
 	cfg.Lanes[0].MaxBacklog = 10
 	start(t, cfg)
 
-	nc, err := nats.Connect(natsSrv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, natsSrv.ClientURL())
 	keys := []string{"a", "b", "c"}
 	const n = 40
 	refused := 0

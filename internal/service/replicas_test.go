@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttler/throttler/internal/config"
@@ -44,15 +42,7 @@ lanes:
 	}
 	svc := runWithRegistry(t, cfg, prometheus.NewRegistry())
 
-	nc, err := nats.Connect(cluster.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testenv.JetStream(t, cluster.URLs())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, name := range []string{queue.StreamName("demo"), queue.RetryStream, queue.DeadStream} {

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
@@ -251,12 +250,7 @@ func TestStopHandsBackHeldJobsAtOnce(t *testing.T) {
 	for i := 0; i < jobs; i++ {
 		submit(t, client, svc.Addr(), "demo", fmt.Sprintf("held-%d", i), "x")
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testenv.JetStream(t, srv.ClientURL())
 	cons, err := js.Consumer(context.Background(), queue.StreamName("demo"), queue.ConsumerName)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // StartNATS runs an in-process nats-server with JetStream on a random port
@@ -38,4 +40,20 @@ func StartNATSDir(t testing.TB, dir string, port int) *server.Server {
 		srv.WaitForShutdown()
 	})
 	return srv
+}
+
+// JetStream connects to the NATS server at url for a test, closing the
+// connection when the test ends.
+func JetStream(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
