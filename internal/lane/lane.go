@@ -104,6 +104,7 @@ type Lane struct {
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
 	delivered atomic.Uint64
+	stopping  atomic.Bool // Run's context is done: acks are confirmed
 	rateGauge prometheus.Gauge
 	hot       hotMetrics  // the per-job series, looked up once
 	starts    startWindow // for the utilization gauge
@@ -248,6 +249,7 @@ func (l *Lane) Name() string { return l.cfg.Name }
 // lane's retry mover beside it, then hands back what the drain holds and
 // waits for the deliveries it started (bounded by Deps.DispatchCtx).
 func (l *Lane) Run(ctx context.Context) {
+	defer context.AfterFunc(ctx, func() { l.stopping.Store(true) })()
 	var watch sync.WaitGroup
 	defer watch.Wait()
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -353,7 +355,17 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 			l.keyed.settledJob(msg)
 		}
 		l.delivered.Add(1)
-		if err := msg.Ack(); err != nil {
+		ack := msg.Ack
+		if l.stopping.Load() {
+			// The backends close after the last delivery: only a confirmed
+			// ack is sure to be applied before then.
+			ack = func() error {
+				ctx, cancel := settleCtx()
+				defer cancel()
+				return msg.AckSync(ctx)
+			}
+		}
+		if err := ack(); err != nil {
 			log().Warn("ack failed; the job may be delivered again", "ack_err", err)
 		} else {
 			l.settled(msg)

@@ -25,6 +25,7 @@ type Msg struct {
 // a keyed lane's message read by subject (keyed.go).
 type acker interface {
 	Ack() error
+	DoubleAck(context.Context) error
 	Nak() error
 	NakWithDelay(time.Duration) error
 	InProgress() error
@@ -59,8 +60,15 @@ func (m *Msg) EnqueuedAt() time.Time {
 // FirstDelivery reports that no consumer had this copy of the job before.
 func (m *Msg) FirstDelivery() bool { return m.meta.NumDelivered <= 1 }
 
-// Ack marks the job done; JetStream removes it.
+// Ack marks the job done; JetStream removes it. The ack is not confirmed:
+// the server applies it moments later.
 func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
+
+// AckSync marks the job done and returns once the server has applied the
+// ack: what a stopping instance uses, since a server shut down right after a
+// plain ack may never apply it (an embedded server drops the acks it has
+// not processed yet), and the job would be delivered again.
+func (m *Msg) AckSync(ctx context.Context) error { m.c.settle(m); return m.m.DoubleAck(ctx) }
 
 // Wait hands the job back to be delivered again after delay, in its place and
 // without counting an attempt (a rate limit, a paused lane).

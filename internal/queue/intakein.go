@@ -320,6 +320,7 @@ func (a *deleteAck) Ack() error {
 	}
 	return err
 }
+func (a *deleteAck) DoubleAck(context.Context) error  { return a.Ack() }
 func (a *deleteAck) Nak() error                       { return nil }
 func (a *deleteAck) NakWithDelay(time.Duration) error { return nil }
 func (a *deleteAck) InProgress() error                { return nil }

@@ -276,6 +276,9 @@ func (a *keyedAck) Ack() error {
 	return err
 }
 
+// DoubleAck is Ack: deleting the message is already confirmed.
+func (a *keyedAck) DoubleAck(context.Context) error { return a.Ack() }
+
 func (a *keyedAck) Nak() error { return a.NakWithDelay(0) }
 
 func (a *keyedAck) NakWithDelay(time.Duration) error {
