@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // within fails the test when f has not returned after d: a write that
@@ -257,5 +258,35 @@ func TestJobMsgHeaderCount(t *testing.T) {
 	// formatted, and one in the map: the header arrays stay on the stack.
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 7 {
 		t.Errorf("jobMsg allocates %v times, want at most 7", n)
+	}
+}
+
+// TestJobMsgSaysTheIDOnce: a job stored under its own id (every intake)
+// carries it in Nats-Msg-Id alone, and reads back with that id; a copy
+// under another msg id keeps both.
+func TestJobMsgSaysTheIDOnce(t *testing.T) {
+	now := time.Now()
+	for _, job := range []Job{
+		{ID: "order-42", Lane: "demo", ContentType: "application/json", Payload: []byte("{}")},
+		{ID: "order-42", MsgID: "order-42", Lane: "demo", Payload: []byte("{}")},
+	} {
+		msg := jobMsg(job)
+		if _, ok := msg.Header[HeaderJobID]; ok {
+			t.Errorf("msg id %q: %s is set: %v", job.MsgID, HeaderJobID, msg.Header)
+		}
+		if got := msg.Header.Get(jetstream.MsgIDHeader); got != job.ID {
+			t.Errorf("msg id %q: Nats-Msg-Id %q, want %q", job.MsgID, got, job.ID)
+		}
+		if got := decodeJob("demo", msg.Header, msg.Data, "", 7, true, now); got.ID != job.ID {
+			t.Errorf("msg id %q: decoded id %q, want %q", job.MsgID, got.ID, job.ID)
+		}
+	}
+	retry := Job{ID: "order-42", MsgID: "order-42#attempt-1", Lane: "demo", Attempts: 1}
+	msg := jobMsg(retry)
+	if msg.Header.Get(HeaderJobID) != retry.ID || msg.Header.Get(jetstream.MsgIDHeader) != retry.MsgID {
+		t.Errorf("retry copy headers %v", msg.Header)
+	}
+	if got := decodeJob("demo", msg.Header, msg.Data, "", 7, true, now); got.ID != retry.ID {
+		t.Errorf("retry copy decoded id %q, want %q", got.ID, retry.ID)
 	}
 }

@@ -489,12 +489,15 @@ func jobMsg(job Job) *nats.Msg {
 		add(HeaderContentType, job.ContentType)
 	}
 	if job.ID != "" {
-		add(HeaderJobID, job.ID)
-		id := job.MsgID
-		if id == "" {
-			id = job.ID
+		// A job stored under its own id (every intake) says it once:
+		// decodeJob reads the id from Nats-Msg-Id when Throttler-Job-Id is
+		// absent, and JetStream parses one header less per message.
+		if job.MsgID != "" && job.MsgID != job.ID {
+			add(HeaderJobID, job.ID)
+			add(jetstream.MsgIDHeader, job.MsgID)
+		} else {
+			add(jetstream.MsgIDHeader, job.ID)
 		}
-		add(jetstream.MsgIDHeader, id)
 	}
 	if job.Outside {
 		add(HeaderVia, "nats")
