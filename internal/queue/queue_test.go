@@ -15,7 +15,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
+func newQueue(t testing.TB, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 	t.Helper()
 	q, nc := newBareQueue(t)
 	ctx := context.Background()
@@ -31,13 +31,13 @@ func newQueue(t *testing.T, spec queue.LaneSpec) (*queue.Queue, *nats.Conn) {
 
 // newBareQueue is a queue on a fresh server with its retry and dead-letter
 // streams, and no lane yet.
-func newBareQueue(t *testing.T) (*queue.Queue, *nats.Conn) {
+func newBareQueue(t testing.TB) (*queue.Queue, *nats.Conn) {
 	t.Helper()
 	return bareQueueOn(t, testenv.StartNATS(t).ClientURL())
 }
 
 // bareQueueOn is newBareQueue on the server at url.
-func bareQueueOn(t *testing.T, url string) (*queue.Queue, *nats.Conn) {
+func bareQueueOn(t testing.TB, url string) (*queue.Queue, *nats.Conn) {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
