@@ -128,11 +128,12 @@ func (h *Handler) maxBatchBytes() int64 {
 // parseBatch reads and checks every item of a batch body; a problem names
 // the first thing wrong, and then nothing may be stored.
 //
-// A well-formed body is decoded in one pass into a pooled slice of items;
-// anything that pass refuses (bad JSON, an unknown field, a wrong type, too
-// many items, data after the array) is read again item by item by
-// parseBatchItems, which names what is wrong, so both agree on every body
-// (FuzzParseBatch).
+// A well-formed body is decoded in one pass into a pooled slice of items:
+// by scanBatch when it has the usual form (exact keys, strings without
+// escapes), else by encoding/json; anything that pass refuses (bad JSON,
+// an unknown field, a wrong type, too many items, data after the array) is
+// read again item by item by parseBatchItems, which names what is wrong,
+// so all agree on every body (FuzzParseBatch).
 func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
 	ip := batchItems.Get().(*[]api.BatchItem)
 	defer func() {
@@ -142,14 +143,19 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 			batchItems.Put(ip)
 		}
 	}()
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	items := (*ip)[:0]
-	err := dec.Decode(&items)
+	items, ok := scanBatch(body, (*ip)[:0], maxItems)
 	*ip = items
-	if err != nil || items == nil || len(items) == 0 || len(items) > maxItems ||
-		dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
-		return parseBatchItems(body, lane, maxBody, maxItems)
+	if !ok {
+		clear(items)
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		items = items[:0]
+		err := dec.Decode(&items)
+		*ip = items
+		if err != nil || items == nil || len(items) == 0 || len(items) > maxItems ||
+			dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
+			return parseBatchItems(body, lane, maxBody, maxItems)
+		}
 	}
 	jobs := make([]batchJob, len(items))
 	seen := make(map[string]int, len(items))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 )
 
@@ -45,7 +46,13 @@ func BenchmarkSubmit(b *testing.B) {
 }
 
 // BenchmarkSubmitBatch: a batch of 100 jobs through the handler on fakes.
-func BenchmarkSubmitBatch(b *testing.B) {
+func BenchmarkSubmitBatch(b *testing.B) { benchmarkSubmitBatch(b, false) }
+
+// BenchmarkSubmitBatchKeys: the same with an idempotency_key per item, as
+// throttler-bench's batches (and most callers) send them.
+func BenchmarkSubmitBatchKeys(b *testing.B) { benchmarkSubmitBatch(b, true) }
+
+func benchmarkSubmitBatch(b *testing.B, keys bool) {
 	f := newFixture(b, nil)
 	var buf bytes.Buffer
 	buf.WriteString("[")
@@ -53,7 +60,11 @@ func BenchmarkSubmitBatch(b *testing.B) {
 		if i > 0 {
 			buf.WriteString(",")
 		}
-		buf.WriteString(`{"payload":{"event":"bench.ingest","customer":"c-0001","amount":4200,"ok":1}}`)
+		buf.WriteString(`{`)
+		if keys {
+			buf.WriteString(`"idempotency_key":"8MvCk0Yuzf5cGgvKEaxSWd-b-` + strconv.Itoa(1000+i) + `",`)
+		}
+		buf.WriteString(`"payload":{"event":"bench.ingest","customer":"c-0001","amount":4200,"ok":1}}`)
 	}
 	buf.WriteString("]")
 	body := buf.Bytes()

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/throttler/throttler/api"
 )
 
 // FuzzHandler sends fuzzed requests (method, path, headers, body) through
@@ -112,11 +115,27 @@ func FuzzParseBatch(f *testing.F) {
 		`[{"payload":1,"payload_base64":"aGk="}]`, `[{"idempotency_key":7,"payload":1}]`, `[{"payload":null}]`,
 		`[{"payload":1},{"payload":2},{"payload":3},{"payload":4}]`, `[{"throttle_key":"a b","payload":1}]`,
 		`[{"payload":"` + strings.Repeat("x", 70) + `"}]`, `[{"content_type":"a\u0001","payload":1}]`,
+		` [ {"payload" : [1,-0.5e+3,"a\"\u00e9",{"b":[true,false,null]},{}] , "idempotency_key":"a"} ] `,
+		`[{"payload":01}]`, `[{"payload":1.}]`, `[{"payload":"\x"}]`, `[{"payload":1,"payload":2}]`,
+		`[{"idempotency_key":"a\u0062","payload":1}]`, `[{"payload":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}]`,
+		`[{"payload":{"a":1,}}]`, `[{"payload":1},]`, `[{}]`, "[{\"payload\":\"\xff\"}]",
 	} {
 		f.Add([]byte(s))
 	}
 	const maxBody, maxItems = 64, 3
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// What scanBatch takes, encoding/json takes into the same items.
+		if items, ok := scanBatch(body, nil, maxItems); ok {
+			var want []api.BatchItem
+			dec := json.NewDecoder(bytes.NewReader(body))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&want); err != nil || dec.More() {
+				t.Fatalf("%q: scanBatch takes it, encoding/json refuses: %v", body, err)
+			}
+			if !reflect.DeepEqual(items, want) {
+				t.Fatalf("%q: scanBatch %+v, encoding/json %+v", body, items, want)
+			}
+		}
 		fast, fp := parseBatch(body, "demo", maxBody, maxItems)
 		slow, sp := parseBatchItems(body, "demo", maxBody, maxItems)
 		if (fp == nil) != (sp == nil) || fp != nil && *fp != *sp {
@@ -138,4 +157,32 @@ func FuzzParseBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestScanBatch: the usual forms of a batch take the fast way; an escape, a
+// key spelled otherwise, a key given twice, bad JSON or a batch over the
+// limit go to encoding/json.
+func TestScanBatch(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		n    int // items; -1: not taken
+	}{
+		{`[{"idempotency_key":"k-1","payload":{"event":"x","amount":4200,"ok":1}}]`, 1},
+		{"\n[ {\"payload\":[1,-0.5e+3,\"a\\\"\\u00e9\",{\"b\":[true,false,null]},{}]},\t{\"payload_base64\":\"aGk=\",\"content_type\":\"text/plain\",\"throttle_key\":\"t\"} ]\r\n", 2},
+		{`[{"payload":null},{},{"payload":"é"}]`, 3},
+		{`[{"payload":1},{"payload":2},{"payload":3},{"payload":4}]`, -1}, // over maxItems
+		{`[]`, -1},
+		{`[{"idempotency_key":"a\u0062","payload":1}]`, -1},
+		{`[{"IDEMPOTENCY_KEY":"a","payload":1}]`, -1},
+		{`[{"payload":1,"payload":2}]`, -1},
+		{`[{"idempotency_key":7,"payload":1}]`, -1},
+		{`[{"payload":01}]`, -1},
+		{`[{"payload":1}] x`, -1},
+		{`[{"payload":1}`, -1},
+	} {
+		items, ok := scanBatch([]byte(tc.body), nil, 3)
+		if n := len(items); ok != (tc.n >= 0) || ok && n != tc.n {
+			t.Errorf("%q: %d items, taken %v; want %d", tc.body, n, ok, tc.n)
+		}
+	}
 }
