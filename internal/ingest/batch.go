@@ -340,22 +340,34 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	// On a keyed lane each key has a bucket of its own: the items of one key
-	// are decided together, in their order, beside the other keys'.
-	decs, errs := make([]admission.Decision, len(fresh)), make([]error, len(fresh))
-	byKey := map[string][]int{} // key → indexes into fresh
-	var keys []string
-	for k, i := range fresh {
-		key := jobs[i].job.Key
-		if _, ok := byKey[key]; !ok {
-			keys = append(keys, key)
+	// are decided together, in their order, beside the other keys'. A lane
+	// without keys (or a batch of one key) is one call whose answers are
+	// the batch's.
+	var decs []admission.Decision
+	var errs []error
+	if oneKey(jobs, fresh) {
+		key := ""
+		if len(fresh) > 0 {
+			key = jobs[fresh[0]].job.Key
 		}
-		byKey[key] = append(byKey[key], k)
-	}
-	for _, key := range keys {
-		ks := byKey[key]
-		d, e := h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(ks))
-		for j, k := range ks {
-			decs[k], errs[k] = d[j], e[j]
+		decs, errs = h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(fresh))
+	} else {
+		decs, errs = make([]admission.Decision, len(fresh)), make([]error, len(fresh))
+		byKey := map[string][]int{} // key → indexes into fresh
+		var keys []string
+		for k, i := range fresh {
+			key := jobs[i].job.Key
+			if _, ok := byKey[key]; !ok {
+				keys = append(keys, key)
+			}
+			byKey[key] = append(byKey[key], k)
+		}
+		for _, key := range keys {
+			ks := byKey[key]
+			d, e := h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(ks))
+			for j, k := range ks {
+				decs[k], errs[k] = d[j], e[j]
+			}
 		}
 	}
 	var (
@@ -534,6 +546,16 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	if cap(*buf) <= 1<<20 {
 		answerBufs.Put(buf)
 	}
+}
+
+// oneKey reports whether the jobs at fresh share one throttle key.
+func oneKey(jobs []batchJob, fresh []int) bool {
+	for _, i := range fresh {
+		if jobs[i].job.Key != jobs[fresh[0]].job.Key {
+			return false
+		}
+	}
+	return true
 }
 
 // appendBatchAccepted appends a as encoding/json would write it, newline
