@@ -294,9 +294,9 @@ func awaitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
 // references, in the same rounds: the same client POSTing the same bodies to
 // the reference server's /batch (decode, jetstream.PublishAsync with a
 // Nats-Msg-Id each in one window, wait for the acks: the same work without
-// admission, checks or per-item answers; the goal's reference), and
-// jetstream.PublishAsync of the same payloads in windows of batchSize from
-// batchConns goroutines, no HTTP.
+// admission, checks or per-item answers), and jetstream.PublishAsync of
+// the same payloads in windows of batchSize from batchConns goroutines, no
+// HTTP (the reference). Both rows carry the goal, ≥ 0.80×.
 const (
 	batchConns = 8
 	batchSize  = 100
@@ -367,7 +367,7 @@ func (e *env) batchIngest(ctx context.Context, client *http.Client, url string, 
 		row(fmt.Sprintf("batch ingest, %d jobs a request @%d conns: jobs/s (vs the same bodies POSTed to a handler that stores them with js.PublishAsync)", batchSize, batchConns),
 			best[1], "request", "≥ 0.80×"),
 		row(fmt.Sprintf("batch ingest, %d jobs a request @%d conns: jobs/s (vs js.PublishAsync, windows of %d ×%d, no HTTP)", batchSize, batchConns, batchSize, batchConns),
-			best[2], "window", "—"),
+			best[2], "window", "≥ 0.80×"),
 	}, nil
 }
 
