@@ -495,6 +495,7 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 // that took the public subjects itself filled up with jobs nobody could
 // move, and stalled.)
 func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 1)
