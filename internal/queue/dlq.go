@@ -107,7 +107,10 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: dead-letter %s: %w", job.ID, err)
 	}
-	return m.m.Ack()
+	// A confirmed ack, on this path that already waited for a store:
+	// a plain one lost at a stop would leave the original to be
+	// delivered again beside its copy.
+	return m.m.DoubleAck(ctx)
 }
 
 func deadFromRaw(raw *jetstream.RawStreamMsg) api.DeadLetter {

@@ -104,7 +104,10 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
 	}
-	return m.m.Ack()
+	// A confirmed ack, on this path that already waited for a store:
+	// a plain one lost at a stop would leave the original to be
+	// delivered again beside its copy.
+	return m.m.DoubleAck(ctx)
 }
 
 // MoveRetries puts the lane's retries into the lane as they fall due, until
