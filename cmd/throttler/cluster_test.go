@@ -150,9 +150,10 @@ func maxInWindow(at []time.Time, w time.Duration) (int, time.Time) {
 	return best, where
 }
 
-// g1Tolerance is how much later than its slot an arrival may be: a start is
-// at most max(leaky.DefaultMaxLate, period) after its slot (a later one is
-// given up, see leaky.Config.MaxLate), and reaches the target a few ms after
+// g1Tolerance widens the windows of the G1 check on arrivals: a start is
+// less than one period after its slot's theoretical time (a later one is
+// given up, see leaky.Config.MaxLate), which keeps windows of whole periods
+// exact and others within one start, and reaches the target a few ms after
 // that across processes sharing two CPUs.
 func g1Tolerance(l bucket.Limit) time.Duration {
 	return max(leaky.DefaultMaxLate, l.Period()) + 10*time.Millisecond

@@ -47,6 +47,9 @@ type pacing struct {
 	Achieved float64
 	// Span is last − first.
 	Span time.Duration
+	// CPU is the cores the whole bench process (service, sink, reference)
+	// used while the side ran, when measured (lanePacing); zero otherwise.
+	CPU float64
 }
 
 // pacingOf computes the pacing statistics of starts against period; starts

@@ -138,11 +138,27 @@ type Reservation struct {
 	First time.Duration
 	// Period is the spacing of consecutive slots.
 	Period time.Duration
+	// Tolerance is the limit's τ = (burst−1)·Period: how far before its
+	// theoretical time (Latest) a slot may start.
+	Tolerance time.Duration
 }
 
 // Delay is how long after the reservation slot i may start: max(0, First + i·Period).
 func (r Reservation) Delay(i int) time.Duration {
 	return max(r.First+time.Duration(i)*r.Period, 0)
+}
+
+// Latest is how long after the reservation slot i may still start with
+// the limit kept exactly: its theoretical time in the state, First + i·Period
+// + Tolerance. Every slot ever reserved from one state has its own
+// theoretical time, a Period or more from any other's, and starts in
+// [Latest − Tolerance, Latest] (Delay clamps at zero, which is only ever
+// later). So starts taken anywhere in those intervals, by any number of
+// holders, put at most burst + rate·W in any window W: a slot reached late
+// (a stall) may still be used up to Latest, which is Tolerance after Delay
+// when the bucket was empty and later when it had room.
+func (r Reservation) Latest(i int) time.Duration {
+	return r.First + time.Duration(i)*r.Period + r.Tolerance
 }
 
 // Admit applies one admission check at now to the state tat (zero time means a
@@ -216,7 +232,7 @@ func Reserve(now, tat time.Time, l Limit, n int) (Reservation, time.Time) {
 	if base.Before(now) {
 		base = now
 	}
-	r := Reservation{N: n, First: base.Add(-tau).Sub(now), Period: period}
+	r := Reservation{N: n, First: base.Add(-tau).Sub(now), Period: period, Tolerance: tau}
 	return r, base.Add(time.Duration(n) * period)
 }
 

@@ -298,9 +298,10 @@ func checkDuplicates(t *testing.T, at []arrival, c *client) {
 	}
 }
 
-// tolerance is how much later than its slot an arrival may be seen: a start
-// is at most max(leaky.DefaultMaxLate, period) after its slot, and reaches
-// the target some milliseconds after that on a loaded machine.
+// tolerance widens the windows of the G1 check on arrivals: a start is less
+// than one period after its slot's theoretical time (windows of whole periods
+// exact, others within one start), and reaches the target some milliseconds
+// after that on a loaded machine.
 func tolerance(l bucket.Limit) time.Duration {
 	return max(leaky.DefaultMaxLate, l.Period()) + 30*time.Millisecond
 }

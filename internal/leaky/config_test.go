@@ -137,20 +137,23 @@ func TestPacerDownTiming(t *testing.T) {
 	}
 }
 
-// TestMaxLateBound: at 1,000 jobs/s (1 ms apart) a 1.5 ms stall keeps every
-// slot under the default MaxLate of 2 ms, and costs a slot under a MaxLate
-// of 1 ms; a 3 ms stall costs the slot it overslept, and the next one, 2 ms
-// late, still starts (at the bound is within it).
+// TestMaxLateBound: at 1,000 jobs/s (1 ms apart), burst 1, a slot may start
+// less than one period after its time: a 0.5 ms stall costs nothing, a
+// 1.5 ms stall costs the slot it overslept (its job takes the next one, due
+// half a period before the wake-up), and a 3 ms stall the three slots that
+// passed by a period or more. A MaxLate of 0.3 ms narrows the bound below
+// the 0.5 ms stall; one of 2 ms cannot widen it past the period.
 func TestMaxLateBound(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		maxLate, stall time.Duration
 		missed         uint64
 	}{
-		{0, 1500 * time.Microsecond, 0},
-		{time.Millisecond, 1500 * time.Microsecond, 1},
-		{leaky.DefaultMaxLate, 1500 * time.Microsecond, 0},
-		{0, 3 * time.Millisecond, 1},
+		{0, 500 * time.Microsecond, 0},
+		{0, 1500 * time.Microsecond, 1},
+		{300 * time.Microsecond, 500 * time.Microsecond, 1},
+		{leaky.DefaultMaxLate, 1500 * time.Microsecond, 1},
+		{0, 3 * time.Millisecond, 3},
 	} {
 		clk := &stallClock{Manual: buckettest.NewClock(), stallAt: 10 * time.Millisecond, stall: tc.stall}
 		clk.t0 = clk.Now()

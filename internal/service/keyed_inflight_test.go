@@ -49,6 +49,7 @@ func newConcurrencyTarget(t *testing.T, delay time.Duration) *concurrencyTarget 
 // max_inflight of 3 holds for the whole fleet (each instance alone would
 // allow 3), each reached.
 func TestKeyedLaneMaxInflightAcrossInstances(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	tgt := newConcurrencyTarget(t, 200*time.Millisecond)

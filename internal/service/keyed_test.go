@@ -164,10 +164,41 @@ func spacingRate(as []arrival) float64 {
 	return float64(len(as)-1) / as[len(as)-1].at.Sub(as[0].at).Seconds()
 }
 
+// medianGap is the median time between consecutive arrivals.
+func medianGap(as []arrival) time.Duration {
+	if len(as) < 2 {
+		return 0
+	}
+	gaps := make([]time.Duration, 0, len(as)-1)
+	for i := 1; i < len(as); i++ {
+		gaps = append(gaps, as[i].at.Sub(as[i-1].at))
+	}
+	sort.Slice(gaps, func(i, j int) bool { return gaps[i] < gaps[j] })
+	return gaps[len(gaps)/2]
+}
+
+// checkPaced fails unless the median gap between as's arrivals is the
+// period within 3 %. A gap is the period plus the difference of two starts'
+// lateness (each 0 to the drain's bound); on a quiet machine those cancel
+// out and the median is the period within a few ms. A stall of the loaded
+// machine stretches the few gaps around it (a slot missed or reserved late
+// is lost, the schedule moves on); the median ignores those, where a rate
+// measured from the first arrival to the last took each stall in whole and
+// failed runs at load 5. A key held back by another one's backlog, or paced
+// at a wrong rate, moves every gap and still fails; starting too fast is
+// also caught by the windows check (G1).
+func checkPaced(t *testing.T, key string, as []arrival, period time.Duration) {
+	t.Helper()
+	if g := medianGap(as); (g - period).Abs() > period*3/100 {
+		t.Errorf("key %s: median gap %v over %d arrivals, want %v ± 3 %%", key, g, len(as), period)
+	}
+}
+
 // TestKeyedLaneNoHeadOfLineBlocking: a key with a 10,000-job backlog
 // (published on throttle.demo.hot) beside two keys submitted over HTTP with
-// Throttle-Key: each key runs at its own 10/s within 3 %, in order, and the
-// other keys' first jobs start at once.
+// Throttle-Key: each key runs at its own 10/s (median gap within 3 %, see
+// checkPaced; never faster, see the windows check), in order, and the other
+// keys' first jobs start at once.
 func TestKeyedLaneNoHeadOfLineBlocking(t *testing.T) {
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
@@ -211,15 +242,11 @@ func TestKeyedLaneNoHeadOfLineBlocking(t *testing.T) {
 		if wait := as[0].at.Sub(submitted[key]); wait > 250*time.Millisecond {
 			t.Errorf("key %s's first job started %v after it was submitted, behind the hot key's backlog", key, wait)
 		}
-		if r := spacingRate(as); math.Abs(r-10)/10 > 0.03 {
-			t.Errorf("key %s ran at %.2f/s, want 10 ± 3%%", key, r)
-		}
+		checkPaced(t, key, as, 100*time.Millisecond)
 	}
 	hot := tgt.of("hot")
 	checkFIFO(t, "hot", hot)
-	if r := spacingRate(hot[len(hot)/2:]); math.Abs(r-10)/10 > 0.03 {
-		t.Errorf("hot key ran at %.2f/s, want 10 ± 3%%", r)
-	}
+	checkPaced(t, "hot", after(hot, moved), 100*time.Millisecond)
 	// The hot key's first seconds share the machine with the intake moving
 	// its 10,000 jobs (a JetStream write and delete each). After that,
 	// every window holds burst + rate·(W + 20 ms): a start comes at most
@@ -468,6 +495,7 @@ func TestKeyedLane429PausesOnlyThatKey(t *testing.T) {
 // that took the public subjects itself filled up with jobs nobody could
 // move, and stalled.)
 func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 1)

@@ -10,6 +10,7 @@ import (
 // bounds allow more than config.EmbeddedMemoryWarn of de-duplication index
 // says so at start, with what to set; one default lane stays quiet.
 func TestEmbeddedMemoryWarning(t *testing.T) {
+	t.Parallel()
 	const warning = "embedded nats: the lanes' bounds allow more memory"
 	t.Run("one lane", func(t *testing.T) {
 		cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:9/hook", 20, 10)

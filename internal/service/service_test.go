@@ -141,7 +141,8 @@ func submit(t *testing.T, client *http.Client, addr, lane, id, body string) (int
 
 // TestBurstBecomesSteadyStream is the walking skeleton's promise: 100 jobs
 // at once on a 20/s burst-10 lane: 10 admitted, 90 queued, all delivered
-// once, in order, the queued ones over 4.5 s.
+// once, in order (started in order; jobs started together race on the
+// wire), the queued ones over 4.5 s.
 func TestBurstBecomesSteadyStream(t *testing.T) {
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 20, 10)
@@ -207,23 +208,32 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 	}
 	// Order: the 11 jobs sent together have no order among themselves (and
 	// the 10 admitted are dispatched together, racing on the wire): they
-	// arrive first, in any order; jobs 11..99 follow in submit order.
+	// arrive first, in any order; jobs 11..99 follow in submit order, the
+	// drain starting them in that order (G3). Jobs started together race on
+	// the wire as the admitted ones do: after a stall the drain catches up
+	// within the burst and starts up to burst of them at once, so an
+	// arrival may sit at most burst − 1 places from its start's.
+	const burst = 10
 	for i, a := range got {
-		if n := idIndex(a.id); i < 11 && n >= 11 || i >= 11 && n != i {
-			t.Fatalf("arrival %d is %s, want %s", i, a.id, map[bool]string{true: "one of job-000..job-010", false: ids[i]}[i < 11])
+		n := idIndex(a.id)
+		if i < 11 && n >= 11 || i >= 11 && (n < 11 || n-i >= burst || i-n >= burst) {
+			t.Fatalf("arrival %d is %s, want %s", i, a.id, map[bool]string{true: "one of job-000..job-010", false: fmt.Sprintf("%s, or one started with it (within %d places)", ids[i], burst-1)}[i < 11])
 		}
 		if want := fmt.Sprintf("payload %d", idIndex(a.id)); a.body != want || a.ct != "text/plain" {
 			t.Fatalf("arrival %d body %q type %q, want %q text/plain", i, a.body, a.ct, want)
 		}
 	}
-	// No 1-s window holds more than burst + rate = 30 arrivals.
+	// No 1-s window holds more than burst + rate = 30 starts. Arrivals add
+	// the HTTP hop's jitter (up to hop, below) to the starts, so a window of
+	// arrivals 1 s − hop long holds only starts of one second: at most 30.
+	const hop = 15 * time.Millisecond
 	for i := range got {
 		n := 0
-		for j := i; j < len(got) && got[j].at.Sub(got[i].at) < time.Second; j++ {
+		for j := i; j < len(got) && got[j].at.Sub(got[i].at) < time.Second-hop; j++ {
 			n++
 		}
 		if n > 30 {
-			t.Fatalf("%d arrivals in the second after arrival %d", n, i)
+			t.Fatalf("%d arrivals in the %v after arrival %d", n, time.Second-hop, i)
 		}
 	}
 	rel := make([]time.Duration, len(got))
@@ -232,8 +242,11 @@ func TestBurstBecomesSteadyStream(t *testing.T) {
 	}
 	// Admitted jobs take their token at admission and reach the target a few
 	// ms later (store, fetch, POST), so measured at the target the burst sits
-	// up to that much closer to the first queued slot: 15 ms of tolerance.
-	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 20, Burst: 10}, 15*time.Millisecond)
+	// up to that much closer to the first queued slot: the hop's 15 ms of
+	// tolerance. And a start is less than a period after its slot's
+	// theoretical time, exact in windows of whole periods and within one
+	// start in others: one period more.
+	buckettest.CheckWindows(t, rel, bucket.Limit{Rate: 20, Burst: 10}, hop+50*time.Millisecond)
 	// The 90 queued drain at exactly 20/s: 4.5 s after the burst, ± 3%.
 	span := got[99].at.Sub(got[0].at)
 	if span < 4365*time.Millisecond || span > 4635*time.Millisecond {

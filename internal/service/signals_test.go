@@ -98,6 +98,7 @@ func TestPauseHoldsEveryInstance(t *testing.T) {
 // max_inflight 4, drained by two instances: the workers never see more
 // than 4 jobs at once, and all 200 are done.
 func TestWorkerPoolNeverOverrun(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	nc, err := nats.Connect(natsSrv.ClientURL())
