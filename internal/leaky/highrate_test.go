@@ -178,26 +178,23 @@ func (c *stallClock) Sleep(ctx context.Context, d time.Duration) error {
 	return ctx.Err()
 }
 
-// TestStallDoesNotClump: a drain at 1,000 jobs/s, burst 1, stalls for 20 ms
-// in the middle of a batch. Without a deadline the 20 slots that passed
-// would start at once; with it the missed ones are given up (lost capacity)
-// and no start is a period or more after its slot, so every window holds at
-// most burst + rate·W starts, checked exactly on the start times. Every job
-// still starts once, in order.
-func TestStallDoesNotClump(t *testing.T) {
-	l := bucket.Limit{Rate: 1000, Burst: 1}
-	clock := &stallClock{Manual: buckettest.NewClock(), stallAt: 50 * time.Millisecond, stall: 20 * time.Millisecond}
+// runStalled drains n jobs at l on clock (a stallClock: one stall on the
+// way) into a Start that notes each start's time after clock's t0, and
+// checks that every job started once, in order. It returns the start
+// times and the drain (for its Missed count).
+func runStalled(t *testing.T, l bucket.Limit, clock *stallClock, n int) ([]time.Duration, *leaky.Drain[item]) {
+	t.Helper()
 	clock.t0 = clock.Now()
 	ctx, cancel := virtualCtx(t)
 	defer cancel()
-	src := &sliceSource{items: items(200), cancel: cancel}
+	src := &sliceSource{items: items(n), cancel: cancel}
 	var starts []time.Duration
 	var order []int
 	d, err := leaky.New(leaky.Config[item]{
 		Source:      src,
 		Pacer:       leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: 64,
-		Batch:       leaky.BatchFor(l.Rate, 64), // 20 slots
+		Batch:       leaky.BatchFor(l.Rate, 64),
 		Clock:       clock,
 		Start: func(_ context.Context, it item, done func()) {
 			starts = append(starts, clock.Now().Sub(clock.t0))
@@ -210,14 +207,27 @@ func TestStallDoesNotClump(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Run(ctx)
-	if len(starts) != 200 {
-		t.Fatalf("%d starts, want 200", len(starts))
+	if len(starts) != n {
+		t.Fatalf("%d starts, want %d", len(starts), n)
 	}
-	for i, n := range order {
-		if n != i {
-			t.Fatalf("start %d is job %d: order broken", i, n)
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("start %d is job %d: order broken", i, got)
 		}
 	}
+	return starts, d
+}
+
+// TestStallDoesNotClump: a drain at 1,000 jobs/s, burst 1, stalls for 20 ms
+// in the middle of a batch. Without a deadline the 20 slots that passed
+// would start at once; with it the missed ones are given up (lost capacity)
+// and no start is a period or more after its slot, so every window holds at
+// most burst + rate·W starts, checked exactly on the start times. Every job
+// still starts once, in order.
+func TestStallDoesNotClump(t *testing.T) {
+	l := bucket.Limit{Rate: 1000, Burst: 1}
+	clock := &stallClock{Manual: buckettest.NewClock(), stallAt: 50 * time.Millisecond, stall: 20 * time.Millisecond}
+	starts, d := runStalled(t, l, clock, 200)
 	// The stall costs the time it swallowed: the reserved slots it passed
 	// are missed, the rest were never reserved.
 	if d.Missed() == 0 {

@@ -100,37 +100,7 @@ func TestStallCaughtUpWithinBurst(t *testing.T) {
 	} {
 		t.Run(tc.stall.String(), func(t *testing.T) {
 			clock := &stallClock{Manual: buckettest.NewClock(), stallAt: 100 * time.Millisecond, stall: tc.stall}
-			clock.t0 = clock.Now()
-			ctx, cancel := virtualCtx(t)
-			defer cancel()
-			src := &sliceSource{items: items(300), cancel: cancel}
-			var starts []time.Duration
-			var order []int
-			d, err := leaky.New(leaky.Config[item]{
-				Source:      src,
-				Pacer:       leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-				MaxInflight: 64,
-				Batch:       leaky.BatchFor(l.Rate, 64), // 20 slots
-				Clock:       clock,
-				Start: func(_ context.Context, it item, done func()) {
-					starts = append(starts, clock.Now().Sub(clock.t0))
-					order = append(order, it.n)
-					done()
-					src.started()
-				},
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.Run(ctx)
-			if len(starts) != 300 {
-				t.Fatalf("%d starts, want 300", len(starts))
-			}
-			for i, n := range order {
-				if n != i {
-					t.Fatalf("start %d is job %d: order broken", i, n)
-				}
-			}
+			starts, d := runStalled(t, l, clock, 300)
 			if missed := d.Missed(); (missed == 0) != (tc.lost == 0) {
 				t.Errorf("stall %v: %d slots missed, want some exactly when time is lost", tc.stall, missed)
 			}
