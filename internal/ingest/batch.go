@@ -345,13 +345,13 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	// the batch's.
 	var decs []admission.Decision
 	var errs []error
-	if oneKey(jobs, fresh) {
-		key := ""
-		if len(fresh) > 0 {
-			key = jobs[fresh[0]].job.Key
-		}
+	switch {
+	case len(fresh) == 0:
+		// Every item was answered already (repeats): nothing to decide.
+	case oneKey(jobs, fresh):
+		key := jobs[fresh[0]].job.Key
 		decs, errs = h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(fresh))
-	} else {
+	default:
 		decs, errs = make([]admission.Decision, len(fresh)), make([]error, len(fresh))
 		byKey := map[string][]int{} // key → indexes into fresh
 		var keys []string
