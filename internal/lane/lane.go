@@ -104,7 +104,7 @@ type Lane struct {
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
 	delivered atomic.Uint64
-	stopping  atomic.Bool // Run's context is done: acks are confirmed
+	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
 	hot       hotMetrics  // the per-job series, looked up once
 	starts    startWindow // for the utilization gauge
@@ -249,7 +249,7 @@ func (l *Lane) Name() string { return l.cfg.Name }
 // lane's retry mover beside it, then hands back what the drain holds and
 // waits for the deliveries it started (bounded by Deps.DispatchCtx).
 func (l *Lane) Run(ctx context.Context) {
-	defer context.AfterFunc(ctx, func() { l.stopping.Store(true) })()
+	l.runDone = ctx.Done()
 	var watch sync.WaitGroup
 	defer watch.Wait()
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -276,6 +276,19 @@ func (l *Lane) Close() {
 		_ = l.control.Unsubscribe()
 	}
 	l.closeTgt()
+}
+
+// isStopping reports whether Run's context is done: the backends close
+// after the last delivery, so from then on an ack is confirmed. Acks sent
+// just before the stop began are not, and an embedded server shut down
+// before applying one delivers that job again (at least once, G4).
+func (l *Lane) isStopping() bool {
+	select {
+	case <-l.runDone:
+		return true
+	default:
+		return false
+	}
 }
 
 // start is the drain's Starter: it delivers the job on its own goroutine and
@@ -356,7 +369,7 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		}
 		l.delivered.Add(1)
 		ack := msg.Ack
-		if l.stopping.Load() {
+		if l.isStopping() {
 			// The backends close after the last delivery: only a confirmed
 			// ack is sure to be applied before then.
 			ack = func() error {
@@ -385,7 +398,10 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		log().Warn("delivery failed, retrying later", "retry_in", act.Delay.String())
 		ctx, cancel := settleCtx()
 		defer cancel()
-		if err := msg.Retry(ctx, act.Delay); err != nil {
+		switch err := msg.Retry(ctx, act.Delay); {
+		case errors.Is(err, queue.ErrAckUnconfirmed):
+			log().Warn("retry stored; the original's ack was not confirmed: it may be delivered once more", "ack_err", err)
+		case err != nil:
 			log().Warn("requeue failed; the job waits in place", "requeue_err", err)
 		}
 	case Wait:
@@ -398,7 +414,12 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		log.Error("job dead-lettered", "reason", act.Reason)
 		ctx, cancel := settleCtx()
 		defer cancel()
-		if err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D()); err != nil {
+		err := msg.Dead(ctx, queue.DeadInfo{Reason: act.Reason, LastStatus: res.Status, LastError: errString(res.Err)}, l.cfg.Retry.BackoffMax.D())
+		if errors.Is(err, queue.ErrAckUnconfirmed) {
+			log.Warn("dead letter stored; the original's ack was not confirmed: it may be delivered once more", "ack_err", err)
+			err = nil
+		}
+		if err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
 		} else {
 			if l.keyed != nil {

@@ -68,7 +68,8 @@ func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
 // ack: what a stopping instance uses, since a server shut down right after a
 // plain ack may never apply it (an embedded server drops the acks it has
 // not processed yet), and the job would be delivered again.
-func (m *Msg) AckSync(ctx context.Context) error { m.c.settle(m); return m.m.DoubleAck(ctx) }
+// It waits at most a second: a server that closed the consumer never answers.
+func (m *Msg) AckSync(ctx context.Context) error { m.c.settle(m); return confirmAck(ctx, m.m) }
 
 // Wait hands the job back to be delivered again after delay, in its place and
 // without counting an attempt (a rate limit, a paused lane).

@@ -77,7 +77,8 @@ type DeadInfo struct {
 
 // Dead moves the job to the dead-letter stream and acks it in the lane. When
 // the dead letter cannot be stored, the job is retried after delay instead:
-// it is never dropped.
+// it is never dropped. An error wrapping ErrAckUnconfirmed means the dead
+// letter is stored and only the original's ack was not confirmed.
 func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) error {
 	defer m.c.settle(m)
 	job := m.job
@@ -110,7 +111,7 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	// A confirmed ack, on this path that already waited for a store:
 	// a plain one lost at a stop would leave the original to be
 	// delivered again beside its copy.
-	return m.m.DoubleAck(ctx)
+	return confirmAck(ctx, m.m)
 }
 
 func deadFromRaw(raw *jetstream.RawStreamMsg) api.DeadLetter {

@@ -67,7 +67,26 @@ var (
 	ErrFull = errors.New("queue: storage full")
 	// ErrUnknownLane: no stream was set up for the lane.
 	ErrUnknownLane = errors.New("queue: unknown lane")
+	// ErrAckUnconfirmed: a retry's or dead letter's copy is stored, but the
+	// server did not confirm the original's ack in time: the job is
+	// settled, and may be delivered once more if the ack was lost.
+	ErrAckUnconfirmed = errors.New("queue: copy stored, ack of the original unconfirmed")
 )
+
+// ackConfirmTimeout bounds the wait for a confirmed ack: a server that
+// closed the consumer sends no answer at all.
+const ackConfirmTimeout = time.Second
+
+// confirmAck acks m's original and waits up to ackConfirmTimeout for the
+// server to apply it; a failure wraps ErrAckUnconfirmed.
+func confirmAck(ctx context.Context, m acker) error {
+	ctx, cancel := context.WithTimeout(ctx, ackConfirmTimeout)
+	defer cancel()
+	if err := m.DoubleAck(ctx); err != nil {
+		return fmt.Errorf("%w: %v", ErrAckUnconfirmed, err)
+	}
+	return nil
+}
 
 // HeaderRoom is the room a stored job needs for its headers beyond the
 // payload: ids of at most 255 bytes, a Content-Type of at most 1 KiB, and

@@ -88,7 +88,9 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 // again, behind the lane's backlog, no earlier than delay from now. The copy
 // carries the same job id; the original is acked only after the copy is
 // stored, so a crash in between can only duplicate the job, never lose it.
-// When the copy cannot be stored the job waits in place instead.
+// When the copy cannot be stored the job waits in place instead. An error
+// wrapping ErrAckUnconfirmed means the copy is stored and only the
+// original's ack was not confirmed.
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	defer m.c.settle(m)
 	job := m.job
@@ -107,7 +109,7 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	// A confirmed ack, on this path that already waited for a store:
 	// a plain one lost at a stop would leave the original to be
 	// delivered again beside its copy.
-	return m.m.DoubleAck(ctx)
+	return confirmAck(ctx, m.m)
 }
 
 // MoveRetries puts the lane's retries into the lane as they fall due, until
