@@ -62,10 +62,12 @@ run: build
 TIMING  := ./internal/leaky ./internal/service ./cmd/throttler
 FLEET   := ./internal/fleet
 test:
-	@$(GO) test -count=1 -run '^$$' $(TIMING) $(FLEET) >/dev/null 2>&1 & pre=$$!; \
+	@log=$$(mktemp); $(GO) test -count=1 -run '^$$' $(TIMING) $(FLEET) >$$log 2>&1 & pre=$$!; \
 	echo "$(GO) test -count=1 -timeout 10m -p 4 <every package but $(TIMING) $(FLEET)>"; \
 	$(GO) test -count=1 -timeout 10m -p 4 $$($(GO) list $(PKGS) | grep -vxF $(foreach p,$(TIMING) $(FLEET),-e 'github.com/throttler/throttler/$(p:./%=%)')); \
-	status=$$?; wait $$pre; exit $$status
+	status=$$?; \
+	if ! wait $$pre; then echo "the later rounds' test binaries did not build:"; cat $$log; status=1; fi; \
+	rm -f $$log; exit $$status
 	$(GO) test -count=1 -timeout 10m -p 1 -parallel 8 $(TIMING)
 	$(GO) test -count=1 -timeout 5m $(FLEET)
 

@@ -107,8 +107,8 @@ func startRecorder(svc *service.Service) *recorder {
 // machine misses that for whole bursts, which answers them "queued", the
 // safe side. So when 20 bursts fall short, up to 40 more are sent until
 // the 100 are reached: every burst still passes every check above, load
-// costs bursts, not a red run, and an intake that admits nothing or a job
-// or two per burst still fails (60 bursts × 1 < 100).
+// costs bursts, not a red run, and an intake that admits nothing or a single job
+// per burst still fails (60 bursts × 1 < 100).
 func TestReadmeBurstAdmittedStartAtOnce(t *testing.T) {
 	for _, pacer := range []string{"memory", "redis"} {
 		t.Run(pacer, func(t *testing.T) {
