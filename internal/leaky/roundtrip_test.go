@@ -54,28 +54,11 @@ func TestStoreRoundTripKeepsWholePeriodWindows(t *testing.T) {
 		for at := 50 * time.Millisecond; at < 90*time.Millisecond; at += 200 * time.Microsecond {
 			runs++
 			clk := &stallClock{Manual: buckettest.NewClock(), stallAt: at, stall: stall}
-			clk.t0 = clk.Now()
-			ctx, cancel := virtualCtx(t)
-			src := &sliceSource{items: items(200), cancel: cancel}
-			var starts []time.Duration
-			p := &rttPacer{StorePacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-				clk: clk, rtt: 900 * time.Microsecond}
-			d, err := leaky.New(leaky.Config[item]{
-				Source: oneAtATime{src}, Clock: clk, MaxInflight: 64, Batch: leaky.BatchFor(l.Rate, 64), Pacer: p,
-				Start: func(_ context.Context, _ item, done func()) {
-					starts = append(starts, clk.Now().Sub(clk.t0))
-					done()
-					src.started()
+			starts, _ := drainStalled(t, l, clk, 200,
+				func(p leaky.StorePacer) leaky.Pacer {
+					return &rttPacer{StorePacer: p, clk: clk, rtt: 900 * time.Microsecond}
 				},
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.Run(ctx)
-			cancel()
-			if len(starts) != 200 {
-				t.Fatalf("stall %v at %v: %d starts, want 200", stall, at, len(starts))
-			}
+				func(s *sliceSource) leaky.Source[item] { return oneAtATime{s} })
 			if ex, got, allowed := maxInWholeWindows(starts, l, 150); ex > 0 {
 				bad++
 				if bad <= 3 {

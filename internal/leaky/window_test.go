@@ -1,14 +1,12 @@
 package leaky_test
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
-	"github.com/throttler/throttler/internal/leaky"
 )
 
 // maxInWholeWindows is the most starts (sorted) in any closed window
@@ -47,27 +45,7 @@ func TestLateWakeKeepsWholePeriodWindows(t *testing.T) {
 	for _, stall := range []time.Duration{500 * time.Microsecond, 1500 * time.Microsecond, 1900 * time.Microsecond, 5 * time.Millisecond} {
 		l := bucket.Limit{Rate: 1000, Burst: 1}
 		clk := &stallClock{Manual: buckettest.NewClock(), stallAt: 100*time.Millisecond + 300*time.Microsecond, stall: stall}
-		clk.t0 = clk.Now()
-		ctx, cancel := virtualCtx(t)
-		src := &sliceSource{items: items(1500), cancel: cancel}
-		var starts []time.Duration
-		d, err := leaky.New(leaky.Config[item]{
-			Source: src, Clock: clk, MaxInflight: 64, Batch: leaky.BatchFor(l.Rate, 64),
-			Pacer: leaky.StorePacer{Store: &bucket.Memory{Clock: clk}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
-			Start: func(_ context.Context, _ item, done func()) {
-				starts = append(starts, clk.Now().Sub(clk.t0))
-				done()
-				src.started()
-			},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.Run(ctx)
-		cancel()
-		if len(starts) != 1500 {
-			t.Fatalf("stall %v: %d starts, want 1500", stall, len(starts))
-		}
+		starts, d := runStalled(t, l, clk, 1500)
 		if ex, got, allowed := maxInWholeWindows(starts, l, 1100); ex > 0 {
 			t.Errorf("stall %v: %d starts in a window of %d periods where G1 allows %d (%d slots given up)", stall, got, allowed-l.Burst, allowed, d.Missed())
 		}

@@ -199,9 +199,13 @@ func TestStopFinishesInflightDispatches(t *testing.T) {
 	<-started
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
-	// Intake is closed at once while the delivery runs.
+	// Intake is closed at once while the delivery runs. The probe names
+	// no lane, so that nothing it sends is stored: open, intake answers it
+	// 404; closed, 503 before looking at the lane. (A probe into the lane
+	// stored a job whenever it came before the close, which then waited
+	// in the stream, unstarted, and read as a lost ack below.)
 	waitFor(t, 5*time.Second, "intake to close", func() bool {
-		resp, err := client.Post("http://"+svc.Addr()+"/v1/lanes/demo/jobs", "text/plain", strings.NewReader("x"))
+		resp, err := client.Post("http://"+svc.Addr()+"/v1/lanes/no-such-lane/jobs", "text/plain", strings.NewReader("x"))
 		if err != nil {
 			return true // listener closed
 		}
