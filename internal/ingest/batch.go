@@ -347,7 +347,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	var errs []error
 	switch {
 	case len(fresh) == 0:
-		// Every item was answered already (repeats): nothing to decide.
+		// Nothing to decide (never so today: the first item of an id is fresh).
 	case oneKey(jobs, fresh):
 		key := jobs[fresh[0]].job.Key
 		decs, errs = h.cfg.Admitter.DecideN(ctx, lane.forKey(key), key, len(fresh))

@@ -105,7 +105,6 @@ type Lane struct {
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
-	stopBegun atomic.Bool     // BeginStop: the instance is stopping
 	rateGauge prometheus.Gauge
 	hot       hotMetrics  // the per-job series, looked up once
 	starts    startWindow // for the utilization gauge
@@ -279,19 +278,11 @@ func (l *Lane) Close() {
 	l.closeTgt()
 }
 
-// BeginStop tells the lane that its instance is stopping, before its run
-// context ends (the API's connections close first): deliveries that finish
-// from now on confirm their acks.
-func (l *Lane) BeginStop() { l.stopBegun.Store(true) }
-
 // isStopping reports whether Run's context is done: the backends close
 // after the last delivery, so from then on an ack is confirmed. Acks sent
 // just before the stop began are not, and an embedded server shut down
 // before applying one delivers that job again (at least once, G4).
 func (l *Lane) isStopping() bool {
-	if l.stopBegun.Load() {
-		return true
-	}
 	select {
 	case <-l.runDone:
 		return true

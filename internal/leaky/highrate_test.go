@@ -184,33 +184,15 @@ func (c *stallClock) Sleep(ctx context.Context, d time.Duration) error {
 // times and the drain (for its Missed count).
 func runStalled(t *testing.T, l bucket.Limit, clock *stallClock, n int) ([]time.Duration, *leaky.Drain[item]) {
 	t.Helper()
-	return drainStalled(t, l, clock, n, nil, nil)
-}
-
-// drainStalled is runStalled with the lane's memory store behind a pacer
-// of the caller's (nil: the store's own StorePacer) and the jobs handed
-// out by a source of the caller's (nil: the slice source itself).
-func drainStalled(t *testing.T, l bucket.Limit, clock *stallClock, n int,
-	pacer func(leaky.StorePacer) leaky.Pacer, source func(*sliceSource) leaky.Source[item],
-) ([]time.Duration, *leaky.Drain[item]) {
-	t.Helper()
 	clock.t0 = clock.Now()
 	ctx, cancel := virtualCtx(t)
 	defer cancel()
 	src := &sliceSource{items: items(n), cancel: cancel}
-	var p leaky.Pacer = leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }}
-	if pacer != nil {
-		p = pacer(p.(leaky.StorePacer))
-	}
-	var s leaky.Source[item] = src
-	if source != nil {
-		s = source(src)
-	}
 	var starts []time.Duration
 	var order []int
 	d, err := leaky.New(leaky.Config[item]{
-		Source:      s,
-		Pacer:       p,
+		Source:      src,
+		Pacer:       leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return l }},
 		MaxInflight: 64,
 		Batch:       leaky.BatchFor(l.Rate, 64),
 		Clock:       clock,

@@ -159,12 +159,6 @@ var errLate = errors.New("leaky: slots missed")
 // Config.MaxLate), so what is derived with it holds for both.
 const DefaultMaxLate = 2 * time.Millisecond
 
-// lateGrace is how long past its due time a slot still starts when the
-// store's answer came too late for any start before the slot's theoretical
-// time + T: a round trip that long makes the limit inexact by at most this
-// much, where giving every such slot up would stop the lane.
-const lateGrace = 100 * time.Microsecond
-
 // Slot is a dispatch slot the drain gives an item.
 type Slot struct {
 	// Due is when the item may start.
@@ -404,17 +398,15 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			// side of the limit.
 			delay := res.Delay(j)
 			due := t0.Add(delay)
-			deadline := sent.Add(res.Latest(j)).Add(slack)
-			// Only an answer that came too late for any exact start (a
-			// round trip longer than τ + T − lateGrace) gets a grace past
-			// its due time: moving every deadline to due + slack would let
-			// a slot of a reservation answered late in its round trip
-			// start after its theoretical time + T, one start too many
-			// beside the next reservation's on-time ones.
-			if floor := due.Add(min(slack, lateGrace)); deadline.Before(floor) {
-				deadline = floor
+			theo := sent.Add(res.Latest(j))
+			if due.After(theo) {
+				// The answer came after the slot's theoretical time:
+				// its deadline counts from the answer, so that a store
+				// farther away than τ does not have every slot given up
+				// (DESIGN.md: the one inexactness left).
+				theo = due
 			}
-			d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: deadline})
+			d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack)})
 		}
 	}
 	for i, it := range batch {

@@ -253,9 +253,6 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	timeout := s.cfg.ShutdownTimeout.D()
 	s.log.Info("stopping: intake closed, finishing in-flight dispatches", "timeout", timeout.String())
 	httpAPI.StopIntake()
-	for _, l := range lanes.All() {
-		l.BeginStop()
-	}
 	shCtx, cancel := context.WithTimeout(context.Background(), min(timeout, 5*time.Second))
 	_ = web.Shutdown(shCtx)
 	cancel()
