@@ -1,17 +1,14 @@
 package instance_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -25,45 +22,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // 200 ms, a dead one expires after 1.5 s.
 var fast = instance.Timing{TTL: 1500 * time.Millisecond, Refresh: 200 * time.Millisecond, Poll: 50 * time.Millisecond}
 
-// logs collects log lines for assertions.
-type logs struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // jetStream connects to a fresh in-process nats-server.
 func jetStream(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, testenv.StartNATS(t).ClientURL())
 	return js
 }
 
 // claim registers an instance of pacer kind; it is released when the test
 // ends.
-func claim(t *testing.T, js jetstream.JetStream, pacer string, l *logs) (context.Context, *instance.Entry, error) {
+func claim(t *testing.T, js jetstream.JetStream, pacer string, l *testenv.LogBuffer) (context.Context, *instance.Entry, error) {
 	t.Helper()
 	if l == nil {
-		l = &logs{}
+		l = &testenv.LogBuffer{}
 	}
 	ctx, e, err := instance.Claim(context.Background(), instance.Config{
 		JetStream: js, Timing: fast, Logger: slog.New(slog.NewTextHandler(l, nil)),
@@ -180,7 +151,7 @@ func TestCrashedClaimExpires(t *testing.T) {
 	if _, err := kv.Create(context.Background(), instance.MemoryPacerKey, dead); err != nil {
 		t.Fatal(err)
 	}
-	l := &logs{}
+	l := &testenv.LogBuffer{}
 	start := time.Now()
 	_, e, err := claim(t, js, instance.PacerMemory, l)
 	if err != nil {
