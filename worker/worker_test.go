@@ -135,6 +135,7 @@ func busyShare(t *testing.T, spans []span, perJob time.Duration) (float64, time.
 // word loses it when its lease runs out; the job is retried (attempt 2) by
 // another worker, and the first worker's late report is refused.
 func TestLeaseExpiryRetries(t *testing.T) {
+	t.Parallel()
 	const lease = 700 * time.Millisecond
 	f := newFleet(t, 1, "20/s", 3, func(l *config.Lane) {
 		l.Target.NATS.Lease = config.Duration(lease)
@@ -200,6 +201,7 @@ func TestProgressExtendsTheLease(t *testing.T) {
 // worker's reason; a plain error retries it until retry.max_attempts, then
 // dead-letters it; RetryAfter waits at least its delay.
 func TestFailuresDeadLetter(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, 1, "50/s", 2, func(l *config.Lane) {
 		l.Retry = config.Retry{MaxAttempts: 2, BackoffBase: config.Duration(10 * time.Millisecond), BackoffMax: config.Duration(20 * time.Millisecond)}
 	})
@@ -255,6 +257,7 @@ func TestFailuresDeadLetter(t *testing.T) {
 // reports it done; jobs that reach it after the stop began go back at once
 // (attempt 1, long before the lease), and another pool runs them.
 func TestGracefulStopHandsBack(t *testing.T) {
+	t.Parallel()
 	const lease = 20 * time.Second
 	f := newFleet(t, 1, "50/s", 4, func(l *config.Lane) { l.Target.NATS.Lease = config.Duration(lease) })
 	var mu sync.Mutex
@@ -320,6 +323,7 @@ func TestGracefulStopHandsBack(t *testing.T) {
 // guessing its outcome subject nor by naming its job id on its own lease;
 // the holder's report still settles it.
 func TestForeignReportRefused(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, 1, "50/s", 3, nil)
 	a, b := newRawWorker(t, f), newRawWorker(t, f)
 	f.submit(t, "own", 2)
