@@ -96,6 +96,16 @@ stop_all() {
 # variable last_pid and to pids, its kind (NAME up to a space or a "-N"
 # suffix: "throttler", "nats", "sentinel") to kinds.
 start() {
+	launch "$@"
+	await_started
+}
+
+# launch NAME LOG READY CMD…: start without the wait; await_started waits
+# for every process launched since the last wait, so that processes that
+# do not need each other to start (the NATS nodes, the sentinels) start
+# side by side.
+launching=()
+launch() {
 	local name=$1 log=$2 ready=$3
 	shift 3
 	local before=0
@@ -106,13 +116,26 @@ start() {
 	pids+=("$last_pid")
 	local kind=${name%% *}
 	kinds+=("${kind%-[0-9]*}")
-	local i
+	launching+=("$last_pid" "$name" "$log" "$before" "$ready")
+}
+
+# await_started: see launch; fails when one of them exits or is not ready
+# within 30 s.
+await_started() {
+	local i k
 	for ((i = 0; i < 300; i++)); do
-		tail -n +"$((before + 1))" "$log" | grep -q "$ready" && return 0
-		kill -0 "$last_pid" 2>/dev/null || fail "$name exited at start"
+		local waiting=()
+		for ((k = 0; k < ${#launching[@]}; k += 5)); do
+			local pid=${launching[k]} name=${launching[k + 1]} log=${launching[k + 2]} before=${launching[k + 3]} ready=${launching[k + 4]}
+			tail -n +"$((before + 1))" "$log" | grep -q "$ready" && continue
+			kill -0 "$pid" 2>/dev/null || fail "$name exited at start"
+			waiting+=("$pid" "$name" "$log" "$before" "$ready")
+		done
+		launching=(${waiting[@]+"${waiting[@]}"})
+		((${#launching[@]} > 0)) || return 0
 		sleep 0.1
 	done
-	fail "$name did not start within 30 s"
+	fail "${launching[1]} did not start within 30 s"
 }
 
 # until_true SECONDS WHAT CMD…: retries CMD every 0.1 s until it succeeds.
