@@ -82,21 +82,32 @@ func newFleetOn(t *testing.T, natsURL string, n int, rate string, maxInflight in
 		t.Fatal(err)
 	}
 	f.cfg = cfg
+	var stops []func()
 	for range n {
-		f.start(t)
+		stops = append(stops, f.start(t))
 	}
+	// The instances stop side by side when the test ends, as a fleet's
+	// do (each stop takes about a second): registered after their own
+	// cleanups, this one runs first, and theirs find them stopped.
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, stop := range stops {
+			wg.Go(stop)
+		}
+		wg.Wait()
+	})
 	return f
 }
 
-// start runs one more instance until the test ends.
-func (f *fleet) start(t *testing.T) *service.Service {
+// start runs one more instance until the test ends, and returns its stop.
+func (f *fleet) start(t *testing.T) (stop func()) {
 	t.Helper()
 	cfg := f.cfg
 	cfg.NATS.DataDir = t.TempDir()
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
-	servicetest.Run(t, svc)
+	stop = servicetest.Run(t, svc)
 	f.svcs = append(f.svcs, svc)
-	return svc
+	return stop
 }
 
 // conn is a NATS connection closed when the test ends.
