@@ -175,16 +175,18 @@ func TestLeaseExpiryRetries(t *testing.T) {
 }
 
 // TestProgressExtendsTheLease: a worker that reports progress keeps its job
-// past the lease; nobody else gets it.
+// past the lease; nobody else gets it. The reports come every fifth of the
+// lease, so that a stall of the loaded machine shorter than four fifths of
+// it (800 ms) does not let the lease run out between two of them.
 func TestProgressExtendsTheLease(t *testing.T) {
-	const lease = 500 * time.Millisecond
+	const lease = time.Second
 	f := newFleet(t, 1, "20/s", 3, func(l *config.Lane) { l.Target.NATS.Lease = config.Duration(lease) })
 	holder, other := newRawWorker(t, f), newRawWorker(t, f)
 	f.submit(t, "prog", 1)
 	job := holder.pull(10 * time.Second)
-	other.ask(3 * time.Second)
-	for range 6 { // 6 × 200 ms: well past the lease
-		time.Sleep(lease * 2 / 5)
+	other.ask(4 * time.Second) // waiting through all the reports below
+	for range 12 { // 12 × 200 ms: well past the lease
+		time.Sleep(lease / 5)
 		if r := holder.report(job.Reply, worker.StatusProgress, ""); r.Header.Get(worker.HeaderStatus) != worker.StatusAccepted {
 			t.Fatalf("progress report: %q %q", r.Header.Get(worker.HeaderStatus), r.Header.Get(worker.HeaderError))
 		}
