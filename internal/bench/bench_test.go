@@ -233,7 +233,6 @@ func TestSinkFirstByKey(t *testing.T) {
 // TestSmoke runs the smoke mode of two scenarios end to end against the
 // real service and checks that they produce their rows and a table.
 func TestSmoke(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
@@ -278,7 +277,6 @@ func TestSmoke(t *testing.T) {
 // HTTP, the native publishes) answers, and each row names its reference
 // and, on Linux, the CPU per job of both sides.
 func TestIngestSmoke(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
