@@ -184,7 +184,8 @@ func TestProgressExtendsTheLease(t *testing.T) {
 	holder, other := newRawWorker(t, f), newRawWorker(t, f)
 	f.submit(t, "prog", 1)
 	job := holder.pull(10 * time.Second)
-	other.ask(4 * time.Second) // waiting through all the reports below
+	// Waiting through all the reports below.
+	other.ask(4 * time.Second)
 	for range 12 { // 12 × 200 ms: well past the lease
 		time.Sleep(lease / 5)
 		if r := holder.report(job.Reply, worker.StatusProgress, ""); r.Header.Get(worker.HeaderStatus) != worker.StatusAccepted {
