@@ -563,7 +563,11 @@ func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
 // restart between its second and third attempt (max_attempts 3), it is
 // tried once more and dead-lettered with 3 attempts, not tried 3 times
 // afresh. The key's next job waits behind it and is delivered after it.
+//
+// Counts only: the second failure asks for a minute's wait, so no third
+// attempt can come before the stop however slow the machine.
 func TestKeyedOrderedAttemptsSurviveRestart(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	var failed atomic.Int64

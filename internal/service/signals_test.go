@@ -150,7 +150,12 @@ func TestWorkerPoolNeverOverrun(t *testing.T) {
 
 // TestAdaptiveSlowsDownAndRecovers: a 429 without Retry-After halves the
 // lane's effective rate; it climbs back to the configured rate, not above.
+//
+// States only: the halved rate holds for a whole interval (1 s), which a
+// poll of GET /v1/lanes sees on a loaded machine too, and the climb back
+// takes two intervals of the 5 s allowed.
 func TestAdaptiveSlowsDownAndRecovers(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int64
 	rec := newRecorder(t)
 	rec.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -159,7 +164,7 @@ func TestAdaptiveSlowsDownAndRecovers(t *testing.T) {
 		}
 	})
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 100, 5)
-	cfg.Lanes[0].Adaptive = config.Adaptive{Enabled: true, Decrease: 0.5, Increase: 0.25, Min: 0.1, Interval: config.Duration(300 * time.Millisecond)}
+	cfg.Lanes[0].Adaptive = config.Adaptive{Enabled: true, Decrease: 0.5, Increase: 0.25, Min: 0.1, Interval: config.Duration(time.Second)}
 	svc, _ := start(t, cfg)
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
