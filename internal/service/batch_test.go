@@ -128,6 +128,7 @@ func TestKeyedBatch(t *testing.T) {
 		items = append(items, fmt.Sprintf(`{"idempotency_key":"k%d","payload":%d,"throttle_key":%q}`, i, i, key))
 	}
 	code, raw = post("[" + strings.Join(items, ",") + "]")
+	answered := time.Now()
 	var a api.BatchAccepted
 	if err := json.Unmarshal(raw, &a); err != nil || code != http.StatusAccepted || a.Accepted != 5 {
 		t.Fatalf("keyed batch: %d %s", code, raw)
@@ -149,6 +150,15 @@ func TestKeyedBatch(t *testing.T) {
 			if got[i].id != want[i] {
 				t.Errorf("key %s delivery %d: %s, want %s", key, i, got[i].id, want[i])
 			}
+		}
+	}
+	// The keys had nothing waiting: their runtime must hear of the batch's
+	// jobs at once, not at its next sweep of stored keys (every 5 s), which
+	// is how they were found before batch intake told it. Each key's first
+	// job is due at once; 2 s is far beyond a loaded machine's stall.
+	for _, key := range []string{"a", "b"} {
+		if late := kt.of(key)[0].at.Sub(answered); late > 2*time.Second {
+			t.Errorf("key %s: first delivery %v after the answer, want at once (its slot was free)", key, late.Round(time.Millisecond))
 		}
 	}
 	if n := kt.count("") + kt.count("n0"); n != 0 {
