@@ -49,9 +49,8 @@ run: build
 # left the cores idle); then the real-clock pacing tests of leaky, service
 # and cmd/throttler one package at a time (-p 1); last the fleet tests
 # (internal/fleet: NATS and Redis clusters, node loss), whose servers would
-# load the cores the pacing tests measure on; run beside the first round's
-# packages, a window check after a Redis Cluster failover was once seen to
-# fail by one arrival. While the first round runs, the test binaries of the
+# load the cores the pacing tests measure on; its tests run side by side
+# (-parallel 8), each with its own servers and its own stall meter. While the first round runs, the test binaries of the
 # later rounds are compiled (go test -run '^$$': nothing runs but their
 # TestMain), so that -p 1 does not compile them one at a time later.
 # Inside a package, the real-clock tests run first, one at a time; the
@@ -69,7 +68,7 @@ test:
 	if ! wait $$pre; then echo "the later rounds' test binaries did not build:"; cat $$log; status=1; fi; \
 	rm -f $$log; exit $$status
 	$(GO) test -count=1 -timeout 10m -p 1 -parallel 8 $(TIMING)
-	$(GO) test -count=1 -timeout 5m $(FLEET)
+	$(GO) test -count=1 -timeout 5m -parallel 8 $(FLEET)
 
 race:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)

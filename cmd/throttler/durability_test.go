@@ -53,6 +53,7 @@ func TestKill9MidDrainLosesNothing(t *testing.T) {
 // the middle of a drain: intake answers 503 while it is away, the throttler
 // reconnects by itself, and nothing accepted is lost.
 func TestNATSRestartMidDrain(t *testing.T) {
+	t.Parallel()
 	natsDir := t.TempDir()
 	port := freePortNum(t)
 	srv := testenv.StartNATSDir(t, natsDir, port)

@@ -17,8 +17,10 @@ import (
 // the second refuses to start with an error that says what to do. After the
 // first is killed with SIGKILL (its claim is neither refreshed nor deleted),
 // a new instance starts once the claim has expired, about 10 s later, and
-// says in its log why it waited.
+// says in its log why it waited. Parallel: it checks outcomes, and the
+// wait for the claim's expiry overlaps the other tests.
 func TestSecondMemoryPacerRefused(t *testing.T) {
+	t.Parallel()
 	natsURL := testenv.StartNATS(t).ClientURL()
 	dir := t.TempDir()
 	lane := laneYAML{rate: 10, burst: 1, target: "http://127.0.0.1:1/never"}

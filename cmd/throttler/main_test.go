@@ -25,10 +25,11 @@ import (
 // with make.
 var binary string
 
-// Tests that check outcomes only call t.Parallel; those that measure the
-// real clock (a fleet's windows at the target, a stop's or a refusal's
-// deadline) do not, so that go test runs them first, one at a time, before
-// the parallel ones start (make test runs this package alone, -p 1).
+// Tests that check outcomes only call t.Parallel (a refusal, a start after
+// a lease expired, nothing lost across a restart: they wait on processes
+// and servers, not on the CPU); those that measure the real clock (a
+// fleet's windows at the target) do not, so that go test runs them first,
+// one at a time, before the parallel ones start.
 func TestMain(m *testing.M) {
 	var err error
 	if binary, err = testenv.ThrottlerBinaryPath(); err != nil {

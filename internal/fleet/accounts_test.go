@@ -65,6 +65,7 @@ accounts {
 // instance in the blue account with its own in-memory pacer is refused,
 // which is what sharing one account without separation would do.
 func TestTwoDeploymentsOneServer(t *testing.T) {
+	t.Parallel()
 	srv := startAccountsNATS(t)
 	url := srv.ClientURL()
 	l := bucket.Limit{Rate: 100, Burst: 10}

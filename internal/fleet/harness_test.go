@@ -26,10 +26,13 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
+// The tests run in parallel (t.Parallel): each starts its own servers on
+// free ports and waits mostly on them (elections, failovers, drains at 2
+// and 50 jobs/s), and each measures the stalls of the process while it runs
+// (stallMeter), so that a stall caused by another test widens the window
+// check by what it really did to the arrivals, and no more.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, append(testenv.IdleHTTP(),
-		goleak.IgnoreTopFunction("time.Sleep"), // the stall meter
-	)...)
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 // arrival is one request at the target: the job id (Idempotency-Key), the
@@ -39,18 +42,18 @@ type arrival struct {
 	at       time.Time
 }
 
-// target is an HTTP target that records every arrival and answers 200.
+// target is an HTTP target that records every arrival and answers 200,
+// with the stall meter of the test that owns it.
 type target struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	got []arrival
+	srv    *httptest.Server
+	stalls *stallMeter
+	mu     sync.Mutex
+	got    []arrival
 }
 
 func newTarget(t *testing.T) *target {
 	t.Helper()
-	stalls.reset()
-	t.Cleanup(func() { t.Logf("worst stall of the test process: %v", stalls.worstStall().Round(time.Millisecond)) })
-	tg := &target{}
+	tg := &target{stalls: startStallMeter(t)}
 	tg.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now()
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -328,12 +331,12 @@ func busiest(at []arrival, lane string, w time.Duration) (int, time.Time) {
 	return best, where
 }
 
-// checkWindows fails the test when some window of lane's arrivals, up to
-// maxW long, holds more than burst + rate·(W + tol): the limit, with the
-// jitter between a slot and its arrival at the target.
-func checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW time.Duration) {
+// checkWindows fails the test when some window of lane's arrivals at tg,
+// up to maxW long, holds more than burst + rate·(W + tol): the limit, with
+// the jitter between a slot and its arrival at the target.
+func (tg *target) checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW time.Duration) {
 	t.Helper()
-	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+3*stalls.worstStall())
+	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+3*tg.stalls.worstStall())
 }
 
 // stallMeter measures how late this test process gets to run: a goroutine
@@ -346,39 +349,46 @@ func checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW 
 // the work held back queues for a while longer than the stall itself (seen
 // in TestRedisClusterHundredLanes, 300 drains in one process, on lanes that
 // never paused). It judges the throttler, not the machine; a real double
-// grant shows as a whole burst or more, beyond it.
+// grant shows as a whole burst or more, beyond it. Each test has its own,
+// from its target's start to its end: it sees the stalls that the tests
+// running beside it cause too, as its arrivals do.
 type stallMeter struct {
 	mu    sync.Mutex
 	worst time.Duration
 }
 
-var stalls = func() *stallMeter {
+// startStallMeter measures until t ends, then logs the worst stall.
+func startStallMeter(t *testing.T) *stallMeter {
 	m := &stallMeter{}
+	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(done)
 		for {
 			before := time.Now()
-			time.Sleep(5 * time.Millisecond)
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
 			late := time.Since(before) - 5*time.Millisecond
 			m.mu.Lock()
 			m.worst = max(m.worst, late)
 			m.mu.Unlock()
 		}
 	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		t.Logf("worst stall of the test process while the test ran: %v", m.worstStall().Round(time.Millisecond))
+	})
 	return m
-}()
+}
 
-// worst is the longest stall since the process started, or since reset.
+// worstStall is the longest stall seen so far.
 func (m *stallMeter) worstStall() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.worst
-}
-
-// reset forgets the stalls seen so far: each test measures its own.
-func (m *stallMeter) reset() {
-	m.mu.Lock()
-	m.worst = 0
-	m.mu.Unlock()
 }
 
 // checkWindowsTol is checkWindows with a given jitter tolerance.

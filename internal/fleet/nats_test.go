@@ -39,6 +39,7 @@ func liveIntake(c *client, lane, prefix string, period time.Duration, stop <-cha
 // resumes within the bound docs/BENCHMARKS.md gives (the log has the
 // measured pause).
 func TestNATSLeaderKilledMidDrain(t *testing.T) {
+	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs, maxInflight = 400, 16
 	cluster := testenv.StartNATSCluster(t, 3)
@@ -85,7 +86,7 @@ func TestNATSLeaderKilledMidDrain(t *testing.T) {
 			break
 		}
 	}
-	checkWindows(t, at, "demo", l, time.Hour)
+	tg.checkWindows(t, at, "demo", l, time.Hour)
 	gap, gapAt := longestGap(at, "demo", killed)
 	busy, _ := busiest(at, "demo", time.Second)
 	dups := duplicates(at)

@@ -19,6 +19,7 @@ import (
 // stays within burst + rate·W, and the killed master's lanes resume within
 // seconds (the service reloads the slot map every second).
 func TestRedisClusterHundredLanes(t *testing.T) {
+	t.Parallel()
 	l := bucket.Limit{Rate: 2, Burst: 1}
 	const lanes, perLane = 100, 10
 	natsURL := testenv.StartNATS(t).ClientURL()
@@ -62,7 +63,7 @@ func TestRedisClusterHundredLanes(t *testing.T) {
 	at := tg.arrivals()
 	worstGap, worstLane := time.Duration(0), ""
 	for _, n := range names {
-		checkWindows(t, at, n, l, time.Hour)
+		tg.checkWindows(t, at, n, l, time.Hour)
 		if gap, _ := longestGap(at, n, killed); gap > worstGap {
 			worstGap, worstLane = gap, n
 		}

@@ -40,6 +40,7 @@ func addrs(svcs []*service.Service) []string {
 // may hold (the instance registry's), so no window at the target holds
 // more than burst + rate·W, and every accepted job arrives.
 func TestRedisRestartedEmptyStaysExact(t *testing.T) {
+	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs = 600
 	natsURL := testenv.StartNATS(t).ClientURL()
@@ -85,7 +86,7 @@ func TestRedisRestartedEmptyStaysExact(t *testing.T) {
 	waitDelivered(t, c, tg, 40*time.Second)
 
 	at := tg.arrivals()
-	checkWindows(t, at, "demo", l, time.Hour) // every window, also those spanning the losses
+	tg.checkWindows(t, at, "demo", l, time.Hour) // every window, also those spanning the losses
 	busy, where := busiest(at, "demo", time.Second)
 	restored := restoredSum()
 	gap, gapAt := longestGap(at, "demo", restarts[0])

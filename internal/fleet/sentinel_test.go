@@ -17,6 +17,7 @@ import (
 // received yet is restored from the instances' floors past what the others
 // hold (docs/DESIGN.md, "Redis loses its state").
 func TestSentinelFailoverMidDrain(t *testing.T) {
+	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs = 500
 	natsURL := testenv.StartNATS(t).ClientURL()
@@ -34,7 +35,7 @@ func TestSentinelFailoverMidDrain(t *testing.T) {
 	waitDelivered(t, c, tg, 60*time.Second)
 
 	at := tg.arrivals()
-	checkWindows(t, at, "demo", l, time.Hour)
+	tg.checkWindows(t, at, "demo", l, time.Hour)
 	gap, gapAt := longestGap(at, "demo", killed)
 	busy, _ := busiest(at, "demo", time.Second)
 	t.Logf("master %s killed; %s promoted, as the sentinels saw it, after %v; longest pause at the target %v (from %v after the kill); "+

@@ -71,24 +71,28 @@ func (q *Queue) PublishBatch(ctx context.Context, lane string, jobs []Job) ([]Ba
 				continue
 			}
 			r := &out[lo+i]
+			acked := func(ack *jetstream.PubAck) {
+				r.Seq, r.Duplicate = ack.Sequence, ack.Duplicate
+				if !ack.Duplicate {
+					stored++
+					// A keyed lane's runtime hears the key at once, as
+					// for a single job (else only its sweep finds a key
+					// that had nothing waiting).
+					ls.stored(jobs[lo+i].Key)
+				}
+			}
 			// Most acks of a window are in by the time the wait reaches
 			// them: take those without making the future's error channel.
 			ok := f.Ok()
 			select {
 			case ack := <-ok:
-				r.Seq, r.Duplicate = ack.Sequence, ack.Duplicate
-				if !ack.Duplicate {
-					stored++
-				}
+				acked(ack)
 				continue
 			default:
 			}
 			select {
 			case ack := <-ok:
-				r.Seq, r.Duplicate = ack.Sequence, ack.Duplicate
-				if !ack.Duplicate {
-					stored++
-				}
+				acked(ack)
 			case err := <-f.Err():
 				r.Err = fmt.Errorf("lane %s: %w", lane, q.classify(ctx, f.Msg().Subject, err))
 			case <-ctx.Done():

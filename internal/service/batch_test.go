@@ -16,7 +16,12 @@ import (
 // burst is admitted, the next jobs are queued, the jobs over max_backlog are
 // refused one by one while the others stay stored, a repeated id is stored
 // once, and every stored job is delivered.
+//
+// Outcomes only: at 0.5/s a token refills in 2 s, far longer than the
+// batch takes to store even on a loaded machine, so the states do not
+// depend on the machine's speed.
 func TestBatchIntake(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 0.5, 2)
 	cfg.Lanes[0].MaxBacklog = 4
@@ -68,7 +73,7 @@ func TestBatchIntake(t *testing.T) {
 		}
 	}
 	waitFor(t, 15*time.Second, "4 deliveries", func() bool { return len(rec.snapshot()) >= 4 })
-	time.Sleep(100 * time.Millisecond)
+	waitSettled(t, svc.Addr())
 	got := rec.snapshot()
 	if len(got) != 4 {
 		t.Fatalf("%d deliveries, want 4", len(got))
@@ -90,9 +95,14 @@ func TestBatchIntake(t *testing.T) {
 // nothing is stored; with keys, every item is stored under its key, each
 // key's jobs reach the target in order with their Throttle-Key, and a key's
 // burst is decided on its own bucket, not its neighbour's.
+//
+// Outcomes only: at 2/s per key a key's next slot is 500 ms after its
+// first, far longer than the batch takes to be decided on a loaded
+// machine, so the states do not depend on the machine's speed.
 func TestKeyedBatch(t *testing.T) {
+	t.Parallel()
 	kt := newKeyedTarget(t)
-	cfg := keyedConfig(t, kt.srv.URL, 100, 10, 5, 1)
+	cfg := keyedConfig(t, kt.srv.URL, 100, 10, 2, 1)
 	svc, _ := start(t, cfg)
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
@@ -118,6 +128,7 @@ func TestKeyedBatch(t *testing.T) {
 		items = append(items, fmt.Sprintf(`{"idempotency_key":"k%d","payload":%d,"throttle_key":%q}`, i, i, key))
 	}
 	code, raw = post("[" + strings.Join(items, ",") + "]")
+	answered := time.Now()
 	var a api.BatchAccepted
 	if err := json.Unmarshal(raw, &a); err != nil || code != http.StatusAccepted || a.Accepted != 5 {
 		t.Fatalf("keyed batch: %d %s", code, raw)
@@ -139,6 +150,15 @@ func TestKeyedBatch(t *testing.T) {
 			if got[i].id != want[i] {
 				t.Errorf("key %s delivery %d: %s, want %s", key, i, got[i].id, want[i])
 			}
+		}
+	}
+	// The keys had nothing waiting: their runtime must hear of the batch's
+	// jobs at once, not at its next sweep of stored keys (every 5 s), which
+	// is how they were found before batch intake told it. Each key's first
+	// job is due at once; 2 s is far beyond a loaded machine's stall.
+	for _, key := range []string{"a", "b"} {
+		if late := kt.of(key)[0].at.Sub(answered); late > 2*time.Second {
+			t.Errorf("key %s: first delivery %v after the answer, want at once (its slot was free)", key, late.Round(time.Millisecond))
 		}
 	}
 	if n := kt.count("") + kt.count("n0"); n != 0 {

@@ -47,7 +47,12 @@ lanes:
 // one plan bucket per key and one window per IP between them; with Redis
 // away each instance answers from its own memory (fail open per
 // instance), and counts it.
+//
+// Counts only: the plan refills a token every 6 s and the per-IP window
+// is a minute long, far longer than the 43 requests take on a loaded
+// machine.
 func TestCallerQuotasAcrossInstances(t *testing.T) {
+	t.Parallel()
 	rec := newRecorder(t)
 	ns := testenv.StartNATS(t)
 	rs := testenv.StartRedis(t)

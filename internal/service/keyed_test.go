@@ -310,12 +310,23 @@ func TestKeyedLaneCapSharedFairly(t *testing.T) {
 		publishKeyed(t, natsSrv.ClientURL(), key, 80)
 	}
 	moved := intakeDone(t, natsSrv.ClientURL())
-	waitFor(t, 15*time.Second, "5 s of starts", func() bool {
-		n := 0
+	// The shares below are counted over the 6 s from the first start after
+	// the intake moved every job: wait for a start past them.
+	waitFor(t, 20*time.Second, "6 s of starts after the intake", func() bool {
+		var first, last time.Time
 		for _, k := range keys {
-			n += tgt.count(k)
+			as := after(tgt.of(k), moved)
+			if len(as) == 0 {
+				continue
+			}
+			if first.IsZero() || as[0].at.Before(first) {
+				first = as[0].at
+			}
+			if l := as[len(as)-1].at; l.After(last) {
+				last = l
+			}
 		}
-		return n >= 300
+		return !first.IsZero() && last.Sub(first) >= 6*time.Second
 	})
 	// Every window from when the intake has moved every job (before, the
 	// machine is busy moving them and starts come late, closer to the next).
@@ -563,7 +574,11 @@ func TestKeyedLaneNATSBurstOverMaxBacklog(t *testing.T) {
 // restart between its second and third attempt (max_attempts 3), it is
 // tried once more and dead-lettered with 3 attempts, not tried 3 times
 // afresh. The key's next job waits behind it and is delivered after it.
+//
+// Counts only: the second failure asks for a minute's wait, so no third
+// attempt can come before the stop however slow the machine.
 func TestKeyedOrderedAttemptsSurviveRestart(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	var failed atomic.Int64

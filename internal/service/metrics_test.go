@@ -106,6 +106,7 @@ func waitMetrics(t *testing.T, reg *prometheus.Registry, within time.Duration, w
 // gauges follow the queue; the histograms and the utilization follow the
 // jobs.
 func TestLaneMetrics(t *testing.T) {
+	t.Parallel()
 	target := newHeldTarget(t)
 	reg := prometheus.NewRegistry()
 	svc := runWithRegistry(t, metricsConfig(t, target.srv.URL), reg)

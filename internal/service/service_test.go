@@ -22,9 +22,12 @@ import (
 )
 
 // Tests that check only outcomes (answers, what is stored, what arrives,
-// what is logged) call t.Parallel. Those that measure the real clock
-// (pacing and burst windows, ETAs, quotas over time, a bucket's remaining
-// tokens, guard and propagation deadlines) do not: go test runs them first,
+// what is logged) call t.Parallel. So do those whose outcomes depend on
+// the clock only through a margin far beyond a loaded machine's stalls (a
+// token that refills in seconds, a retry a minute away, a state that holds
+// for a whole second): each says its margin in its comment. Those that
+// measure the real clock (pacing and burst windows, ETAs, quotas over
+// time, guard and propagation deadlines) do not: go test runs them first,
 // one at a time, before the parallel ones start, so that no other test of
 // this package shares the cores while they measure (make test runs this
 // package alone, -p 1).
