@@ -82,32 +82,21 @@ func newFleetOn(t *testing.T, natsURL string, n int, rate string, maxInflight in
 		t.Fatal(err)
 	}
 	f.cfg = cfg
-	var stops []func()
 	for range n {
-		stops = append(stops, f.start(t))
+		f.start(t)
 	}
-	// The instances stop side by side when the test ends, as a fleet's
-	// do (each stop takes about a second): registered after their own
-	// cleanups, this one runs first, and theirs find them stopped.
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, stop := range stops {
-			wg.Go(stop)
-		}
-		wg.Wait()
-	})
 	return f
 }
 
-// start runs one more instance until the test ends, and returns its stop.
-func (f *fleet) start(t *testing.T) (stop func()) {
+// start runs one more instance until the test ends.
+func (f *fleet) start(t *testing.T) *service.Service {
 	t.Helper()
 	cfg := f.cfg
 	cfg.NATS.DataDir = t.TempDir()
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
-	stop = servicetest.Run(t, svc)
+	servicetest.Run(t, svc)
 	f.svcs = append(f.svcs, svc)
-	return stop
+	return svc
 }
 
 // conn is a NATS connection closed when the test ends.
