@@ -186,13 +186,21 @@ func Claim(ctx context.Context, cfg Config) (context.Context, *Entry, error) {
 func (c *Entry) ensureBucket(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:      Bucket,
 		Description: "throttler instances and the in-memory pacer claim (misconfiguration guard)",
 		TTL:         c.timing.TTL,
 		History:     1,
 		Storage:     jetstream.MemoryStorage,
-	})
+	}
+	// Created, and updated only when it exists with another config:
+	// CreateOrUpdateKeyValue always updates an existing bucket, and the
+	// updates of instances starting at the same moment on a fresh cluster
+	// time out behind each other (fleet TestFleetStartsTogether).
+	kv, err := c.js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = c.js.UpdateKeyValue(ctx, cfg)
+	}
 	if err != nil {
 		return fmt.Errorf("instance guard: key-value bucket %s: %w", Bucket, err)
 	}

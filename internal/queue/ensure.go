@@ -26,3 +26,16 @@ func ensureConsumer(ctx context.Context, st jetstream.Stream, cfg jetstream.Cons
 	}
 	return c, err
 }
+
+// ensureKV is ensureStream for a key-value bucket. CreateOrUpdateKeyValue
+// sends an update whenever the bucket exists, and on a fresh cluster with
+// R3 buckets the updates of instances starting at the same moment time out
+// behind each other (fleet TestFleetStartsTogether); creating a bucket that
+// exists with the same config is answered at once.
+func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.UpdateKeyValue(ctx, cfg)
+	}
+	return kv, err
+}

@@ -50,7 +50,7 @@ type Limits struct {
 
 // EnsureLimits creates or opens LimitsBucket.
 func (q *Queue) EnsureLimits(ctx context.Context, replicas int) (*Limits, error) {
-	kv, err := q.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensureKV(ctx, q.js, jetstream.KeyValueConfig{
 		Bucket: LimitsBucket, Description: "throttler limits changed at runtime", History: 1,
 		Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
 	})

@@ -30,7 +30,7 @@ const (
 
 // ensureTries creates or opens TriesBucket.
 func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyValue, error) {
-	kv, err := q.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := ensureKV(ctx, q.js, jetstream.KeyValueConfig{
 		Bucket: TriesBucket, Description: "throttler failed attempts of ordered keys' jobs retried in place",
 		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
 		LimitMarkerTTL: triesMarkerTTL,
