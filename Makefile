@@ -44,26 +44,26 @@ run: build
 	$(BIN) serve --config configs/throttler.yaml
 
 # Three rounds, so that the timing-heavy packages never share the cores
-# with each other: first every other package (in parallel, -p 4: most of
-# them wait on servers and the real clock, not on the CPU, so two at a time
-# left the cores idle); then the real-clock pacing tests of leaky, service
-# and cmd/throttler one package at a time (-p 1); last the fleet tests
+# with each other: first every other package (-p 4: most of them wait on
+# servers and the real clock, not on the CPU, so two at a time left the
+# cores idle); then the real-clock pacing tests of leaky, service and
+# cmd/throttler one package at a time (-p 1); last the fleet tests
 # (internal/fleet: NATS and Redis clusters, node loss), whose servers would
-# load the cores the pacing tests measure on; its tests run side by side
-# (-parallel 8), each with its own servers and its own stall meter. While the first round runs, the test binaries of the
-# later rounds are compiled (go test -run '^$$': nothing runs but their
-# TestMain), so that -p 1 does not compile them one at a time later.
-# Inside a package, the real-clock tests run first, one at a time; the
-# tests that only check outcomes call t.Parallel and run after them, 8 at a
-# time (-parallel 8: they wait on servers, not on the CPU). The throttler
-# binary that the process tests start is built once for all
-# (testenv.ThrottlerBinary). docs/TESTING.md has the figures.
+# load the cores the pacing tests measure on. While the first round runs,
+# the test binaries of the later rounds are compiled (go test -run '^$$':
+# nothing runs but their TestMain), so that -p 1 does not compile them one
+# at a time later. Inside a package, the real-clock tests run first, one at
+# a time; the tests that only check outcomes call t.Parallel and run after
+# them, 8 at a time in every round (-parallel 8: they wait on servers, not
+# on the CPU; the default would be the 2 cores). The throttler binary that
+# the process tests start is built once for all (testenv.ThrottlerBinary).
+# docs/TESTING.md has the figures.
 TIMING  := ./internal/leaky ./internal/service ./cmd/throttler
 FLEET   := ./internal/fleet
 test:
 	@log=$$(mktemp); $(GO) test -count=1 -run '^$$' $(TIMING) $(FLEET) >$$log 2>&1 & pre=$$!; \
-	echo "$(GO) test -count=1 -timeout 10m -p 4 <every package but $(TIMING) $(FLEET)>"; \
-	$(GO) test -count=1 -timeout 10m -p 4 $$($(GO) list $(PKGS) | grep -vxF $(foreach p,$(TIMING) $(FLEET),-e 'github.com/throttler/throttler/$(p:./%=%)')); \
+	echo "$(GO) test -count=1 -timeout 10m -p 4 -parallel 8 <every package but $(TIMING) $(FLEET)>"; \
+	$(GO) test -count=1 -timeout 10m -p 4 -parallel 8 $$($(GO) list $(PKGS) | grep -vxF $(foreach p,$(TIMING) $(FLEET),-e 'github.com/throttler/throttler/$(p:./%=%)')); \
 	status=$$?; \
 	if ! wait $$pre; then echo "the later rounds' test binaries did not build:"; cat $$log; status=1; fi; \
 	rm -f $$log; exit $$status

@@ -16,14 +16,34 @@ import (
 
 const module = "github.com/throttler/throttler"
 
-// deps lists the packages pkg depends on, directly or not.
-func deps(t *testing.T, pkg string) []string {
+// deps lists, for each of pkgs (directories such as ./internal/queue), the
+// packages it depends on, directly or not: one go list for all of them.
+func deps(t *testing.T, pkgs []string) map[string][]string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
+	args := append([]string{"list", "-f", "{{.Dir}}{{range .Deps}} {{.}}{{end}}"}, pkgs...)
+	out, err := exec.Command("go", args...).Output()
 	if err != nil {
-		t.Fatalf("go list -deps %s: %v", pkg, err)
+		t.Fatalf("go list %s: %v", strings.Join(pkgs, " "), err)
 	}
-	return strings.Fields(string(out))
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		rel, err := filepath.Rel(wd, f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		all["./"+filepath.ToSlash(rel)] = f[1:]
+	}
+	for _, p := range pkgs {
+		if _, ok := all[p]; !ok {
+			t.Fatalf("go list printed nothing for %s:\n%s", p, out)
+		}
+	}
+	return all
 }
 
 func TestImportRules(t *testing.T) {
@@ -35,7 +55,7 @@ func TestImportRules(t *testing.T) {
 		}
 		return out
 	}
-	for _, rule := range []struct {
+	rules := []struct {
 		pkg    string
 		forbid []string
 		why    string
@@ -73,12 +93,18 @@ func TestImportRules(t *testing.T) {
 			"the status page's files speak the public HTTP API and import nothing of the service"},
 		{"cmd/throttler", append(internal("bench", "testenv", "servicetest"), "go.uber.org/ratelimit", "github.com/go-redis/redis_rate/v10", "github.com/chromedp/chromedp"),
 			"the service binary links no load tool, no peer library and no test support"},
-	} {
+	}
+	var pkgs []string
+	for _, rule := range rules {
 		if _, err := os.Stat(rule.pkg); err != nil {
 			t.Errorf("%s: %v", rule.pkg, err)
 			continue
 		}
-		for _, dep := range deps(t, "./"+rule.pkg) {
+		pkgs = append(pkgs, "./"+rule.pkg)
+	}
+	all := deps(t, pkgs)
+	for _, rule := range rules {
+		for _, dep := range all["./"+rule.pkg] {
 			for _, f := range rule.forbid {
 				if dep == f || strings.HasPrefix(dep, f+"/") || (strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f)) {
 					t.Errorf("%s imports %s: %s", rule.pkg, dep, rule.why)

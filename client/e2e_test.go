@@ -47,6 +47,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 // throttler: submissions, duplicates, lanes, limits, dead letters, and the
 // typed errors of refusals.
 func TestAgainstServer(t *testing.T) {
+	t.Parallel()
 	s := start(t, serverOptions{})
 	c := newClient(t, s.URL)
 	ctx := context.Background()
@@ -174,6 +175,7 @@ func TestAgainstServer(t *testing.T) {
 // Retry-After; the client waits at least that long (real clock) and the
 // submission then succeeds.
 func TestWaitsOutAFullLane(t *testing.T) {
+	t.Parallel()
 	s := start(t, serverOptions{slowBacklog: 2})
 	ctx := context.Background()
 	var waits []time.Duration
@@ -222,6 +224,7 @@ func TestWaitsOutAFullLane(t *testing.T) {
 // TestAPIKeys: the key goes in Authorization; no key, or a key without
 // the scope, are typed errors.
 func TestAPIKeys(t *testing.T) {
+	t.Parallel()
 	s := start(t, serverOptions{keys: map[string][]string{"ops": {"admin"}, "viewer": {"read"}}})
 	ctx := context.Background()
 	if _, err := newClient(t, s.URL).Lanes(ctx); !errors.Is(err, client.ErrUnauthorized) {
@@ -252,6 +255,7 @@ func TestAPIKeys(t *testing.T) {
 // TestBatchAgainstServer submits a batch: one result per item, in order;
 // a bad item refuses the whole batch with a problem naming it.
 func TestBatchAgainstServer(t *testing.T) {
+	t.Parallel()
 	s := start(t, serverOptions{})
 	c := newClient(t, s.URL)
 	ctx := context.Background()

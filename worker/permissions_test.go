@@ -19,6 +19,7 @@ import (
 // publish jobs, read the inboxes of other workers, or write the
 // throttler's control subjects.
 func TestWorkerPermissions(t *testing.T) {
+	t.Parallel()
 	srv, err := server.NewServer(&server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
 		Users: []*server.User{

@@ -135,6 +135,7 @@ func busyShare(t *testing.T, spans []span, perJob time.Duration) (float64, time.
 // word loses it when its lease runs out; the job is retried (attempt 2) by
 // another worker, and the first worker's late report is refused.
 func TestLeaseExpiryRetries(t *testing.T) {
+	t.Parallel()
 	const lease = 700 * time.Millisecond
 	f := newFleet(t, 1, "20/s", 3, func(l *config.Lane) {
 		l.Target.NATS.Lease = config.Duration(lease)
@@ -174,16 +175,19 @@ func TestLeaseExpiryRetries(t *testing.T) {
 }
 
 // TestProgressExtendsTheLease: a worker that reports progress keeps its job
-// past the lease; nobody else gets it.
+// past the lease; nobody else gets it. The reports come every fifth of the
+// lease, so that a stall of the loaded machine shorter than four fifths of
+// it (800 ms) does not let the lease run out between two of them.
 func TestProgressExtendsTheLease(t *testing.T) {
-	const lease = 500 * time.Millisecond
+	const lease = time.Second
 	f := newFleet(t, 1, "20/s", 3, func(l *config.Lane) { l.Target.NATS.Lease = config.Duration(lease) })
 	holder, other := newRawWorker(t, f), newRawWorker(t, f)
 	f.submit(t, "prog", 1)
 	job := holder.pull(10 * time.Second)
-	other.ask(3 * time.Second)
-	for range 6 { // 6 × 200 ms: well past the lease
-		time.Sleep(lease * 2 / 5)
+	// Waiting through all the reports below.
+	other.ask(4 * time.Second)
+	for range 12 { // 12 × 200 ms: well past the lease
+		time.Sleep(lease / 5)
 		if r := holder.report(job.Reply, worker.StatusProgress, ""); r.Header.Get(worker.HeaderStatus) != worker.StatusAccepted {
 			t.Fatalf("progress report: %q %q", r.Header.Get(worker.HeaderStatus), r.Header.Get(worker.HeaderError))
 		}
@@ -200,6 +204,7 @@ func TestProgressExtendsTheLease(t *testing.T) {
 // worker's reason; a plain error retries it until retry.max_attempts, then
 // dead-letters it; RetryAfter waits at least its delay.
 func TestFailuresDeadLetter(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, 1, "50/s", 2, func(l *config.Lane) {
 		l.Retry = config.Retry{MaxAttempts: 2, BackoffBase: config.Duration(10 * time.Millisecond), BackoffMax: config.Duration(20 * time.Millisecond)}
 	})
@@ -255,6 +260,7 @@ func TestFailuresDeadLetter(t *testing.T) {
 // reports it done; jobs that reach it after the stop began go back at once
 // (attempt 1, long before the lease), and another pool runs them.
 func TestGracefulStopHandsBack(t *testing.T) {
+	t.Parallel()
 	const lease = 20 * time.Second
 	f := newFleet(t, 1, "50/s", 4, func(l *config.Lane) { l.Target.NATS.Lease = config.Duration(lease) })
 	var mu sync.Mutex
@@ -320,6 +326,7 @@ func TestGracefulStopHandsBack(t *testing.T) {
 // guessing its outcome subject nor by naming its job id on its own lease;
 // the holder's report still settles it.
 func TestForeignReportRefused(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, 1, "50/s", 3, nil)
 	a, b := newRawWorker(t, f), newRawWorker(t, f)
 	f.submit(t, "own", 2)

@@ -82,11 +82,12 @@ cluster {
 }
 EOF
 	fi
-	start "nats-$n" "$tmp/nats-$n.log" "Server is ready" "$bin/nats-server" -c "$tmp/nats-$n.conf"
+	launch "nats-$n" "$tmp/nats-$n.log" "Server is ready" "$bin/nats-server" -c "$tmp/nats-$n.conf"
 	nats_pid[i]=$last_pid
 }
 nats_healthy() { curl -sf "http://127.0.0.1:${nats_mon[$1]}/healthz" | grep -q '"ok"'; }
 for i in 0 1 2; do start_nats "$i"; done
+await_started
 for i in 0 1 2; do until_true 30 "nats-$((i + 1)) healthy (JetStream meta leader elected)" nats_healthy "$i"; done
 
 # Redis: a master without disk, a replica of it, three sentinels (quorum 2).
@@ -108,8 +109,9 @@ sentinel down-after-milliseconds mymaster 2000
 sentinel failover-timeout mymaster 10000
 sentinel parallel-syncs mymaster 1
 EOF
-	start "sentinel-$((i + 1))" "$tmp/sentinel-$i.log" "+monitor master" redis-sentinel "$tmp/sentinel-$i/sentinel.conf"
+	launch "sentinel-$((i + 1))" "$tmp/sentinel-$i.log" "+monitor master" redis-sentinel "$tmp/sentinel-$i/sentinel.conf"
 done
+await_started
 sentinels_ready() {
 	local i
 	for i in 0 1 2; do
@@ -192,5 +194,6 @@ new_master=$(redis-cli -p "${sentinel[0]}" sentinel get-master-addr-by-name myma
 say "the sentinels promoted $new_master (the replica was 127.0.0.1:$redis_replica)"
 
 start_nats "$victim"
+await_started
 until_true 60 "$leader healthy again" nats_healthy "$victim"
 say "$leader restarted and caught up"

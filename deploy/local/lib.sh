@@ -50,6 +50,7 @@ build_binaries() {
 begin_processes() {
 	tmp=$(mktemp -d "${TMPDIR:-/tmp}/throttler-$prefix.XXXXXX")
 	pids=()
+	kinds=()
 	trap stop_all EXIT
 	trap 'exit 130' INT TERM
 }
@@ -58,13 +59,24 @@ stop_all() {
 	local status=$?
 	trap - EXIT INT TERM
 	# The reverse of the start: the instances first (each finishes its
-	# in-flight jobs and hands the rest back), then what they use. An empty
-	# pid is a process the script stopped itself.
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		[[ -n ${pids[i]} ]] || continue
-		kill -TERM "${pids[i]}" 2>/dev/null || true
-		wait "${pids[i]}" 2>/dev/null || true
+	# in-flight jobs and hands the rest back), then what they use. Processes
+	# of one kind started one after another (the instances, the NATS nodes,
+	# the sentinels) stop together: each is told, then each is waited for,
+	# so that their stops overlap. An empty pid is a process the script
+	# stopped itself.
+	local i=$((${#pids[@]} - 1)) j group
+	while ((i >= 0)); do
+		group=()
+		for ((j = i; j >= 0; j--)); do
+			[[ ${kinds[j]} == "${kinds[i]}" ]] || break
+			[[ -z ${pids[j]} ]] || group+=("${pids[j]}")
+		done
+		i=$j
+		((${#group[@]} > 0)) || continue
+		kill -TERM "${group[@]}" 2>/dev/null || true
+		for j in "${group[@]}"; do
+			wait "$j" 2>/dev/null || true
+		done
 	done
 	if [[ $status -ne 0 && $status -ne 130 ]]; then # 130: Ctrl-C
 		for log in "$tmp"/*.log; do
@@ -81,8 +93,19 @@ stop_all() {
 # start NAME LOG READY CMD…: runs CMD in the background with its output
 # appended to LOG and waits until LOG holds the line READY (in what CMD
 # wrote, so that a restart appends to the same log); the pid goes to the
-# variable last_pid and to pids.
+# variable last_pid and to pids, its kind (NAME up to a space or a "-N"
+# suffix: "throttler", "nats", "sentinel") to kinds.
 start() {
+	launch "$@"
+	await_started
+}
+
+# launch NAME LOG READY CMD…: start without the wait; await_started waits
+# for every process launched since the last wait, so that processes that
+# do not need each other to start (the NATS nodes, the sentinels) start
+# side by side.
+launching=()
+launch() {
 	local name=$1 log=$2 ready=$3
 	shift 3
 	local before=0
@@ -91,13 +114,28 @@ start() {
 	"$@" >>"$log" 2>&1 &
 	last_pid=$!
 	pids+=("$last_pid")
-	local i
+	local kind=${name%% *}
+	kinds+=("${kind%-[0-9]*}")
+	launching+=("$last_pid" "$name" "$log" "$before" "$ready")
+}
+
+# await_started: see launch; fails when one of them exits or is not ready
+# within 30 s.
+await_started() {
+	local i k
 	for ((i = 0; i < 300; i++)); do
-		tail -n +"$((before + 1))" "$log" | grep -q "$ready" && return 0
-		kill -0 "$last_pid" 2>/dev/null || fail "$name exited at start"
+		local waiting=()
+		for ((k = 0; k < ${#launching[@]}; k += 5)); do
+			local pid=${launching[k]} name=${launching[k + 1]} log=${launching[k + 2]} before=${launching[k + 3]} ready=${launching[k + 4]}
+			tail -n +"$((before + 1))" "$log" | grep -q "$ready" && continue
+			kill -0 "$pid" 2>/dev/null || fail "$name exited at start"
+			waiting+=("$pid" "$name" "$log" "$before" "$ready")
+		done
+		launching=(${waiting[@]+"${waiting[@]}"})
+		((${#launching[@]} > 0)) || return 0
 		sleep 0.1
 	done
-	fail "$name did not start within 30 s"
+	fail "${launching[1]} did not start within 30 s"
 }
 
 # until_true SECONDS WHAT CMD…: retries CMD every 0.1 s until it succeeds.

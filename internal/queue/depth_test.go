@@ -14,6 +14,7 @@ import (
 // oldest-job, retrying and dead-letter gauges, for two lanes at once; and a
 // retry keeps its job's first store time.
 func TestDepthRetriesAndDeadByLane(t *testing.T) {
+	t.Parallel()
 	q, _ := newQueue(t, spec())
 	ctx := context.Background()
 	other := spec()

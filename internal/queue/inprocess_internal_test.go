@@ -116,9 +116,11 @@ func TestBufferedConnKeepsEachWriteWhole(t *testing.T) {
 // a write waits for room until its deadline.
 func TestBufferedConnBackpressure(t *testing.T) {
 	client, server := net.Pipe()
-	defer server.Close()
 	b := newBufferedConn(client, 1024)
 	defer b.Close()
+	// Closed first: with nobody reading, Close would wait closeFlushWait
+	// for a flush that cannot come.
+	defer server.Close()
 	chunk := make([]byte, 1024)
 	within(t, 10*time.Second, "writes that fit", func() {
 		for range 2 { // one the pump holds, one waiting

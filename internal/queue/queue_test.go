@@ -118,6 +118,7 @@ func TestEnsureLaneUpdatesAChangedLane(t *testing.T) {
 }
 
 func TestConsumerRetryAndDeadLetters(t *testing.T) {
+	t.Parallel()
 	q, nc := newQueue(t, spec())
 	ctx := context.Background()
 	q.Publish(ctx, queue.Job{ID: "j1", Lane: "demo", ContentType: "text/plain", Payload: []byte("one"), Notify: queue.NotifySubject("i1")})
@@ -150,9 +151,12 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 	if err := m1.Retry(ctx, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := q.RetriesWaiting(ctx, "demo"); n != 1 {
-		t.Fatalf("retries waiting %d, want 1", n)
-	}
+	// The server counts a consumer's pending messages once the consumer
+	// took the stored one in (its own goroutine): polled, not read once.
+	waitForCond(t, "the retry counted as waiting", func() bool {
+		n, _ := q.RetriesWaiting(ctx, "demo")
+		return n == 1
+	})
 	// demo-2 is refused for good: a dead letter with its reason.
 	if err := m2.Dead(ctx, queue.DeadInfo{Reason: "rejected by target", LastStatus: 404, LastError: "gone"}, time.Second); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 // back, and once the job is settled its entry is gone from the bucket's
 // stream, not left as a delete marker for a week per settled job.
 func TestTriesClearedLeaveNothing(t *testing.T) {
+	t.Parallel()
 	q, nc := newBareQueue(t)
 	spec := intakeSpec(100)
 	spec.Ordered = true

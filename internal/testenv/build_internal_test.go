@@ -12,6 +12,7 @@ import (
 // an embedded file, go.mod) and with nothing else (a test file, a package
 // it does not import).
 func TestSourceKey(t *testing.T) {
+	t.Parallel()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatal("the go command is not on PATH")
@@ -75,6 +76,7 @@ func TestSourceKey(t *testing.T) {
 // TestThrottlerBinary: the binary runs, and a second call (of this or any
 // later test binary) finds it without building.
 func TestThrottlerBinary(t *testing.T) {
+	t.Parallel()
 	bin := ThrottlerBinary(t)
 	out, err := exec.Command(bin, "version").CombinedOutput()
 	if err != nil {
