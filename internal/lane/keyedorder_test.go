@@ -147,8 +147,8 @@ func TestKeyedStartsInTakeOrder(t *testing.T) {
 	due := takeTwo(t0)
 	// j1's goroutine wakes at its slot; j0's has not woken yet.
 	clk.wakeAt(due[1], due[1].Add(time.Millisecond))
-	// Give j1 time to start, as it did before the jobs of a key started
-	// in the order they were taken (it waits for j0 now).
+	// A j1 that did not wait for j0's decision would start now: give it
+	// the time to.
 	deadline := time.Now().Add(200 * time.Millisecond)
 	for len(startedNow()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
