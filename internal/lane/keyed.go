@@ -42,6 +42,13 @@ type keyedRun struct {
 	// up, a wait in place): its later jobs waiting for their slots then go
 	// back too, so that they never start before it (FIFO per key).
 	epoch map[string]uint64
+	// decided per key is closed once the key's last job taken has started
+	// or gone back (startAt). The next job taken waits for it at its slot:
+	// a job whose goroutine woke late (a stalled thread holds its timer)
+	// and goes back must not find a later job of its key started already.
+	decided map[string]chan struct{}
+	// begin starts a job (Lane.start; a test records the starts).
+	begin func(ctx context.Context, msg *queue.Msg, done func())
 
 	// slots are the fleet's in-flight slots this instance holds (token →
 	// key), refreshed by the claimer (Deps.Slots).
@@ -76,6 +83,7 @@ func newKeyedRun(l *Lane) (*keyedRun, error) {
 		l: l, reader: r, pair: l.d.Pair, claims: l.d.Claims,
 		permits: make(chan struct{}, l.cfg.MaxInflight), wake: make(chan struct{}, 1),
 		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{}, slots: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
+		decided: map[string]chan struct{}{}, begin: l.start,
 	}
 	k.sched = keyed.New(l.keyOpts)
 	if a := l.cfg.PerKey.Adaptive; a.Enabled {
@@ -565,7 +573,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 			k.sched.NotReady(key, now.Add(res.KeyNext))
 			continue
 		}
-		epoch, ok := k.take(key, msg, readEpoch)
+		epoch, prev, decided, ok := k.take(key, msg, readEpoch)
 		if !ok {
 			// An earlier job of the key went back while this one was
 			// read and reserved: it must not start first. Its slot is
@@ -587,7 +595,7 @@ func (k *keyedRun) loop(ctx context.Context) {
 		// periods) after its slot, as on unkeyed lanes: both bounds then
 		// hold with W widened by that much.
 		maxLate := max(leaky.DefaultMaxLate, min(l.EffectiveLimit().Period(), keyLim.Period()))
-		go k.startAt(ctx, key, tok, msg, due, maxLate, epoch)
+		go k.startAt(ctx, key, tok, msg, due, maxLate, epoch, prev, decided)
 	}
 }
 
@@ -636,10 +644,14 @@ func (k *keyedRun) unclaimWorker() {
 }
 
 // startAt starts msg at due (its permit is held), or hands it back when ctx
-// ends first.
-func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64) {
+// ends first. The key's job taken before it (prev, nil for none) has
+// started or gone back by then: jobs of a key start in the order they were
+// taken, however late their goroutines wake. It closes decided when it has
+// started msg or handed it back.
+func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg, due time.Time, maxLate time.Duration, epoch uint64, prev, decided chan struct{}) {
 	l, clk := k.l, k.l.d.Clock
 	defer k.waiting.Done()
+	defer k.decide(key, decided)
 	done := func() {
 		k.releaseSlot(key, tok)
 		k.inflight.Add(-1)
@@ -658,6 +670,15 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		_ = msg.Release()
 		unstarted()
 		return
+	}
+	if prev != nil {
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			_ = msg.Release()
+			unstarted()
+			return
+		}
 	}
 	k.mu.Lock()
 	behind := k.epoch[key] != epoch // an earlier job of the key went back
@@ -680,7 +701,18 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		return
 	}
 	(*observer)(l).Started(max(late, 0))
-	l.start(ctx, msg, done)
+	k.begin(ctx, msg, done)
+}
+
+// decide says that the job taken with decided has started or gone back:
+// the key's next job taken may start.
+func (k *keyedRun) decide(key string, decided chan struct{}) {
+	k.mu.Lock()
+	if k.decided[key] == decided {
+		delete(k.decided, key) // the key's last job taken: nobody waits
+	}
+	k.mu.Unlock()
+	close(decided)
 }
 
 func later(a, b time.Time) time.Time {
@@ -728,18 +760,22 @@ func (k *keyedRun) next(ctx context.Context, key string) (*queue.Msg, uint64, er
 
 // take marks msg as started: the key's cursor moves past it. It refuses
 // (ok false) when the key's epoch moved since msg was read under readEpoch:
-// an earlier job went back and must start first.
-func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uint64, ok bool) {
+// an earlier job went back and must start first. prev is closed once the
+// key's job taken before msg has started or gone back (nil: none waits);
+// decided is msg's own, for startAt to close.
+func (k *keyedRun) take(key string, msg *queue.Msg, readEpoch uint64) (epoch uint64, prev, decided chan struct{}, ok bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.epoch[key] != readEpoch {
-		return 0, false
+		return 0, nil, nil, false
 	}
 	delete(k.held, key)
 	if c := msg.Seq() + 1; c > k.cursor[key] {
 		k.cursor[key] = c
 	}
-	return readEpoch, true
+	prev, decided = k.decided[key], make(chan struct{})
+	k.decided[key] = decided
+	return readEpoch, prev, decided, true
 }
 
 // retryInPlace counts a failed attempt of an ordered key's job, which waits

@@ -146,12 +146,20 @@ func after(as []arrival, t time.Time) []arrival {
 	return nil
 }
 
-// checkFIFO fails unless arrivals carry ids in ascending order, each once.
+// checkFIFO fails unless arrivals carry ids in ascending order, each once;
+// it says which: a job delivered a second time, or one out of order.
 func checkFIFO(t *testing.T, key string, as []arrival) {
 	t.Helper()
-	for i := 1; i < len(as); i++ {
-		if as[i].id <= as[i-1].id {
-			t.Fatalf("key %s: %q arrived after %q (not FIFO, or twice)", key, as[i].id, as[i-1].id)
+	seen := make(map[string]int, len(as))
+	for i, a := range as {
+		if j, ok := seen[a.id]; ok {
+			t.Fatalf("key %s: %q arrived twice: as arrival %d (at %s) and %d (at %s)",
+				key, a.id, j, as[j].at.Format("15:04:05.000"), i, a.at.Format("15:04:05.000"))
+		}
+		seen[a.id] = i
+		if i > 0 && a.id < as[i-1].id {
+			t.Fatalf("key %s: %q arrived after %q, %v later (out of order; each arrived once so far)",
+				key, a.id, as[i-1].id, a.at.Sub(as[i-1].at))
 		}
 	}
 }

@@ -1,0 +1,172 @@
+package lane
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// gatedClock stands still at now; a Sleep until an instant returns when the
+// test opens that instant's gate: the test decides which job's goroutine
+// wakes first, as a loaded machine may (a thread holding one job's timer
+// stalls while another runs the next job's).
+type gatedClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	gates map[time.Time]chan struct{}
+}
+
+func (c *gatedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *gatedClock) gate(at time.Time) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.gates[at]
+	if !ok {
+		g = make(chan struct{})
+		c.gates[at] = g
+	}
+	return g
+}
+
+func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	select {
+	case <-c.gate(c.Now().Add(d)):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wakeAt moves the clock to now and wakes the sleep until at.
+func (c *gatedClock) wakeAt(at, now time.Time) {
+	g := c.gate(at)
+	c.mu.Lock()
+	c.now = now
+	c.mu.Unlock()
+	close(g)
+}
+
+// TestKeyedStartsInTakeOrder: a key's job whose goroutine wakes after its
+// slot, and after the slot of the key's next job, goes back (a slot
+// missed); the next job, taken after it, must not have started first.
+// Then, woken on time, the two start in order.
+func TestKeyedStartsInTakeOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	q, err := queue.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 100, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureKeyedLane(ctx, queue.LaneSpec{Name: "demo", MaxBacklog: 10, MaxInflight: 4, Prefetch: 1,
+		AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := q.Publish(ctx, queue.Job{ID: fmt.Sprintf("j%d", i), Lane: "demo", Key: "k", Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reader, err := q.KeyedReader("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &gatedClock{now: t0, gates: map[time.Time]chan struct{}{}}
+	l := &Lane{
+		cfg: config.Lane{Name: "demo", MaxInflight: 4, PerKey: &config.PerKey{MaxInflight: 4}},
+		d:   Deps{Clock: clk, DispatchCtx: ctx, Metrics: metrics.New(prometheus.NewRegistry())},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	k := &keyedRun{l: l, reader: reader, sched: keyed.New(nil), permits: make(chan struct{}, 4), wake: make(chan struct{}, 1),
+		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
+		slots: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{}, decided: map[string]chan struct{}{}}
+	reader.OnRequeue = k.requeue
+	var mu sync.Mutex
+	var started []string
+	k.begin = func(_ context.Context, msg *queue.Msg, done func()) {
+		mu.Lock()
+		started = append(started, msg.Job().ID)
+		mu.Unlock()
+		done()
+	}
+	startedNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), started...)
+	}
+	const period, maxLate = 100 * time.Millisecond, 20 * time.Millisecond
+	// takeTwo reads and takes the key's next two jobs, slots a period
+	// apart from base, and has each wait for its slot.
+	takeTwo := func(base time.Time) (due [2]time.Time) {
+		for i := range due {
+			msg, readEpoch, err := k.next(ctx, "k")
+			if err != nil || msg == nil {
+				t.Fatalf("read job %d: %v, %v", i, msg, err)
+			}
+			epoch, prev, decided, ok := k.take("k", msg, readEpoch)
+			if !ok {
+				t.Fatalf("take %s refused", msg.Job().ID)
+			}
+			due[i] = base.Add(time.Duration(i+1) * period)
+			k.permits <- struct{}{}
+			k.waiting.Add(1)
+			go k.startAt(ctx, "k", "", msg, due[i], maxLate, epoch, prev, decided)
+		}
+		return due
+	}
+
+	due := takeTwo(t0)
+	// j1's goroutine wakes at its slot; j0's has not woken yet.
+	clk.wakeAt(due[1], due[1].Add(time.Millisecond))
+	// A j1 that did not wait for j0's decision would start now: give it
+	// the time to.
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for len(startedNow()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// j0 wakes a period late: its slot is missed and it goes back.
+	clk.wakeAt(due[0], due[1].Add(time.Millisecond))
+	k.waiting.Wait()
+	if s := startedNow(); len(s) != 0 {
+		t.Fatalf("started %v while j0, the key's first job, went back: a later job of the key started before it", s)
+	}
+
+	// Both read again, from j0; woken on time they start in order.
+	due = takeTwo(due[1].Add(time.Millisecond))
+	clk.wakeAt(due[0], due[0])
+	testenv.Eventually(t, 5*time.Second, "j0 starts", func() bool { return len(startedNow()) == 1 })
+	clk.wakeAt(due[1], due[1])
+	k.waiting.Wait()
+	if s := startedNow(); len(s) != 2 || s[0] != "j0" || s[1] != "j1" {
+		t.Fatalf("started %v, want [j0 j1]", s)
+	}
+}
