@@ -361,12 +361,7 @@ func (l *lineLog) matching(s string) []logLine {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testenv.FreePort(t)
 }
 
 func tail(s string, n int) string {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,43 +128,11 @@ func serveFails(t *testing.T, path string) string {
 	return stderr.String()
 }
 
-// freePort is a free port on 127.0.0.1 for a process to listen on later.
-// It is taken below the kernel's ephemeral range when it can be: a port the
-// kernel hands out for port 0 is in that range, where any test's outgoing
-// connection may take it before the process binds it (a parallel test's
-// throttler once exited with "address already in use"). Below the range
-// only another explicit pick can take it, one chance in thousands.
+// freePort is a free port on 127.0.0.1 for a process to listen on later
+// (testenv.FreeAddr says why it is not one the kernel picks).
 func freePort(t *testing.T) string {
 	t.Helper()
-	if lo := ephemeralLow(); lo > 11000 {
-		for range 100 {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(lo-10000)))
-			if err == nil {
-				defer ln.Close()
-				return ln.Addr().String()
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux),
-// 0 when unknown.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	var lo, hi int
-	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
-		return 0
-	}
-	return lo
+	return testenv.FreeAddr(t)
 }
 
 // TestServeAndSIGTERM starts the real binary on its embedded default, checks

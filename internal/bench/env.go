@@ -160,15 +160,14 @@ func isLoopback(host string) bool {
 	return err == nil && a.IsLoopback()
 }
 
-// freeAddr returns a free TCP address on 127.0.0.1. It is free when freeAddr
-// returns; a process that binds it a moment later rarely loses the race.
+// freeAddr returns a free TCP address on 127.0.0.1, below the kernel's
+// ephemeral range (testenv.PickPort): a process binds it a moment later.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.PickPort()
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
 }
 
 // redis returns the Redis URL for the Redis rows, or a reason to skip them.

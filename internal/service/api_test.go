@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -340,12 +339,7 @@ func TestEmbeddedListenTakesOutsidePublishers(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 50, 5)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.NATS.Listen = ln.Addr().String()
-	ln.Close()
+	cfg.NATS.Listen = testenv.FreeAddr(t)
 	start(t, cfg)
 	nc, err := nats.Connect("nats://" + cfg.NATS.Listen)
 	if err != nil {

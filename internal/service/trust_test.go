@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // natsWithUsers runs a nats-server with the users docs/OPERATIONS.md
@@ -198,12 +198,7 @@ func queueControl(lane string) string { return "throttler.control." + lane }
 
 func freeTCPPort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testenv.FreePort(t)
 }
 
 // TestOutsideMsgIDCannotDropARetry: an outsider who publishes a job whose

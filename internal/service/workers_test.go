@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 	"github.com/throttler/throttler/worker"
 )
 
@@ -22,12 +22,7 @@ func TestEmbeddedWorkerUsers(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:1/unused", 50, 5)
 	cfg.Lanes[0].Target = config.Target{NATS: &config.NATSTarget{Subject: "renders.work", Mode: config.NATSModePull}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.NATS.Listen = ln.Addr().String()
-	ln.Close()
+	cfg.NATS.Listen = testenv.FreeAddr(t)
 	cfg.NATS.User, cfg.NATS.Password = "throttler", "throttler-pw"
 	cfg.NATS.Workers = []config.Worker{{User: "render-1", Password: "render-pw", Lanes: []string{"demo"}}}
 	cfg.ApplyDefaults()

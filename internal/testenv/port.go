@@ -1,0 +1,65 @@
+package testenv
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"testing"
+)
+
+// PickPort returns a TCP port on 127.0.0.1 that is free now, for a server
+// (a process, an embedded listener) that binds it a moment later. It is
+// taken below the kernel's ephemeral range when it can be: a port the
+// kernel hands out for port 0 lies in that range, where any outgoing
+// connection of a parallel test may take it before the server binds it (a
+// throttler process once exited with "address already in use"). Below the
+// range only another explicit pick can take it, one chance in thousands.
+func PickPort() (int, error) {
+	if lo := ephemeralLow(); lo > 11000 {
+		for range 100 {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(lo-10000)))
+			if err == nil {
+				port := ln.Addr().(*net.TCPAddr).Port
+				ln.Close()
+				return port, nil
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// FreePort is PickPort for a test: it fails the test when no port is free.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	port, err := PickPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// FreeAddr is FreePort as 127.0.0.1:port.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return loopback(FreePort(t))
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux),
+// 0 when unknown.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0
+	}
+	return lo
+}
