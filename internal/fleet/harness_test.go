@@ -26,11 +26,14 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-// The tests run in parallel (t.Parallel): each starts its own servers on
-// free ports and waits mostly on them (elections, failovers, drains at 2
-// and 50 jobs/s), and each measures the stalls of the process while it runs
-// (stallMeter), so that a stall caused by another test widens the window
-// check by what it really did to the arrivals, and no more.
+// The tests that check G1's windows at the target (leader kill, Sentinel
+// failover, Redis Cluster, Redis restarted empty) run one at a time: each
+// measures the stalls of the process while it runs (stallMeter) and widens
+// its window check by three times the worst, and a sibling's clusters
+// starting and failing over beside it would stall the process enough that
+// a double grant (a whole burst) fits in the allowance. The tests that
+// check outcomes only (two deployments, a fleet started at once) run in
+// parallel after them.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }

@@ -39,7 +39,6 @@ func liveIntake(c *client, lane, prefix string, period time.Duration, stop <-cha
 // resumes within the bound docs/BENCHMARKS.md gives (the log has the
 // measured pause).
 func TestNATSLeaderKilledMidDrain(t *testing.T) {
-	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs, maxInflight = 400, 16
 	cluster := testenv.StartNATSCluster(t, 3)

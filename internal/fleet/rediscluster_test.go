@@ -19,7 +19,6 @@ import (
 // stays within burst + rate·W, and the killed master's lanes resume within
 // seconds (the service reloads the slot map every second).
 func TestRedisClusterHundredLanes(t *testing.T) {
-	t.Parallel()
 	l := bucket.Limit{Rate: 2, Burst: 1}
 	const lanes, perLane = 100, 10
 	natsURL := testenv.StartNATS(t).ClientURL()

@@ -40,7 +40,6 @@ func addrs(svcs []*service.Service) []string {
 // may hold (the instance registry's), so no window at the target holds
 // more than burst + rate·W, and every accepted job arrives.
 func TestRedisRestartedEmptyStaysExact(t *testing.T) {
-	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs = 600
 	natsURL := testenv.StartNATS(t).ClientURL()

@@ -17,7 +17,6 @@ import (
 // received yet is restored from the instances' floors past what the others
 // hold (docs/DESIGN.md, "Redis loses its state").
 func TestSentinelFailoverMidDrain(t *testing.T) {
-	t.Parallel()
 	l := bucket.Limit{Rate: 50, Burst: 5}
 	const jobs = 500
 	natsURL := testenv.StartNATS(t).ClientURL()

@@ -675,6 +675,10 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		select {
 		case <-prev:
 		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			// The stop began while it waited (select picks at random
+			// when both are ready): hand it back unstarted.
 			_ = msg.Release()
 			unstarted()
 			return
