@@ -24,11 +24,12 @@ import (
 // with make.
 var binary string
 
-// Tests that check outcomes only call t.Parallel (a refusal, a start after
-// a lease expired, nothing lost across a restart: they wait on processes
-// and servers, not on the CPU); those that measure the real clock (a
-// fleet's windows at the target) do not, so that go test runs them first,
-// one at a time, before the parallel ones start.
+// Tests that check outcomes, or bound a time with a margin far beyond a
+// stall (a second signal exits within 2 s), call t.Parallel (a refusal, a
+// start after a lease expired, nothing lost across a restart: they wait on
+// processes and servers, not on the CPU); those that measure the real
+// clock closely (a fleet's windows at the target) do not, so that go test
+// runs them first, one at a time, before the parallel ones start.
 func TestMain(m *testing.M) {
 	var err error
 	if binary, err = testenv.ThrottlerBinaryPath(); err != nil {
