@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,6 +174,14 @@ func answerBusy(c net.Conn, cfg *tls.Config) {
 		}
 		conn = t
 	}
+	// The answer goes after the client's request: one that came before it
+	// was written is an unsolicited response to an HTTP client (Go's
+	// transport drops the connection instead of reading it), which a slow
+	// client saw under load.
+	in := bufio.NewReader(io.LimitReader(conn, 1<<20))
+	if _, err := http.ReadRequest(in); err != nil {
+		return
+	}
 	body, _ := json.Marshal(api.Problem{Type: ProblemOverloaded, Title: "Service Unavailable", Status: 503,
 		Field: "max_connections", Detail: "the server has its max_connections open; retry", RetryAfterSeconds: 1})
 	fmt.Fprintf(conn, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\nCache-Control: no-store\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
@@ -181,7 +191,7 @@ func answerBusy(c net.Conn, cfg *tls.Config) {
 	}
 	// Read what the client sent until it closes (or the deadline): closing
 	// with unread bytes would reset the connection and lose the answer.
-	_, _ = io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
+	_, _ = io.Copy(io.Discard, in)
 }
 
 func remoteIP(c net.Conn) string {
