@@ -140,7 +140,7 @@ func TestKeyedReleaseOffTheLoop(t *testing.T) {
 		t.Fatalf("acquire: %v, %v", full, err)
 	}
 	k.releaseSlotAsync("k", tok) // returns with the store still silent
-	k.mu.Lock() // the release's goroutine deletes the token again
+	k.mu.Lock()                  // the release's goroutine deletes the token again
 	_, ok := k.slots[tok]
 	k.mu.Unlock()
 	if ok {
