@@ -1,6 +1,9 @@
 package config
 
-import "math"
+import (
+	"math"
+	"strconv"
+)
 
 // The embedded server's memory, as measured (`throttler-bench --only rss`,
 // docs/OPERATIONS.md "Memory of the embedded server"): JetStream's
@@ -44,4 +47,45 @@ func (c *Config) EmbeddedMemory() int64 {
 		return math.MaxInt64
 	}
 	return EmbeddedBaseBytes + DedupIDBytes*ids
+}
+
+// StreamBytes is the file storage JetStream reserves for c's streams when
+// it creates them (one replica's worth): each lane's max_bytes, twice for a
+// keyed lane (its intake stream and its store), and the retry and
+// dead-letter streams' max_bytes. The embedded server refuses a stream
+// that would take the reservations beyond three quarters of the disk free
+// at nats.data_dir when it started.
+func (c *Config) StreamBytes() int64 {
+	sum := int64(c.Retries.MaxBytes) + int64(c.DeadLetters.MaxBytes)
+	for _, l := range c.Lanes {
+		n := int64(l.MaxBytes)
+		if l.PerKey != nil {
+			n *= 2
+		}
+		if sum > math.MaxInt64-n {
+			return math.MaxInt64
+		}
+		sum += n
+	}
+	return sum
+}
+
+// String writes b as the YAML takes it, in the largest unit it reaches:
+// "1GiB", "512KiB", or with one decimal when the unit does not divide it
+// ("58.4GiB", which the YAML does not take).
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		switch {
+		case int64(b) < u.size:
+			continue
+		case int64(b)%u.size == 0:
+			return strconv.FormatInt(int64(b)/u.size, 10) + u.suffix
+		default:
+			return strconv.FormatFloat(float64(b)/float64(u.size), 'f', 1, 64) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
 }

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"math"
 	"path/filepath"
 	"testing"
 	"time"
@@ -65,5 +66,42 @@ func TestDedupIDs(t *testing.T) {
 				t.Fatalf("EmbeddedMemory %d over the warning: %v, want %v", c.EmbeddedMemory(), over, want)
 			}
 		})
+	}
+}
+
+// TestStreamBytes: each lane's max_bytes once, a keyed lane's twice (its
+// intake and its store), plus the retry and dead-letter streams'; the
+// example config reserves 3GiB.
+func TestStreamBytes(t *testing.T) {
+	c := config.Default()
+	c.Retries.MaxBytes, c.DeadLetters.MaxBytes = 5<<20, 7<<20
+	if got := c.StreamBytes(); got != 12<<20 {
+		t.Fatalf("no lanes: %d", got)
+	}
+	c.Lanes = []config.Lane{{MaxBytes: 1 << 30}, {MaxBytes: 1 << 20, PerKey: &config.PerKey{}}}
+	if got, want := c.StreamBytes(), int64(12<<20+1<<30+2<<20); got != want {
+		t.Fatalf("StreamBytes = %d, want %d", got, want)
+	}
+	c.Lanes = append(c.Lanes, config.Lane{MaxBytes: math.MaxInt64 - 1})
+	if got := c.StreamBytes(); got != math.MaxInt64 {
+		t.Fatalf("an overflowing sum = %d, want MaxInt64", got)
+	}
+	ex, err := config.Load(filepath.Join("..", "..", "configs", "throttler.yaml"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := config.ByteSize(ex.StreamBytes()).String(); got != "3GiB" {
+		t.Fatalf("example config reserves %s", got)
+	}
+}
+
+func TestByteSizeString(t *testing.T) {
+	for b, want := range map[config.ByteSize]string{
+		0: "0B", 1023: "1023B", 1024: "1KiB", 512 << 10: "512KiB", 1536: "1.5KiB",
+		1 << 20: "1MiB", 3 << 30: "3GiB", 58<<30 + 400<<20: "58.4GiB", 1 << 40: "1024GiB",
+	} {
+		if got := b.String(); got != want {
+			t.Errorf("ByteSize(%d) = %q, want %q", int64(b), got, want)
+		}
 	}
 }

@@ -3,9 +3,17 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// ErrNoRoom: JetStream refused a stream because the storage it may use
+// cannot hold the stream's max_bytes beside what its other streams
+// reserve (a file stream with max_bytes reserves them when it is created).
+// The embedded server may use three quarters of the disk that was free at
+// nats.data_dir when it started.
+var ErrNoRoom = errors.New("JetStream has no room to reserve the stream's max_bytes")
 
 // ensureStream creates the stream, or updates it only when its config
 // differs: several instances starting at once then send no update for an
@@ -13,7 +21,14 @@ import (
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := js.CreateStream(ctx, cfg)
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.UpdateStream(ctx, cfg)
+		st, err = js.UpdateStream(ctx, cfg)
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case codeStorageResourcesExceed, codeInsufficientResources, codeAccountResourcesExceed:
+			return nil, fmt.Errorf("%w (%d bytes): %v", ErrNoRoom, cfg.MaxBytes, err)
+		}
 	}
 	return st, err
 }

@@ -1,9 +1,12 @@
 package service_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/throttler/throttler/internal/config"
 )
 
 // TestEmbeddedMemoryWarning: an instance on the embedded server whose lanes'
@@ -34,4 +37,45 @@ func TestEmbeddedMemoryWarning(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNoRoomForMaxBytes: a stream whose max_bytes the embedded store
+// cannot reserve stops the start with an error that names the field, what
+// the streams add up to and what the store may use; the streams before it
+// were created, and a start with a smaller max_bytes on the same store
+// works.
+func TestNoRoomForMaxBytes(t *testing.T) {
+	t.Parallel()
+	const eib = config.ByteSize(1 << 60) // beyond any disk's three quarters
+	for _, c := range []struct {
+		field string
+		set   func(*config.Config)
+	}{
+		{"lanes[1].max_bytes", func(cfg *config.Config) {
+			l := cfg.Lanes[0]
+			l.Name, l.MaxBytes = "huge", eib
+			cfg.Lanes = append(cfg.Lanes, l)
+		}},
+		{"retries.max_bytes", func(cfg *config.Config) { cfg.Retries.MaxBytes = eib }},
+		{"dead_letters.max_bytes", func(cfg *config.Config) { cfg.DeadLetters.MaxBytes = eib }},
+	} {
+		t.Run(c.field, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := testConfig(t, dir, "http://127.0.0.1:9/hook", 20, 10)
+			c.set(&cfg)
+			err := runFails(t, cfg)
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.Field != c.field {
+				t.Fatalf("Run: %v; want a config error on %s", err, c.field)
+			}
+			for _, want := range []string{"no room to reserve", "add up to", "three quarters of the disk free at nats.data_dir", "nats.url"} {
+				if !strings.Contains(ce.Msg, want) {
+					t.Errorf("error lacks %q: %v", want, err)
+				}
+			}
+			t.Log(err)
+			ok := testConfig(t, dir, "http://127.0.0.1:9/hook", 20, 10)
+			startLogged(t, ok)
+		})
+	}
 }

@@ -10,6 +10,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -160,10 +161,10 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: s.cfg.Retries.MaxMessages, MaxBytes: int64(s.cfg.Retries.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
-		return err
+		return s.noRoom("retries.max_bytes", err)
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
-		return err
+		return s.noRoom("dead_letters.max_bytes", err)
 	}
 
 	// Dispatches get their own context: at shutdown they may finish within
@@ -191,6 +192,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		l, err := lane.New(ctx, lc, deps)
 		if err != nil {
 			// Named like a config error: the field is where to look.
+			if errors.Is(err, queue.ErrNoRoom) {
+				return s.noRoom(fmt.Sprintf("lanes[%d].max_bytes", i), err)
+			}
 			return &config.Error{Field: fmt.Sprintf("lanes[%d]", i), Msg: err.Error()}
 		}
 		closers = append(closers, l.Close)
@@ -348,4 +352,23 @@ func (s *Service) Reload() error {
 		return apiserver.ErrNotRunning
 	}
 	return web.Reload(s.reloadConfig)
+}
+
+// noRoom names field when JetStream had no room to reserve a stream's
+// max_bytes (queue.ErrNoRoom), with what the embedded server may use and
+// what the streams add up to; any other err passes unchanged.
+func (s *Service) noRoom(field string, err error) error {
+	if !errors.Is(err, queue.ErrNoRoom) {
+		return err
+	}
+	fix := "lower it or another stream's max_bytes (lanes[].max_bytes, retries.max_bytes, dead_letters.max_bytes), or give JetStream more storage"
+	if s.nats != nil {
+		if jsc := s.nats.JetStreamConfig(); jsc != nil {
+			fix = fmt.Sprintf("the streams' max_bytes add up to %v and the embedded server may use %v "+
+				"(three quarters of the disk free at nats.data_dir when it started): lower lanes[].max_bytes, "+
+				"retries.max_bytes or dead_letters.max_bytes, free disk, or set nats.url",
+				config.ByteSize(s.cfg.StreamBytes()), config.ByteSize(jsc.MaxStore))
+		}
+	}
+	return &config.Error{Field: field, Msg: err.Error() + "; " + fix}
 }

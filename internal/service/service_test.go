@@ -87,6 +87,12 @@ func waitSettled(t *testing.T, addr string) {
 	servicetest.WaitSettled(t, 10*time.Second, addr)
 }
 
+// testMaxBytes bounds each test stream: JetStream reserves a stream's
+// max_bytes from three quarters of the free disk when it creates it, and
+// the 1GiB defaults made a test with seven lanes depend on the machine's
+// free disk (9GiB reserved; TestNoRoomForMaxBytes checks that refusal).
+const testMaxBytes = 64 << 20
+
 func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) config.Config {
 	r, err := bucket.ParseRate(strconv.FormatFloat(rate, 'f', -1, 64))
 	if err != nil {
@@ -98,8 +104,10 @@ func testConfig(t *testing.T, dataDir, target string, rate float64, burst int) c
 	cfg.Dispatch.AllowNetworks = []string{"127.0.0.0/8"}
 	cfg.Lanes = []config.Lane{{
 		Name: "demo", Rate: r, Burst: burst, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20,
-		Target: config.Target{HTTP: &config.HTTPTarget{URL: target, Method: "POST", Timeout: config.Duration(5 * time.Second)}},
+		Target:   config.Target{HTTP: &config.HTTPTarget{URL: target, Method: "POST", Timeout: config.Duration(5 * time.Second)}},
+		MaxBytes: testMaxBytes,
 	}}
+	cfg.Retries.MaxBytes, cfg.DeadLetters.MaxBytes = testMaxBytes, testMaxBytes
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
