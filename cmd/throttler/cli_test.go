@@ -43,20 +43,25 @@ func cliServer(t *testing.T) string {
 shutdown_timeout: 5s
 nats: {data_dir: %s}
 dispatch: {allow_networks: [127.0.0.0/8]}
+retries: {max_bytes: 64MiB}
+dead_letters: {max_bytes: 64MiB}
 auth:
   keys:
     - {id: ops, sha256: %s, scopes: [admin]}
     - {id: viewer, sha256: %s, scopes: [read]}
 lanes:
   - name: demo
+    max_bytes: 64MiB
     rate: 20/s
     burst: 5
     target: {http: {url: %s, timeout: 5s}}
   - name: failing
+    max_bytes: 64MiB
     rate: 500/s
     burst: 50
     target: {http: {url: %s, timeout: 5s}}
   - name: hooks
+    max_bytes: 64MiB
     rate: 50/s
     burst: 5
     per_key: {rate: 5/s, burst: 2}
