@@ -16,22 +16,30 @@ import (
 // throttler process once exited with "address already in use"). Below the
 // range only another explicit pick can take it, one chance in thousands.
 func PickPort() (int, error) {
+	ln, err := listenFree()
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// listenFree listens on a free port of 127.0.0.1 below the ephemeral range
+// when it can (PickPort), else on one the kernel picks.
+func listenFree() (net.Listener, error) {
 	if lo := ephemeralLow(); lo > 11000 {
 		for range 100 {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(lo-10000)))
 			if err == nil {
-				port := ln.Addr().(*net.TCPAddr).Port
-				ln.Close()
-				return port, nil
+				return ln, nil
 			}
 		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
+		return nil, fmt.Errorf("pick a free port: %w", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ln, nil
 }
 
 // FreePort is PickPort for a test: it fails the test when no port is free.

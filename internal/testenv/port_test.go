@@ -26,3 +26,24 @@ func TestPickPortBelowEphemeralRange(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// TestFreePortsDistinctBelowEphemeralRange: the ports a daemon is launched
+// on are distinct and, like PickPort's, below the ephemeral range.
+func TestFreePortsDistinctBelowEphemeralRange(t *testing.T) {
+	t.Parallel()
+	lo := ephemeralLow()
+	ports, err := freePorts(30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if seen[p] {
+			t.Fatalf("port %d picked twice: %v", p, ports)
+		}
+		seen[p] = true
+		if lo > 11000 && (p < 10000 || p >= lo) {
+			t.Fatalf("port %d, want one in [10000, %d)", p, lo)
+		}
+	}
+}

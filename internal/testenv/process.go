@@ -208,24 +208,20 @@ func waitClosed(addr string) error {
 	}
 }
 
-// freePorts asks the kernel for n distinct free TCP ports on 127.0.0.1. They
-// are free when freePorts returns; launch retries if someone takes one
-// meanwhile.
+// freePorts picks n distinct free TCP ports on 127.0.0.1, below the
+// ephemeral range when it can (PickPort says why). They are free when
+// freePorts returns; launch retries if someone takes one meanwhile.
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	for range n {
 		// Every listener stays open until all ports are picked, so that
-		// the kernel never hands out the same port twice.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// no port is picked twice.
+		l, err := listenFree()
 		if err != nil {
-			return nil, fmt.Errorf("pick a free port: %w", err)
+			return nil, err
 		}
 		defer l.Close()
-		addr, ok := l.Addr().(*net.TCPAddr)
-		if !ok {
-			return nil, fmt.Errorf("pick a free port: listener address %v is not TCP", l.Addr())
-		}
-		ports = append(ports, addr.Port)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
 }
