@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -24,18 +23,6 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var quiet = slog.New(slog.DiscardHandler)
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 func TestMaxMessage(t *testing.T) {
 	t.Parallel()
@@ -125,8 +112,7 @@ func TestOpenNATSEmbedded(t *testing.T) {
 // lanes' public subjects.
 func TestOpenNATSEmbeddedUsers(t *testing.T) {
 	t.Parallel()
-	// Reserve a port, then hand it to the embedded server.
-	listen := closedAddr(t)
+	listen := testenv.FreeAddr(t)
 	cfg := config.NATS{DataDir: t.TempDir(), Listen: listen, User: "throttler", Password: "own-secret",
 		Publishers: []config.Publisher{{User: "shop", Password: "shop-secret", Lanes: []string{"demo"}}}}
 	n, err := backend.OpenNATS(cfg, []config.Lane{{Name: "demo", MaxBody: 1 << 20}}, quiet)
@@ -184,7 +170,7 @@ func TestOpenNATSErrors(t *testing.T) {
 	t.Parallel()
 	t.Run("unreachable", func(t *testing.T) {
 		t.Parallel()
-		_, err := backend.OpenNATS(config.NATS{URL: "nats://user:hunter2@" + closedAddr(t)}, nil, quiet)
+		_, err := backend.OpenNATS(config.NATS{URL: "nats://user:hunter2@" + testenv.ClosedAddr(t)}, nil, quiet)
 		if err == nil || !strings.Contains(err.Error(), "nats.url") || strings.Contains(err.Error(), "hunter2") {
 			t.Fatalf("error %v: want one naming nats.url without its password", err)
 		}
@@ -198,7 +184,7 @@ func TestOpenNATSErrors(t *testing.T) {
 		if err := os.WriteFile(seed, []byte("not a seed\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := backend.OpenNATS(config.NATS{URL: "nats://" + closedAddr(t), NkeySeedFile: seed}, nil, quiet)
+		_, err := backend.OpenNATS(config.NATS{URL: "nats://" + testenv.ClosedAddr(t), NkeySeedFile: seed}, nil, quiet)
 		var ce *config.Error
 		if !errors.As(err, &ce) || ce.Field != "nats.nkey_seed_file" {
 			t.Fatalf("error %v: want a config error on nats.nkey_seed_file", err)

@@ -105,7 +105,7 @@ func TestOpenRedis(t *testing.T) {
 // password hidden), not refused, and answers once it is up.
 func TestOpenRedisAway(t *testing.T) {
 	t.Parallel()
-	addr := closedAddr(t)
+	addr := testenv.ClosedAddr(t)
 	url := "redis://:s3cret-pw@" + addr
 	var logs testenv.LogBuffer
 	start := time.Now()

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 )
 
@@ -70,4 +71,26 @@ func ephemeralLow() int {
 		return 0
 	}
 	return lo
+}
+
+// ClosedAddr is a 127.0.0.1 address that refuses every connection for the
+// rest of the test: a TCP socket is bound to it and never listens, so a
+// connection gets "connection refused", and no other server can take the
+// port meanwhile (a port freed after a listen could be taken by any
+// parallel test's server, and a dial then reached it or was reset).
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatalf("closed address: socket: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("closed address: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("closed address: getsockname: %v", err)
+	}
+	return loopback(sa.(*syscall.SockaddrInet4).Port)
 }

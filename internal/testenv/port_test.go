@@ -1,9 +1,12 @@
 package testenv
 
 import (
+	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestPickPortBelowEphemeralRange: a picked port lies below the kernel's
@@ -45,5 +48,26 @@ func TestFreePortsDistinctBelowEphemeralRange(t *testing.T) {
 		if lo > 11000 && (p < 10000 || p >= lo) {
 			t.Fatalf("port %d, want one in [10000, %d)", p, lo)
 		}
+	}
+}
+
+// TestClosedAddrRefuses: every dial to a ClosedAddr is refused, and no
+// listener can take its port while the test runs.
+func TestClosedAddrRefuses(t *testing.T) {
+	t.Parallel()
+	addr := ClosedAddr(t)
+	for range 3 {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			t.Fatalf("dial %s connected", addr)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("dial %s: %v, want connection refused", addr, err)
+		}
+	}
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("a listener took %s", addr)
 	}
 }
