@@ -3,7 +3,6 @@ package apiserver_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -64,12 +63,7 @@ func TestCallersInMemory(t *testing.T) {
 // 10 s, saying how many checks fell back since the last one.
 func TestCallersFallbackLog(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	away := ln.Addr().String()
-	ln.Close() // nothing listens there now
+	away := testenv.ClosedAddr(t)
 	client := redis.NewClient(&redis.Options{Addr: away, Password: "pw-1234", MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond})
 	defer client.Close()
 	pipe, err := client.AutoPipeline()
