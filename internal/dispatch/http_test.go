@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // serve starts an httptest server that is closed when the test ends.
@@ -309,12 +311,7 @@ func hijack(t *testing.T, reset bool) http.HandlerFunc {
 }
 
 func TestHTTPConnectionErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedAddr := ln.Addr().String()
-	_ = ln.Close()
+	closedAddr := testenv.ClosedAddr(t)
 
 	steps := []struct {
 		name string

@@ -242,12 +242,7 @@ func TestSecretsNeverShown(t *testing.T) {
 // start is named without its password.
 func TestConnectionErrorsAreRedacted(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close()
+	closed := testenv.ClosedAddr(t)
 	rec := newRecorder(t)
 	t.Run("NATS", func(t *testing.T) {
 		cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
