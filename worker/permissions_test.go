@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 	"github.com/throttler/throttler/worker"
 )
 
@@ -20,8 +21,8 @@ import (
 // throttler's control subjects.
 func TestWorkerPermissions(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+	srv := testenv.StartNATSWith(t, &server.Options{
+		Port: -1, StoreDir: t.TempDir(),
 		Users: []*server.User{
 			{Username: "throttler", Password: "throttler-pw"},
 			{Username: "render-1", Password: "render-pw", Permissions: &server.Permissions{
@@ -30,14 +31,6 @@ func TestWorkerPermissions(t *testing.T) {
 			}},
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	f := newFleetOn(t, srv.ClientURL(), 1, "50/s", 2, func(c *config.Config) {
 		c.NATS.User, c.NATS.Password = "throttler", "throttler-pw"
 	})

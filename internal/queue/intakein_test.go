@@ -14,6 +14,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 func intakeSpec(maxBacklog int64) queue.LaneSpec {
@@ -340,16 +341,7 @@ func TestKeyedIntakeMigrationRepeatAfterCopyRead(t *testing.T) {
 // the intake stream forever, in front of every job behind it.
 func TestKeyedIntakeBadKeyDeadLetterFitsMaxPayload(t *testing.T) {
 	spec := intakeSpec(100)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoSigs: true, NoLog: true, MaxPayload: int32(spec.MaxBody + queue.HeaderRoom)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not become ready in 10s")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: int32(spec.MaxBody + queue.HeaderRoom)})
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)

@@ -191,16 +191,7 @@ func TestKeysFileReload(t *testing.T) {
 // /metrics holds a password, a token or a query value of a secret URL.
 func TestSecretsNeverShown(t *testing.T) {
 	t.Parallel()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoSigs: true, NoLog: true, Username: "thr", Password: "nats-pw-1234"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(), Username: "thr", Password: "nats-pw-1234"})
 
 	rec := newRecorder(t)
 	target := strings.Replace(rec.srv.URL, "http://", "http://hookuser:hook-pw-5678@", 1) + "/hook?token=hook-token-9012"

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // TestEmbeddedMemoryWarning: an instance on the embedded server whose lanes'
@@ -86,23 +86,14 @@ func TestNoRoomForMaxBytes(t *testing.T) {
 // field and what to change there.
 func TestNoRoomForMaxBytesExternal(t *testing.T) {
 	t.Parallel()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		JetStreamMaxStore: 256 << 20, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(), JetStreamMaxStore: 256 << 20})
 
 	cfg := testConfig(t, t.TempDir(), "http://127.0.0.1:9/hook", 20, 10)
 	cfg.NATS.URL = ns.ClientURL()
 	l := cfg.Lanes[0]
 	l.Name, l.MaxBytes = "big", 128<<20 // 64MiB × 3 are reserved before it, of 256MiB
 	cfg.Lanes = append(cfg.Lanes, l)
-	err = runFails(t, cfg)
+	err := runFails(t, cfg)
 	var ce *config.Error
 	if !errors.As(err, &ce) || ce.Field != "lanes[1].max_bytes" {
 		t.Fatalf("Run: %v; want a config error on lanes[1].max_bytes", err)

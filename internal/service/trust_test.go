@@ -30,21 +30,13 @@ import (
 // of each.
 func natsWithUsers(t *testing.T) (throttlerURL, publisherURL string) {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+	srv := testenv.StartNATSWith(t, &server.Options{
+		Port: -1, StoreDir: t.TempDir(),
 		Users: []*server.User{
 			{Username: "throttler", Password: "s3cret"},
 			{Username: "shop", Password: "pub", Permissions: queue.PublisherPermissions([]string{"demo"})},
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	addr := srv.Addr().String()
 	return "nats://throttler:s3cret@" + addr, "nats://shop:pub@" + addr
 }

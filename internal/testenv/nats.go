@@ -20,14 +20,19 @@ func StartNATS(t testing.TB) *server.Server {
 // a random one), so that a test can restart a server on the same data.
 func StartNATSDir(t testing.TB, dir string, port int) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      port,
-		JetStream: true,
-		StoreDir:  dir,
-		NoSigs:    true,
-		NoLog:     true,
-	})
+	return StartNATSWith(t, &server.Options{Port: port, StoreDir: dir})
+}
+
+// StartNATSWith runs an in-process nats-server with opts (users, limits),
+// on 127.0.0.1 when opts names no host, with JetStream, and without
+// signal handlers or logs; it stops when the test ends.
+func StartNATSWith(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	opts.JetStream, opts.NoSigs, opts.NoLog = true, true, true
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatalf("testenv: nats-server: %v", err)
 	}
