@@ -80,6 +80,12 @@ func startServer(opts serverOptions, logs io.Writer) (*server, error) {
 		{Name: "failing", Rate: rate("200/s"), Burst: 10, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20, Target: target(refuse.URL)},
 		{Name: "slow", Rate: rate("2/s"), Burst: 1, MaxInflight: 1, MaxBacklog: opts.slowBacklog, MaxBody: 1 << 20, Target: target(ok.URL)},
 	}
+	for i := range cfg.Lanes {
+		// JetStream reserves each stream's max_bytes from the free disk:
+		// 64MiB keeps this test off the machine's disk size.
+		cfg.Lanes[i].MaxBytes = 64 << 20
+	}
+	cfg.Retries.MaxBytes, cfg.DeadLetters.MaxBytes = 64<<20, 64<<20
 	for id, scopes := range opts.keys {
 		cfg.Auth.Keys = append(cfg.Auth.Keys, config.Key{ID: id, SHA256: sha("secret-" + id), Scopes: scopes})
 	}

@@ -56,18 +56,22 @@ func (c *Config) EmbeddedMemory() int64 {
 // that would take the reservations beyond three quarters of the disk free
 // at nats.data_dir when it started.
 func (c *Config) StreamBytes() int64 {
-	sum := int64(c.Retries.MaxBytes) + int64(c.DeadLetters.MaxBytes)
+	sum := addSat(int64(c.Retries.MaxBytes), int64(c.DeadLetters.MaxBytes))
 	for _, l := range c.Lanes {
-		n := int64(l.MaxBytes)
+		sum = addSat(sum, int64(l.MaxBytes))
 		if l.PerKey != nil {
-			n *= 2
+			sum = addSat(sum, int64(l.MaxBytes))
 		}
-		if sum > math.MaxInt64-n {
-			return math.MaxInt64
-		}
-		sum += n
 	}
 	return sum
+}
+
+// addSat is a + b for sizes (never negative), at most math.MaxInt64.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // String writes b as the YAML takes it, in the largest unit it reaches:

@@ -86,6 +86,11 @@ func TestStreamBytes(t *testing.T) {
 	if got := c.StreamBytes(); got != math.MaxInt64 {
 		t.Fatalf("an overflowing sum = %d, want MaxInt64", got)
 	}
+	c.Lanes = nil
+	c.Retries.MaxBytes, c.DeadLetters.MaxBytes = math.MaxInt64/2+1, math.MaxInt64/2+1
+	if got := c.StreamBytes(); got != math.MaxInt64 {
+		t.Fatalf("retries and dead letters overflowing = %d, want MaxInt64", got)
+	}
 	ex, err := config.Load(filepath.Join("..", "..", "configs", "throttler.yaml"), nil)
 	if err != nil {
 		t.Fatal(err)

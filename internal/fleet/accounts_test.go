@@ -18,6 +18,7 @@ import (
 	"github.com/throttler/throttler/internal/instance"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/servicetest"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // startAccountsNATS runs an in-process nats-server from a configuration
@@ -41,20 +42,7 @@ accounts {
 	if err != nil {
 		t.Fatalf("nats.conf: %v", err)
 	}
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready in 10s")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
+	return testenv.StartNATSWith(t, opts)
 }
 
 // TestTwoDeploymentsOneServer: two throttler deployments on one

@@ -10,9 +10,10 @@ import (
 
 // ErrNoRoom: JetStream refused a stream because the storage it may use
 // cannot hold the stream's max_bytes beside what its other streams
-// reserve (a file stream with max_bytes reserves them when it is created).
-// The embedded server may use three quarters of the disk that was free at
-// nats.data_dir when it started.
+// reserve (a file stream with max_bytes reserves them when it is created
+// or raised): error code 10047, from a single server or an account's
+// limits. A cluster with no peer that has room answers 10005 (no suitable
+// peers for placement), which names no field and is passed on as it is.
 var ErrNoRoom = errors.New("JetStream has no room to reserve the stream's max_bytes")
 
 // ensureStream creates the stream, or updates it only when its config
@@ -24,11 +25,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		st, err = js.UpdateStream(ctx, cfg)
 	}
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case codeStorageResourcesExceed, codeInsufficientResources, codeAccountResourcesExceed:
-			return nil, fmt.Errorf("%w (%d bytes): %v", ErrNoRoom, cfg.MaxBytes, err)
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == codeStorageResourcesExceed {
+		if cfg.MaxBytes > 0 {
+			return nil, fmt.Errorf("%w (%d bytes): %w", ErrNoRoom, cfg.MaxBytes, err)
 		}
+		return nil, fmt.Errorf("%w: %w", ErrNoRoom, err)
 	}
 	return st, err
 }

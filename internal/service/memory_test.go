@@ -43,23 +43,23 @@ func TestEmbeddedMemoryWarning(t *testing.T) {
 
 // TestNoRoomForMaxBytes: a stream whose max_bytes the embedded store
 // cannot reserve stops the start with an error that names the field, what
-// the streams add up to and what the store may use; the streams before it
-// were created, and a start with a smaller max_bytes on the same store
-// works.
+// the store may use, what its streams reserve and what the config needs;
+// a start with smaller bounds on the same store then works.
 func TestNoRoomForMaxBytes(t *testing.T) {
 	t.Parallel()
 	const eib = config.ByteSize(1 << 60) // beyond any disk's three quarters
 	for _, c := range []struct {
-		field string
-		set   func(*config.Config)
+		field    string
+		set      func(*config.Config)
+		reserved string // by the streams created before the refused one
 	}{
 		{"lanes[1].max_bytes", func(cfg *config.Config) {
 			l := cfg.Lanes[0]
 			l.Name, l.MaxBytes = "huge", eib
 			cfg.Lanes = append(cfg.Lanes, l)
-		}},
-		{"retries.max_bytes", func(cfg *config.Config) { cfg.Retries.MaxBytes = eib }},
-		{"dead_letters.max_bytes", func(cfg *config.Config) { cfg.DeadLetters.MaxBytes = eib }},
+		}, "192MiB"}, // retries, dead letters, lane demo
+		{"retries.max_bytes", func(cfg *config.Config) { cfg.Retries.MaxBytes = eib }, "0B"},
+		{"dead_letters.max_bytes", func(cfg *config.Config) { cfg.DeadLetters.MaxBytes = eib }, "64MiB"},
 	} {
 		t.Run(c.field, func(t *testing.T) {
 			dir := t.TempDir()
@@ -70,7 +70,8 @@ func TestNoRoomForMaxBytes(t *testing.T) {
 			if !errors.As(err, &ce) || ce.Field != c.field {
 				t.Fatalf("Run: %v; want a config error on %s", err, c.field)
 			}
-			for _, want := range []string{"no room to reserve", "add up to", "three quarters of the disk free at nats.data_dir", "nats.url"} {
+			for _, want := range []string{"no room to reserve", "its streams reserve " + c.reserved + " already",
+				"three quarters of the disk free at nats.data_dir", "config's streams need", "nats.url"} {
 				if !strings.Contains(ce.Msg, want) {
 					t.Errorf("error lacks %q: %v", want, err)
 				}

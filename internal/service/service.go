@@ -355,8 +355,10 @@ func (s *Service) Reload() error {
 }
 
 // noRoom names field when JetStream had no room to reserve a stream's
-// max_bytes (queue.ErrNoRoom), with what the embedded server may use and
-// what the streams add up to; any other err passes unchanged.
+// max_bytes (queue.ErrNoRoom), with what the embedded server may use, what
+// its streams reserve already (those of lanes no longer configured among
+// them) and what this config's streams need; any other err passes
+// unchanged.
 func (s *Service) noRoom(field string, err error) error {
 	if !errors.Is(err, queue.ErrNoRoom) {
 		return err
@@ -364,10 +366,12 @@ func (s *Service) noRoom(field string, err error) error {
 	fix := "lower it or another stream's max_bytes (lanes[].max_bytes, retries.max_bytes, dead_letters.max_bytes), or give JetStream more storage"
 	if s.nats != nil {
 		if jsc := s.nats.JetStreamConfig(); jsc != nil {
-			fix = fmt.Sprintf("the streams' max_bytes add up to %v and the embedded server may use %v "+
-				"(three quarters of the disk free at nats.data_dir when it started): lower lanes[].max_bytes, "+
-				"retries.max_bytes or dead_letters.max_bytes, free disk, or set nats.url",
-				config.ByteSize(s.cfg.StreamBytes()), config.ByteSize(jsc.MaxStore))
+			_, reserved, _ := s.nats.JetStreamReservedResources()
+			fix = fmt.Sprintf("the embedded server may use %v (three quarters of the disk free at nats.data_dir "+
+				"when it started, and of what its streams held then), its streams reserve %v already, and this "+
+				"config's streams need %v in all: lower lanes[].max_bytes, retries.max_bytes or dead_letters.max_bytes, "+
+				"free disk, delete the streams of lanes no longer configured, or set nats.url",
+				config.ByteSize(jsc.MaxStore), config.ByteSize(reserved), config.ByteSize(s.cfg.StreamBytes()))
 		}
 	}
 	return &config.Error{Field: field, Msg: err.Error() + "; " + fix}

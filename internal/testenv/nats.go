@@ -24,26 +24,30 @@ func StartNATSDir(t testing.TB, dir string, port int) *server.Server {
 }
 
 // StartNATSWith runs an in-process nats-server with opts (users, limits),
-// on 127.0.0.1 when opts names no host, with JetStream, and without
-// signal handlers or logs; it stops when the test ends.
+// on 127.0.0.1 when opts names no host, storing in a temporary directory
+// when it names none, with JetStream, and without signal handlers or logs;
+// it stops when the test ends.
 func StartNATSWith(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
 	if opts.Host == "" {
 		opts.Host = "127.0.0.1"
+	}
+	if opts.StoreDir == "" {
+		opts.StoreDir = t.TempDir()
 	}
 	opts.JetStream, opts.NoSigs, opts.NoLog = true, true, true
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatalf("testenv: nats-server: %v", err)
 	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("testenv: nats-server did not become ready in 10s")
-	}
 	t.Cleanup(func() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	})
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("testenv: nats-server did not become ready in 10s")
+	}
 	return srv
 }
 

@@ -80,7 +80,8 @@ func ephemeralLow() int {
 // parallel test's server, and a dial then reached it or was reset).
 func ClosedAddr(t testing.TB) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	// Close-on-exec: the processes parallel tests start must not hold it.
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatalf("closed address: socket: %v", err)
 	}
