@@ -15,7 +15,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modif
 # Image tag: the version, never latest (deploy/kubernetes/kustomization.yaml).
 IMAGE   ?= throttler:$(VERSION)
 
-.PHONY: all build image rules run test race check fmt vet staticcheck fuzz-smoke bench bench-smoke clean \
+.PHONY: all build image rules run test test-fleet race check fmt vet staticcheck fuzz-smoke bench bench-smoke clean \
 	mutate mutate-settle mutate-admission mutate-leaky mutate-bucket mutate-redisbucket
 
 all: build
@@ -43,13 +43,12 @@ run: build
 	trap 'kill $$sink 2>/dev/null; wait $$sink 2>/dev/null' EXIT INT TERM; \
 	$(BIN) serve --config configs/throttler.yaml
 
-# Three rounds, so that the timing-heavy packages never share the cores
-# with each other: first every other package (-p 4: most of them wait on
+# Two rounds, so that the timing-heavy packages never share the cores
+# with each other (the fleet's tests are `make test-fleet`): first every
+# other package (-p 4: most of them wait on
 # servers and the real clock, not on the CPU, so two at a time left the
 # cores idle); then the real-clock pacing tests of leaky, service and
-# cmd/throttler one package at a time (-p 1); last the fleet tests
-# (internal/fleet: NATS and Redis clusters, node loss), whose servers would
-# load the cores the pacing tests measure on. While the first round runs,
+# cmd/throttler one package at a time (-p 1). While the first round runs,
 # the test binaries of the later rounds are compiled (go test -run '^$$':
 # nothing runs but their TestMain), so that -p 1 does not compile them one
 # at a time later. Inside a package, the real-clock tests run first, one at
@@ -61,13 +60,19 @@ run: build
 TIMING  := ./internal/leaky ./internal/service ./cmd/throttler
 FLEET   := ./internal/fleet
 test:
-	@log=$$(mktemp); $(GO) test -count=1 -run '^$$' $(TIMING) $(FLEET) >$$log 2>&1 & pre=$$!; \
+	@log=$$(mktemp); $(GO) test -count=1 -run '^$$' $(TIMING) >$$log 2>&1 & pre=$$!; \
 	echo "$(GO) test -count=1 -timeout 10m -p 4 -parallel 8 <every package but $(TIMING) $(FLEET)>"; \
 	$(GO) test -count=1 -timeout 10m -p 4 -parallel 8 $$($(GO) list $(PKGS) | grep -vxF $(foreach p,$(TIMING) $(FLEET),-e 'github.com/throttler/throttler/$(p:./%=%)')); \
 	status=$$?; \
 	if ! wait $$pre; then echo "the later rounds' test binaries did not build:"; cat $$log; status=1; fi; \
 	rm -f $$log; exit $$status
 	$(GO) test -count=1 -timeout 10m -p 1 -parallel 8 $(TIMING)
+
+# The fleet tests (internal/fleet: NATS and Redis clusters, node loss,
+# failover), apart from `make test` so that it stays under four minutes warm;
+# .ci/run runs both. Their servers would load the cores the pacing tests
+# measure on, so they never run beside them.
+test-fleet:
 	$(GO) test -count=1 -timeout 5m -parallel 8 $(FLEET)
 
 race:
