@@ -60,7 +60,7 @@ func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane stri
 		lane := r.PathValue("lane")
 		if _, ok := h.cfg.Lanes.Lane(lane); !ok {
 			writeProblem(w, r, api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane", Lane: lane,
-				Detail: fmt.Sprintf("no lane named %q is configured", lane)}, 0)
+				Detail: fmt.Sprintf("no lane named %q is configured", clip(lane))}, 0)
 			return
 		}
 		if p := f(w, r, lane); p != nil {

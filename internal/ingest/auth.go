@@ -248,16 +248,12 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, caller string, 
 }
 
 // route names the request's route for logs: its pattern once routed, else
-// method and (bounded) path.
+// method and path (each cut by clip).
 func route(r *http.Request) string {
 	if r.Pattern != "" {
 		return r.Pattern
 	}
-	p := r.URL.Path
-	if len(p) > 200 {
-		p = p[:200] + "…"
-	}
-	return r.Method + " " + p
+	return clip(r.Method) + " " + clip(r.URL.Path)
 }
 
 // checkBrowser refuses what a browser can be made to send against the
@@ -270,7 +266,7 @@ func (h *Handler) checkBrowser(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if !h.hostAllowed(r.Host) {
 		h.refuse(w, r, callerOf(r), http.StatusMisdirectedRequest, ProblemUnknownHost, "Host", "unknown_host",
-			fmt.Sprintf("this server does not answer to Host %q", bounded(r.Host)))
+			fmt.Sprintf("this server does not answer to Host %q", clip(r.Host)))
 		return false
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
@@ -346,7 +342,7 @@ func crossSite(r *http.Request) string {
 		scheme = "https"
 	}
 	if oh := hostPort(o); oh == "" || oh != hostPort(scheme+"://"+r.Host) {
-		return fmt.Sprintf("Origin %q is not this server (%s): state-changing requests from browser pages of other origins are refused", bounded(o), bounded(r.Host))
+		return fmt.Sprintf("Origin %q is not this server (%s): state-changing requests from browser pages of other origins are refused", clip(o), clip(r.Host))
 	}
 	return ""
 }
@@ -370,11 +366,4 @@ func hostPort(origin string) string {
 		}
 	}
 	return strings.ToLower(net.JoinHostPort(u.Hostname(), port))
-}
-
-func bounded(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "…"
-	}
-	return s
 }

@@ -57,6 +57,11 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if why := contentTypeError(ct); why != "" {
+			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
+				Detail: why}, "invalid_content_type", 0)
+			return
+		}
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonContentType {
 			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusUnsupportedMediaType, Field: "Content-Type",
 				Detail: "a batch is a JSON array: send Content-Type: application/json"}, "invalid_content_type", 0)
@@ -130,8 +135,9 @@ func (h *Handler) maxBatchBytes() int64 {
 //
 // A well-formed body is decoded in one pass into a pooled slice of items:
 // by scanBatch when it has the usual form (exact keys, strings without
-// escapes), else by encoding/json; anything that pass refuses (bad JSON,
-// an unknown field, a wrong type, too many items, data after the array) is
+// escapes), else by decodeStrict; anything that pass refuses (bad JSON,
+// an unknown, repeated or miscased field, a wrong type, a string that is
+// not UTF-8, too many items, data after the array) is
 // read again item by item by parseBatchItems, which names what is wrong,
 // so all agree on every body (FuzzParseBatch).
 func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
@@ -147,13 +153,10 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 	*ip = items
 	if !ok {
 		clear(items)
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
 		items = items[:0]
-		err := dec.Decode(&items)
+		err := decodeStrict(body, &items)
 		*ip = items
-		if err != nil || items == nil || len(items) == 0 || len(items) > maxItems ||
-			dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
+		if err != nil || items == nil || len(items) == 0 || len(items) > maxItems {
 			return parseBatchItems(body, lane, maxBody, maxItems)
 		}
 	}
@@ -191,7 +194,6 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 		return &api.Problem{Type: typ, Status: status, Field: field, Detail: fmt.Sprintf(format, args...)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
 		return nil, bad(http.StatusBadRequest, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
 	}
@@ -200,7 +202,8 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 	guess := min(maxItems, len(body)/48+1)
 	jobs := make([]batchJob, 0, guess)
 	seen := make(map[string]int, guess)
-	var it api.BatchItem // reused: Decode makes it escape
+	var it api.BatchItem // reused: decoding makes it escape
+	var raw json.RawMessage
 	for dec.More() {
 		i := len(jobs)
 		if i >= maxItems {
@@ -208,7 +211,10 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 				"the batch has more than http.max_batch_items (%d) items; split it", maxItems)
 		}
 		it = api.BatchItem{}
-		if err := dec.Decode(&it); err != nil {
+		if err := dec.Decode(&raw); err != nil {
+			return nil, itemError(err, i)
+		}
+		if err := decodeStrict(raw, &it); err != nil {
 			return nil, itemError(err, i)
 		}
 		job, p := checkItem(it, i, lane, maxBody)
@@ -235,16 +241,21 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 	return jobs, nil
 }
 
-// itemError names what is wrong in item i that did not decode: an unknown
-// field, a field of the wrong type, not an object, not JSON.
+// itemError names what is wrong in item i that did not decode: an unknown,
+// repeated or miscased field, a field of the wrong type, a string that is
+// not UTF-8, not an object, not JSON.
 func itemError(err error, i int) *api.Problem {
 	at := "/" + strconv.Itoa(i)
 	p := &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: at}
 	var ute *json.UnmarshalTypeError
-	switch f, unknown := strings.CutPrefix(err.Error(), "json: unknown field "); {
-	case unknown:
-		p.Field += "/" + strings.Trim(f, `"`)
-		p.Detail = fmt.Sprintf("item %d: unknown field %s", i, f)
+	var je *JSONError
+	switch {
+	case errors.As(err, &je) && je.Reason == jsonUnknown:
+		p.Field += je.Pointer
+		p.Detail = fmt.Sprintf("item %d: unknown field %q", i, clip(je.Key))
+	case errors.As(err, &je) && je.Reason != jsonSyntax && je.Reason != jsonType:
+		p.Field += je.Pointer
+		p.Detail = fmt.Sprintf("item %d: %s", i, strings.TrimPrefix(err.Error(), "json: "))
 	case errors.As(err, &ute) && ute.Field != "":
 		p.Field += "/" + ute.Field
 		p.Detail = fmt.Sprintf("item %d: %s cannot be a JSON %s", i, ute.Field, ute.Value)

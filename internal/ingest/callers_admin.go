@@ -48,7 +48,7 @@ func (h *Handler) putPlan(w http.ResponseWriter, r *http.Request) {
 	}
 	if !quota.ValidPlanName(name) {
 		writeProblem(w, r, api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "plan",
-			Detail: fmt.Sprintf("%q must be 1-64 letters, digits, '_' or '-'", bounded(name))}, 0)
+			Detail: fmt.Sprintf("%q must be 1-64 letters, digits, '_' or '-'", clip(name))}, 0)
 		return
 	}
 	var c planChange
@@ -112,7 +112,7 @@ func (h *Handler) putKeyPlan(w http.ResponseWriter, r *http.Request) {
 	}
 	if key == nil {
 		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "key",
-			Detail: fmt.Sprintf("no API key with id %q", bounded(id))}, 0)
+			Detail: fmt.Sprintf("no API key with id %q", clip(id))}, 0)
 		return
 	}
 	var c keyPlanChange
@@ -129,7 +129,7 @@ func (h *Handler) putKeyPlan(w http.ResponseWriter, r *http.Request) {
 		cur := h.callers.Load()
 		if _, ok := cur.Plans[*c.Plan]; !ok {
 			writeProblem(w, r, api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "plan",
-				Detail: fmt.Sprintf("no plan named %q", bounded(*c.Plan))}, 0)
+				Detail: fmt.Sprintf("no plan named %q", clip(*c.Plan))}, 0)
 			return
 		}
 		next := *cur

@@ -21,9 +21,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -210,7 +212,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
-			Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}, 0)
+			Detail: fmt.Sprintf("no route for %s %s", clip(r.Method), clip(r.URL.Path))}, 0)
 	})
 	return h, nil
 }
@@ -245,8 +247,9 @@ type rejecter struct {
 // reject answers the submission with p; retry > 0 sets Retry-After.
 func (rj *rejecter) reject(p api.Problem, reason string, retry time.Duration) {
 	h, r := rj.h, rj.r
-	p.Lane = rj.name
-	h.cfg.Logger.Info(rj.what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", rj.name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
+	p.Lane = clip(rj.name)
+	p.Field = clip(p.Field)
+	h.cfg.Logger.Info(rj.what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", p.Lane, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
 	h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, rj.name), reason).Inc()
 	writeProblem(rj.w, r, p, retry)
 }
@@ -264,7 +267,7 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 	}
 	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
 		rj.reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
-			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
+			Detail: fmt.Sprintf("no lane named %q is configured", clip(name))}, "unknown_lane", 0)
 	}
 	return name, lane, rj, ok
 }
@@ -315,6 +318,31 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	return body, reserved, true
 }
 
+// contentTypeError says what is wrong with a job's Content-Type, or "" when
+// nothing is: at most maxContentType bytes of visible ASCII, spaces and
+// tabs (the queue keeps nothing else, and a header is ASCII).
+func contentTypeError(ct string) string {
+	if len(ct) > maxContentType {
+		return fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)
+	}
+	for i := 0; i < len(ct); i++ {
+		if c := ct[i]; (c < ' ' && c != '\t') || c > '~' {
+			return fmt.Sprintf("Content-Type has a byte 0x%02x at %d; only visible ASCII, spaces and tabs are allowed", c, i)
+		}
+	}
+	return ""
+}
+
+// isJSON reports whether a Content-Type names JSON: application/json or a
+// +json type, in any case, parameters aside.
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.TrimSpace(mt)
+	const suffix = "+json"
+	return strings.EqualFold(mt, jsonContentType) ||
+		len(mt) > len("application/")+len(suffix) && strings.EqualFold(mt[:len("application/")], "application/") && strings.EqualFold(mt[len(mt)-len(suffix):], suffix)
+}
+
 // readExactly reads a body of n bytes, its Content-Length; a shorter body
 // is io.ErrUnexpectedEOF. net/http ends a request's body at its
 // Content-Length (HTTP/2 refuses one that goes on), so nothing follows.
@@ -335,11 +363,12 @@ func readExactly(body io.Reader, n int64) ([]byte, error) {
 const maxSmallBody = 4096
 
 // decodeSmall reads a small strict JSON body (at most maxSmallBody bytes,
-// within the budget of bodies read at once) into v, refusing unknown
-// fields. A problem names what is wrong: max_body_inflight when the budget
-// is full (the connection is then closed), rate for a rate that does not
-// parse (its error says why), body for anything else, whose detail says
-// that the body must be shape ("a JSON object with rate and/or burst").
+// within the budget of bodies read at once) into v with decodeStrict. A
+// problem names what is wrong: max_body_inflight when the budget is full
+// (the connection is then closed), rate for a rate that does not parse (its
+// error says why), the member at fault (smallBodyField), else body; the
+// detail says that the body must be shape ("a JSON object with rate and/or
+// burst").
 func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, shape string) *api.Problem {
 	release, ok := h.bodies.take(min(r.ContentLength, maxSmallBody), maxSmallBody)
 	if !ok {
@@ -348,16 +377,30 @@ func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, sha
 			Detail: "too many request bodies are being read at once; retry"}
 	}
 	defer release()
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSmallBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSmallBody))
+	if err == nil {
+		err = decodeStrict(body, v)
+	}
+	if err != nil {
 		if errors.Is(err, bucket.ErrInvalidRate) {
 			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
 		}
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: smallBodyField(err),
 			Detail: "the body must be " + shape + ": " + err.Error()}
 	}
 	return nil
+}
+
+// smallBodyField names the field of an admin body that a decode error is
+// about: the member a key's fault, a wrong type or a string that is not
+// UTF-8 is at ("burst"), else "body" (not JSON, data after it, and an
+// unknown key, which the detail names).
+func smallBodyField(err error) string {
+	var je *JSONError
+	if errors.As(err, &je) && je.Pointer != "" && je.Reason != jsonUnknown && je.Reason != jsonSyntax {
+		return je.Pointer[1:]
+	}
+	return "body"
 }
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
@@ -391,9 +434,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		lane.Admission = lane.forKey(key)
 	}
-	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
+	ct := r.Header.Get("Content-Type")
+	if why := contentTypeError(ct); why != "" {
 		rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
-			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
+			Detail: why}, "invalid_content_type", 0)
 		return
 	}
 	tooBig := func() {
@@ -405,6 +449,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.bodies.give(reserved)
+	if isJSON(ct) && !utf8.Valid(body) {
+		rj.reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
+			Detail: "the body is sent as JSON (Content-Type " + ct + ") and is not valid UTF-8"}, "bad_body", 0)
+		return
+	}
 	var dec admission.Decision
 	var err error
 	if info, _ := r.Context().Value(callerInfoCtx{}).(*callerInfo); info != nil && info.lane != nil && key == "" {
@@ -424,7 +473,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it
