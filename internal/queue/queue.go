@@ -591,18 +591,18 @@ const (
 func (q *Queue) classify(ctx context.Context, subject string, err error) error {
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	switch apiErr.ErrorCode {
 	case codeStoreFailed:
 		if q.atMaxMsgs(ctx, subject) {
 			return fmt.Errorf("queue: %w: %w", ErrBacklogFull, err)
 		}
-		return fmt.Errorf("%w: %v", ErrFull, err)
+		return fmt.Errorf("%w: %w", ErrFull, err)
 	case codeInsufficientResources, codeStorageResourcesExceed, codeMemoryResourcesExceed, codeAccountResourcesExceed, codeMessageExceedsMaximum:
-		return fmt.Errorf("%w: %v", ErrFull, err)
+		return fmt.Errorf("%w: %w", ErrFull, err)
 	}
-	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // atMaxMsgs reports whether the stream that takes subject holds its MaxMsgs.
