@@ -27,12 +27,14 @@ import (
 	"math"
 	"time"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 )
 
 // ErrBacklogFull is matched (errors.Is) by a *RejectError: the lane holds too
-// much work to take more now.
-var ErrBacklogFull = errors.New("admission: backlog full")
+// much work to take more now. It is api.ErrBacklogFull, which the queue's
+// refusal of a job over max_backlog matches too.
+var ErrBacklogFull = api.ErrBacklogFull
 
 // RejectError says why a job was refused and when to try again.
 type RejectError struct {

@@ -271,7 +271,7 @@ func (c *Config) LoadKeys() ([]Key, error) {
 	path := c.Auth.KeysFile
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return nil, &Error{Field: "auth.keys_file", Msg: err.Error()}
+		return nil, &Error{Field: "auth.keys_file", Msg: err.Error(), Err: err}
 	}
 	var fromFile []Key
 	if err := decodeStrict(raw, &fromFile, keysFileSecret, c.getenv); err != nil {

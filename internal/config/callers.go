@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -124,10 +125,10 @@ func ValidatePlan(prefix string, p Plan) error {
 		return &Error{Field: join("rate"), Msg: "is required: a rate like 10/min, 1200/min or 5/s"}
 	}
 	if err := p.Limit().Validate(); err != nil {
-		if le, ok := err.(*bucket.LimitError); ok {
-			return &Error{Field: join(le.Field), Msg: le.Msg}
+		if le := (*bucket.LimitError)(nil); errors.As(err, &le) {
+			return &Error{Field: join(le.Field), Msg: le.Msg, Err: err}
 		}
-		return &Error{Field: join("rate"), Msg: err.Error()}
+		return &Error{Field: join("rate"), Msg: err.Error(), Err: err}
 	}
 	return nil
 }

@@ -194,7 +194,7 @@ func decodeError(raw []byte, err error) error {
 	var ve *valueError
 	if errors.As(err, &ve) {
 		field, _ := findField(raw, func(_ string, n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
-		return &Error{Field: field, Msg: ve.Error()}
+		return &Error{Field: field, Msg: ve.Error(), Err: err}
 	}
 	var re *bucket.RateError
 	if errors.As(err, &re) {
@@ -203,9 +203,9 @@ func decodeError(raw []byte, err error) error {
 			return laneRate.MatchString(path) && err != nil
 		})
 		if n != nil {
-			return &Error{Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err)}
+			return &Error{Field: field, Msg: fmt.Sprintf("line %d: %v", n.Line, err), Err: err}
 		}
-		return &Error{Msg: err.Error()}
+		return &Error{Msg: err.Error(), Err: err}
 	}
-	return &Error{Msg: yamlMessage(err)}
+	return &Error{Msg: yamlMessage(err), Err: err}
 }

@@ -64,7 +64,7 @@ func keysFileSecret(field string) secretKind {
 func decodeStrict(raw []byte, v any, secret func(field string) secretKind, getenv func(string) string) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(raw, &root); err != nil {
-		return &Error{Msg: yamlMessage(err)}
+		return &Error{Msg: yamlMessage(err), Err: err}
 	}
 	if root.Kind == 0 {
 		return nil // empty document

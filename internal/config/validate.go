@@ -38,12 +38,19 @@ func (a Adaptive) check() (field, msg string) {
 	return "", ""
 }
 
-// Error is a configuration error that names the file and the field.
+// Error is a configuration error that names the file and the field. Err,
+// when set, is the error it was made from (reading a file, a value that
+// does not parse), kept in the chain: Msg says it for a reader, Unwrap
+// gives it to errors.Is and errors.As.
 type Error struct {
 	File  string
 	Field string
 	Msg   string
+	Err   error
 }
+
+// Unwrap returns the error e was made from, or nil.
+func (e *Error) Unwrap() error { return e.Err }
 
 func (e *Error) Error() string {
 	var b strings.Builder

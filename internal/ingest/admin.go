@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"github.com/throttler/throttler/api"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
-	"github.com/throttler/throttler/internal/queue"
 )
 
 // DeadLetters is the dead-letter store the admin endpoints work on.
@@ -54,41 +52,29 @@ func (h *Handler) audit(r *http.Request, msg, action, lane string, attrs ...any)
 	h.cfg.Logger.Info(msg, append([]any{"audit", action, "caller", callerOf(r), "ip", clientIP(r), "lane", lane}, attrs...)...)
 }
 
-// admin checks the lane and turns a returned problem into a response.
-func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane string) *api.Problem) http.HandlerFunc {
+// admin checks the lane and answers the error f returns with its problem
+// (problemFor): the refusal f made, or a store's error as it came.
+func (h *Handler) admin(f func(w http.ResponseWriter, r *http.Request, lane string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		lane := r.PathValue("lane")
 		if _, ok := h.cfg.Lanes.Lane(lane); !ok {
-			writeProblem(w, r, api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane", Lane: lane,
-				Detail: fmt.Sprintf("no lane named %q is configured", lane)}, 0)
+			p := problemFor(refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(lane)))
+			p.Lane = lane
+			writeProblem(w, r, p, 0)
 			return
 		}
-		if p := f(w, r, lane); p != nil {
+		if err := f(w, r, lane); err != nil {
+			p := problemFor(err)
 			p.Lane = lane
-			retry := time.Duration(0)
-			if p.Status == http.StatusServiceUnavailable {
-				retry = time.Second
-			}
-			writeProblem(w, r, *p, retry)
+			writeProblem(w, r, p, time.Duration(p.RetryAfterSeconds)*time.Second)
 		}
 	}
 }
 
-func storeProblem(err error) *api.Problem {
-	if errors.Is(err, queue.ErrNotFound) {
-		return &api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "seq", Detail: err.Error()}
-	}
-	if errors.Is(err, queue.ErrBacklogFull) {
-		return &api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog", Detail: err.Error()}
-	}
-	return &api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}
-}
-
-func seqParam(r *http.Request) (uint64, *api.Problem) {
+func seqParam(r *http.Request) (uint64, error) {
 	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
 	if err != nil || seq == 0 {
-		return 0, &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "seq",
-			Detail: fmt.Sprintf("%q is not a dead-letter sequence number", r.PathValue("seq"))}
+		return 0, refusal(ErrBadParam, "seq", "%q is not a dead-letter sequence number", clip(r.PathValue("seq")))
 	}
 	return seq, nil
 }
@@ -99,14 +85,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) error {
 	q := r.URL.Query()
 	limit := defaultDeadPage
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxDeadPage {
-			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "limit",
-				Detail: fmt.Sprintf("limit must be a whole number from 1 to %d", maxDeadPage)}
+			return refusal(ErrBadParam, "limit", "limit must be a whole number from 1 to %d", maxDeadPage)
 		}
 		limit = n
 	}
@@ -114,14 +99,13 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	if s := q.Get("after"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "after",
-				Detail: "after must be a dead-letter sequence number"}
+			return refusal(ErrBadParam, "after", "after must be a dead-letter sequence number")
 		}
 		after = n
 	}
 	list, err := h.cfg.DeadLetters.ListDead(r.Context(), lane, after, limit)
 	if err != nil {
-		return storeProblem(err)
+		return err
 	}
 	out := api.DeadLetters{Dead: list}
 	if out.Dead == nil {
@@ -134,70 +118,67 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	return nil
 }
 
-func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	seq, p := seqParam(r)
-	if p != nil {
-		return p
+func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) error {
+	seq, err := seqParam(r)
+	if err != nil {
+		return err
 	}
 	d, err := h.cfg.DeadLetters.GetDead(r.Context(), lane, seq)
 	if err != nil {
-		return storeProblem(err)
+		return err
 	}
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }
 
-func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	seq, p := seqParam(r)
-	if p != nil {
-		return p
+func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) error {
+	seq, err := seqParam(r)
+	if err != nil {
+		return err
 	}
 	d, err := h.cfg.DeadLetters.ReplayDead(r.Context(), lane, seq)
 	if err != nil {
-		return storeProblem(err)
+		return err
 	}
 	h.audit(r, "dead letter replayed", "replay", lane, "seq", seq, "id", d.ID)
 	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "id": d.ID})
 	return nil
 }
 
-func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) error {
 	limit := maxReplayAll
 	if s := r.URL.Query().Get("max"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxReplayAll {
-			return &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "max",
-				Detail: fmt.Sprintf("max must be a whole number from 1 to %d", maxReplayAll)}
+			return refusal(ErrBadParam, "max", "max must be a whole number from 1 to %d", maxReplayAll)
 		}
 		limit = n
 	}
 	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, limit)
 	if err != nil {
-		p := storeProblem(err)
-		p.Detail = fmt.Sprintf("replayed %d, then: %v", n, err)
-		return p
+		return refusalOf(err, "replayed %d, then: %v", n, err)
 	}
 	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n)
 	writeJSON(w, http.StatusOK, map[string]any{"replayed": n})
 	return nil
 }
 
-func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	seq, p := seqParam(r)
-	if p != nil {
-		return p
+func (h *Handler) deleteDead(w http.ResponseWriter, r *http.Request, lane string) error {
+	seq, err := seqParam(r)
+	if err != nil {
+		return err
 	}
 	if err := h.cfg.DeadLetters.DeleteDead(r.Context(), lane, seq); err != nil {
-		return storeProblem(err)
+		return err
 	}
 	h.audit(r, "dead letter deleted", "delete", lane, "seq", seq)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
+func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string) error {
 	if err := h.cfg.DeadLetters.PurgeDead(r.Context(), lane); err != nil {
-		return storeProblem(err)
+		return err
 	}
 	h.audit(r, "dead letters purged", "purge", lane)
 	w.WriteHeader(http.StatusNoContent)
@@ -212,13 +193,10 @@ type limitChange struct {
 	Burst *int         `json:"burst"`
 }
 
-func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	bad := func(field, detail string) *api.Problem {
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}
-	}
+func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) error {
 	var c limitChange
-	if p := h.decodeSmall(w, r, &c, "a JSON object with rate and/or burst"); p != nil {
-		return p
+	if err := h.readSmall(w, r, &c, "a JSON object with rate and/or burst"); err != nil {
+		return err
 	}
 	cur, _ := h.cfg.Lanes.Lane(lane)
 	lim := cur.Admission.Limit
@@ -229,7 +207,7 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		lim.Burst = *c.Burst
 	}
 	if c.Rate == nil && c.Burst == nil {
-		return bad("body", "nothing to change: give rate and/or burst")
+		return refusal(ErrBadBody, "body", "nothing to change: give rate and/or burst")
 	}
 	if err := lim.Validate(); err != nil {
 		// The field the error names, unless the body left it out: then the
@@ -239,11 +217,11 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		if errors.As(err, &le) && le.Field == "burst" && c.Burst != nil {
 			field = "burst"
 		}
-		return bad(field, err.Error())
+		return &Refusal{Err: err, Field: field}
 	}
 	st, err := h.cfg.Lanes.SetLimit(r.Context(), lane, lim.Rate, lim.Burst)
 	if err != nil {
-		return storeProblem(err)
+		return err
 	}
 	h.audit(r, "lane limit changed", "set_limit", lane, "old_rate", cur.Admission.Limit.Rate, "old_burst", cur.Admission.Limit.Burst,
 		"rate", lim.Rate, "burst", lim.Burst)

@@ -191,14 +191,13 @@ func (h *Handler) identify(w http.ResponseWriter, r *http.Request, set *keySet, 
 	secret, why := bearer(r.Header.Get("Authorization"))
 	if why != "" {
 		return nil, func() {
-			h.refuse(w, r, "anonymous", http.StatusUnauthorized, ProblemUnauthorized, "Authorization", why, why)
+			h.refuse(w, r, "anonymous", why, refusal(ErrUnauthorized, "", "%s", why))
 		}
 	}
 	k := set.match(secret)
 	if k == nil {
 		return nil, func() {
-			h.refuse(w, r, "unknown key", http.StatusUnauthorized, ProblemUnauthorized, "Authorization",
-				"unknown_key", "the API key is not known")
+			h.refuse(w, r, "unknown key", "unknown_key", refusal(ErrUnauthorized, "", "the API key is not known"))
 		}
 	}
 	lane := r.PathValue("lane")
@@ -208,8 +207,7 @@ func (h *Handler) identify(w http.ResponseWriter, r *http.Request, set *keySet, 
 			if n == needSubmit {
 				scope = fmt.Sprintf("submit or submit:%s", lane)
 			}
-			h.refuse(w, r, k.ID, http.StatusForbidden, ProblemForbidden, "Authorization", "missing_scope",
-				fmt.Sprintf("the API key %s lacks the %s scope that %s needs", k.ID, scope, route(r)))
+			h.refuse(w, r, k.ID, "missing_scope", refusal(ErrForbidden, "", "the API key %s lacks the %s scope that %s needs", k.ID, scope, route(r)))
 		}
 	}
 	return k, nil
@@ -232,32 +230,29 @@ func bearer(h string) (secret, why string) {
 	return secret, ""
 }
 
-// refuse answers an access check's refusal and logs it with who asked,
-// the route and why.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, caller string, status int, typ, field, reason, detail string) {
-	h.cfg.Logger.Warn("request refused", "caller", caller, "ip", clientIP(r), "route", route(r), "status", status,
-		"field", field, "reason", reason)
-	if status == http.StatusUnauthorized {
+// refuse answers an access check's refusal err (problemFor) and logs it
+// with who asked (caller), the route and why (reason).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, caller, reason string, err error) {
+	p := problemFor(err)
+	h.cfg.Logger.Warn("request refused", "caller", clip(caller), "ip", clientIP(r), "route", route(r), "status", p.Status,
+		"field", p.Field, "reason", reason)
+	if p.Status == http.StatusUnauthorized {
 		v := `Bearer realm="throttler"`
 		if reason == "unknown_key" {
 			v += `, error="invalid_token"`
 		}
 		w.Header().Set("WWW-Authenticate", v)
 	}
-	writeProblem(w, r, api.Problem{Type: typ, Status: status, Field: field, Detail: detail}, 0)
+	writeProblem(w, r, p, 0)
 }
 
 // route names the request's route for logs: its pattern once routed, else
-// method and (bounded) path.
+// method and path (each cut by clip).
 func route(r *http.Request) string {
 	if r.Pattern != "" {
 		return r.Pattern
 	}
-	p := r.URL.Path
-	if len(p) > 200 {
-		p = p[:200] + "…"
-	}
-	return r.Method + " " + p
+	return clip(r.Method) + " " + clip(r.URL.Path)
 }
 
 // checkBrowser refuses what a browser can be made to send against the
@@ -269,15 +264,14 @@ func (h *Handler) checkBrowser(w http.ResponseWriter, r *http.Request) bool {
 		return true // probes address the pod by IP; nothing to steal there
 	}
 	if !h.hostAllowed(r.Host) {
-		h.refuse(w, r, callerOf(r), http.StatusMisdirectedRequest, ProblemUnknownHost, "Host", "unknown_host",
-			fmt.Sprintf("this server does not answer to Host %q", bounded(r.Host)))
+		h.refuse(w, r, callerOf(r), "unknown_host", refusal(ErrUnknownHost, "", "this server does not answer to Host %q", clip(r.Host)))
 		return false
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		return true
 	}
 	if why := crossSite(r); why != "" {
-		h.refuse(w, r, callerOf(r), http.StatusForbidden, ProblemCrossSite, "Origin", "cross_site", why)
+		h.refuse(w, r, callerOf(r), "cross_site", refusal(ErrCrossSite, "", "%s", why))
 		return false
 	}
 	return true
@@ -346,7 +340,7 @@ func crossSite(r *http.Request) string {
 		scheme = "https"
 	}
 	if oh := hostPort(o); oh == "" || oh != hostPort(scheme+"://"+r.Host) {
-		return fmt.Sprintf("Origin %q is not this server (%s): state-changing requests from browser pages of other origins are refused", bounded(o), bounded(r.Host))
+		return fmt.Sprintf("Origin %q is not this server (%s): state-changing requests from browser pages of other origins are refused", clip(o), clip(r.Host))
 	}
 	return ""
 }
@@ -370,11 +364,4 @@ func hostPort(origin string) string {
 		}
 	}
 	return strings.ToLower(net.JoinHostPort(u.Hostname(), port))
-}
-
-func bounded(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "…"
-	}
-	return s
 }

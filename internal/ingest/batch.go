@@ -57,33 +57,36 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if why := contentTypeError(ct); why != "" {
+			rj.reject(refusal(ErrBadHeader, "Content-Type", "%s", why), "invalid_content_type")
+			return
+		}
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != jsonContentType {
-			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusUnsupportedMediaType, Field: "Content-Type",
-				Detail: "a batch is a JSON array: send Content-Type: application/json"}, "invalid_content_type", 0)
+			rj.reject(&Refusal{Err: ErrBadHeader, Field: "Content-Type", Status: http.StatusUnsupportedMediaType,
+				Detail: "a batch is a JSON array: send Content-Type: application/json"}, "invalid_content_type")
 			return
 		}
 	}
 	maxBytes, maxItems := h.maxBatchBytes(), h.maxBatchItems()
 	tooBig := func() {
-		rj.reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
-			Detail: fmt.Sprintf("the batch is larger than http.max_batch_bytes (%d bytes); split it", maxBytes)}, "body_too_large", 0)
+		rj.reject(refusal(ErrBodyTooLarge, "", "the batch is larger than http.max_batch_bytes (%d bytes); split it", maxBytes), "body_too_large")
 	}
 	body, reserved, ok := h.readBody(w, r, maxBytes, &rj, tooBig)
 	if !ok {
 		return
 	}
 	defer h.bodies.give(reserved)
-	jobs, p := parseBatch(body, name, lane.MaxBody, maxItems)
+	jobs, rf := parseBatch(body, name, lane.MaxBody, maxItems)
 	switch {
-	case p != nil && p.Status == http.StatusRequestEntityTooLarge:
-		rj.reject(*p, "body_too_large", 0)
+	case rf != nil && errors.Is(rf, ErrBodyTooLarge):
+		rj.reject(rf, "body_too_large")
 		return
-	case p != nil:
-		rj.reject(*p, "bad_body", 0)
+	case rf != nil:
+		rj.reject(rf, "bad_body")
 		return
 	}
-	if p := keysOf(jobs, name, lane.Admission.KeyLimit != nil); p != nil {
-		rj.reject(*p, "missing_throttle_key", 0)
+	if rf := keysOf(jobs, name, lane.Admission.KeyLimit != nil); rf != nil {
+		rj.reject(rf, "missing_throttle_key")
 		return
 	}
 	// The batch costs its caller the lane's cost per item, before
@@ -98,14 +101,13 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 // keysOf applies a lane's keying to a checked batch: on a keyed lane every
 // item needs its throttle_key (as every single job needs its Throttle-Key);
 // on a lane without keys the field is ignored, as the header is.
-func keysOf(jobs []batchJob, lane string, keyed bool) *api.Problem {
+func keysOf(jobs []batchJob, lane string, keyed bool) *Refusal {
 	for i := range jobs {
 		switch {
 		case !keyed:
 			jobs[i].job.Key = ""
 		case jobs[i].job.Key == "":
-			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "/" + strconv.Itoa(i) + "/throttle_key",
-				Detail: fmt.Sprintf("item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, lane)}
+			return refusal(ErrBadBody, "/"+strconv.Itoa(i)+"/throttle_key", "item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, lane)
 		}
 	}
 	return nil
@@ -125,16 +127,19 @@ func (h *Handler) maxBatchBytes() int64 {
 	return DefaultMaxBatchBytes
 }
 
-// parseBatch reads and checks every item of a batch body; a problem names
-// the first thing wrong, and then nothing may be stored.
+// parseBatch reads and checks every item of a batch body; a refusal names
+// the first thing wrong (its Field a JSON pointer), and then nothing may be
+// stored. A refusal carries no cause, so that two are equal (==) when they
+// say the same.
 //
 // A well-formed body is decoded in one pass into a pooled slice of items:
 // by scanBatch when it has the usual form (exact keys, strings without
-// escapes), else by encoding/json; anything that pass refuses (bad JSON,
-// an unknown field, a wrong type, too many items, data after the array) is
+// escapes), else by decodeStrict; anything that pass refuses (bad JSON,
+// an unknown, repeated or miscased field, a wrong type, a string that is
+// not UTF-8, too many items, data after the array) is
 // read again item by item by parseBatchItems, which names what is wrong,
 // so all agree on every body (FuzzParseBatch).
-func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
+func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *Refusal) {
 	ip := batchItems.Get().(*[]api.BatchItem)
 	defer func() {
 		clear(*ip)
@@ -147,22 +152,19 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 	*ip = items
 	if !ok {
 		clear(items)
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
 		items = items[:0]
-		err := dec.Decode(&items)
+		err := decodeStrict(body, &items)
 		*ip = items
-		if err != nil || items == nil || len(items) == 0 || len(items) > maxItems ||
-			dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
+		if err != nil || items == nil || len(items) == 0 || len(items) > maxItems {
 			return parseBatchItems(body, lane, maxBody, maxItems)
 		}
 	}
 	jobs := make([]batchJob, len(items))
 	seen := make(map[string]int, len(items))
 	for i := range items {
-		job, p := checkItem(items[i], i, lane, maxBody)
-		if p != nil {
-			return nil, p
+		job, rf := checkItem(items[i], i, lane, maxBody)
+		if rf != nil {
+			return nil, rf
 		}
 		jobs[i] = batchJob{job: job, first: -1}
 		if f, ok := seen[job.ID]; ok {
@@ -182,38 +184,37 @@ const maxPooledItems = 4096
 
 // parseBatchItems is parseBatch item by item: slower, and it names the item
 // and the field of the first thing wrong.
-func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *api.Problem) {
-	bad := func(status int, field, format string, args ...any) *api.Problem {
-		typ := ProblemBadBody
-		if status == http.StatusRequestEntityTooLarge {
-			typ = ProblemBodyTooLarge
-		}
-		return &api.Problem{Type: typ, Status: status, Field: field, Detail: fmt.Sprintf(format, args...)}
+func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]batchJob, *Refusal) {
+	bad := func(class error, field, format string, args ...any) *Refusal {
+		return refusal(class, field, format, args...)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
-		return nil, bad(http.StatusBadRequest, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
+		return nil, bad(ErrBadBody, "body", "a batch is a JSON array of {\"idempotency_key\", \"payload\"} objects")
 	}
 	// Room for the items of a body of small payloads (about 48 bytes an
 	// item), up to maxItems, saves growing both most of the time.
 	guess := min(maxItems, len(body)/48+1)
 	jobs := make([]batchJob, 0, guess)
 	seen := make(map[string]int, guess)
-	var it api.BatchItem // reused: Decode makes it escape
+	var it api.BatchItem // reused: decoding makes it escape
+	var raw json.RawMessage
 	for dec.More() {
 		i := len(jobs)
 		if i >= maxItems {
-			return nil, bad(http.StatusRequestEntityTooLarge, "/"+strconv.Itoa(i),
+			return nil, bad(ErrBodyTooLarge, "/"+strconv.Itoa(i),
 				"the batch has more than http.max_batch_items (%d) items; split it", maxItems)
 		}
 		it = api.BatchItem{}
-		if err := dec.Decode(&it); err != nil {
+		if err := dec.Decode(&raw); err != nil {
 			return nil, itemError(err, i)
 		}
-		job, p := checkItem(it, i, lane, maxBody)
-		if p != nil {
-			return nil, p
+		if err := decodeStrict(raw, &it); err != nil {
+			return nil, itemError(err, i)
+		}
+		job, rf := checkItem(it, i, lane, maxBody)
+		if rf != nil {
+			return nil, rf
 		}
 		bj := batchJob{job: job, first: -1}
 		if f, ok := seen[job.ID]; ok {
@@ -224,27 +225,32 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 		jobs = append(jobs, bj)
 	}
 	if _, err := dec.Token(); err != nil {
-		return nil, bad(http.StatusBadRequest, "body", "the batch array is not closed: %v", err)
+		return nil, bad(ErrBadBody, "body", "the batch array is not closed: %v", err)
 	}
 	if dec.More() || dec.InputOffset() < int64(len(bytes.TrimRight(body, " \t\r\n"))) {
-		return nil, bad(http.StatusBadRequest, "body", "data after the batch array")
+		return nil, bad(ErrBadBody, "body", "data after the batch array")
 	}
 	if len(jobs) == 0 {
-		return nil, bad(http.StatusBadRequest, "body", "the batch is empty")
+		return nil, bad(ErrBadBody, "body", "the batch is empty")
 	}
 	return jobs, nil
 }
 
-// itemError names what is wrong in item i that did not decode: an unknown
-// field, a field of the wrong type, not an object, not JSON.
-func itemError(err error, i int) *api.Problem {
+// itemError names what is wrong in item i that did not decode: an unknown,
+// repeated or miscased field, a field of the wrong type, a string that is
+// not UTF-8, not an object, not JSON.
+func itemError(err error, i int) *Refusal {
 	at := "/" + strconv.Itoa(i)
-	p := &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: at}
+	p := &Refusal{Err: ErrBadBody, Field: at}
 	var ute *json.UnmarshalTypeError
-	switch f, unknown := strings.CutPrefix(err.Error(), "json: unknown field "); {
-	case unknown:
-		p.Field += "/" + strings.Trim(f, `"`)
-		p.Detail = fmt.Sprintf("item %d: unknown field %s", i, f)
+	var je *JSONError
+	switch {
+	case errors.As(err, &je) && je.Reason == jsonUnknown:
+		p.Field += je.Pointer
+		p.Detail = fmt.Sprintf("item %d: unknown field %q", i, clip(je.Key))
+	case errors.As(err, &je) && je.Reason != jsonSyntax && je.Reason != jsonType:
+		p.Field += je.Pointer
+		p.Detail = fmt.Sprintf("item %d: %s", i, strings.TrimPrefix(err.Error(), "json: "))
 	case errors.As(err, &ute) && ute.Field != "":
 		p.Field += "/" + ute.Field
 		p.Detail = fmt.Sprintf("item %d: %s cannot be a JSON %s", i, ute.Field, ute.Value)
@@ -257,39 +263,35 @@ func itemError(err error, i int) *api.Problem {
 }
 
 // checkItem checks item i of a batch and makes its job.
-func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, *api.Problem) {
+func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, *Refusal) {
 	at := "/" + strconv.Itoa(i)
-	bad := func(status int, field, format string, args ...any) (queue.Job, *api.Problem) {
-		typ := ProblemBadBody
-		if status == http.StatusRequestEntityTooLarge {
-			typ = ProblemBodyTooLarge
-		}
-		return queue.Job{}, &api.Problem{Type: typ, Status: status, Field: at + field, Detail: fmt.Sprintf("item %d: ", i) + fmt.Sprintf(format, args...)}
+	bad := func(class error, field, format string, args ...any) (queue.Job, *Refusal) {
+		return queue.Job{}, refusal(class, at+field, "item %d: %s", i, fmt.Sprintf(format, args...))
 	}
 	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType}
 	if job.ID != "" {
 		if err := queue.ValidJobID(job.ID); err != nil {
-			return bad(http.StatusBadRequest, "/idempotency_key", "idempotency_key: %v", err)
+			return bad(ErrBadBody, "/idempotency_key", "idempotency_key: %v", err)
 		}
 	} else {
 		job.ID = nuid.Next()
 	}
 	if it.ThrottleKey != "" {
 		if err := queue.ValidKey(it.ThrottleKey); err != nil {
-			return bad(http.StatusBadRequest, "/throttle_key", "throttle_key: %v", err)
+			return bad(ErrBadBody, "/throttle_key", "throttle_key: %v", err)
 		}
 	}
 	if len(it.ContentType) > maxContentType {
-		return bad(http.StatusBadRequest, "/content_type", "content_type is %d bytes; at most %d are allowed", len(it.ContentType), maxContentType)
+		return bad(ErrBadBody, "/content_type", "content_type is %d bytes; at most %d are allowed", len(it.ContentType), maxContentType)
 	}
 	for j := 0; j < len(it.ContentType); j++ {
 		if c := it.ContentType[j]; c < ' ' || c > '~' {
-			return bad(http.StatusBadRequest, "/content_type", "content_type has a byte 0x%02x at %d; only visible ASCII and spaces are allowed", c, j)
+			return bad(ErrBadBody, "/content_type", "content_type has a byte 0x%02x at %d; only visible ASCII and spaces are allowed", c, j)
 		}
 	}
 	switch {
 	case it.Payload != nil && it.PayloadBase64 != "":
-		return bad(http.StatusBadRequest, "/payload_base64", "give payload or payload_base64, not both")
+		return bad(ErrBadBody, "/payload_base64", "give payload or payload_base64, not both")
 	case it.Payload != nil:
 		job.Payload = []byte(it.Payload)
 		if job.ContentType == "" {
@@ -298,21 +300,21 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 	case it.PayloadBase64 != "":
 		b, err := base64.StdEncoding.DecodeString(it.PayloadBase64)
 		if err != nil {
-			return bad(http.StatusBadRequest, "/payload_base64", "not base64 (standard alphabet, padded): %v", err)
+			return bad(ErrBadBody, "/payload_base64", "not base64 (standard alphabet, padded): %v", err)
 		}
 		job.Payload = b
 		if job.ContentType == "" {
 			job.ContentType = binaryContentType
 		}
 	default:
-		return bad(http.StatusBadRequest, "/payload", "payload (any JSON) or payload_base64 is required")
+		return bad(ErrBadBody, "/payload", "payload (any JSON) or payload_base64 is required")
 	}
 	if int64(len(job.Payload)) > maxBody {
 		field := "/payload"
 		if it.PayloadBase64 != "" {
 			field = "/payload_base64"
 		}
-		return bad(http.StatusRequestEntityTooLarge, field, "the payload is %d bytes, over the lane's max_body of %d", len(job.Payload), maxBody)
+		return bad(ErrBodyTooLarge, field, "the payload is %d bytes, over the lane's max_body of %d", len(job.Payload), maxBody)
 	}
 	return job, nil
 }
@@ -323,11 +325,11 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string, lane Lane, jobs []batchJob) {
 	ctx := r.Context()
 	results := make([]api.BatchResult, len(jobs))
-	fail := func(i int, p api.Problem, reason string) {
-		p.Lane, p.Instance = name, r.URL.Path
-		if p.Title == "" {
-			p.Title = http.StatusText(p.Status)
-		}
+	// fail answers item i with the problem of err (problemFor), counted
+	// by reason.
+	fail := func(i int, err error, reason string) {
+		p := problemFor(err)
+		p.Lane, p.Instance = name, clip(r.URL.Path)
 		results[i] = api.BatchResult{Status: p.Status, ID: jobs[i].job.ID, Problem: &p}
 		h.cfg.Metrics.Rejected.WithLabelValues(name, reason).Inc()
 	}
@@ -378,15 +380,11 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	)
 	for k, i := range fresh {
 		if err := errs[k]; err != nil {
-			var rej *admission.RejectError
-			if errors.As(err, &rej) {
-				p := api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
-					Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)}
-				p.RetryAfterSeconds = retryAfterSeconds(rej.RetryAfter)
-				fail(i, p, "backlog_full")
-				continue
+			if err = admissionRefusal(name, err); errors.Is(err, admission.ErrBacklogFull) {
+				fail(i, err, "backlog_full")
+			} else {
+				fail(i, err, "admission_error")
 			}
-			fail(i, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: "admission failed: " + err.Error(), RetryAfterSeconds: 1}, "admission_error")
 			continue
 		}
 		last = decs[k]
@@ -452,17 +450,13 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	for j, st := range stored {
 		i, pub, dec := st.i, pubs[j], decs[st.k]
 		if err := pub.Err; err != nil {
-			switch {
+			switch err = storeRefusal(name, lane, err); {
 			case errors.Is(err, queue.ErrFull):
-				fail(i, api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes", RetryAfterSeconds: 5,
-					Detail: fmt.Sprintf("lane %s's queue storage is full; this job was not stored", name)}, "storage_full")
+				fail(i, err, "storage_full")
 			case errors.Is(err, queue.ErrBacklogFull):
-				fail(i, api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
-					RetryAfterSeconds: retryAfterSeconds(lane.Admission.Limit.Period()),
-					Detail:            fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)}, "backlog_full")
+				fail(i, err, "backlog_full")
 			default:
-				fail(i, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, RetryAfterSeconds: 1,
-					Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable")
+				fail(i, err, "queue_unavailable")
 				h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 			}
 			continue

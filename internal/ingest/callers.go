@@ -246,7 +246,7 @@ func (h *Handler) checkCallers(w http.ResponseWriter, r *http.Request, cs *calle
 	}
 	res, err := h.cfg.Callers.Limiter.Check(r.Context(), req)
 	if err != nil {
-		h.cfg.Logger.Error("caller quota check failed; the request goes on unchecked", "ip", ip, "lane", laneName, "err", err)
+		h.cfg.Logger.Error("caller quota check failed; the request goes on unchecked", "ip", ip, "lane", clip(laneName), "err", err)
 		return r.WithContext(context.WithValue(r.Context(), callerInfoCtx{}, info)), true
 	}
 	if res.LaneChecked {
@@ -274,14 +274,15 @@ func (h *Handler) checkCallers(w http.ResponseWriter, r *http.Request, cs *calle
 	if planLabel == "" {
 		planLabel = metrics.NoPlan
 	}
+	q := quotaCase{who: who, info: info, plan: planLabel, lane: laneName, mlane: mlane}
 	if res.IPChecked && !res.IP.Allowed {
+		q.layer, q.field, q.retry = metrics.LayerIP, "per_ip", res.IP.RetryAfter
 		if req.ObserveIP {
-			h.observed(r, who, info, planLabel, laneName, mlane, metrics.LayerIP, "per_ip", res.IP.RetryAfter)
+			h.observed(r, q)
 		} else {
 			info.primary = 0
 			writeRateHeaders(w.Header(), info.policies, 0)
-			h.quotaRefuse(w, r, who, info, planLabel, laneName, mlane, metrics.LayerIP, "per_ip", res.IP.RetryAfter,
-				fmt.Sprintf("client IP %s made %d requests in the last %v, over its per-IP limit; retry after Retry-After", ip, cs.PerIP.Limit, cs.PerIP.Length))
+			h.quotaRefuse(w, r, q, fmt.Sprintf("client IP %s made %d requests in the last %v, over its per-IP limit; retry after Retry-After", ip, cs.PerIP.Limit, cs.PerIP.Length))
 			return r, false
 		}
 	}
@@ -290,15 +291,15 @@ func (h *Handler) checkCallers(w http.ResponseWriter, r *http.Request, cs *calle
 		return r, true // the caller answers 401 or 403
 	}
 	if overBurst {
-		h.overPlan(w, r, who, info, planLabel, laneName, mlane, cost*jobs, plan)
+		h.overPlan(w, r, q, cost*jobs, plan)
 		return r, false
 	}
 	if res.PlanChecked && !res.Plan.Allowed {
+		q.layer, q.field, q.retry = metrics.LayerPlan, "plan", res.Plan.RetryAfter
 		if plan.Observe || observeLane {
-			h.observed(r, who, info, planLabel, laneName, mlane, metrics.LayerPlan, "plan", res.Plan.RetryAfter)
+			h.observed(r, q)
 		} else {
-			h.quotaRefuse(w, r, who, info, planLabel, laneName, mlane, metrics.LayerPlan, "plan", res.Plan.RetryAfter,
-				fmt.Sprintf("the caller is over its plan %s (%s, burst %d); retry after Retry-After", info.plan, plan.Rate, plan.Burst))
+			h.quotaRefuse(w, r, q, fmt.Sprintf("the caller is over its plan %s (%s, burst %d); retry after Retry-After", info.plan, plan.Rate, plan.Burst))
 			return r, false
 		}
 	}
@@ -336,8 +337,9 @@ func (h *Handler) chargeJobs(w http.ResponseWriter, r *http.Request, lane Lane, 
 	mlane := metricLane(h.cfg.Lanes, name)
 	who := callerOf(r)
 	cost := max(lane.Cost, 1) * n
+	q := quotaCase{who: who, info: info, plan: info.plan, lane: name, mlane: mlane}
 	if cost > plan.Burst {
-		h.overPlan(w, r, who, info, info.plan, name, mlane, cost, plan)
+		h.overPlan(w, r, q, cost, plan)
 		return false
 	}
 	res, err := h.cfg.Callers.Limiter.Check(r.Context(), quota.Request{Caller: info.caller, Plan: plan.limit(), Cost: cost})
@@ -354,40 +356,57 @@ func (h *Handler) chargeJobs(w http.ResponseWriter, r *http.Request, lane Lane, 
 	}
 	writeRateHeaders(w.Header(), info.policies, info.primary)
 	if !res.Plan.Allowed {
+		q.layer, q.field, q.retry = metrics.LayerPlan, "plan", res.Plan.RetryAfter
 		if plan.Observe || lane.Observe {
-			h.observed(r, who, info, info.plan, name, mlane, metrics.LayerPlan, "plan", res.Plan.RetryAfter)
+			h.observed(r, q)
 			return true
 		}
-		h.quotaRefuse(w, r, who, info, info.plan, name, mlane, metrics.LayerPlan, "plan", res.Plan.RetryAfter,
-			fmt.Sprintf("%d jobs cost %d tokens, more than the caller's plan %s (%s, burst %d) has now; retry after Retry-After", n, cost, info.plan, plan.Rate, plan.Burst))
+		h.quotaRefuse(w, r, q, fmt.Sprintf("%d jobs cost %d tokens, more than the caller's plan %s (%s, burst %d) has now; retry after Retry-After", n, cost, info.plan, plan.Rate, plan.Burst))
 		return false
 	}
 	h.used(info, name, true, float64(cost), n)
 	return true
 }
 
-// quotaRefuse answers 429 and logs and counts the refusal.
-func (h *Handler) quotaRefuse(w http.ResponseWriter, r *http.Request, who string, info *callerInfo, plan, lane, mlane, layer, field string, retry time.Duration, detail string) {
-	h.cfg.Logger.Warn("caller refused", "caller", who, "ip", info.ip, "plan", plan, "lane", lane, "layer", layer,
-		"reason", field+"_limit", "route", route(r), "retry_after", retry.String(), "at", h.now().UTC())
-	h.cfg.Metrics.Callers.Rejections.WithLabelValues(mlane, plan, layer).Inc()
-	writeProblem(w, r, api.Problem{Type: ProblemCallerQuota, Status: http.StatusTooManyRequests, Field: field, Lane: lane, Detail: detail}, retry)
+// quotaCase is one caller quota check that refused (or, observed, would
+// have): who asked (a key id or anonymous), the caller's info, its plan's
+// label, the lane as named in the path and as a metric label, and the
+// layer that refused, its field and when to retry.
+type quotaCase struct {
+	who         string
+	info        *callerInfo
+	plan        string
+	lane, mlane string
+	layer       string
+	field       string
+	retry       time.Duration
+}
+
+// quotaRefuse answers 429 with detail, and logs and counts the refusal.
+func (h *Handler) quotaRefuse(w http.ResponseWriter, r *http.Request, q quotaCase, detail string) {
+	h.cfg.Logger.Warn("caller refused", "caller", q.who, "ip", q.info.ip, "plan", q.plan, "lane", clip(q.lane), "layer", q.layer,
+		"reason", q.field+"_limit", "route", route(r), "retry_after", q.retry.String(), "at", h.now().UTC())
+	h.cfg.Metrics.Callers.Rejections.WithLabelValues(q.mlane, q.plan, q.layer).Inc()
+	p := problemFor(&Refusal{Err: ErrCallerQuota, Field: q.field, Detail: detail, RetryAfter: q.retry})
+	p.Lane = q.lane
+	writeProblem(w, r, p, q.retry)
 }
 
 // observed logs and counts a refusal an observed layer would have made.
-func (h *Handler) observed(r *http.Request, who string, info *callerInfo, plan, lane, mlane, layer, field string, retry time.Duration) {
-	h.cfg.Logger.Info("caller would be refused (observe)", "caller", who, "ip", info.ip, "plan", plan, "lane", lane, "layer", layer,
-		"reason", field+"_limit", "route", route(r), "retry_after", retry.String(), "at", h.now().UTC(), "observed", true)
-	h.cfg.Metrics.Callers.Observed.WithLabelValues(mlane, plan, layer).Inc()
+func (h *Handler) observed(r *http.Request, q quotaCase) {
+	h.cfg.Logger.Info("caller would be refused (observe)", "caller", q.who, "ip", q.info.ip, "plan", q.plan, "lane", clip(q.lane), "layer", q.layer,
+		"reason", q.field+"_limit", "route", route(r), "retry_after", q.retry.String(), "at", h.now().UTC(), "observed", true)
+	h.cfg.Metrics.Callers.Observed.WithLabelValues(q.mlane, q.plan, q.layer).Inc()
 }
 
 // overPlan answers 413: the request costs more than the plan's burst.
-func (h *Handler) overPlan(w http.ResponseWriter, r *http.Request, who string, info *callerInfo, plan, lane, mlane string, cost int, p Plan) {
-	h.cfg.Logger.Warn("caller refused", "caller", who, "ip", info.ip, "plan", plan, "lane", lane, "layer", metrics.LayerPlan,
+func (h *Handler) overPlan(w http.ResponseWriter, r *http.Request, q quotaCase, cost int, p Plan) {
+	h.cfg.Logger.Warn("caller refused", "caller", q.who, "ip", q.info.ip, "plan", q.plan, "lane", clip(q.lane), "layer", metrics.LayerPlan,
 		"reason", "cost_over_burst", "route", route(r), "cost", cost, "at", h.now().UTC())
-	h.cfg.Metrics.Callers.Rejections.WithLabelValues(mlane, plan, metrics.LayerPlan).Inc()
-	writeProblem(w, r, api.Problem{Type: ProblemOverPlan, Status: http.StatusRequestEntityTooLarge, Field: "cost", Lane: lane,
-		Detail: fmt.Sprintf("the request costs %d tokens, more than the burst of %d of plan %s: it can never fit; send fewer jobs at once", cost, p.Burst, plan)}, 0)
+	h.cfg.Metrics.Callers.Rejections.WithLabelValues(q.mlane, q.plan, metrics.LayerPlan).Inc()
+	pr := problemFor(refusal(ErrOverPlan, "", "the request costs %d tokens, more than the burst of %d of plan %s: it can never fit; send fewer jobs at once", cost, p.Burst, q.plan))
+	pr.Lane = q.lane
+	writeProblem(w, r, pr, 0)
 }
 
 // ratePolicy is one rate-limit policy in the response headers: q per w

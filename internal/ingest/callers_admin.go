@@ -1,8 +1,6 @@
 package ingest
 
 import (
-	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"time"
@@ -43,21 +41,17 @@ type planChange struct {
 
 func (h *Handler) putPlan(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("plan")
-	bad := func(field, detail string) {
-		writeProblem(w, r, api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: field, Detail: detail}, 0)
-	}
 	if !quota.ValidPlanName(name) {
-		writeProblem(w, r, api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "plan",
-			Detail: fmt.Sprintf("%q must be 1-64 letters, digits, '_' or '-'", bounded(name))}, 0)
+		writeError(w, r, refusal(ErrBadParam, "plan", "%q must be 1-64 letters, digits, '_' or '-'", clip(name)))
 		return
 	}
 	var c planChange
 	if p := h.decodeSmall(w, r, &c, "a JSON object"); p != nil {
-		writeProblem(w, r, *p, 0)
+		writeProblem(w, r, *p, time.Duration(p.RetryAfterSeconds)*time.Second)
 		return
 	}
 	if c.Rate == nil || c.Rate.IsZero() {
-		bad("rate", "rate is required: a rate like 10/min, 1200/min or 5/s")
+		writeError(w, r, refusal(ErrBadBody, "rate", "rate is required: a rate like 10/min, 1200/min or 5/s"))
 		return
 	}
 	p := Plan{Rate: *c.Rate, Burst: c.Burst, Observe: c.Observe}
@@ -66,12 +60,7 @@ func (h *Handler) putPlan(w http.ResponseWriter, r *http.Request) {
 		p.Burst = max(int(n), 1)
 	}
 	if err := p.limit().Validate(); err != nil {
-		field := "rate"
-		var le *bucket.LimitError
-		if errors.As(err, &le) {
-			field = le.Field
-		}
-		bad(field, err.Error())
+		writeError(w, r, err) // a *bucket.LimitError names its field
 		return
 	}
 	var old Plan
@@ -111,25 +100,23 @@ func (h *Handler) putKeyPlan(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if key == nil {
-		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "key",
-			Detail: fmt.Sprintf("no API key with id %q", bounded(id))}, 0)
+		writeError(w, r, refusal(ErrNotFound, "key", "no API key with id %q", clip(id)))
 		return
 	}
 	var c keyPlanChange
 	if p := h.decodeSmall(w, r, &c, "a JSON object"); p != nil {
-		writeProblem(w, r, *p, 0)
+		writeProblem(w, r, *p, time.Duration(p.RetryAfterSeconds)*time.Second)
 		return
 	}
 	if c.Plan == nil {
-		writeProblem(w, r, api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "plan", Detail: `plan is required: {"plan": "<name>"}`}, 0)
+		writeError(w, r, refusal(ErrBadBody, "plan", `plan is required: {"plan": "<name>"}`))
 		return
 	}
 	var old string
 	for {
 		cur := h.callers.Load()
 		if _, ok := cur.Plans[*c.Plan]; !ok {
-			writeProblem(w, r, api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "plan",
-				Detail: fmt.Sprintf("no plan named %q", bounded(*c.Plan))}, 0)
+			writeError(w, r, refusal(ErrBadBody, "plan", "no plan named %q", clip(*c.Plan)))
 			return
 		}
 		next := *cur

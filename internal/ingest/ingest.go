@@ -21,9 +21,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -209,8 +211,7 @@ func New(cfg Config) (*Handler, error) {
 		h.mux.HandleFunc("GET /metrics", h.authorize(n, cfg.MetricsHandler.ServeHTTP))
 	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound,
-			Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}, 0)
+		writeError(w, r, refusal(ErrNotFound, "", "no route for %s %s", clip(r.Method), clip(r.URL.Path)))
 	})
 	return h, nil
 }
@@ -242,13 +243,16 @@ type rejecter struct {
 	name, what string
 }
 
-// reject answers the submission with p; retry > 0 sets Retry-After.
-func (rj *rejecter) reject(p api.Problem, reason string, retry time.Duration) {
+// reject answers the submission with the problem of err (problemFor);
+// reason is the refusal's label in throttler_jobs_rejected_total.
+func (rj *rejecter) reject(err error, reason string) {
 	h, r := rj.h, rj.r
-	p.Lane = rj.name
-	h.cfg.Logger.Info(rj.what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", rj.name, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
+	p := problemFor(err)
+	p.Lane = clip(rj.name)
+	p.Field = clip(p.Field)
+	h.cfg.Logger.Info(rj.what+" rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", p.Lane, "reason", reason, "status", p.Status, "field", p.Field, "detail", p.Detail)
 	h.cfg.Metrics.Rejected.WithLabelValues(metricLane(h.cfg.Lanes, rj.name), reason).Inc()
-	writeProblem(rj.w, r, p, retry)
+	writeProblem(rj.w, r, p, time.Duration(p.RetryAfterSeconds)*time.Second)
 }
 
 // openLane starts every submission (what: "job" or "batch"): it makes the
@@ -258,13 +262,11 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 	name = r.PathValue("lane")
 	rj = rejecter{h: h, w: w, r: r, name: name, what: what}
 	if h.draining.Load() {
-		rj.reject(api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable,
-			Detail: "this instance is shutting down; submit to another"}, "shutting_down", time.Second)
+		rj.reject(refusal(ErrShuttingDown, "", "this instance is shutting down; submit to another"), "shutting_down")
 		return name, lane, rj, false
 	}
 	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
-		rj.reject(api.Problem{Type: ProblemUnknownLane, Status: http.StatusNotFound, Field: "lane",
-			Detail: fmt.Sprintf("no lane named %q is configured", name)}, "unknown_lane", 0)
+		rj.reject(refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(name)), "unknown_lane")
 	}
 	return name, lane, rj, ok
 }
@@ -285,8 +287,7 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	reserved, ok = h.bodies.reserve(r.ContentLength, limit)
 	if !ok {
 		w.Header().Set("Connection", "close")
-		rj.reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
+		rj.reject(errBodiesBusy, "body_inflight_full")
 		return nil, 0, false
 	}
 	var err error
@@ -304,15 +305,38 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		case errors.As(err, &over):
 			tooBig()
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			rj.reject(api.Problem{Type: ProblemRequestTimeout, Status: http.StatusRequestTimeout, Field: "body",
-				Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout", 0)
+			rj.reject(&Refusal{Err: ErrBodyTimeout, Cause: err, Detail: "the body did not arrive within the server's read_timeout"}, "body_timeout")
 		default:
-			rj.reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
+			rj.reject(&Refusal{Err: ErrBadBody, Cause: err, Detail: "reading the body failed: " + err.Error()}, "bad_body")
 		}
 		return nil, 0, false
 	}
 	return body, reserved, true
+}
+
+// contentTypeError says what is wrong with a job's Content-Type, or "" when
+// nothing is: at most maxContentType bytes of visible ASCII, spaces and
+// tabs (the queue keeps nothing else, and a header is ASCII).
+func contentTypeError(ct string) string {
+	if len(ct) > maxContentType {
+		return fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)
+	}
+	for i := 0; i < len(ct); i++ {
+		if c := ct[i]; (c < ' ' && c != '\t') || c > '~' {
+			return fmt.Sprintf("Content-Type has a byte 0x%02x at %d; only visible ASCII, spaces and tabs are allowed", c, i)
+		}
+	}
+	return ""
+}
+
+// isJSON reports whether a Content-Type names JSON: application/json or a
+// +json type, in any case, parameters aside.
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.TrimSpace(mt)
+	const suffix = "+json"
+	return strings.EqualFold(mt, jsonContentType) ||
+		len(mt) > len("application/")+len(suffix) && strings.EqualFold(mt[:len("application/")], "application/") && strings.EqualFold(mt[len(mt)-len(suffix):], suffix)
 }
 
 // readExactly reads a body of n bytes, its Content-Length; a shorter body
@@ -334,30 +358,48 @@ func readExactly(body io.Reader, n int64) ([]byte, error) {
 // plan endpoints).
 const maxSmallBody = 4096
 
-// decodeSmall reads a small strict JSON body (at most maxSmallBody bytes,
-// within the budget of bodies read at once) into v, refusing unknown
-// fields. A problem names what is wrong: max_body_inflight when the budget
-// is full (the connection is then closed), rate for a rate that does not
-// parse (its error says why), body for anything else, whose detail says
-// that the body must be shape ("a JSON object with rate and/or burst").
+// decodeSmall is readSmall answering the problem of its refusal.
 func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, shape string) *api.Problem {
+	return problemOf(h.readSmall(w, r, v, shape))
+}
+
+// readSmall reads a small strict JSON body (at most maxSmallBody bytes,
+// within the budget of bodies read at once) into v with decodeStrict. Its
+// refusal names what is wrong: max_body_inflight when the budget is full
+// (the connection is then closed), rate for a rate that does not parse (its
+// error says why), the member at fault (smallBodyField), else body; the
+// detail says that the body must be shape ("a JSON object with rate and/or
+// burst").
+func (h *Handler) readSmall(w http.ResponseWriter, r *http.Request, v any, shape string) error {
 	release, ok := h.bodies.take(min(r.ContentLength, maxSmallBody), maxSmallBody)
 	if !ok {
 		w.Header().Set("Connection", "close")
-		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}
+		return errBodiesBusy
 	}
 	defer release()
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSmallBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, bucket.ErrInvalidRate) {
-			return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
-		}
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-			Detail: "the body must be " + shape + ": " + err.Error()}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSmallBody))
+	if err == nil {
+		err = decodeStrict(body, v)
 	}
-	return nil
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, bucket.ErrInvalidRate):
+		return err // the rate's own error says why
+	}
+	return &Refusal{Err: ErrBadBody, Cause: err, Field: smallBodyField(err), Detail: "the body must be " + shape + ": " + err.Error()}
+}
+
+// smallBodyField names the field of an admin body that a decode error is
+// about: the member a key's fault, a wrong type or a string that is not
+// UTF-8 is at ("burst"), else "body" (not JSON, data after it, and an
+// unknown key, which the detail names).
+func smallBodyField(err error) string {
+	var je *JSONError
+	if errors.As(err, &je) && je.Pointer != "" && je.Reason != jsonUnknown && je.Reason != jsonSyntax {
+		return je.Pointer[1:]
+	}
+	return "body"
 }
 
 func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
@@ -368,8 +410,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("Idempotency-Key")
 	if id != "" {
 		if err := validKey(id); err != nil {
-			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Idempotency-Key",
-				Detail: err.Error()}, "invalid_idempotency_key", 0)
+			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: "Idempotency-Key", Detail: err.Error()}, "invalid_idempotency_key")
 			return
 		}
 	} else {
@@ -380,31 +421,32 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		// A keyed lane: the key picks the job's bucket and order.
 		key = r.Header.Get(HeaderThrottleKey)
 		if key == "" {
-			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
-				Detail: fmt.Sprintf("lane %s is keyed: every job needs a Throttle-Key header naming its key", name)}, "missing_throttle_key", 0)
+			rj.reject(refusal(ErrBadHeader, HeaderThrottleKey, "lane %s is keyed: every job needs a Throttle-Key header naming its key", name), "missing_throttle_key")
 			return
 		}
 		if err := queue.ValidKey(key); err != nil {
-			rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: HeaderThrottleKey,
-				Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key", 0)
+			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key")
 			return
 		}
 		lane.Admission = lane.forKey(key)
 	}
-	if ct := r.Header.Get("Content-Type"); len(ct) > maxContentType {
-		rj.reject(api.Problem{Type: ProblemBadHeader, Status: http.StatusBadRequest, Field: "Content-Type",
-			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
+	ct := r.Header.Get("Content-Type")
+	if why := contentTypeError(ct); why != "" {
+		rj.reject(refusal(ErrBadHeader, "Content-Type", "%s", why), "invalid_content_type")
 		return
 	}
 	tooBig := func() {
-		rj.reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
-			Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
+		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
 	body, reserved, ok := h.readBody(w, r, lane.MaxBody, &rj, tooBig)
 	if !ok {
 		return
 	}
 	defer h.bodies.give(reserved)
+	if isJSON(ct) && !utf8.Valid(body) {
+		rj.reject(refusal(ErrBadBody, "", "the body is sent as JSON (Content-Type %s) and is not valid UTF-8", ct), "bad_body")
+		return
+	}
 	var dec admission.Decision
 	var err error
 	if info, _ := r.Context().Value(callerInfoCtx{}).(*callerInfo); info != nil && info.lane != nil && key == "" {
@@ -413,18 +455,15 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		dec, err = h.cfg.Admitter.Decide(r.Context(), lane.Admission, key)
 	}
 	if err != nil {
-		var rej *admission.RejectError
-		if errors.As(err, &rej) {
-			rj.reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: rej.Field,
-				Detail: fmt.Sprintf("lane %s has %d jobs waiting, over its %s; retry after the estimated wait", name, rej.Backlog, rej.Field)},
-				"backlog_full", rej.RetryAfter)
-			return
+		err = admissionRefusal(name, err)
+		if errors.Is(err, admission.ErrBacklogFull) {
+			rj.reject(err, "backlog_full")
+		} else {
+			rj.reject(err, "admission_error")
 		}
-		rj.reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
-			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it
@@ -437,20 +476,15 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	res, err := h.cfg.Publisher.Publish(r.Context(), job)
 	stored := time.Now()
 	if err != nil {
-		if errors.Is(err, queue.ErrFull) {
-			rj.reject(api.Problem{Type: ProblemStorageFull, Status: http.StatusServiceUnavailable, Field: "max_bytes",
-				Detail: fmt.Sprintf("lane %s's queue storage is full; nothing was stored", name)}, "storage_full", 5*time.Second)
-			return
+		switch err = storeRefusal(name, lane, err); {
+		case errors.Is(err, queue.ErrFull):
+			rj.reject(err, "storage_full")
+		case errors.Is(err, queue.ErrBacklogFull):
+			rj.reject(err, "backlog_full")
+		default:
+			rj.reject(err, "queue_unavailable")
+			h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		}
-		if errors.Is(err, queue.ErrBacklogFull) {
-			rj.reject(api.Problem{Type: ProblemBacklogFull, Status: http.StatusTooManyRequests, Field: "max_backlog",
-				Detail: fmt.Sprintf("lane %s holds its max_backlog of %d jobs", name, lane.Admission.MaxBacklog)},
-				"backlog_full", lane.Admission.Limit.Period())
-			return
-		}
-		rj.reject(api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable,
-			Detail: "the job could not be stored durably and was not accepted; retry"}, "queue_unavailable", time.Second)
-		h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		return
 	}
 	out := api.Accepted{ID: id, Lane: name, State: api.StateQueued}
@@ -779,14 +813,14 @@ func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
 	if h.draining.Load() {
-		writeProblem(w, r, api.Problem{Type: ProblemShuttingDown, Status: http.StatusServiceUnavailable, Detail: "shutting down"}, time.Second)
+		writeError(w, r, refusal(ErrShuttingDown, "", "shutting down"))
 		return
 	}
 	if h.cfg.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := h.cfg.Ready(ctx); err != nil {
-			writeProblem(w, r, api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: err.Error()}, time.Second)
+			writeError(w, r, err) // not ready: 503, retry in a second
 			return
 		}
 	}

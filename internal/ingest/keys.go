@@ -20,8 +20,9 @@ type KeyDirectory interface {
 	SetKey(ctx context.Context, lane, key string, c KeyChange, by string) (api.KeyStatus, error)
 }
 
-// ErrNotKeyed is what a KeyDirectory answers for a lane without per_key.
-var ErrNotKeyed = errors.New("the lane is not keyed (no per_key)")
+// ErrNotKeyed is what a KeyDirectory answers for a lane without per_key:
+// api.ErrNotKeyed, which the lanes answer too.
+var ErrNotKeyed = api.ErrNotKeyed
 
 // KeyChange is the body of PATCH /v1/lanes/{lane}/keys/{key}: absent fields
 // keep their value; "reset": true first drops the key's override.
@@ -42,57 +43,56 @@ func (h *Handler) routeKeys() {
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}/keys/{key}", h.authorize(needAdmin, h.admin(h.setKey)))
 }
 
-func keyProblem(err error) *api.Problem {
-	var le *bucket.LimitError
-	switch {
-	case errors.Is(err, ErrNotKeyed):
-		return &api.Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Field: "lane", Detail: "the lane has no per_key block: it has no keys"}
-	case errors.As(err, &le):
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: le.Field, Detail: err.Error()}
-	case errors.Is(err, bucket.ErrInvalidLimit):
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "rate", Detail: err.Error()}
-	}
-	return &api.Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: "the change could not be stored: " + err.Error()}
-}
-
-func pathKey(r *http.Request) (string, *api.Problem) {
+func pathKey(r *http.Request) (string, error) {
 	key := r.PathValue("key")
 	if err := queue.ValidKey(key); err != nil {
-		return "", &api.Problem{Type: ProblemBadQuery, Status: http.StatusBadRequest, Field: "key", Detail: "key: " + err.Error()}
+		return "", &Refusal{Err: ErrBadParam, Cause: err, Field: "key", Detail: "key: " + err.Error()}
 	}
 	return key, nil
 }
 
-func (h *Handler) getKey(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	key, p := pathKey(r)
-	if p != nil {
-		return p
+// keyRefusal is a KeyDirectory's error as the API answers it: the lane has
+// no keys, the change was refused (its field named), or it could not be
+// stored.
+func keyRefusal(err error) error {
+	if errors.Is(err, ErrNotKeyed) {
+		return refusalOf(err, "the lane has no per_key block: it has no keys")
+	}
+	if errors.Is(err, bucket.ErrInvalidLimit) {
+		return err
+	}
+	return refusalOf(err, "the change could not be stored: %v", err)
+}
+
+func (h *Handler) getKey(w http.ResponseWriter, r *http.Request, lane string) error {
+	key, err := pathKey(r)
+	if err != nil {
+		return err
 	}
 	st, err := h.cfg.Keys.KeyStatus(r.Context(), lane, key)
 	if err != nil {
-		return keyProblem(err)
+		return keyRefusal(err)
 	}
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }
 
-func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) *api.Problem {
-	key, p := pathKey(r)
-	if p != nil {
-		return p
+func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) error {
+	key, err := pathKey(r)
+	if err != nil {
+		return err
 	}
 	var c KeyChange
-	if p := h.decodeSmall(w, r, &c, "a JSON object with rate, burst, max_inflight, weight, paused and/or reset"); p != nil {
-		return p
+	if err := h.readSmall(w, r, &c, "a JSON object with rate, burst, max_inflight, weight, paused and/or reset"); err != nil {
+		return err
 	}
 	if c.Rate == nil && c.Burst == nil && c.MaxInflight == nil && c.Weight == nil && c.Paused == nil && !c.Reset {
-		return &api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
-			Detail: "nothing to change: give rate, burst, max_inflight, weight, paused or reset"}
+		return refusal(ErrBadBody, "body", "nothing to change: give rate, burst, max_inflight, weight, paused or reset")
 	}
 	old, _ := h.cfg.Keys.KeyStatus(r.Context(), lane, key)
 	st, err := h.cfg.Keys.SetKey(r.Context(), lane, key, c, callerOf(r))
 	if err != nil {
-		return keyProblem(err)
+		return keyRefusal(err)
 	}
 	h.audit(r, "key limit changed", "set_key", lane, "key", key,
 		"old", fmt.Sprintf("rate=%v burst=%d max_inflight=%d weight=%v paused=%v", old.Rate, old.Burst, old.MaxInflight, old.Weight, old.Paused),

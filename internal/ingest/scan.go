@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"encoding/json"
+	"unicode/utf8"
 
 	"github.com/throttler/throttler/api"
 )
@@ -243,8 +244,8 @@ func (s *scanner) literal(word string) bool {
 	return true
 }
 
-// str reads a JSON string: no control characters, valid escapes; any
-// other byte is taken as it is (encoding/json keeps a RawMessage's bytes).
+// str reads a JSON string: no control characters, valid escapes, valid
+// UTF-8.
 func (s *scanner) str() bool {
 	if !s.byte('"') {
 		return false
@@ -257,6 +258,13 @@ func (s *scanner) str() bool {
 			return true
 		case c < ' ':
 			return false
+		case c >= utf8.RuneSelf:
+			// Not valid UTF-8: decodeStrict refuses it, naming where.
+			r, n := utf8.DecodeRune(s.b[s.i-1:])
+			if r == utf8.RuneError && n == 1 {
+				return false
+			}
+			s.i += n - 1
 		case c == '\\':
 			if s.i >= len(s.b) {
 				return false

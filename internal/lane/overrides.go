@@ -18,8 +18,9 @@ import (
 // applies everywhere within the watch's delivery (milliseconds), and an
 // instance that starts later reads them first.
 
-// ErrNotKeyed: the lane has no per_key block.
-var ErrNotKeyed = errors.New("lane: the lane is not keyed (no per_key)")
+// ErrNotKeyed: the lane has no per_key block. It is api.ErrNotKeyed, which
+// the HTTP API answers 404.
+var ErrNotKeyed = api.ErrNotKeyed
 
 // KeyChange is a change to one key's override; a nil field keeps its value.
 type KeyChange struct {

@@ -29,6 +29,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/throttler/throttler/api"
 )
 
 // Subject prefix and header names, part of the contract with publishers.
@@ -57,8 +59,10 @@ const (
 
 // Errors a publisher can meet; each wraps the underlying NATS error.
 var (
-	// ErrBacklogFull: the lane's stream holds max_backlog jobs.
-	ErrBacklogFull = errors.New("queue: lane backlog is full")
+	// ErrBacklogFull: the lane's stream holds max_backlog jobs. It is
+	// api.ErrBacklogFull, which the admission decision's refusal matches
+	// too.
+	ErrBacklogFull = api.ErrBacklogFull
 	// ErrUnavailable: JetStream did not confirm the write; the job may not
 	// be stored and the caller must not report success.
 	ErrUnavailable = errors.New("queue: JetStream unavailable")
@@ -587,18 +591,18 @@ const (
 func (q *Queue) classify(ctx context.Context, subject string, err error) error {
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	switch apiErr.ErrorCode {
 	case codeStoreFailed:
 		if q.atMaxMsgs(ctx, subject) {
-			return fmt.Errorf("%w: %v", ErrBacklogFull, err)
+			return fmt.Errorf("queue: %w: %w", ErrBacklogFull, err)
 		}
-		return fmt.Errorf("%w: %v", ErrFull, err)
+		return fmt.Errorf("%w: %w", ErrFull, err)
 	case codeInsufficientResources, codeStorageResourcesExceed, codeMemoryResourcesExceed, codeAccountResourcesExceed, codeMessageExceedsMaximum:
-		return fmt.Errorf("%w: %v", ErrFull, err)
+		return fmt.Errorf("%w: %w", ErrFull, err)
 	}
-	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // atMaxMsgs reports whether the stream that takes subject holds its MaxMsgs.
