@@ -137,6 +137,10 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// MaxBodyInflightPerCaller bounds the part of MaxBodyInflight one
+	// caller (API key, else client IP) may hold; a request over it gets
+	// 429. Zero: no bound per caller.
+	MaxBodyInflightPerCaller int64
 	// Callers, when set, turns the caller quotas on (callers.go).
 	Callers *Callers
 	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
@@ -169,7 +173,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight)}
+	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -275,19 +279,18 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 // other refusals (budget full, too slow, broken) through reject; ok is
 // false then. The caller gives the reserved bytes back (h.bodies.give) once
 // it no longer holds the body.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, rj *rejecter, tooBig func()) (body []byte, reserved int64, ok bool) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, rj *rejecter, tooBig func()) (body []byte, reserved reservation, ok bool) {
 	if r.ContentLength > limit {
 		// Close rather than read the body to keep the connection.
 		w.Header().Set("Connection", "close")
 		tooBig()
-		return nil, 0, false
+		return nil, reserved, false
 	}
-	reserved, ok = h.bodies.reserve(r.ContentLength, limit)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		rj.reject(api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full", time.Second)
-		return nil, 0, false
+	reserved, full := h.bodies.reserve(bodyCallerOf(r), r.ContentLength, limit)
+	if full != budgetOK {
+		p, reason := h.bodies.fullProblem(w, full)
+		rj.reject(p, reason, time.Second)
+		return nil, reserved, false
 	}
 	var err error
 	if r.ContentLength >= 0 {
@@ -310,7 +313,7 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 			rj.reject(api.Problem{Type: ProblemBadBody, Status: http.StatusBadRequest, Field: "body",
 				Detail: "reading the body failed: " + err.Error()}, "bad_body", 0)
 		}
-		return nil, 0, false
+		return nil, reservation{}, false
 	}
 	return body, reserved, true
 }
@@ -341,11 +344,10 @@ const maxSmallBody = 4096
 // parse (its error says why), body for anything else, whose detail says
 // that the body must be shape ("a JSON object with rate and/or burst").
 func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, shape string) *api.Problem {
-	release, ok := h.bodies.take(min(r.ContentLength, maxSmallBody), maxSmallBody)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		return &api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-			Detail: "too many request bodies are being read at once; retry"}
+	release, full := h.bodies.take(bodyCallerOf(r), min(r.ContentLength, maxSmallBody), maxSmallBody)
+	if full != budgetOK {
+		p, _ := h.bodies.fullProblem(w, full)
+		return &p
 	}
 	defer release()
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxSmallBody))
