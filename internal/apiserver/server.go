@@ -175,13 +175,14 @@ func (s *Server) Start(api API) (<-chan error, error) {
 		ReadHeaderTimeout: c.ReadHeaderTimeout.D(),
 		ReadTimeout:       c.ReadTimeout.D(),
 		IdleTimeout:       c.IdleTimeout.D(),
-		// The listener closes idle keep-alive connections first when a
-		// bound is reached: it learns which are idle here.
-		ConnState: s.ln.ConnState,
 		// Its own errors (TLS handshakes refused, a client without a
 		// certificate under mutual TLS) go to the log at warn.
 		ErrorLog: slog.NewLogLogger(httpLog.Handler(), slog.LevelWarn),
 	}
+	// The listener closes idle keep-alive connections first when a bound
+	// is reached, and rewrites the server's own refusals: it learns which
+	// connections are idle or handling a request from the server.
+	s.ln.Install(s.srv)
 	done := make(chan error, 1)
 	go func(srv *http.Server, ln net.Listener) {
 		if s.tls != nil {

@@ -51,19 +51,24 @@ type ListenerConfig struct {
 // an HTTP 503 problem (field max_connections or max_connections_per_ip,
 // Retry-After: 1) and is closed, while the listener goes on accepting.
 //
-// The listener learns which connections are idle from the HTTP server:
-// install ConnState as http.Server.ConnState. Without it no connection is
-// taken for idle and the bounds only refuse.
+// The listener learns from the HTTP server which connections are idle and
+// which are handling a request: Install it on the server. Without that no
+// connection is taken for idle (the bounds only refuse), and nothing is
+// rewritten.
 //
-// Its connections also answer the HTTP server's own refusals (a request
-// it cannot parse) with problem+json instead of text/plain (rewrite.go).
-// Safe for concurrent use.
+// Once installed, its connections answer the HTTP server's own refusals
+// (a request it cannot parse) with problem+json instead of text/plain
+// (rewrite.go). Safe for concurrent use.
 type Listener struct {
 	net.Listener
 	cfg       ListenerConfig
 	trusted   atomic.Pointer[[]netip.Prefix]
 	rejecting chan struct{}
 	answering sync.WaitGroup
+
+	// installed is set by Install: the listener then knows when a
+	// connection is handling a request.
+	installed atomic.Bool
 
 	mu   sync.Mutex // guards what follows and every trackedConn's state
 	open int
@@ -118,8 +123,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		tc := &trackedConn{Conn: c, l: l, ip: peerAddr(c)}
-		tc.exempt = l.exempt(tc.ip)
+		tc := newTrackedConn(l, c, peerAddr(c))
 		refused, victims := l.admit(tc, time.Now())
 		// Closing the socket ends the server's wait for the next request
 		// on it; the server then closes the trackedConn, which no longer
@@ -143,7 +147,7 @@ func (l *Listener) admit(tc *trackedConn, now time.Time) (refused string, victim
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	victims = l.reapLocked(now)
-	ipc := l.ips[tc.ip]
+	ipc := l.ips[tc.share]
 	if !tc.exempt && l.cfg.MaxPerIP > 0 && ipc != nil && ipc.open >= l.cfg.MaxPerIP {
 		e := ipc.idle.Front()
 		if e == nil {
@@ -162,9 +166,9 @@ func (l *Listener) admit(tc *trackedConn, now time.Time) (refused string, victim
 		l.uncountLocked(v)
 		victims = append(victims, v)
 	}
-	if ipc = l.ips[tc.ip]; ipc == nil {
+	if ipc = l.ips[tc.share]; ipc == nil {
 		ipc = &ipConns{}
-		l.ips[tc.ip] = ipc
+		l.ips[tc.share] = ipc
 	}
 	ipc.open++
 	l.open++
@@ -202,9 +206,9 @@ func (l *Listener) uncountLocked(tc *trackedConn) {
 	tc.counted = false
 	l.unidleLocked(tc)
 	l.open--
-	if ipc := l.ips[tc.ip]; ipc != nil {
+	if ipc := l.ips[tc.share]; ipc != nil {
 		if ipc.open--; ipc.open <= 0 {
-			delete(l.ips, tc.ip)
+			delete(l.ips, tc.share)
 		}
 	}
 }
@@ -215,36 +219,75 @@ func (l *Listener) unidleLocked(tc *trackedConn) {
 		return
 	}
 	l.idle.Remove(tc.idleElem)
-	if ipc := l.ips[tc.ip]; ipc != nil {
+	if ipc := l.ips[tc.share]; ipc != nil {
 		ipc.idle.Remove(tc.ipElem)
 	}
 	tc.idleElem, tc.ipElem = nil, nil
 }
 
-// ConnState is the http.Server.ConnState hook that tells the listener
-// which of its connections are idle: between two requests of a keep-alive
-// connection (StateIdle). A connection that is new (its first request
-// not read yet) is not idle: read_header_timeout bounds it.
-func (l *Listener) ConnState(c net.Conn, state http.ConnState) {
-	// The server hands back the connection Accept returned, or under TLS
-	// the tls.Conn over it.
+// Install hooks the listener into srv, before srv serves it: ConnState
+// tells it which connections are idle, ConnContext and a wrapper of
+// srv.Handler which are handling a request (hooks srv already has still
+// run).
+func (l *Listener) Install(srv *http.Server) {
+	state, connCtx, next := srv.ConnState, srv.ConnContext, srv.Handler
+	srv.ConnState = func(c net.Conn, s http.ConnState) {
+		if tc := l.tracked(c); tc != nil {
+			l.setState(tc, s, time.Now())
+		}
+		if state != nil {
+			state(c, s)
+		}
+	}
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if tc := l.tracked(c); tc != nil {
+			ctx = context.WithValue(ctx, trackedConnCtx{}, tc)
+		}
+		if connCtx != nil {
+			ctx = connCtx(ctx, c)
+		}
+		return ctx
+	}
+	if next == nil {
+		next = http.DefaultServeMux
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// From here until the server takes the connection for idle, what
+		// is written on it is this request's answer.
+		if tc, ok := r.Context().Value(trackedConnCtx{}).(*trackedConn); ok {
+			tc.handling.Store(true)
+		}
+		next.ServeHTTP(w, r)
+	})
+	l.installed.Store(true)
+}
+
+type trackedConnCtx struct{}
+
+// tracked is the listener's connection under c: the server hands back the
+// connection Accept returned, or under TLS the tls.Conn over it.
+func (l *Listener) tracked(c net.Conn) *trackedConn {
 	if nc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		c = nc.NetConn()
 	}
 	if tc, ok := c.(*trackedConn); ok && tc.l == l {
-		l.setState(tc, state, time.Now())
+		return tc
 	}
+	return nil
 }
 
 // setState is ConnState at now.
 func (l *Listener) setState(tc *trackedConn, state http.ConnState, now time.Time) {
+	if state == http.StateIdle {
+		tc.handling.Store(false) // the answer is written
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case state == http.StateIdle && tc.counted && tc.idleElem == nil:
 		tc.idleSince = now
 		tc.idleElem = l.idle.PushBack(tc)
-		tc.ipElem = l.ips[tc.ip].idle.PushBack(tc)
+		tc.ipElem = l.ips[tc.share].idle.PushBack(tc)
 	case state != http.StateIdle:
 		l.unidleLocked(tc)
 	}
@@ -338,6 +381,14 @@ func answerBusy(c net.Conn, cfg *tls.Config, field, detail string) {
 	_, _ = io.Copy(io.Discard, in)
 }
 
+func newTrackedConn(l *Listener, c net.Conn, ip netip.Addr) *trackedConn {
+	tc := &trackedConn{Conn: c, l: l, ip: ip, share: ip, exempt: l.exempt(ip)}
+	if ip.Is6() {
+		tc.share = netip.PrefixFrom(ip, 64).Masked().Addr()
+	}
+	return tc
+}
+
 // peerAddr is the socket peer's IP (IPv4-mapped IPv6 as IPv4); the zero
 // Addr when the peer is not an IP (a Unix socket), which then shares one
 // count.
@@ -352,9 +403,16 @@ func peerAddr(c net.Conn) netip.Addr {
 // closed.
 type trackedConn struct {
 	net.Conn
-	l      *Listener
-	ip     netip.Addr
+	l  *Listener
+	ip netip.Addr
+	// share is what the bound per IP counts by: the IP, or for IPv6 its
+	// /64 (one subscriber's network: an attacker with a /64 has 2^64
+	// addresses, a client one of them).
+	share  netip.Addr
 	exempt bool
+	// handling is set while the server handles a request on the
+	// connection: its bytes are never taken for a refusal of the server.
+	handling atomic.Bool
 
 	// guarded by l.mu
 	counted          bool
@@ -371,8 +429,14 @@ func (c *trackedConn) Close() error {
 }
 
 // Write rewrites the HTTP server's own plain-text refusals as problem+json
-// (rewriteServerError); everything else passes through unchanged.
+// (rewriteServerError); everything else passes through unchanged. Only
+// while no request is being handled: a handler's answer, however it is
+// cut into writes (a large body goes past the server's buffer in one
+// Write), is never touched.
 func (c *trackedConn) Write(b []byte) (int, error) {
+	if !c.l.installed.Load() || c.handling.Load() {
+		return c.Conn.Write(b)
+	}
 	if p, ok := rewriteServerError(b); ok {
 		if _, err := c.Conn.Write(p); err != nil {
 			return 0, err

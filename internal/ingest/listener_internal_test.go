@@ -3,8 +3,12 @@ package ingest
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +28,8 @@ func TestListenerBounds(t *testing.T) {
 		closed  string // the idle connections closed for it, in order
 	}
 	ips := map[byte]netip.Addr{'a': netip.MustParseAddr("10.0.0.1"), 'b': netip.MustParseAddr("10.0.0.2"),
-		'c': netip.MustParseAddr("10.0.0.3"), 'p': netip.MustParseAddr("192.168.1.1")}
+		'c': netip.MustParseAddr("10.0.0.3"), 'p': netip.MustParseAddr("192.168.1.1"),
+		'x': netip.MustParseAddr("2001:db8:0:1::1"), 'y': netip.MustParseAddr("2001:db8:0:1:ffff::2"), 'z': netip.MustParseAddr("2001:db8:0:2::1")}
 	for _, tc := range []struct {
 		name  string
 		cfg   ListenerConfig
@@ -43,6 +48,12 @@ func TestListenerBounds(t *testing.T) {
 			{at: at(5), conn: "c2", refused: fieldMaxConnections},
 			{at: at(6), conn: "b2", idle: true},
 			{at: at(7), conn: "c2", closed: "b2"},
+		}},
+		{"IPv6SharesBy64", ListenerConfig{MaxConnections: 8, MaxPerIP: 2}, []step{
+			{at: at(0), conn: "x1"},
+			{at: at(0), conn: "y1"}, // another address of the same /64
+			{at: at(0), conn: "x2", refused: fieldMaxPerIP},
+			{at: at(0), conn: "z1"}, // another /64
 		}},
 		{"TrustedProxyHasNoShare", ListenerConfig{MaxConnections: 4, MaxPerIP: 1, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}, []step{
 			{at: at(0), conn: "p1"},
@@ -78,8 +89,7 @@ func TestListenerBounds(t *testing.T) {
 					l.setState(conns[s.conn], http.StateIdle, s.at)
 					continue
 				}
-				c := &trackedConn{l: l, ip: ips[s.conn[0]]}
-				c.exempt = l.exempt(c.ip)
+				c := newTrackedConn(l, nil, ips[s.conn[0]])
 				refused, victims := l.admit(c, s.at)
 				var closed []string
 				for _, v := range victims {
@@ -232,5 +242,48 @@ func TestBodyBudgetPerCaller(t *testing.T) {
 	}
 	if b.used.Load() != 0 || len(b.callers) != 0 {
 		t.Fatalf("after every give: %d bytes, %d callers", b.used.Load(), len(b.callers))
+	}
+}
+
+// TestHandlerAnswerIsNeverRewritten: a handler's body that holds a
+// refusal of net/http byte for byte (a client may choose a body the API
+// echoes: a target's answer, a dead letter's payload) reaches the client
+// unchanged, however the server cuts it into writes. A body past the
+// server's 4 KiB buffer goes to the connection in one Write from some
+// offset; the test moves the refusal across every offset near it.
+func TestHandlerAnswerIsNeverRewritten(t *testing.T) {
+	refusal := "HTTP/1.1 400 Bad Request: " + strings.Repeat("x", 2100) + "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: " + strings.Repeat("x", 2100)
+	if _, ok := rewriteServerError([]byte(refusal)); !ok {
+		t.Fatal("the body under test is not a refusal net/http could write")
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("pad"))
+		body := strings.Repeat("p", n) + refusal
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Write([]byte(body)) // not WriteString: that one is copied through the buffer
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListener(ln, ListenerConfig{MaxConnections: 4})
+	l.Install(srv)
+	done := make(chan struct{})
+	go func() { srv.Serve(l); close(done) }()
+	defer func() { srv.Close(); <-done }()
+	c := dial(t, ln.Addr().String())
+	r := bufio.NewReader(c)
+	for pad := 3800; pad <= 4096; pad++ {
+		fmt.Fprintf(c, "GET /?pad=%d HTTP/1.1\r\nHost: localhost\r\n\r\n", pad)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatalf("pad %d: %v", pad, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(got) != strings.Repeat("p", pad)+refusal {
+			t.Fatalf("pad %d: %d, %d bytes (%v), want the handler's %d", pad, resp.StatusCode, len(got), err, pad+len(refusal))
+		}
 	}
 }

@@ -23,10 +23,13 @@ const ProblemMalformedRequest = "urn:throttler:problem:malformed-request"
 // which one wins. net/http stays the only parser; what changes is only the
 // bytes of its refusal. It writes each refusal in one Write on the
 // connection, of one fixed shape (net/http's serve: "HTTP/1.1 " + status +
-// errorHeaders + body, then it closes), which no answer of the handler can
-// take: those carry a Date and a length. The shapes matched are exactly
-// net/http's, so a change of them in a new Go release shows as a failing
-// test (TestServerRefusalsAreProblems), never as a wrong rewrite.
+// errorHeaders + body, then it closes), and only while no request is
+// being handled: the listener rewrites nothing from the moment a handler
+// starts until the server takes the connection for idle, so no answer of
+// a handler (whose body a client may choose) is ever taken for a refusal.
+// The shapes matched are exactly net/http's, so a change of them in a new
+// Go release shows as a failing test (TestServerRefusalsAreProblems),
+// never as a wrong rewrite.
 //
 // Under TLS the refusal is written inside the TLS connection, out of the
 // listener's reach: it stays text/plain there (the plain-HTTP-on-the-HTTPS-

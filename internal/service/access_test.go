@@ -477,9 +477,13 @@ func TestTLS(t *testing.T) {
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err == nil && resp.StatusCode == 200 {
 			resp.Body.Close()
-			// An upload in progress: an idle connection would give way
-			// to the next one.
-			fmt.Fprint(c, "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nx")
+			// An upload in progress (an idle connection would give way to
+			// the next one): the 100 Continue says its handler runs.
+			fmt.Fprint(c, "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n")
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+				t.Fatalf("an upload on the held connection: %q %v", line, err)
+			}
 			hold = c
 			return true
 		}
