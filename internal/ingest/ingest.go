@@ -287,9 +287,12 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		return nil, reserved, false
 	}
 	reserved, full := h.bodies.reserve(bodyCallerOf(r), r.ContentLength, limit)
-	if full != budgetOK {
-		p, reason := h.bodies.fullProblem(w, full)
-		rj.reject(p, reason, time.Second)
+	switch full {
+	case budgetOfCaller:
+		rj.reject(h.bodies.fullProblem(w, full), "body_inflight_caller_full", time.Second)
+		return nil, reserved, false
+	case budgetAll:
+		rj.reject(h.bodies.fullProblem(w, full), "body_inflight_full", time.Second)
 		return nil, reserved, false
 	}
 	var err error
@@ -346,7 +349,7 @@ const maxSmallBody = 4096
 func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, shape string) *api.Problem {
 	release, full := h.bodies.take(bodyCallerOf(r), min(r.ContentLength, maxSmallBody), maxSmallBody)
 	if full != budgetOK {
-		p, _ := h.bodies.fullProblem(w, full)
+		p := h.bodies.fullProblem(w, full)
 		return &p
 	}
 	defer release()

@@ -144,12 +144,12 @@ func (b *budget) heldBy(who bodyCaller) int64 {
 // fullProblem is the refusal of a body the budget has no room for: 429
 // naming the caller's share, or 503 naming the whole budget; the
 // connection is closed either way (the body is not read).
-func (b *budget) fullProblem(w http.ResponseWriter, full budgetFull) (api.Problem, string) {
+func (b *budget) fullProblem(w http.ResponseWriter, full budgetFull) api.Problem {
 	w.Header().Set("Connection", "close")
 	if full == budgetOfCaller {
 		return api.Problem{Type: ProblemOverloaded, Status: http.StatusTooManyRequests, Field: "max_body_inflight_per_caller",
-			Detail: fmt.Sprintf("your request bodies being read at once would go over your share of %d bytes (http.max_body_inflight_per_caller); retry when one is done", b.perCaller)}, "body_inflight_caller_full"
+			Detail: fmt.Sprintf("your request bodies being read at once would go over your share of %d bytes (http.max_body_inflight_per_caller); retry when one is done", b.perCaller)}
 	}
 	return api.Problem{Type: ProblemOverloaded, Status: http.StatusServiceUnavailable, Field: "max_body_inflight",
-		Detail: "too many request bodies are being read at once; retry"}, "body_inflight_full"
+		Detail: "too many request bodies are being read at once; retry"}
 }
