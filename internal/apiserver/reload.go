@@ -51,6 +51,7 @@ func (s *Server) Reload(load func() (config.Config, error)) error {
 		}
 	}
 	s.cfg.Auth, s.cfg.Callers = cfg.Auth, cfg.Callers
+	s.ln.SetTrustedProxies(s.trustedProxies())
 	if s.cfg.TLS.CertFile != "" {
 		if err := s.loadCert(); err != nil {
 			s.log.Error("reload: TLS certificate refused; the one in use stays", "err", err)

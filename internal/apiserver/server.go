@@ -2,7 +2,9 @@
 // describes it. It turns the file's sections into ingest's plain values: the
 // API keys of auth (and keys_file), the caller quotas of callers, the running
 // lanes as ingest's directory. It opens the listener (at most
-// http.max_connections, TLS with a certificate a reload swaps), applies the
+// http.max_connections, at most http.max_connections_per_ip per client IP,
+// idle keep-alive connections closed first; TLS with a certificate a
+// reload swaps), applies the
 // http section's timeouts, and reloads keys, caller quotas and certificate
 // without dropping a connection. ingest itself knows nothing of the file.
 package apiserver
@@ -16,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -36,7 +39,7 @@ type Server struct {
 	cfg config.Config
 	api API // set by Start
 	srv *http.Server
-	ln  net.Listener
+	ln  *ingest.Listener
 }
 
 // API is what the server serves and what a reload changes in it: the
@@ -150,7 +153,9 @@ func (s *Server) loadCert() error {
 }
 
 // Start opens the listener on cfg.Listen (at most http.max_connections
-// open at once: one more is answered 503 and closed) and serves api there
+// open at once and http.max_connections_per_ip per client IP: one more
+// closes the longest-idle keep-alive connection, or with none idle is
+// answered 503 and closed) and serves api there
 // with the http section's bounds. The channel gets the error that stopped
 // serving (http.ErrServerClosed after Shutdown).
 func (s *Server) Start(api API) (<-chan error, error) {
@@ -161,8 +166,9 @@ func (s *Server) Start(api API) (<-chan error, error) {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	httpLog := s.log.With("component", "http")
-	s.ln = ingest.LimitListener(ln, ingest.ListenerConfig{MaxConnections: s.cfg.HTTP.MaxConnections, TLS: s.tls, Logger: httpLog})
 	c := s.cfg.HTTP
+	s.ln = ingest.LimitListener(ln, ingest.ListenerConfig{MaxConnections: c.MaxConnections, MaxPerIP: c.ConnectionsPerIP(),
+		IdleUnderLoad: c.IdleUnderLoad(), TrustedProxies: s.trustedProxies(), TLS: s.tls, Logger: httpLog})
 	s.srv = &http.Server{
 		Handler:           api,
 		TLSConfig:         s.tls,
@@ -173,6 +179,10 @@ func (s *Server) Start(api API) (<-chan error, error) {
 		// certificate under mutual TLS) go to the log at warn.
 		ErrorLog: slog.NewLogLogger(httpLog.Handler(), slog.LevelWarn),
 	}
+	// The listener closes idle keep-alive connections first when a bound
+	// is reached, and rewrites the server's own refusals: it learns which
+	// connections are idle or handling a request from the server.
+	s.ln.Install(s.srv)
 	done := make(chan error, 1)
 	go func(srv *http.Server, ln net.Listener) {
 		if s.tls != nil {
@@ -183,6 +193,15 @@ func (s *Server) Start(api API) (<-chan error, error) {
 	}(s.srv, s.ln)
 	s.api = api
 	return done, nil
+}
+
+// trustedProxies are the peers exempt from http.max_connections_per_ip:
+// callers.trusted_proxies, whose connections carry many clients.
+func (s *Server) trustedProxies() []netip.Prefix {
+	if s.cfg.Callers == nil {
+		return nil
+	}
+	return s.cfg.Callers.TrustedPrefixes()
 }
 
 // Addr is the listener's address; valid after Start.

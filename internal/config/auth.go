@@ -98,12 +98,28 @@ type HTTP struct {
 	ReadTimeout Duration `yaml:"read_timeout"`
 	// IdleTimeout closes a keep-alive connection idle this long.
 	IdleTimeout Duration `yaml:"idle_timeout"`
-	// MaxConnections bounds open connections; one more is answered 503
-	// and closed.
+	// IdleTimeoutUnderLoad closes a keep-alive connection idle this long
+	// while three quarters of MaxConnections are open; zero means
+	// DefaultIdleTimeoutUnderLoad, or IdleTimeout if that is less
+	// (IdleUnderLoad).
+	IdleTimeoutUnderLoad Duration `yaml:"idle_timeout_under_load"`
+	// MaxConnections bounds open connections. A new one over it closes
+	// the longest-idle keep-alive connection instead; with none idle it is
+	// answered 503 and closed.
 	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerIP bounds the connections of one client IP (the
+	// socket peer; callers.trusted_proxies are exempt) in the same way;
+	// zero means an eighth of MaxConnections, at least 16 (or
+	// MaxConnections if that is less): ConnectionsPerIP.
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
 	// MaxBodyInflight bounds the bytes of request bodies being read at
 	// once across all requests; a request over it is answered 503.
 	MaxBodyInflight ByteSize `yaml:"max_body_inflight"`
+	// MaxBodyInflightPerCaller bounds the part of MaxBodyInflight that
+	// one caller (API key, else client IP) may hold; a request over it is
+	// answered 429. Zero means a quarter of MaxBodyInflight, raised to
+	// the largest body a caller may send (BodyInflightPerCaller).
+	MaxBodyInflightPerCaller ByteSize `yaml:"max_body_inflight_per_caller"`
 	// MaxBatchItems bounds the jobs of one batch submission
 	// (POST /v1/lanes/{lane}/jobs:batch).
 	MaxBatchItems int `yaml:"max_batch_items"`
@@ -123,6 +139,54 @@ func (h HTTP) BatchBytes() int64 {
 		return int64(h.MaxBatchBytes)
 	}
 	return min(DefaultMaxBatchBytes, int64(h.MaxBodyInflight))
+}
+
+// DefaultIdleTimeoutUnderLoad is http.idle_timeout_under_load when the
+// file leaves it out (and idle_timeout is not shorter).
+const DefaultIdleTimeoutUnderLoad = 5 * time.Second
+
+// IdleUnderLoad is the idle timeout of keep-alive connections while the
+// server nears max_connections: idle_timeout_under_load, else the default
+// capped at idle_timeout.
+func (h HTTP) IdleUnderLoad() time.Duration {
+	if h.IdleTimeoutUnderLoad > 0 {
+		return h.IdleTimeoutUnderLoad.D()
+	}
+	return min(DefaultIdleTimeoutUnderLoad, h.IdleTimeout.D())
+}
+
+// ConnectionsPerIP is the bound of one client IP's connections:
+// max_connections_per_ip, else an eighth of max_connections, at least 16
+// (or max_connections if that is less): a client pooling a few dozen
+// connections stays served, and with the default 1024 it takes eight IPs
+// with connections that are all busy to hold every slot.
+func (h HTTP) ConnectionsPerIP() int {
+	if h.MaxConnectionsPerIP > 0 {
+		return h.MaxConnectionsPerIP
+	}
+	return max(min(16, h.MaxConnections), h.MaxConnections/8)
+}
+
+// BodyInflightPerCaller is the part of max_body_inflight one caller may
+// hold: max_body_inflight_per_caller, else a quarter of max_body_inflight
+// raised to the largest body one request may send (a lane's max_body, a
+// batch), so that every request stays possible.
+func (c *Config) BodyInflightPerCaller() int64 {
+	h := c.HTTP
+	if h.MaxBodyInflightPerCaller > 0 {
+		return int64(h.MaxBodyInflightPerCaller)
+	}
+	return min(int64(h.MaxBodyInflight), max(int64(h.MaxBodyInflight)/4, c.largestBody()))
+}
+
+// largestBody is the largest body one request may send: a batch, or a
+// lane's max_body.
+func (c *Config) largestBody() int64 {
+	n := c.HTTP.BatchBytes()
+	for _, l := range c.Lanes {
+		n = max(n, int64(l.MaxBody))
+	}
+	return n
 }
 
 // DefaultHTTP is the http section a file leaves out.
@@ -193,8 +257,14 @@ func (c *Config) validateAccess() error {
 		return fail("http.read_timeout", "must be greater than 0")
 	case h.IdleTimeout <= 0:
 		return fail("http.idle_timeout", "must be greater than 0")
+	case h.IdleTimeoutUnderLoad < 0:
+		return fail("http.idle_timeout_under_load", "must not be negative")
+	case h.IdleTimeoutUnderLoad > h.IdleTimeout:
+		return fail("http.idle_timeout_under_load", "%s is longer than http.idle_timeout (%s)", h.IdleTimeoutUnderLoad.D(), h.IdleTimeout.D())
 	case h.MaxConnections < 1 || h.MaxConnections > 1_000_000:
 		return fail("http.max_connections", "must be between 1 and 1000000, got %d", h.MaxConnections)
+	case h.MaxConnectionsPerIP < 0 || h.MaxConnectionsPerIP > h.MaxConnections:
+		return fail("http.max_connections_per_ip", "must be between 1 and http.max_connections (%d), got %d", h.MaxConnections, h.MaxConnectionsPerIP)
 	case h.MaxBatchItems < 1 || h.MaxBatchItems > 100_000:
 		return fail("http.max_batch_items", "must be between 1 and 100000, got %d", h.MaxBatchItems)
 	case h.MaxBatchBytes < 0:
@@ -205,6 +275,16 @@ func (c *Config) validateAccess() error {
 	for i, l := range c.Lanes {
 		if l.MaxBody > h.MaxBodyInflight {
 			return fail("http.max_body_inflight", "%d bytes is less than lanes[%d].max_body (%d): such a body could never be read", int64(h.MaxBodyInflight), i, int64(l.MaxBody))
+		}
+	}
+	if p := h.MaxBodyInflightPerCaller; p != 0 {
+		switch {
+		case p < 0:
+			return fail("http.max_body_inflight_per_caller", "must not be negative")
+		case p > h.MaxBodyInflight:
+			return fail("http.max_body_inflight_per_caller", "%d bytes is more than http.max_body_inflight (%d)", int64(p), int64(h.MaxBodyInflight))
+		case int64(p) < c.largestBody():
+			return fail("http.max_body_inflight_per_caller", "%d bytes is less than the largest body one request may send (%d: http.max_batch_bytes or a lane's max_body): such a body could never be read", int64(p), c.largestBody())
 		}
 	}
 	return nil

@@ -58,6 +58,15 @@ func TestAccessErrorsNameTheField(t *testing.T) {
 		{"ZeroReadTimeout", good + "http: {read_timeout: 0s}\n", "t.yaml: http.read_timeout: must be greater than 0"},
 		{"ZeroConnections", good + "http: {max_connections: 0}\n", "t.yaml: http.max_connections:"},
 		{"InflightBelowBody", good + "http: {max_body_inflight: 512KiB}\n", "t.yaml: http.max_body_inflight: 524288 bytes is less than lanes[0].max_body"},
+		{"PerIPNegative", good + "http: {max_connections_per_ip: -1}\n", "t.yaml: http.max_connections_per_ip: must be between 1 and http.max_connections (1024), got -1"},
+		{"PerIPOverMax", good + "http: {max_connections: 10, max_connections_per_ip: 11}\n", "t.yaml: http.max_connections_per_ip: must be between 1 and http.max_connections (10), got 11"},
+		{"PerIPAll", good + "http: {max_connections: 10, max_connections_per_ip: 10}\n", ""},
+		{"IdleUnderLoadNegative", good + "http: {idle_timeout_under_load: -1s}\n", "t.yaml: http.idle_timeout_under_load: must not be negative"},
+		{"IdleUnderLoadOverIdle", good + "http: {idle_timeout: 10s, idle_timeout_under_load: 11s}\n", "t.yaml: http.idle_timeout_under_load: 11s is longer than http.idle_timeout (10s)"},
+		{"PerCallerNegative", good + "http: {max_body_inflight_per_caller: -1}\n", "t.yaml: http.max_body_inflight_per_caller: line 10: \"-1\" is not a size"},
+		{"PerCallerOverInflight", good + "http: {max_body_inflight: 32MiB, max_body_inflight_per_caller: 33MiB}\n", "t.yaml: http.max_body_inflight_per_caller: 34603008 bytes is more than http.max_body_inflight (33554432)"},
+		{"PerCallerBelowBatch", good + "http: {max_body_inflight_per_caller: 4MiB}\n", "t.yaml: http.max_body_inflight_per_caller: 4194304 bytes is less than the largest body one request may send (8388608"},
+		{"PerCallerOK", good + "http: {max_body_inflight_per_caller: 8MiB}\n", ""},
 		{"HTTPTypo", good + "http: {read_timout: 1s}\n", "field read_timout not found in http"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,6 +86,11 @@ func TestHTTPDefaults(t *testing.T) {
 	if cfg.HTTP != config.DefaultHTTP() || cfg.HTTP.MaxConnections != 1024 || cfg.HTTP.MaxBodyInflight != 64<<20 ||
 		cfg.HTTP.ReadTimeout.D().Seconds() != 30 || cfg.HTTP.ReadHeaderTimeout.D().Seconds() != 10 {
 		t.Fatalf("http defaults: %+v", cfg.HTTP)
+	}
+	// The derived bounds: an eighth of the connections per IP, a quarter
+	// of the body budget per caller, 5s idle under load.
+	if n, b, d := cfg.HTTP.ConnectionsPerIP(), cfg.BodyInflightPerCaller(), cfg.HTTP.IdleUnderLoad(); n != 128 || b != 16<<20 || d.Seconds() != 5 {
+		t.Fatalf("derived http defaults: per IP %d, per caller %d, idle under load %s", n, b, d)
 	}
 	if cfg.HasKeys() || !cfg.LoopbackListen() {
 		t.Fatalf("HasKeys %v LoopbackListen %v", cfg.HasKeys(), cfg.LoopbackListen())

@@ -96,7 +96,7 @@ func TestDecodeSmall(t *testing.T) {
 		Rate  *bucket.Rate `json:"rate"`
 		Burst *int         `json:"burst"`
 	}
-	h := &Handler{bodies: newBudget(2 * maxSmallBody)}
+	h := &Handler{bodies: newBudget(2*maxSmallBody, 0)}
 	decode := func(body string, length int64) (*api.Problem, *httptest.ResponseRecorder) {
 		req := httptest.NewRequest("PATCH", "/v1/lanes/demo", strings.NewReader(body))
 		req.ContentLength = length
@@ -130,8 +130,8 @@ func TestDecodeSmall(t *testing.T) {
 	}
 	// The budget full: 503 naming max_body_inflight, and the connection
 	// closes rather than read the body.
-	release, ok := h.bodies.take(2*maxSmallBody-10, maxSmallBody*2)
-	if !ok {
+	release, full := h.bodies.take(bodyCaller{key: "other"}, 2*maxSmallBody-10, maxSmallBody*2)
+	if full != budgetOK {
 		t.Fatal("could not fill the budget")
 	}
 	p, rec := decode(`{"burst":1}`, -1)

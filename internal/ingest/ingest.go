@@ -139,6 +139,10 @@ type Config struct {
 	// once across all requests (a body of unknown length counts as its
 	// lane's max_body); a request over it gets 503. Zero: no bound.
 	MaxBodyInflight int64
+	// MaxBodyInflightPerCaller bounds the part of MaxBodyInflight one
+	// caller (API key, else client IP) may hold; a request over it gets
+	// 429. Zero: no bound per caller.
+	MaxBodyInflightPerCaller int64
 	// Callers, when set, turns the caller quotas on (callers.go).
 	Callers *Callers
 	// MaxBatchItems and MaxBatchBytes bound a batch submission (items,
@@ -171,7 +175,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight)}
+	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -277,18 +281,21 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 // other refusals (budget full, too slow, broken) through reject; ok is
 // false then. The caller gives the reserved bytes back (h.bodies.give) once
 // it no longer holds the body.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, rj *rejecter, tooBig func()) (body []byte, reserved int64, ok bool) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, rj *rejecter, tooBig func()) (body []byte, reserved reservation, ok bool) {
 	if r.ContentLength > limit {
 		// Close rather than read the body to keep the connection.
 		w.Header().Set("Connection", "close")
 		tooBig()
-		return nil, 0, false
+		return nil, reserved, false
 	}
-	reserved, ok = h.bodies.reserve(r.ContentLength, limit)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		rj.reject(errBodiesBusy, "body_inflight_full")
-		return nil, 0, false
+	reserved, full := h.bodies.reserve(bodyCallerOf(r), r.ContentLength, limit)
+	switch full {
+	case budgetOfCaller:
+		rj.reject(h.bodies.fullRefusal(w, full), "body_inflight_caller_full")
+		return nil, reserved, false
+	case budgetAll:
+		rj.reject(h.bodies.fullRefusal(w, full), "body_inflight_full")
+		return nil, reserved, false
 	}
 	var err error
 	if r.ContentLength >= 0 {
@@ -309,7 +316,7 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		default:
 			rj.reject(&Refusal{Err: ErrBadBody, Cause: err, Detail: "reading the body failed: " + err.Error()}, "bad_body")
 		}
-		return nil, 0, false
+		return nil, reservation{}, false
 	}
 	return body, reserved, true
 }
@@ -365,16 +372,15 @@ func (h *Handler) decodeSmall(w http.ResponseWriter, r *http.Request, v any, sha
 
 // readSmall reads a small strict JSON body (at most maxSmallBody bytes,
 // within the budget of bodies read at once) into v with decodeStrict. Its
-// refusal names what is wrong: max_body_inflight when the budget is full
-// (the connection is then closed), rate for a rate that does not parse (its
-// error says why), the member at fault (smallBodyField), else body; the
-// detail says that the body must be shape ("a JSON object with rate and/or
-// burst").
+// refusal names what is wrong: max_body_inflight (or the caller's share of
+// it) when the budget is full (the connection is then closed), rate for a
+// rate that does not parse (its error says why), the member at fault
+// (smallBodyField), else body; the detail says that the body must be shape
+// ("a JSON object with rate and/or burst").
 func (h *Handler) readSmall(w http.ResponseWriter, r *http.Request, v any, shape string) error {
-	release, ok := h.bodies.take(min(r.ContentLength, maxSmallBody), maxSmallBody)
-	if !ok {
-		w.Header().Set("Connection", "close")
-		return errBodiesBusy
+	release, full := h.bodies.take(bodyCallerOf(r), min(r.ContentLength, maxSmallBody), maxSmallBody)
+	if full != budgetOK {
+		return h.bodies.fullRefusal(w, full)
 	}
 	defer release()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSmallBody))

@@ -159,17 +159,16 @@ func TestBodyInflightCap(t *testing.T) {
 // waiting; once one closes, a new connection is served.
 func TestConnectionCap(t *testing.T) {
 	f := newFixture(t, nil)
-	var lim *limitListener
+	var lim *Listener
 	addr := serve(t, f.h, func(ln net.Listener) net.Listener {
-		l := LimitListener(ln, ListenerConfig{MaxConnections: 2})
-		lim = l.(*limitListener)
-		return l
+		lim = LimitListener(ln, ListenerConfig{MaxConnections: 2})
+		return lim
 	}, nil)
 	a, b := dial(t, addr), dial(t, addr)
 	deadline := time.Now().Add(5 * time.Second)
-	for lim.open.Load() != 2 {
+	for lim.openConns() != 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open", lim.open.Load())
+			t.Fatalf("%d connections open", lim.openConns())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -190,9 +189,9 @@ func TestConnectionCap(t *testing.T) {
 	}
 	b.Close()
 	deadline = time.Now().Add(5 * time.Second)
-	for lim.open.Load() != 1 {
+	for lim.openConns() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open after one closed", lim.open.Load())
+			t.Fatalf("%d connections open after one closed", lim.openConns())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

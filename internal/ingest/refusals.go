@@ -25,13 +25,16 @@ var (
 	ErrUnknownLane  = errors.New("no such lane")
 	// ErrBodiesBusy: the bytes of the bodies read at once reached
 	// max_body_inflight.
-	ErrBodiesBusy   = errors.New("too many request bodies are being read at once")
-	ErrBodyTimeout  = errors.New("the body did not arrive within read_timeout")
-	ErrBodyTooLarge = errors.New("the body is too large")
-	ErrBadBody      = errors.New("the body is not valid")
-	ErrBadHeader    = errors.New("a header is not valid")
-	ErrBadParam     = errors.New("a path or query parameter is not valid")
-	ErrNotFound     = errors.New("not found")
+	ErrBodiesBusy = errors.New("too many request bodies are being read at once")
+	// ErrCallerBodiesBusy: the bytes of one caller's bodies read at once
+	// reached its share, max_body_inflight_per_caller.
+	ErrCallerBodiesBusy = errors.New("the caller's request bodies being read at once reached its share")
+	ErrBodyTimeout      = errors.New("the body did not arrive within read_timeout")
+	ErrBodyTooLarge     = errors.New("the body is too large")
+	ErrBadBody          = errors.New("the body is not valid")
+	ErrBadHeader        = errors.New("a header is not valid")
+	ErrBadParam         = errors.New("a path or query parameter is not valid")
+	ErrNotFound         = errors.New("not found")
 	// ErrCallerQuota: the caller is over its plan or its IP over the
 	// per-IP limit; ErrOverPlan: the request costs more than the plan's
 	// burst, so that it can never fit.
@@ -61,6 +64,7 @@ var problemRows = []struct {
 	{ErrShuttingDown, ProblemShuttingDown, http.StatusServiceUnavailable, "", time.Second},
 	{ErrUnknownLane, ProblemUnknownLane, http.StatusNotFound, "lane", 0},
 	{ErrBodiesBusy, ProblemOverloaded, http.StatusServiceUnavailable, "max_body_inflight", time.Second},
+	{ErrCallerBodiesBusy, ProblemOverloaded, http.StatusTooManyRequests, "max_body_inflight_per_caller", time.Second},
 	{ErrBodyTimeout, ProblemRequestTimeout, http.StatusRequestTimeout, "body", 0},
 	{ErrBodyTooLarge, ProblemBodyTooLarge, http.StatusRequestEntityTooLarge, "body", 0},
 	{ErrStrictJSON, ProblemBadBody, http.StatusBadRequest, "body", 0},

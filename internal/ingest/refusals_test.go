@@ -32,6 +32,7 @@ func TestProblemFor(t *testing.T) {
 		{"ShuttingDown", refusal(ErrShuttingDown, "", "x"), ProblemShuttingDown, 503, "", 1},
 		{"UnknownLane", refusal(ErrUnknownLane, "", "x"), ProblemUnknownLane, 404, "lane", 0},
 		{"BodiesBusy", errBodiesBusy, ProblemOverloaded, 503, "max_body_inflight", 1},
+		{"CallerBodiesBusy", refusal(ErrCallerBodiesBusy, "", "over your share"), ProblemOverloaded, 429, "max_body_inflight_per_caller", 1},
 		{"BodyTimeout", refusal(ErrBodyTimeout, "", "x"), ProblemRequestTimeout, 408, "body", 0},
 		{"BodyTooLarge", refusal(ErrBodyTooLarge, "/3/payload", "x"), ProblemBodyTooLarge, 413, "/3/payload", 0},
 		{"StrictJSON", &JSONError{Reason: jsonDuplicate, Pointer: "/burst", Key: "burst"}, ProblemBadBody, 400, "body", 0},

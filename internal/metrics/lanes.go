@@ -23,7 +23,7 @@ var (
 	rejectReasons = []string{
 		"shutting_down", "unknown_lane", "invalid_idempotency_key", "invalid_content_type",
 		"missing_throttle_key", "invalid_throttle_key",
-		"body_too_large", "body_inflight_full", "body_timeout", "bad_body",
+		"body_too_large", "body_inflight_full", "body_inflight_caller_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).

@@ -218,9 +218,11 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            web.Auth(),
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
-		MaxBatchItems:   s.cfg.HTTP.MaxBatchItems,
-		MaxBatchBytes:   s.cfg.HTTP.BatchBytes(),
-		Ready:           nb.Ready,
+		// One caller's stalled uploads hold at most this share.
+		MaxBodyInflightPerCaller: s.cfg.BodyInflightPerCaller(),
+		MaxBatchItems:            s.cfg.HTTP.MaxBatchItems,
+		MaxBatchBytes:            s.cfg.HTTP.BatchBytes(),
+		Ready:                    nb.Ready,
 	})
 	if err != nil {
 		return err
