@@ -19,6 +19,9 @@ type Msg struct {
 	m    acker
 	meta *jetstream.MsgMetadata
 	c    *Consumer
+	// origin names the stream the message was read from, for the msg ids
+	// of its copies (copy.go).
+	origin string
 }
 
 // acker answers for one fetched message: a JetStream consumer's message, or
@@ -83,6 +86,7 @@ func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 type Consumer struct {
 	q       *Queue
 	lane    string
+	origin  string // the lane stream, for Msg.origin
 	cons    jetstream.Consumer
 	batch   jetstream.MessageBatch
 	ackWait time.Duration
@@ -99,7 +103,7 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, lane: lane, cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+	return &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
 		outstanding: map[*Msg]time.Time{}}, nil
 }
 
@@ -164,7 +168,7 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	if err != nil {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
-	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c}
+	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
 	c.q.fetched(c.lane, meta.Sequence.Stream)
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,

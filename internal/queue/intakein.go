@@ -242,7 +242,12 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 			job.Key = job.Key[:MaxKey]
 		}
 		meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: raw.Time}
-		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
+		src := origin(StreamName(lane), ls.epoch)
+		if from == ls.in {
+			src = origin(IntakeStreamName(lane), ls.inEpoch)
+		}
+		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, origin: src,
+			c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
 		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, 0); err != nil {
 			return err
 		}

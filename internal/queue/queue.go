@@ -168,11 +168,15 @@ type Queue struct {
 	lanes map[string]*laneState
 	dead  jetstream.Stream
 	retry jetstream.Stream
+	// deadEpoch is the dead-letter stream's creation time, in the msg
+	// ids of replays (copy.go).
+	deadEpoch int64
 }
 
 type laneState struct {
 	spec     LaneSpec
 	stream   jetstream.Stream
+	epoch    int64 // the lane stream's creation time (copy.go)
 	consumer jetstream.Consumer
 	retry    jetstream.Consumer // the lane's retry mover
 	// keyed lanes: the intake stream of public subjects (intakein.go),
@@ -448,7 +452,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		return err
 	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, consumer: cons, retry: retry}
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), consumer: cons, retry: retry}
 	q.mu.Unlock()
 	return nil
 }
