@@ -162,7 +162,8 @@ func (c *Consumer) Next(ctx context.Context, max int) ([]*Msg, error) {
 const notBeforeSlack = 5 * time.Millisecond
 
 // wrap decodes a fetched message and tracks it until it is settled. It
-// returns nil for a retry that is not due yet (handed back at once).
+// returns nil for a retry that is not due yet (handed back at once) and for
+// a poison job (dead-lettered at once, poison.go).
 func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	meta, err := m.Metadata()
 	if err != nil {
@@ -170,6 +171,16 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
 	c.q.fetched(c.lane, meta.Sequence.Stream)
+	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal {
+		if ls, err := c.q.lane(c.lane); err == nil {
+			if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+				_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
+				cancel()
+				return nil
+			}
+		}
+	}
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,
 		// without a slot and without counting an attempt.

@@ -189,6 +189,7 @@ type laneState struct {
 	inEpoch  int64
 	migrate  bool
 	onStored func(key string)
+	onPoison func() // hears a poison job dead-lettered (OnPoison)
 
 	// flight shares the JetStream reads of Backlog and Ahead between
 	// the requests that need them at once.
@@ -709,7 +710,8 @@ var testHookStreamRead func()
 
 // LaneStats are live counts of one lane from JetStream.
 type LaneStats struct {
-	// Stored: jobs in the stream (waiting or in flight).
+	// Stored: jobs in the stream (waiting or in flight); on a keyed lane
+	// also the jobs published and not yet moved onto their keys.
 	Stored uint64
 	// Pending: jobs no instance has fetched yet.
 	Pending uint64
@@ -731,8 +733,17 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 	}
 	if ls.consumer == nil {
 		// A keyed lane: no consumer counts what is in flight; the lane's
-		// runtime knows its own.
-		return LaneStats{Stored: si.State.Msgs, Pending: si.State.Msgs}, nil
+		// runtime knows its own. Jobs published and not yet moved onto
+		// their keys wait in the intake stream: they are backlog too.
+		n := si.State.Msgs
+		if ls.in != nil {
+			ii, err := ls.in.Info(ctx)
+			if err != nil {
+				return LaneStats{}, fmt.Errorf("%w: intake stream info %s: %v", ErrUnavailable, lane, err)
+			}
+			n += ii.State.Msgs
+		}
+		return LaneStats{Stored: n, Pending: n}, nil
 	}
 	ci, err := ls.consumer.Info(ctx)
 	if err != nil {
