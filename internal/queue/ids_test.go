@@ -223,3 +223,61 @@ func TestForgedDuplicateKeepsTheOriginal(t *testing.T) {
 		})
 	}
 }
+
+// TestSameIDOnTwoKeyedLanes: keyed lanes read by key share the retry and
+// dead-letter streams too. The same job id at the same sequence of two
+// keyed lanes gets a retry copy each, then a dead letter each.
+func TestSameIDOnTwoKeyedLanes(t *testing.T) {
+	q, _ := newBareQueue(t)
+	ctx := context.Background()
+	lanes := []string{"a", "b"}
+	for _, lane := range lanes {
+		s := intakeSpec(100)
+		s.Name = lane
+		if err := q.EnsureKeyedLane(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Publish(ctx, queue.Job{ID: "same", Lane: lane, Key: "k", Payload: []byte(lane)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(lane string) *queue.Msg {
+		t.Helper()
+		r, err := q.KeyedReader(lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m *queue.Msg
+		waitForCond(t, "lane "+lane+"'s job on key k", func() bool {
+			m, err = r.Next(ctx, "k", 1)
+			return err == nil && m != nil
+		})
+		return m
+	}
+	for _, lane := range lanes {
+		if err := next(lane).Retry(ctx, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, lane := range lanes {
+		waitForCond(t, "lane "+lane+"'s retry waiting", func() bool {
+			n, _ := q.RetriesWaiting(ctx, lane)
+			return n == 1
+		})
+		if _, err := q.Publish(ctx, queue.Job{ID: "other", Lane: lane, Key: "k", Payload: []byte(lane)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The lanes' second jobs sit at the same sequence (2) of each stream.
+	for _, lane := range lanes {
+		if err := next(lane).Dead(ctx, queue.DeadInfo{Reason: "rejected by target"}, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, lane := range lanes {
+		dead, err := q.ListDead(ctx, lane, 0, 10)
+		if err != nil || len(dead) != 1 || dead[0].ID != "other" {
+			t.Fatalf("lane %s dead letters %+v (%v), want job other", lane, dead, err)
+		}
+	}
+}
