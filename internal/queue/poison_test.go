@@ -160,6 +160,9 @@ func TestKeyedIntakeFullOfPoisonRecovers(t *testing.T) {
 	if st, err := q.Stats(ctx, "demo"); err != nil || st.Stored != 5 || st.Pending != 5 {
 		t.Fatalf("stats %+v (%v), want 5 jobs stored and waiting", st, err)
 	}
+	if d, err := q.Depth(ctx, "demo"); err != nil || d.Stored != 5 || d.Oldest.IsZero() {
+		t.Fatalf("depth %+v (%v), want 5 jobs stored, the oldest's time", d, err)
+	}
 	runIntake(t, q)
 	checkPoisonDead(t, q, jobs)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
