@@ -204,6 +204,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		if err := l.d.Queue.EnsureKeyedLane(ctx, spec); err != nil {
 			return err
 		}
+		l.d.Queue.OnPoison(name, func() { m.DeadLettered.WithLabelValues(name).Inc() })
 		if l.keyed, err = newKeyedRun(l); err != nil {
 			return err
 		}
@@ -216,6 +217,9 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	if err := l.d.Queue.EnsureLane(ctx, spec); err != nil {
 		return err
 	}
+	// Poison jobs are dead-lettered by the queue before the drain sees
+	// them (queue/poison.go); they count like the drain's dead letters.
+	l.d.Queue.OnPoison(name, func() { m.DeadLettered.WithLabelValues(name).Inc() })
 	if l.consumer, err = l.d.Queue.Consumer(name); err != nil {
 		return err
 	}

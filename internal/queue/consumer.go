@@ -19,6 +19,9 @@ type Msg struct {
 	m    acker
 	meta *jetstream.MsgMetadata
 	c    *Consumer
+	// origin names the stream the message was read from, for the msg ids
+	// of its copies (copy.go).
+	origin string
 }
 
 // acker answers for one fetched message: a JetStream consumer's message, or
@@ -83,6 +86,7 @@ func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 type Consumer struct {
 	q       *Queue
 	lane    string
+	origin  string // the lane stream, for Msg.origin
 	cons    jetstream.Consumer
 	batch   jetstream.MessageBatch
 	ackWait time.Duration
@@ -99,7 +103,7 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, lane: lane, cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+	return &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
 		outstanding: map[*Msg]time.Time{}}, nil
 }
 
@@ -158,14 +162,25 @@ func (c *Consumer) Next(ctx context.Context, max int) ([]*Msg, error) {
 const notBeforeSlack = 5 * time.Millisecond
 
 // wrap decodes a fetched message and tracks it until it is settled. It
-// returns nil for a retry that is not due yet (handed back at once).
+// returns nil for a retry that is not due yet (handed back at once) and for
+// a poison job (dead-lettered at once, poison.go).
 func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	meta, err := m.Metadata()
 	if err != nil {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
-	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c}
+	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
 	c.q.fetched(c.lane, meta.Sequence.Stream)
+	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal {
+		if ls, err := c.q.lane(c.lane); err == nil {
+			if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+				_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
+				cancel()
+				return nil
+			}
+		}
+	}
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,
 		// without a slot and without counting an attempt.

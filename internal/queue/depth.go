@@ -20,7 +20,7 @@ type Depth struct {
 }
 
 // Depth reads the lane's stored jobs and the oldest one's store time: one
-// stream info. A lane's stream keeps a job until it is settled, so the
+// stream info (two on a keyed lane, whose intake stream counts too). A lane's stream keeps a job until it is settled, so the
 // first message is the oldest job waiting or in flight.
 func (q *Queue) Depth(ctx context.Context, lane string) (Depth, error) {
 	ls, err := q.lane(lane)
@@ -34,6 +34,21 @@ func (q *Queue) Depth(ctx context.Context, lane string) (Depth, error) {
 	d := Depth{Stored: info.State.Msgs}
 	if d.Stored > 0 {
 		d.Oldest = info.State.FirstTime
+	}
+	if ls.in != nil {
+		// A keyed lane's jobs published and not yet moved onto their
+		// keys wait in its intake stream: backlog too, and older than
+		// the lane stream's when the lane stream is full.
+		ii, err := ls.in.Info(ctx)
+		if err != nil {
+			return Depth{}, fmt.Errorf("%w: intake stream info %s: %v", ErrUnavailable, lane, err)
+		}
+		if n := ii.State.Msgs; n > 0 {
+			d.Stored += n
+			if d.Oldest.IsZero() || ii.State.FirstTime.Before(d.Oldest) {
+				d.Oldest = ii.State.FirstTime
+			}
+		}
 	}
 	return d, nil
 }

@@ -63,7 +63,7 @@ func (q *Queue) EnsureDeadLetters(ctx context.Context, cfg DeadConfig) error {
 		return fmt.Errorf("queue: dead-letter stream: %w", err)
 	}
 	q.mu.Lock()
-	q.dead = st
+	q.dead, q.deadEpoch = st, st.CachedInfo().Created.UnixNano()
 	q.mu.Unlock()
 	return nil
 }
@@ -76,8 +76,9 @@ type DeadInfo struct {
 }
 
 // Dead moves the job to the dead-letter stream and acks it in the lane. When
-// the dead letter cannot be stored, the job is retried after delay instead:
-// it is never dropped. An error wrapping ErrAckUnconfirmed means the dead
+// the dead letter cannot be stored, or another message holds its msg id
+// (ErrNotTheCopy), the job is delivered again after delay instead: it is
+// never dropped. An error wrapping ErrAckUnconfirmed means the dead
 // letter is stored and only the original's ack was not confirmed.
 func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) error {
 	defer m.c.settle(m)
@@ -103,8 +104,12 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	}
 	h.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	// De-duplicate a repeat after a crash between store and ack.
-	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s#dead-%d", job.ID, m.meta.Sequence.Stream))
-	if _, err := m.c.q.publish(ctx, msg.Subject, msg); err != nil {
+	h.Set(jetstream.MsgIDHeader, m.deadMsgID())
+	st, err := m.c.q.deadStream()
+	if err == nil {
+		err = m.c.q.storeCopy(ctx, st, msg)
+	}
+	if err != nil {
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: dead-letter %s: %w", job.ID, err)
 	}
@@ -185,9 +190,12 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	if err != nil {
 		return d, err
 	}
+	q.mu.Lock()
+	epoch := q.deadEpoch
+	q.mu.Unlock()
 	if err := q.republish(ctx, Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload,
-		MsgID: fmt.Sprintf("%s#replay-%d", d.ID, seq),
+		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
 		return d, err
 	}

@@ -17,3 +17,9 @@ func OnMoved(f func(seq uint64) bool) (undo func()) {
 	testHookMoved = f
 	return func() { testHookMoved = nil }
 }
+
+// RetryMsgID is the Nats-Msg-Id of m's retry copy.
+func RetryMsgID(m *Msg) string { return m.retryMsgID() }
+
+// DeadMsgID is the Nats-Msg-Id of m's dead letter.
+func DeadMsgID(m *Msg) string { return m.deadMsgID() }

@@ -92,8 +92,9 @@ func getNext(ctx context.Context, st jetstream.Stream, from uint64, subject stri
 
 // RunIntake moves the jobs published on a keyed lane's public subjects onto
 // their keys until ctx ends: first those a lane stream of the former layout
-// still holds, then the intake stream's. A job without a valid key is
-// dead-lettered with the reason.
+// still holds, then the intake stream's. A poison job (poison.go: no key,
+// an invalid key, a payload over max_body) is dead-lettered with the
+// reason.
 func (q *Queue) RunIntake(ctx context.Context, lane string, log *slog.Logger) {
 	ls, err := q.lane(lane)
 	if err != nil || ls.in == nil {
@@ -102,7 +103,13 @@ func (q *Queue) RunIntake(ctx context.Context, lane string, log *slog.Logger) {
 	if ls.migrate && !q.migrate(ctx, ls, log) {
 		return
 	}
-	q.drainIntake(ctx, ls, ls.in, Subject(lane, ">"), func(job *Job, seq uint64) {
+	// Every message of the intake stream, whatever its subject: a filter
+	// of the lane's subjects would pass over jobs published on the bare
+	// throttle.<lane> (no key), and over subjects that nats-server's
+	// subject index does not match to throttle.<lane>.> (a byte 0x7f, its
+	// internal pivot): they would stay, each taking a place of
+	// max_backlog, until the intake stream refused every publish.
+	q.drainIntake(ctx, ls, ls.in, ">", func(job *Job, seq uint64) {
 		job.MsgID = fmt.Sprintf("%s intake-%d-%d", job.ID, ls.inEpoch, seq)
 	}, log)
 }
@@ -206,8 +213,8 @@ func (q *Queue) drainIntake(ctx context.Context, ls *laneState, st jetstream.Str
 var errStopped = errors.New("queue: intake mover stopped")
 
 // moveIn moves one public job, stored in from at raw.Sequence, onto its
-// key's internal subject, then deletes the original. A job without a valid
-// key, or with a payload over max_body, is dead-lettered instead.
+// key's internal subject, then deletes the original. A poison job
+// (poison.go) is dead-lettered instead.
 func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream, raw *jetstream.RawStreamMsg, msgID func(*Job, uint64)) error {
 	lane, seq := ls.spec.Name, raw.Sequence
 	_, key, _ := subjectKey(lane, raw.Subject)
@@ -215,39 +222,15 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	job.EnqueuedAt = raw.Time
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
-	var reason string
-	if kerr := ValidKey(key); kerr != nil {
-		reason = "no Throttle-Key: a keyed lane's jobs are published on throttle." + lane + ".<key>"
-		if key != "" {
-			reason = "invalid Throttle-Key: " + kerr.Error()
-		}
-	} else if mb := ls.spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
-		// The intake stream leaves HeaderRoom for the publisher's
-		// headers, so a payload over max_body gets in; its copy, with
-		// the throttler's headers, may not fit the lane stream, and
-		// would then stop every job behind it.
-		reason = fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)
-	}
-	if reason != "" {
-		// The dead letter must fit the server's max_payload (max_body
-		// plus HeaderRoom, as the embedded server is started), or the
-		// job would stay at the head of the intake stream: its payload
-		// is cut at max_body and an invalid key at MaxKey bytes.
-		if mb := ls.spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
-			reason += fmt.Sprintf("; the dead letter keeps the payload's first %d of %d bytes", mb, len(job.Payload))
-			job.Payload = job.Payload[:mb]
-		}
-		if len(job.Key) > MaxKey {
-			reason += fmt.Sprintf("; the dead letter keeps the key's first %d of %d bytes", MaxKey, len(job.Key))
-			job.Key = job.Key[:MaxKey]
+	if reason := poisonReason(ls.spec, job, true); reason != "" {
+		src := origin(StreamName(lane), ls.epoch)
+		if from == ls.in {
+			src = origin(IntakeStreamName(lane), ls.inEpoch)
 		}
 		meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: raw.Time}
-		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
-		if err := msg.Dead(pctx, DeadInfo{Reason: reason}, 0); err != nil {
-			return err
-		}
-		q.log.Warn("public job dead-lettered", "lane", lane, "seq", seq, "subject", raw.Subject, "reason", reason)
-		return nil
+		msg := &Msg{job: job, m: &deleteAck{st: from, seq: seq}, meta: meta, origin: src,
+			c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
+		return q.deadPoison(pctx, msg, ls.spec, reason, raw.Subject)
 	}
 	msgID(&job, seq)
 	job.Outside = true // counted as NATS intake when it starts

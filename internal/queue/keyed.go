@@ -129,7 +129,7 @@ func (q *Queue) EnsureKeyedLane(ctx context.Context, spec LaneSpec) error {
 		}
 	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, retry: retry, keyed: true, tries: tries,
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), retry: retry, keyed: true, tries: tries,
 		in: in, inEpoch: in.CachedInfo().Created.UnixNano(), migrate: left > 0}
 	q.mu.Unlock()
 	return nil
@@ -205,7 +205,7 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 	if !ls.keyed {
 		return nil, fmt.Errorf("queue: lane %s is not keyed", lane)
 	}
-	return &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}, nil
+	return &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}}}, nil
 }
 
 // getTimeout bounds one direct get.
@@ -229,7 +229,7 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 		job.EnqueuedAt = raw.Time
 	}
 	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: raw.Sequence}, NumDelivered: 1, Timestamp: raw.Time, Stream: r.ls.stream.CachedInfo().Config.Name}
-	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c}, nil
+	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c, origin: r.c.origin}, nil
 }
 
 // Release hands msgs back unstarted: each is again its key's next job.

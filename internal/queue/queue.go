@@ -172,11 +172,15 @@ type Queue struct {
 	lanes map[string]*laneState
 	dead  jetstream.Stream
 	retry jetstream.Stream
+	// deadEpoch is the dead-letter stream's creation time, in the msg
+	// ids of replays (copy.go).
+	deadEpoch int64
 }
 
 type laneState struct {
 	spec     LaneSpec
 	stream   jetstream.Stream
+	epoch    int64 // the lane stream's creation time (copy.go)
 	consumer jetstream.Consumer
 	retry    jetstream.Consumer // the lane's retry mover
 	// keyed lanes: the intake stream of public subjects (intakein.go),
@@ -189,6 +193,7 @@ type laneState struct {
 	inEpoch  int64
 	migrate  bool
 	onStored func(key string)
+	onPoison func() // hears a poison job dead-lettered (OnPoison)
 
 	// flight shares the JetStream reads of Backlog and Ahead between
 	// the requests that need them at once.
@@ -452,7 +457,7 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		return err
 	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, consumer: cons, retry: retry}
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), consumer: cons, retry: retry}
 	q.mu.Unlock()
 	return nil
 }
@@ -709,7 +714,8 @@ var testHookStreamRead func()
 
 // LaneStats are live counts of one lane from JetStream.
 type LaneStats struct {
-	// Stored: jobs in the stream (waiting or in flight).
+	// Stored: jobs in the stream (waiting or in flight); on a keyed lane
+	// also the jobs published and not yet moved onto their keys.
 	Stored uint64
 	// Pending: jobs no instance has fetched yet.
 	Pending uint64
@@ -731,8 +737,17 @@ func (q *Queue) Stats(ctx context.Context, lane string) (LaneStats, error) {
 	}
 	if ls.consumer == nil {
 		// A keyed lane: no consumer counts what is in flight; the lane's
-		// runtime knows its own.
-		return LaneStats{Stored: si.State.Msgs, Pending: si.State.Msgs}, nil
+		// runtime knows its own. Jobs published and not yet moved onto
+		// their keys wait in the intake stream: they are backlog too.
+		n := si.State.Msgs
+		if ls.in != nil {
+			ii, err := ls.in.Info(ctx)
+			if err != nil {
+				return LaneStats{}, fmt.Errorf("%w: intake stream info %s: %v", ErrUnavailable, lane, err)
+			}
+			n += ii.State.Msgs
+		}
+		return LaneStats{Stored: n, Pending: n}, nil
 	}
 	ci, err := ls.consumer.Info(ctx)
 	if err != nil {

@@ -86,9 +86,11 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 
 // Retry counts a failed attempt and stores a copy of the job to be queued
 // again, behind the lane's backlog, no earlier than delay from now. The copy
-// carries the same job id; the original is acked only after the copy is
-// stored, so a crash in between can only duplicate the job, never lose it.
-// When the copy cannot be stored the job waits in place instead. An error
+// carries the same job id, and a msg id of its own event (copy.go); the
+// original is acked only after the copy is stored, so a crash in between
+// can only duplicate the job, never lose it. When the copy cannot be
+// stored, or another message holds its msg id (ErrNotTheCopy), the job
+// waits in place instead and is delivered again after delay. An error
 // wrapping ErrAckUnconfirmed means the copy is stored and only the
 // original's ack was not confirmed.
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
@@ -97,12 +99,21 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	job.Notify = ""
 	job.Attempts++
 	job.NotBefore = time.Now().Add(delay)
-	job.MsgID = fmt.Sprintf("%s#attempt-%d", job.ID, job.Attempts)
+	job.MsgID = m.retryMsgID()
 	msg := jobMsg(job)
+	msg.Subject = RetrySubject(job.Lane)
 	if job.Key != "" {
 		msg.Header.Set(HeaderKey, job.Key)
 	}
-	if _, err := m.c.q.publish(ctx, RetrySubject(job.Lane), msg); err != nil {
+	q := m.c.q
+	q.mu.Lock()
+	st := q.retry
+	q.mu.Unlock()
+	if st == nil {
+		_ = m.m.NakWithDelay(delay)
+		return fmt.Errorf("queue: store retry of %s: %w: EnsureRetries did not run", job.ID, ErrUnavailable)
+	}
+	if err := q.storeCopy(ctx, st, msg); err != nil {
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
 	}

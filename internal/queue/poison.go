@@ -1,0 +1,120 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Poison jobs: a job published on a lane's public subject that can never be
+// delivered as it is. It goes to the dead letters at once, with the reason,
+// before it takes a slot or an attempt: retried, it would fail the same way
+// every time, and at the head of a keyed lane's intake stream it would hold
+// every job behind it.
+//
+// What makes a public job poison, on plain and keyed lanes alike:
+//
+//   - a key the key rules refuse (ValidKey): the key is passed to the target
+//     as Throttle-Key, and a byte such as 0x7f makes that header invalid;
+//   - on a keyed lane, no key at all (published on throttle.<lane>);
+//   - a payload over the lane's max_body: the stream leaves HeaderRoom for
+//     the publisher's headers, so such a payload is stored, but a copy of it
+//     with the throttler's own headers (a retry, a move onto its key) may
+//     not fit the server's max_payload.
+//
+// A bad Nats-Msg-Id or Content-Type does not make a job poison: the job
+// gets the id <lane>-<sequence> and no Content-Type instead, as documented.
+
+// poisonRetry is how long a poison job waits before its dead letter is
+// tried again, when it could not be stored.
+const poisonRetry = 5 * time.Second
+
+// maxLoggedSubject bounds the part of a poison job's subject that is logged.
+const maxLoggedSubject = 256
+
+// poisonReason says why a job published on one of lane's public subjects
+// can never be delivered, or "" when it can. keyed says the lane is keyed.
+func poisonReason(spec LaneSpec, job Job, keyed bool) string {
+	switch kerr := ValidKey(job.Key); {
+	case keyed && job.Key == "":
+		return "no Throttle-Key: a keyed lane's jobs are published on throttle." + spec.Name + ".<key>"
+	case job.Key != "" && kerr != nil:
+		return "invalid Throttle-Key: " + kerr.Error()
+	}
+	if mb := spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
+		return fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)
+	}
+	return ""
+}
+
+// deadPoison dead-letters m, a poison job, with reason. The dead letter
+// must fit the server's max_payload (max_body plus HeaderRoom, as the
+// embedded server is started), or the job would come back forever: its
+// payload is cut at max_body, and an invalid key at MaxKey bytes with every
+// byte outside visible ASCII written \xNN (a header value keeps it
+// readable and whole).
+func (q *Queue) deadPoison(ctx context.Context, m *Msg, spec LaneSpec, reason string, subject string) error {
+	job := &m.job
+	if mb := spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
+		reason += fmt.Sprintf("; the dead letter keeps the payload's first %d of %d bytes", mb, len(job.Payload))
+		job.Payload = job.Payload[:mb]
+	}
+	if ValidKey(job.Key) != nil && job.Key != "" {
+		if len(job.Key) > MaxKey {
+			reason += fmt.Sprintf("; the dead letter keeps the key's first %d of %d bytes", MaxKey, len(job.Key))
+			job.Key = job.Key[:MaxKey]
+		}
+		job.Key = escapeBytes(job.Key)
+	}
+	if err := m.Dead(ctx, DeadInfo{Reason: reason}, poisonRetry); err != nil {
+		q.log.Warn("dead-lettering a poison job failed; trying again", "lane", spec.Name, "seq", m.Seq(), "reason", reason, "err", err)
+		return err
+	}
+	if ls, err := q.lane(spec.Name); err == nil {
+		ls.mu.Lock()
+		f := ls.onPoison
+		ls.mu.Unlock()
+		if f != nil {
+			f()
+		}
+	}
+	q.log.Warn("public job dead-lettered", "lane", spec.Name, "seq", m.Seq(), "subject", escapeBytes(subject[:min(len(subject), maxLoggedSubject)]), "reason", reason)
+	return nil
+}
+
+// OnPoison registers f to hear every poison job of lane dead-lettered
+// (the lane counts them with its own dead letters). f must be cheap and
+// must not block.
+func (q *Queue) OnPoison(lane string, f func()) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return
+	}
+	ls.mu.Lock()
+	ls.onPoison = f
+	ls.mu.Unlock()
+}
+
+// escapeBytes writes every byte of s outside visible ASCII as \xNN, and a
+// backslash as \\.
+func escapeBytes(s string) string {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' || c == '\\' {
+			b := make([]byte, 0, len(s)+8)
+			b = append(b, s[:i]...)
+			for ; i < len(s); i++ {
+				switch c := s[i]; {
+				case c == '\\':
+					b = append(b, '\\', '\\')
+				case c <= ' ' || c > '~':
+					b = append(b, '\\', 'x', hex[c>>4], hex[c&15])
+				default:
+					b = append(b, c)
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
