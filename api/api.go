@@ -60,6 +60,10 @@ type LaneStatus struct {
 	// downstream asked it to wait.
 	Paused      bool   `json:"paused"`
 	PauseReason string `json:"pause_reason,omitempty"`
+	// PausedByOperator: an operator holds the lane (PATCH
+	// {"paused": true}) on every instance until resumed; jobs are still
+	// taken and queued. Paused is true as well.
+	PausedByOperator bool `json:"paused_by_operator"`
 	// PausedUntil, while a downstream's pause holds the lane, is when it
 	// ends.
 	PausedUntil *time.Time `json:"paused_until,omitempty"`

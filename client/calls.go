@@ -129,6 +129,31 @@ func (c *Client) SetLane(ctx context.Context, lane string, change LaneChange) (*
 	return &out, nil
 }
 
+// PauseLane holds a lane on every instance (PATCH /v1/lanes/{lane}
+// {"paused": true}): its jobs are still accepted and queued, none starts
+// until ResumeLane. The hold is stored and outlives restarts. Returns the
+// lane's new state (PausedByOperator true). Needs an admin key.
+func (c *Client) PauseLane(ctx context.Context, lane string) (*api.LaneStatus, error) {
+	return c.setPaused(ctx, lane, true)
+}
+
+// ResumeLane releases a lane PauseLane held, on every instance; its
+// backlog drains at the lane's rate. Needs an admin key.
+func (c *Client) ResumeLane(ctx context.Context, lane string) (*api.LaneStatus, error) {
+	return c.setPaused(ctx, lane, false)
+}
+
+func (c *Client) setPaused(ctx context.Context, lane string, paused bool) (*api.LaneStatus, error) {
+	body, _ := json.Marshal(struct {
+		Paused bool `json:"paused"`
+	}{paused})
+	var out api.LaneStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // DeadLetters lists one page of a lane's dead letters, oldest first,
 // without payloads: those after sequence after, at most limit (0: the
 // server's default of 100; at most 1000). NextAfter in the answer, when

@@ -105,8 +105,9 @@ func (l Lane) forKey(key string) admission.Lane {
 type Directory interface {
 	Lane(name string) (Lane, bool)
 	Status(ctx context.Context) []api.LaneStatus
-	// SetLimit changes a lane's rate and burst on every instance until they
-	// restart (the config file holds the lasting values).
+	// SetLimit changes a lane's rate and burst on every instance; the
+	// change is stored and outlives restarts (a changed file does not
+	// undo it: PATCH again).
 	SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error)
 }
 
@@ -125,7 +126,10 @@ type Config struct {
 	DeadLetters DeadLetters
 	// Keys serves the keys of keyed lanes (GET|PATCH
 	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
-	Keys    KeyDirectory
+	Keys KeyDirectory
+	// Pauser holds and releases lanes (PATCH /v1/lanes/{lane}
+	// {"paused": …}); nil refuses a pause.
+	Pauser  LanePauser
 	Ready   Ready
 	Metrics *metrics.Metrics
 	// MetricsHandler serves /metrics.

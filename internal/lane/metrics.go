@@ -84,7 +84,8 @@ func (l *Lane) metricState() metrics.LaneState {
 	l.mu.Lock()
 	paused := now.Before(l.pauseTill)
 	l.mu.Unlock()
-	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
+	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused,
+		PausedByOperator: l.Held(), MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight}
 	if k := l.keyed; k != nil {
 		ks := k.sched.Stats(now)
 		st.KeysActive, st.KeysPaused = ks.Active, ks.Paused
