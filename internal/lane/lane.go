@@ -315,6 +315,7 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		})
 		l.hot.dispatchSeconds.Observe(res.Took.Seconds())
 		l.hot.dispatched(res.Verdict).Inc()
+		l.hot.answered(res)
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}

@@ -28,9 +28,26 @@ var (
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}
+	// AnswerClasses are the classes of Answers, in the order of
+	// AnswerClass's results.
+	AnswerClasses = []string{"2xx", "3xx", "4xx", "5xx", "error", "none"}
 	// pacerOps are the operations of PacerCalls.
 	pacerOps = []string{"admit", "reserve", "pause", "reserve_pair"}
 )
+
+// AnswerClass is the index in AnswerClasses of a target's answer:
+// status is its HTTP status (0: none), failed whether the delivery got no
+// answer (a transport error or timeout). A status outside 200–599 counts
+// as error.
+func AnswerClass(status int, failed bool) int {
+	switch {
+	case status >= 200 && status < 600:
+		return status/100 - 2
+	case status == 0 && !failed:
+		return 5
+	}
+	return 4
+}
 
 // InitLane makes every series of lane exist from now on, at 0: each
 // counter with every label combination it can take, each histogram, and
@@ -46,6 +63,9 @@ func (m *Metrics) InitLane(lane string) {
 	}
 	for _, o := range outcomes {
 		m.Dispatched.WithLabelValues(lane, o)
+		for _, c := range AnswerClasses {
+			m.Answers.WithLabelValues(lane, o, c)
+		}
 	}
 	for _, op := range pacerOps {
 		m.PacerCalls.WithLabelValues(lane, op)
@@ -139,7 +159,7 @@ func newLaneCollector() *laneCollector {
 		burst:          d("throttler_lane_burst", "Burst of the lane's token bucket (file or PATCH), jobs."),
 		utilization:    d("throttler_lane_utilization", "Jobs this instance started over the last minute, divided by what the configured rate allows in it; sum over instances for the lane's."),
 		paused:         d("throttler_lane_paused", "1 while a downstream's pause (Retry-After, exhausted rate limit) holds the lane, else 0."),
-		operatorPaused: d("throttler_lane_paused_by_operator", "1 while an operator holds the lane (PATCH /v1/lanes/{lane} {\"paused\": true}): jobs are queued, none starts; else 0."),
+		operatorPaused: d("throttler_lane_paused_by_operator", "1 while an operator holds the lane (PATCH /v1/lanes/{lane} with paused true): jobs are queued, none starts; else 0."),
 		maxBacklog:     d("throttler_lane_max_backlog", "The lane's max_backlog, jobs: intake answers 429 once the backlog reaches it; 0 when unbounded."),
 		maxInflight:    d("throttler_lane_max_inflight", "The lane's max_inflight: the most deliveries in flight at once across the fleet."),
 		keysActive:     d("throttler_lane_keys_active", "Keys of a keyed lane with jobs that this instance reads; sum over instances for the lane's (0 on a lane without per_key)."),
