@@ -203,7 +203,7 @@ func TestCLIAgainstServer(t *testing.T) {
 	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-1", "--pause")
 	want(t, "keys set --pause", code, out, errOut, 0, "cust-1", "")
 	for i := range 4 {
-		if _, err := c.Submit(ctx, "hooks", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("held-%d", i), Key: "cust-1"}); err != nil {
+		if _, err := c.Submit(ctx, "hooks", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("held-%d", i), ThrottleKey: "cust-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -221,7 +221,7 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			d, err := c.DeadLetters(ctx, "failing", 0, 1000)
+			d, err := c.ListDead(ctx, "failing", 0, 1000)
 			if err == nil && len(d.Dead) == n {
 				return
 			}

@@ -648,7 +648,7 @@ func appendAccepted(b []byte, a api.Accepted) []byte {
 	b = append(b, `,"lane":`...)
 	b = appendJSONString(b, a.Lane)
 	b = append(b, `,"state":`...)
-	b = appendJSONString(b, a.State)
+	b = appendJSONString(b, string(a.State))
 	b = append(b, `,"eta_ms":`...)
 	b = strconv.AppendInt(b, a.ETAMillis, 10)
 	if a.Duplicate {
@@ -705,7 +705,7 @@ type laneCache struct {
 	admitted, queued, duplicate prometheus.Counter
 }
 
-func (c *laneCache) submitted(state string) prometheus.Counter {
+func (c *laneCache) submitted(state api.JobState) prometheus.Counter {
 	switch state {
 	case api.StateAdmitted:
 		return c.admitted
@@ -723,7 +723,7 @@ func (h *Handler) laneCache(name string) *laneCache {
 	}
 	s := h.cfg.Metrics.Submitted
 	c := &laneCache{quoted: strconv.Quote(name),
-		admitted: s.WithLabelValues(name, api.StateAdmitted, "http"), queued: s.WithLabelValues(name, api.StateQueued, "http"),
+		admitted: s.WithLabelValues(name, string(api.StateAdmitted), "http"), queued: s.WithLabelValues(name, string(api.StateQueued), "http"),
 		duplicate: s.WithLabelValues(name, "duplicate", "http")}
 	v, _ := h.lanesSeen.LoadOrStore(name, c)
 	return v.(*laneCache)
