@@ -178,6 +178,15 @@ func TestCLIAgainstServer(t *testing.T) {
 	code, out, errOut = cli(t, ops, "frobnicate")
 	want(t, "unknown command", code, out, errOut, 2, "", "unknown command")
 
+	// health: the container check (no key needed); a server that is not
+	// there, or a URL that answers otherwise, exits 1.
+	code, out, errOut = cli(t, nil, "health", "--url", url+"/readyz")
+	want(t, "health of a ready server", code, out, errOut, 0, "ok:", "")
+	code, out, errOut = cli(t, nil, "health", "--url", url+"/nope")
+	want(t, "health of a URL that answers 404", code, out, errOut, 1, "", "answered 404")
+	code, out, errOut = cli(t, nil, "health", "--url", "http://127.0.0.1:1/readyz")
+	want(t, "health of a server that is not there", code, out, errOut, 1, "", "connection refused")
+
 	// Keys of a keyed lane.
 	code, out, errOut = cli(t, env, "keys", "hooks")
 	want(t, "keys hooks", code, out, errOut, 0, "PER-KEY RATE/S", "")
