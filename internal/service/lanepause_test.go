@@ -128,3 +128,37 @@ func TestLanePauseHoldsEveryInstanceAndOutlivesRestarts(t *testing.T) {
 		t.Errorf("gauge after the resume: %q, want 0", got)
 	}
 }
+
+// TestKeyedLanePause: a keyed lane held by an operator starts no key's job.
+// The known moment: the lane's keys are known to the drain (keys_active)
+// and its jobs stored (backlog), so an unheld lane would be starting them;
+// the target has seen none and no slot pair was reserved. Resumed, every
+// key drains.
+func TestKeyedLanePause(t *testing.T) {
+	natsSrv := testenv.StartNATS(t)
+	tgt := newKeyedTarget(t)
+	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 5)
+	cfg.NATS.URL = natsSrv.ClientURL()
+	svc, _ := start(t, cfg)
+	var st api.LaneStatus
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"paused":true}`, &st); code != http.StatusOK || !st.PausedByOperator {
+		t.Fatalf("pause: %d %+v", code, st)
+	}
+	reserved := metricLine(t, svc.Addr(), `throttler_pacer_calls_total{lane="demo",op="reserve_pair"}`)
+	publishKeyed(t, natsSrv.ClientURL(), "a", 5)
+	publishKeyed(t, natsSrv.ClientURL(), "b", 5)
+	waitFor(t, 10*time.Second, "the held lane's keys known and jobs stored", func() bool {
+		s := laneOf(t, svc.Addr())
+		return s.Backlog == 10 && s.Keyed != nil && s.Keyed.KeysActive == 2
+	})
+	if n := tgt.count("a") + tgt.count("b"); n != 0 {
+		t.Fatalf("%d jobs of the held keyed lane reached the target", n)
+	}
+	if got := metricLine(t, svc.Addr(), `throttler_pacer_calls_total{lane="demo",op="reserve_pair"}`); got != reserved {
+		t.Fatalf("slot pairs reserved while held: %q, then %q", reserved, got)
+	}
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"paused":false}`, &st); code != http.StatusOK || st.PausedByOperator {
+		t.Fatalf("resume: %d %+v", code, st)
+	}
+	waitFor(t, 10*time.Second, "both keys drained after the resume", func() bool { return tgt.count("a") == 5 && tgt.count("b") == 5 })
+}
