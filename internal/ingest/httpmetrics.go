@@ -46,7 +46,7 @@ func instrumented(m *metrics.HTTP, pattern string, h http.Handler) http.Handler 
 			if meth == "" {
 				meth = knownMethod(r.Method)
 			}
-			m.Requests.WithLabelValues(meth, route, strconv.Itoa(code)).Inc()
+			m.Requests.WithLabelValues(meth, route, codeLabel(code)).Inc()
 			obs := seconds
 			if obs == nil {
 				obs = m.Seconds.WithLabelValues(meth, route)
@@ -55,6 +55,23 @@ func instrumented(m *metrics.HTTP, pattern string, h http.Handler) http.Handler 
 		}()
 		h.ServeHTTP(sw, r)
 	})
+}
+
+// codeLabels are the code label of every status from 100 to 599, made
+// once: strconv.Itoa allocates for numbers over 99, on every request.
+var codeLabels = func() (out [500]string) {
+	for i := range out {
+		out[i] = strconv.Itoa(100 + i)
+	}
+	return out
+}()
+
+// codeLabel is code as a label value.
+func codeLabel(code int) string {
+	if code >= 100 && code < 600 {
+		return codeLabels[code-100]
+	}
+	return strconv.Itoa(code)
 }
 
 // knownMethod is method when it is a standard HTTP method, else OTHER.
