@@ -6,19 +6,23 @@ package api
 
 import "time"
 
+// JobState is the state of a job in an Accepted answer (and a batch
+// item's): StateAdmitted or StateQueued. It is a string on the wire.
+type JobState string
+
 // Job states in an Accepted answer.
 const (
 	// StateAdmitted: the job started at once.
-	StateAdmitted = "admitted"
+	StateAdmitted JobState = "admitted"
 	// StateQueued: the job waits its turn; ETAMillis estimates the wait.
-	StateQueued = "queued"
+	StateQueued JobState = "queued"
 )
 
 // Accepted is the 202 body of a job submission: the job is stored durably.
 type Accepted struct {
-	ID    string `json:"id"`
-	Lane  string `json:"lane"`
-	State string `json:"state"`
+	ID    string   `json:"id"`
+	Lane  string   `json:"lane"`
+	State JobState `json:"state"`
 	// ETAMillis estimates the wait until the job starts; 0 when admitted.
 	ETAMillis int64 `json:"eta_ms"`
 	// Duplicate: a job with the same id was already stored; nothing new
@@ -60,6 +64,10 @@ type LaneStatus struct {
 	// downstream asked it to wait.
 	Paused      bool   `json:"paused"`
 	PauseReason string `json:"pause_reason,omitempty"`
+	// PausedByOperator: an operator holds the lane (PATCH
+	// {"paused": true}) on every instance until resumed; jobs are still
+	// taken and queued. Paused is true as well.
+	PausedByOperator bool `json:"paused_by_operator"`
 	// PausedUntil, while a downstream's pause holds the lane, is when it
 	// ends.
 	PausedUntil *time.Time `json:"paused_until,omitempty"`

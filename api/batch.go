@@ -27,11 +27,11 @@ type BatchItem struct {
 // fields of Accepted when it was stored (or is a duplicate), else the
 // status and Problem that refused it. Nothing of a refused job was stored.
 type BatchResult struct {
-	Status    int    `json:"status"`
-	ID        string `json:"id"`
-	State     string `json:"state,omitempty"`
-	ETAMillis int64  `json:"eta_ms"`
-	Duplicate bool   `json:"duplicate,omitempty"`
+	Status    int      `json:"status"`
+	ID        string   `json:"id"`
+	State     JobState `json:"state,omitempty"`
+	ETAMillis int64    `json:"eta_ms"`
+	Duplicate bool     `json:"duplicate,omitempty"`
 	// Problem says why the job was refused; nil when it was stored.
 	Problem *Problem `json:"problem,omitempty"`
 }

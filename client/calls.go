@@ -18,7 +18,13 @@ type SubmitOptions struct {
 	// submission with the same one within the server's dedup window is not
 	// stored again. Empty: the client makes one, the same on every retry.
 	IdempotencyKey string
-	// Key is the job's key on a keyed lane (Throttle-Key header).
+	// ThrottleKey is the job's key on a keyed lane (Throttle-Key header),
+	// as api.BatchItem.ThrottleKey is an item's.
+	ThrottleKey string
+	// Key is the job's key on a keyed lane; ThrottleKey, when set, wins.
+	//
+	// Deprecated: use ThrottleKey, the name the batch item and the header
+	// use.
 	Key string
 	// ContentType is stored with the job and sent to the target
 	// (default application/octet-stream).
@@ -38,8 +44,11 @@ func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *
 	}
 	h := http.Header{}
 	h.Set("Idempotency-Key", o.IdempotencyKey)
-	if o.Key != "" {
-		h.Set("Throttle-Key", o.Key)
+	if o.ThrottleKey == "" {
+		o.ThrottleKey = o.Key
+	}
+	if o.ThrottleKey != "" {
+		h.Set("Throttle-Key", o.ThrottleKey)
 	}
 	ct := o.ContentType
 	if ct == "" {
@@ -129,11 +138,50 @@ func (c *Client) SetLane(ctx context.Context, lane string, change LaneChange) (*
 	return &out, nil
 }
 
-// DeadLetters lists one page of a lane's dead letters, oldest first,
+// PauseLane holds a lane on every instance (PATCH /v1/lanes/{lane}
+// {"paused": true}): its jobs are still accepted and queued, none starts
+// until ResumeLane. The hold is stored and outlives restarts. Returns the
+// lane's new state (PausedByOperator true). Needs an admin key.
+func (c *Client) PauseLane(ctx context.Context, lane string) (*api.LaneStatus, error) {
+	return c.setPaused(ctx, lane, true)
+}
+
+// ResumeLane releases a lane PauseLane held, on every instance; its
+// backlog drains at the lane's rate. Needs an admin key.
+func (c *Client) ResumeLane(ctx context.Context, lane string) (*api.LaneStatus, error) {
+	return c.setPaused(ctx, lane, false)
+}
+
+func (c *Client) setPaused(ctx context.Context, lane string, paused bool) (*api.LaneStatus, error) {
+	body, _ := json.Marshal(struct {
+		Paused bool `json:"paused"`
+	}{paused})
+	var out api.LaneStatus
+	if _, err := c.do(ctx, request{method: http.MethodPatch, path: []string{"v1", "lanes", lane}, body: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeadLetters is ListDead.
+//
+// Deprecated: use ListDead; the dead-letter calls are all named *Dead.
+func (c *Client) DeadLetters(ctx context.Context, lane string, after uint64, limit int) (*api.DeadLetters, error) {
+	return c.ListDead(ctx, lane, after, limit)
+}
+
+// DeadLetter is GetDead.
+//
+// Deprecated: use GetDead; the dead-letter calls are all named *Dead.
+func (c *Client) DeadLetter(ctx context.Context, lane string, seq uint64) (*api.DeadLetter, error) {
+	return c.GetDead(ctx, lane, seq)
+}
+
+// ListDead lists one page of a lane's dead letters, oldest first,
 // without payloads: those after sequence after, at most limit (0: the
 // server's default of 100; at most 1000). NextAfter in the answer, when
 // not 0, is the after of the next page.
-func (c *Client) DeadLetters(ctx context.Context, lane string, after uint64, limit int) (*api.DeadLetters, error) {
+func (c *Client) ListDead(ctx context.Context, lane string, after uint64, limit int) (*api.DeadLetters, error) {
 	q := url.Values{}
 	if after > 0 {
 		q.Set("after", strconv.FormatUint(after, 10))
@@ -148,8 +196,8 @@ func (c *Client) DeadLetters(ctx context.Context, lane string, after uint64, lim
 	return &out, nil
 }
 
-// DeadLetter reads one dead letter with its payload. Needs an admin key.
-func (c *Client) DeadLetter(ctx context.Context, lane string, seq uint64) (*api.DeadLetter, error) {
+// GetDead reads one dead letter with its payload. Needs an admin key.
+func (c *Client) GetDead(ctx context.Context, lane string, seq uint64) (*api.DeadLetter, error) {
 	var out api.DeadLetter
 	if _, err := c.do(ctx, request{method: http.MethodGet, path: deadPath(lane, seq)}, &out); err != nil {
 		return nil, err

@@ -110,24 +110,24 @@ func TestAgainstServer(t *testing.T) {
 	}
 	var dead *api.DeadLetters
 	eventually(t, 20*time.Second, "5 dead letters", func() bool {
-		dead, err = c.DeadLetters(ctx, "failing", 0, 0)
+		dead, err = c.ListDead(ctx, "failing", 0, 0)
 		return err == nil && len(dead.Dead) == 5
 	})
-	page, err := c.DeadLetters(ctx, "failing", 0, 2)
+	page, err := c.ListDead(ctx, "failing", 0, 2)
 	if err != nil || len(page.Dead) != 2 || page.NextAfter != page.Dead[1].Seq {
 		t.Fatalf("first page: %+v %v", page, err)
 	}
-	if page, err = c.DeadLetters(ctx, "failing", page.NextAfter, 2); err != nil || len(page.Dead) != 2 || page.Dead[0].Seq != dead.Dead[2].Seq {
+	if page, err = c.ListDead(ctx, "failing", page.NextAfter, 2); err != nil || len(page.Dead) != 2 || page.Dead[0].Seq != dead.Dead[2].Seq {
 		t.Fatalf("second page: %+v %v", page, err)
 	}
-	one, err := c.DeadLetter(ctx, "failing", dead.Dead[0].Seq)
+	one, err := c.GetDead(ctx, "failing", dead.Dead[0].Seq)
 	// Jobs die in the order their deliveries end; each keeps its id and payload.
 	var n int
 	if err != nil || one.ID != dead.Dead[0].ID || fmt.Sprintf("f-%d", mustScan(t, one.ID, "f-%d", &n)) != one.ID ||
 		string(one.Payload) != fmt.Sprintf(`{"n":%d}`, n) || one.LastStatus != 422 {
 		t.Fatalf("one dead letter: %+v %v", one, err)
 	}
-	if _, err := c.DeadLetter(ctx, "failing", 999999); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.GetDead(ctx, "failing", 999999); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("missing dead letter: %v", err)
 	}
 	id, err := c.ReplayDead(ctx, "failing", dead.Dead[0].Seq)
@@ -139,7 +139,7 @@ func TestAgainstServer(t *testing.T) {
 	}
 	// 3 left, plus the replayed one once it dies again: replay in chunks of 2.
 	eventually(t, 20*time.Second, "the replayed job dead again", func() bool {
-		d, err := c.DeadLetters(ctx, "failing", 0, 0)
+		d, err := c.ListDead(ctx, "failing", 0, 0)
 		return err == nil && len(d.Dead) == 4
 	})
 	n1, err := c.ReplayAllDead(ctx, "failing", 2)
@@ -147,7 +147,7 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatalf("replay 2: %d %v", n1, err)
 	}
 	eventually(t, 20*time.Second, "the 2 replayed jobs dead again", func() bool {
-		d, err := c.DeadLetters(ctx, "failing", 0, 0)
+		d, err := c.ListDead(ctx, "failing", 0, 0)
 		return err == nil && len(d.Dead) == 4
 	})
 	// All 4: the jobs that die again during the call are not replayed
@@ -157,13 +157,13 @@ func TestAgainstServer(t *testing.T) {
 		t.Fatalf("replay the rest: %d %v", n2, err)
 	}
 	eventually(t, 20*time.Second, "4 dead again", func() bool {
-		d, err := c.DeadLetters(ctx, "failing", 0, 0)
+		d, err := c.ListDead(ctx, "failing", 0, 0)
 		return err == nil && len(d.Dead) == 4
 	})
 	if err := c.PurgeDead(ctx, "failing"); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := c.DeadLetters(ctx, "failing", 0, 0); err != nil || len(d.Dead) != 0 {
+	if d, err := c.ListDead(ctx, "failing", 0, 0); err != nil || len(d.Dead) != 0 {
 		t.Fatalf("after purge: %+v %v", d, err)
 	}
 	if err := c.PurgeDead(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {

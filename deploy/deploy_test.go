@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,8 +245,16 @@ lanes:
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.NewBuildInfo(metrics.Build{Version: "v0.0.0-test", Revision: "unknown", GoVersion: runtime.Version()}))
-	stop := servicetest.Run(t, service.New(cfg, slog.New(slog.DiscardHandler), reg))
+	svc := service.New(cfg, slog.New(slog.DiscardHandler), reg)
+	stop := servicetest.Run(t, svc)
 	defer stop()
+	// One request, so that the API's request series exist (they are
+	// labelled by status code, known only once answered).
+	if resp, err := http.Get("http://" + svc.Addr() + "/healthz"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -412,5 +421,56 @@ func TestOperationsDocsFollowTheCode(t *testing.T) {
 	}
 	for name := range alerts {
 		t.Errorf("OPERATIONS.md's alerts table lists %s, which %s does not have", name, rulesFile)
+	}
+}
+
+// TestEveryAlertHasARunbook: each rule's runbook_url points at a section of
+// docs/OPERATIONS.md that exists (a heading whose GitHub anchor it names).
+func TestEveryAlertHasARunbook(t *testing.T) {
+	raw, err := os.ReadFile("../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for line := range strings.Lines(string(raw)) {
+		if h, ok := strings.CutPrefix(line, "#"); ok {
+			title := strings.TrimSpace(strings.TrimLeft(h, "#"))
+			a := strings.Map(func(r rune) rune {
+				switch {
+				case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+					return r
+				case r >= 'A' && r <= 'Z':
+					return r + 'a' - 'A'
+				case r == ' ':
+					return '-'
+				}
+				return -1
+			}, title)
+			anchors[a] = true
+		}
+	}
+	const prefix = "https://github.com/throttler/throttler/blob/main/docs/OPERATIONS.md#"
+	var rules rulesDoc
+	readYAML(t, rulesFile, &rules)
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, prefix)
+			if !ok {
+				t.Errorf("%s: runbook_url %q is not %s<section>", r.Alert, url, prefix)
+				continue
+			}
+			if !anchors[anchor] {
+				t.Errorf("%s: runbook_url names #%s, which docs/OPERATIONS.md has no heading for", r.Alert, anchor)
+			}
+			if anchor != strings.ToLower(r.Alert) {
+				t.Errorf("%s: runbook_url names #%s, not the alert's own section", r.Alert, anchor)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no rules read")
 	}
 }

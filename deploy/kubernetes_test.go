@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -38,6 +39,13 @@ func manifests(t *testing.T) map[string]map[string]any {
 				t.Fatalf("%s: %v", f, err)
 			}
 			kind, _ := doc["kind"].(string)
+			if _, dup := out[kind]; dup {
+				// A second of a kind (the metrics token Secret) by
+				// kind/name; the first (by file name) keeps the kind.
+				name, _ := dig(t, doc, "metadata", "name").(string)
+				out[kind+"/"+name] = doc
+				continue
+			}
 			out[kind] = doc
 		}
 	}
@@ -135,15 +143,22 @@ func TestDeploymentBounds(t *testing.T) {
 	if v := dig(t, res, "limits", "cpu"); v != nil {
 		t.Errorf("resources.limits.cpu is %v; a CPU limit throttles the drain", v)
 	}
-	gomem := false
+	// GOMEMLIMIT is at most 90 % of the memory limit: the whole limit
+	// leaves the runtime no room before the OOM killer.
+	limit := quantityBytes(t, dig(t, res, "limits", "memory").(string))
+	gomem := int64(0)
 	for _, e := range dig(t, c, "env").([]any) {
 		e := e.(map[string]any)
-		if e["name"] == "GOMEMLIMIT" && dig(t, e, "valueFrom", "resourceFieldRef", "resource") == "limits.memory" {
-			gomem = true
+		if e["name"] == "GOMEMLIMIT" {
+			v, _ := e["value"].(string)
+			if v == "" {
+				t.Fatalf("GOMEMLIMIT is not a plain value (%v); a resourceFieldRef is the whole limit", e)
+			}
+			gomem = quantityBytes(t, strings.TrimSuffix(v, "B"))
 		}
 	}
-	if !gomem {
-		t.Error("GOMEMLIMIT does not follow limits.memory")
+	if gomem == 0 || gomem > limit*9/10 {
+		t.Errorf("GOMEMLIMIT is %d bytes, limits.memory %d: want set, at most 90%% of the limit", gomem, limit)
 	}
 	sc := dig(t, c, "securityContext").(map[string]any)
 	if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false {
@@ -224,4 +239,101 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// quantityBytes reads a memory quantity as Kubernetes and GOMEMLIMIT write
+// it: a number with Ki, Mi or Gi (GOMEMLIMIT's KiB, MiB, GiB without the B).
+func quantityBytes(t *testing.T, q string) int64 {
+	t.Helper()
+	for suffix, mul := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if n, ok := strings.CutSuffix(q, suffix); ok {
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				t.Fatalf("quantity %q: %v", q, err)
+			}
+			return v * mul
+		}
+	}
+	t.Fatalf("quantity %q: want Ki, Mi or Gi", q)
+	return 0
+}
+
+// TestReferencedSecretsAreApplied: every Secret the Deployment and the
+// ServiceMonitor name (unless optional) is one the kustomization applies:
+// a reference to a Secret nobody creates leaves pods pending or Prometheus
+// without its token.
+func TestReferencedSecretsAreApplied(t *testing.T) {
+	m := manifests(t)
+	applied := map[string]bool{}
+	for kind, doc := range m {
+		if kind == "Secret" || strings.HasPrefix(kind, "Secret/") {
+			applied[dig(t, doc, "metadata", "name").(string)] = true
+		}
+	}
+	var k struct {
+		Resources []string `yaml:"resources"`
+	}
+	raw, err := os.ReadFile("kubernetes/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &k); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("kubernetes/secret-*.yaml")
+	for _, f := range files {
+		if !slices.Contains(k.Resources, filepath.Base(f)) {
+			t.Errorf("%s is not in kustomization.yaml's resources", f)
+		}
+	}
+	need := []string{dig(t, m["ServiceMonitor"], "spec", "endpoints", 0, "authorization", "credentials", "name").(string)}
+	for _, v := range dig(t, m["Deployment"], "spec", "template", "spec", "volumes").([]any) {
+		if s, ok := v.(map[string]any)["secret"].(map[string]any); ok && s["optional"] != true {
+			need = append(need, s["secretName"].(string))
+		}
+	}
+	for _, name := range need {
+		if !applied[name] {
+			t.Errorf("Secret %s is referenced but no manifest of the kustomization creates it", name)
+		}
+	}
+}
+
+// TestComposeThrottlersHaveHealthChecks: every throttler service of the
+// Compose files has a health check, run by the binary itself at the path
+// the Dockerfile installs it (the image has no shell, curl or wget).
+func TestComposeThrottlersHaveHealthChecks(t *testing.T) {
+	docker, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bin = "/usr/local/bin/throttler"
+	if !strings.Contains(string(docker), `ENTRYPOINT ["`+bin+`"]`) {
+		t.Fatalf("the Dockerfile's entrypoint is not %s", bin)
+	}
+	n := 0
+	for _, f := range []string{"compose/docker-compose.yml", "compose/cluster.yml"} {
+		var c struct {
+			Services map[string]struct {
+				Image       string `yaml:"image"`
+				Command     []string
+				Healthcheck struct {
+					Test []string `yaml:"test"`
+				} `yaml:"healthcheck"`
+			} `yaml:"services"`
+		}
+		readYAML(t, f, &c)
+		for name, s := range c.Services {
+			if !strings.HasPrefix(s.Image, "throttler:") || len(s.Command) == 0 || s.Command[0] != "serve" {
+				continue
+			}
+			n++
+			if test := s.Healthcheck.Test; len(test) < 3 || test[0] != "CMD" || test[1] != bin || test[2] != "health" {
+				t.Errorf("%s: service %s: health check %q, want [CMD %s health …]", f, name, test, bin)
+			}
+		}
+	}
+	if n < 4 {
+		t.Fatalf("only %d throttler services found; the scan is broken", n)
+	}
 }

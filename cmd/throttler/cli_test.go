@@ -149,8 +149,43 @@ func TestCLIAgainstServer(t *testing.T) {
 	want(t, "lane set without a change", code, out, errOut, 2, "", "give --rate and/or --burst")
 	code, out, errOut = cli(t, ops, "lane", "set", "demo", "--frobnicate")
 	want(t, "lane set with an unknown flag", code, out, errOut, 2, "", "flag provided but not defined")
+	code, out, errOut = cli(t, ops, "lane", "set", "--help")
+	want(t, "lane set --help", code, out, errOut, 2, "", "outlives restarts")
+	if strings.Contains(errOut, "until they restart") {
+		t.Errorf("lane set --help says the change lasts until a restart; it is stored:\n%s", errOut)
+	}
+
+	// lane pause|resume: scope, the lane's row, unknown lane.
+	code, out, errOut = cli(t, env, "lane", "pause", "demo")
+	want(t, "lane pause with a read key", code, out, errOut, 4, "", "403")
+	code, out, errOut = cli(t, ops, "lane", "pause", "demo")
+	want(t, "lane pause", code, out, errOut, 0, "paused by ops", "")
+	code, out, errOut = cli(t, ops, "lane", "pause", "demo", "--json")
+	var held api.LaneStatus
+	if err := json.Unmarshal([]byte(out), &held); code != 0 || err != nil || !held.PausedByOperator {
+		t.Fatalf("lane pause --json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	code, out, errOut = cli(t, ops, "lane", "resume", "demo")
+	want(t, "lane resume", code, out, errOut, 0, "demo", "")
+	if strings.Contains(out, "paused by") {
+		t.Errorf("lane resume printed a held lane:\n%s", out)
+	}
+	code, out, errOut = cli(t, ops, "lane", "pause", "nope")
+	want(t, "lane pause of an unknown lane", code, out, errOut, 3, "", "404")
+	code, out, errOut = cli(t, ops, "lane", "resume")
+	want(t, "lane resume without a lane", code, out, errOut, 2, "", "takes one LANE")
+
 	code, out, errOut = cli(t, ops, "frobnicate")
 	want(t, "unknown command", code, out, errOut, 2, "", "unknown command")
+
+	// health: the container check (no key needed); a server that is not
+	// there, or a URL that answers otherwise, exits 1.
+	code, out, errOut = cli(t, nil, "health", "--url", url+"/readyz")
+	want(t, "health of a ready server", code, out, errOut, 0, "ok:", "")
+	code, out, errOut = cli(t, nil, "health", "--url", url+"/nope")
+	want(t, "health of a URL that answers 404", code, out, errOut, 1, "", "answered 404")
+	code, out, errOut = cli(t, nil, "health", "--url", "http://127.0.0.1:1/readyz")
+	want(t, "health of a server that is not there", code, out, errOut, 1, "", "connection refused")
 
 	// Keys of a keyed lane.
 	code, out, errOut = cli(t, env, "keys", "hooks")
@@ -177,7 +212,7 @@ func TestCLIAgainstServer(t *testing.T) {
 	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-1", "--pause")
 	want(t, "keys set --pause", code, out, errOut, 0, "cust-1", "")
 	for i := range 4 {
-		if _, err := c.Submit(ctx, "hooks", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("held-%d", i), Key: "cust-1"}); err != nil {
+		if _, err := c.Submit(ctx, "hooks", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("held-%d", i), ThrottleKey: "cust-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -195,7 +230,7 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			d, err := c.DeadLetters(ctx, "failing", 0, 1000)
+			d, err := c.ListDead(ctx, "failing", 0, 1000)
 			if err == nil && len(d.Dead) == n {
 				return
 			}

@@ -69,7 +69,7 @@ func cmdDead(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		return e.deadList(ctx, lane, *after, *limit)
 	case "show":
-		d, err := e.c.DeadLetter(ctx, lane, seq)
+		d, err := e.c.GetDead(ctx, lane, seq)
 		if err != nil {
 			return err
 		}
@@ -124,7 +124,7 @@ func (e *cliEnv) deadList(ctx context.Context, lane string, after uint64, limit 
 		if limit > 0 {
 			page = min(page, limit-len(all))
 		}
-		p, err := e.c.DeadLetters(ctx, lane, after, page)
+		p, err := e.c.ListDead(ctx, lane, after, page)
 		if err != nil {
 			return err
 		}

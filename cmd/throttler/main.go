@@ -74,8 +74,11 @@ const usage = `usage:
   throttler sink [--listen ADDR]    run a target that logs what arrives (default 127.0.0.1:9000)
   throttler lanes [--watch]         the lanes of a running server, as a table
   throttler lane set LANE --rate 50/s --burst 10
+  throttler lane pause|resume LANE  hold a lane on every instance (jobs queue), or release it
   throttler dead ls|show|replay|purge LANE [SEQ]
   throttler keys LANE [KEY]         the keys of a keyed lane
+  throttler health [--url URL]      exit 0 when the server at URL (default
+                                    http://127.0.0.1:8080/readyz) is ready: a container health check
   throttler version                 print the version
 
 The commands that talk to a server take --server URL (env THROTTLER_SERVER,
@@ -103,6 +106,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdDead(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, args[1:], getenv, stdout, stderr)
+	case "health":
+		return cmdHealth(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "throttler", describe(readBuild()))
 		return nil

@@ -27,6 +27,7 @@ type Lanes struct {
 var (
 	_ ingest.Directory    = (*Lanes)(nil)
 	_ ingest.KeyDirectory = (*Lanes)(nil)
+	_ ingest.LanePauser   = (*Lanes)(nil)
 )
 
 // keyFns are a keyed lane's lookups that ingest asks of each key.
@@ -75,6 +76,21 @@ func (d *Lanes) SetLimit(ctx context.Context, name string, rate float64, burst i
 		return api.LaneStatus{}, fmt.Errorf("no lane %q", name)
 	}
 	if err := l.SetLimit(bucket.Limit{Rate: rate, Burst: burst}); err != nil {
+		return api.LaneStatus{}, err
+	}
+	return l.Status(ctx), nil
+}
+
+// SetPaused implements ingest.LanePauser.
+func (d *Lanes) SetPaused(ctx context.Context, name string, paused bool, by string) (api.LaneStatus, error) {
+	l, ok := d.byName[name]
+	if !ok {
+		return api.LaneStatus{}, fmt.Errorf("no lane %q", name)
+	}
+	if err := l.SetPaused(ctx, paused, by); err != nil {
+		if errors.Is(err, lane.ErrNoLimitsStore) {
+			return api.LaneStatus{}, fmt.Errorf("%w: %w", ingest.ErrPauseUnavailable, err)
+		}
 		return api.LaneStatus{}, err
 	}
 	return l.Status(ctx), nil

@@ -191,12 +191,22 @@ func (h *Handler) purgeDead(w http.ResponseWriter, r *http.Request, lane string)
 type limitChange struct {
 	Rate  *bucket.Rate `json:"rate"`
 	Burst *int         `json:"burst"`
+	// Paused holds (true) or releases (false) the lane (lanepause.go).
+	Paused *bool `json:"paused"`
 }
 
 func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) error {
 	var c limitChange
-	if err := h.readSmall(w, r, &c, "a JSON object with rate and/or burst"); err != nil {
+	if err := h.readSmall(w, r, &c, "a JSON object with rate, burst and/or paused"); err != nil {
 		return err
+	}
+	if c.Rate == nil && c.Burst == nil && c.Paused != nil {
+		return h.setPaused(w, r, lane, *c.Paused)
+	}
+	if c.Paused != nil {
+		// One change at a time: a limit stored and a pause refused (or
+		// the other way round) would be half-written.
+		return refusal(ErrBadBody, "paused", "give paused alone, without rate or burst")
 	}
 	cur, _ := h.cfg.Lanes.Lane(lane)
 	lim := cur.Admission.Limit
@@ -207,7 +217,7 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		lim.Burst = *c.Burst
 	}
 	if c.Rate == nil && c.Burst == nil {
-		return refusal(ErrBadBody, "body", "nothing to change: give rate and/or burst")
+		return refusal(ErrBadBody, "body", "nothing to change: give rate and/or burst, or paused")
 	}
 	if err := lim.Validate(); err != nil {
 		// The field the error names, unless the body left it out: then the

@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"github.com/throttler/throttler/api"
+
 	"hash/maphash"
 	"sync"
 )
@@ -26,7 +28,7 @@ type answers struct {
 
 type answerShard struct {
 	mu    sync.Mutex
-	state map[answerKey]string
+	state map[answerKey]api.JobState
 	order []answerKey // a ring of the keys, oldest at next
 	next  int
 }
@@ -37,7 +39,7 @@ func newAnswers(n int) *answers {
 	a := &answers{seed: maphash.MakeSeed()}
 	per := max(n/answerShards, 1)
 	for i := range a.shards {
-		a.shards[i].state = make(map[answerKey]string, per)
+		a.shards[i].state = make(map[answerKey]api.JobState, per)
 		a.shards[i].order = make([]answerKey, per)
 	}
 	return a
@@ -47,7 +49,7 @@ func (a *answers) shard(id string) *answerShard {
 	return &a.shards[maphash.String(a.seed, id)%answerShards]
 }
 
-func (a *answers) put(lane, id, state string) {
+func (a *answers) put(lane, id string, state api.JobState) {
 	k := answerKey{lane, id}
 	s := a.shard(id)
 	s.mu.Lock()
@@ -64,7 +66,7 @@ func (a *answers) put(lane, id, state string) {
 	s.next = (s.next + 1) % len(s.order)
 }
 
-func (a *answers) get(lane, id string) (string, bool) {
+func (a *answers) get(lane, id string) (api.JobState, bool) {
 	s := a.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -489,7 +489,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 		if !pub.Duplicate {
 			h.answers.put(name, id, out.State)
-			counts[out.State]++
+			counts[string(out.State)]++
 		} else {
 			counts["duplicate"]++
 		}
@@ -585,7 +585,7 @@ func appendBatchResult(b []byte, r api.BatchResult) []byte {
 	b = appendJSONString(b, r.ID)
 	if r.State != "" {
 		b = append(b, `,"state":`...)
-		b = appendJSONString(b, r.State)
+		b = appendJSONString(b, string(r.State))
 	}
 	b = append(b, `,"eta_ms":`...)
 	b = strconv.AppendInt(b, r.ETAMillis, 10)

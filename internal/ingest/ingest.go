@@ -107,8 +107,9 @@ func (l Lane) forKey(key string) admission.Lane {
 type Directory interface {
 	Lane(name string) (Lane, bool)
 	Status(ctx context.Context) []api.LaneStatus
-	// SetLimit changes a lane's rate and burst on every instance until they
-	// restart (the config file holds the lasting values).
+	// SetLimit changes a lane's rate and burst on every instance; the
+	// change is stored and outlives restarts (a changed file does not
+	// undo it: PATCH again).
 	SetLimit(ctx context.Context, name string, rate float64, burst int) (api.LaneStatus, error)
 }
 
@@ -127,7 +128,10 @@ type Config struct {
 	DeadLetters DeadLetters
 	// Keys serves the keys of keyed lanes (GET|PATCH
 	// /v1/lanes/{lane}/keys/{key}); nil: no such routes.
-	Keys    KeyDirectory
+	Keys KeyDirectory
+	// Pauser holds and releases lanes (PATCH /v1/lanes/{lane}
+	// {"paused": …}); nil refuses a pause.
+	Pauser  LanePauser
 	Ready   Ready
 	Metrics *metrics.Metrics
 	// MetricsHandler serves /metrics.
@@ -175,7 +179,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: newRouter(), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
+	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -684,7 +688,7 @@ func appendAccepted(b []byte, a api.Accepted) []byte {
 	b = append(b, `,"lane":`...)
 	b = appendJSONString(b, a.Lane)
 	b = append(b, `,"state":`...)
-	b = appendJSONString(b, a.State)
+	b = appendJSONString(b, string(a.State))
 	b = append(b, `,"eta_ms":`...)
 	b = strconv.AppendInt(b, a.ETAMillis, 10)
 	if a.Duplicate {
@@ -741,7 +745,7 @@ type laneCache struct {
 	admitted, queued, duplicate prometheus.Counter
 }
 
-func (c *laneCache) submitted(state string) prometheus.Counter {
+func (c *laneCache) submitted(state api.JobState) prometheus.Counter {
 	switch state {
 	case api.StateAdmitted:
 		return c.admitted
@@ -759,7 +763,7 @@ func (h *Handler) laneCache(name string) *laneCache {
 	}
 	s := h.cfg.Metrics.Submitted
 	c := &laneCache{quoted: strconv.Quote(name),
-		admitted: s.WithLabelValues(name, api.StateAdmitted, "http"), queued: s.WithLabelValues(name, api.StateQueued, "http"),
+		admitted: s.WithLabelValues(name, string(api.StateAdmitted), "http"), queued: s.WithLabelValues(name, string(api.StateQueued), "http"),
 		duplicate: s.WithLabelValues(name, "duplicate", "http")}
 	v, _ := h.lanesSeen.LoadOrStore(name, c)
 	return v.(*laneCache)

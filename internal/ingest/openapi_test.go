@@ -135,6 +135,11 @@ func TestOpenAPIMatchesRouter(t *testing.T) {
 	for _, p := range f.h.routes() {
 		if r, ok := openAPIRoute(p); ok {
 			served = append(served, r)
+			if sub, ok := strings.CutSuffix(r, "/{path}"); ok {
+				// A subtree serves its own path too (GET /ui/, the
+				// page), which a router keeping the slash must find.
+				served = append(served, sub+"/")
+			}
 		}
 	}
 	slices.Sort(served)
@@ -286,4 +291,31 @@ func (noKeys) KeyStatus(context.Context, string, string) (api.KeyStatus, error) 
 
 func (noKeys) SetKey(context.Context, string, string, KeyChange, string) (api.KeyStatus, error) {
 	return api.KeyStatus{}, ErrNotKeyed
+}
+
+// TestOpenAPINumberAndTimeFormats: every number of docs/openapi.yaml says
+// format double (without it generated clients read rates as float32), and
+// every time field (…_at, …_until) says format date-time. The schemas are
+// one flow mapping per line, so the check reads lines.
+func TestOpenAPINumberAndTimeFormats(t *testing.T) {
+	raw, err := os.ReadFile(openAPIPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeField := regexp.MustCompile(`^\s+[a-z_]+_(at|until):`)
+	n := 0
+	for i, line := range strings.Split(string(raw), "\n") {
+		if strings.Contains(line, "type: number") {
+			n++
+			if !strings.Contains(line, "format: double") {
+				t.Errorf("%s:%d: a number without format: double: %s", openAPIPath, i+1, strings.TrimSpace(line))
+			}
+		}
+		if timeField.MatchString(line) && !strings.Contains(line, "format: date-time") {
+			t.Errorf("%s:%d: a time without format: date-time: %s", openAPIPath, i+1, strings.TrimSpace(line))
+		}
+	}
+	if n < 5 {
+		t.Fatalf("only %d numbers found; the scan is broken", n)
+	}
 }

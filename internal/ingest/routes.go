@@ -3,6 +3,8 @@ package ingest
 import (
 	"net/http"
 	"slices"
+
+	"github.com/throttler/throttler/internal/metrics"
 )
 
 // router is the handler's http.ServeMux, remembering each pattern it
@@ -12,20 +14,22 @@ import (
 type router struct {
 	*http.ServeMux
 	patterns []string
+	// metrics, when set, counts each route's requests under its pattern
+	// (httpmetrics.go).
+	metrics *metrics.HTTP
 }
 
-func newRouter() *router { return &router{ServeMux: http.NewServeMux()} }
+func newRouter(m *metrics.HTTP) *router { return &router{ServeMux: http.NewServeMux(), metrics: m} }
 
 // Handle registers h for pattern (http.ServeMux syntax: "GET /v1/lanes").
 func (r *router) Handle(pattern string, h http.Handler) {
-	r.ServeMux.Handle(pattern, h)
+	r.ServeMux.Handle(pattern, instrumented(r.metrics, pattern, h))
 	r.patterns = append(r.patterns, pattern)
 }
 
 // HandleFunc registers f for pattern.
 func (r *router) HandleFunc(pattern string, f func(http.ResponseWriter, *http.Request)) {
-	r.ServeMux.HandleFunc(pattern, f)
-	r.patterns = append(r.patterns, pattern)
+	r.Handle(pattern, http.HandlerFunc(f))
 }
 
 // routes lists the patterns the handler serves, as registered

@@ -480,6 +480,14 @@ func (k *keyedRun) loop(ctx context.Context) {
 		return true
 	}
 	for ctx.Err() == nil {
+		if wait := l.hold.held(); wait != nil {
+			// Held by an operator: choose no key, take no slot.
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return
+			}
+		}
 		select {
 		case k.permits <- struct{}{}:
 		case <-ctx.Done():
@@ -700,6 +708,13 @@ func (k *keyedRun) startAt(ctx context.Context, key, tok string, msg *queue.Msg,
 		// up, never used closer to the next one; the job is again its
 		// key's next.
 		k.missed.Add(1)
+		_ = msg.Release()
+		unstarted()
+		return
+	}
+	if l.hold.held() != nil {
+		// Held since its slot was taken: the job goes back, as a missed
+		// slot's does, and is its key's next again at the release.
 		_ = msg.Release()
 		unstarted()
 		return

@@ -113,6 +113,8 @@ type Lane struct {
 	overMu sync.Mutex
 	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
 
+	hold hold // an operator's pause (hold.go)
+
 	mu        sync.Mutex
 	pacerDown bool
 	pauseTill time.Time
@@ -227,6 +229,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		Source:      l.source(),
 		Pacer:       leaky.StorePacer{Store: l.d.Store, Key: bucket.Key{Lane: name}, Limit: l.EffectiveLimit},
 		PausedUntil: l.pausedUntil,
+		Held:        l.hold.held,
 		Assigned:    l.assigned,
 		Start:       l.start,
 		MaxInflight: l.cfg.MaxInflight,
@@ -316,6 +319,7 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		})
 		l.hot.dispatchSeconds.Observe(res.Took.Seconds())
 		l.hot.dispatched(res.Verdict).Inc()
+		l.hot.answered(res)
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
@@ -626,8 +630,15 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	if q := l.cfg.Quota; q != nil {
 		st.Quota = &api.Quota{Limit: q.Limit, Per: q.Per.D().String(), Burst: q.Burst}
 	}
+	held, by, since := l.hold.state()
 	l.mu.Lock()
 	switch {
+	case held:
+		st.Paused, st.PausedByOperator = true, true
+		st.PauseReason = "paused by an operator since " + since.UTC().Format(time.RFC3339)
+		if by != "" {
+			st.PauseReason = "paused by " + by + " since " + since.UTC().Format(time.RFC3339)
+		}
 	case l.pacerDown:
 		st.Paused, st.PauseReason = true, "lane state store unavailable"
 	case now.Before(l.pauseTill):

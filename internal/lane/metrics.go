@@ -84,7 +84,8 @@ func (l *Lane) metricState() metrics.LaneState {
 	l.mu.Lock()
 	paused := now.Before(l.pauseTill)
 	l.mu.Unlock()
-	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
+	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused,
+		PausedByOperator: l.Held(), MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight}
 	if k := l.keyed; k != nil {
 		ks := k.sched.Stats(now)
 		st.KeysActive, st.KeysPaused = ks.Active, ks.Paused
@@ -117,12 +118,22 @@ type hotMetrics struct {
 	dispatchSeconds prometheus.Observer
 	done, retry     prometheus.Counter
 	dead            prometheus.Counter
-	m               *metrics.Metrics
-	lane            string
+	// answers are throttler_dispatch_answers_total by verdict (Done,
+	// Retry, Dead) and metrics.AnswerClass.
+	answers [3][]prometheus.Counter
+	m       *metrics.Metrics
+	lane    string
 }
 
 func newHotMetrics(m *metrics.Metrics, lane string) hotMetrics {
+	var answers [3][]prometheus.Counter
+	for i, v := range []dispatch.Verdict{dispatch.Done, dispatch.Retry, dispatch.Dead} {
+		for _, c := range metrics.AnswerClasses {
+			answers[i] = append(answers[i], m.Answers.WithLabelValues(lane, v.String(), c))
+		}
+	}
 	return hotMetrics{
+		answers:         answers,
 		inflight:        m.Inflight.WithLabelValues(lane),
 		queueWait:       m.QueueWait.WithLabelValues(lane),
 		endToEnd:        m.EndToEnd.WithLabelValues(lane),
@@ -132,6 +143,21 @@ func newHotMetrics(m *metrics.Metrics, lane string) hotMetrics {
 		dead:            m.Dispatched.WithLabelValues(lane, dispatch.Dead.String()),
 		m:               m,
 		lane:            lane,
+	}
+}
+
+// answered counts res in throttler_dispatch_answers_total.
+func (h hotMetrics) answered(res dispatch.Result) {
+	class := metrics.AnswerClass(res.Status, res.Err != nil)
+	switch res.Verdict {
+	case dispatch.Done:
+		h.answers[0][class].Inc()
+	case dispatch.Retry:
+		h.answers[1][class].Inc()
+	case dispatch.Dead:
+		h.answers[2][class].Inc()
+	default:
+		h.m.Answers.WithLabelValues(h.lane, res.Verdict.String(), metrics.AnswerClasses[class]).Inc()
 	}
 }
 

@@ -48,8 +48,11 @@ func (l *Lane) watchLimits(ctx context.Context) {
 		return
 	}
 	for ctx.Err() == nil {
-		err := l.d.Limits.Watch(ctx, l.cfg.Name, l.applyLaneLimit, l.applyKeyLimit, func(entry string, err error) {
-			l.log.Warn("stored limit ignored", "entry", entry, "err", err)
+		err := l.d.Limits.Watch(ctx, l.cfg.Name, queue.LimitsWatch{
+			Lane: l.applyLaneLimit, Pause: l.applyPause, Key: l.applyKeyLimit,
+			Bad: func(entry string, err error) {
+				l.log.Warn("stored limit ignored", "entry", entry, "err", err)
+			},
 		})
 		if err != nil && ctx.Err() == nil {
 			l.log.Warn("watching stored limits failed; trying again", "err", err)

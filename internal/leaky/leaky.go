@@ -109,6 +109,12 @@ type Config[T any] struct {
 	// job (a downstream asked it to wait). It is read before every start, so
 	// slots reserved before a pause are given up rather than used during it.
 	PausedUntil func() time.Time
+	// Held, when set, says whether an operator holds the lane: while it
+	// returns a non-nil channel, the drain reserves no slot and starts
+	// nothing (slots already reserved are given up) until that channel
+	// closes. Items in hand stay in hand. It is read before every
+	// reservation and every start, so it must be cheap.
+	Held func() <-chan struct{}
 	// Assigned, when set, is told the slot each item is given, before the
 	// drain waits for it; a slot due at or before now (and not past its
 	// deadline) starts the item at once. An item that then wakes too late
@@ -301,6 +307,18 @@ func (d *Drain[T]) run(ctx context.Context) error {
 				continue
 			}
 		}
+		if d.cfg.Held != nil {
+			if wait := d.cfg.Held(); wait != nil {
+				// Held by an operator: no slot is reserved, none kept.
+				d.slots = nil
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				continue
+			}
+		}
 		// Permits: wait for one, then take what is free, up to len(held).
 		select {
 		case d.permits <- struct{}{}:
@@ -442,6 +460,12 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			// the slots after it beyond what the limit allows. Give it up;
 			// the item takes the next one.
 			d.missed.Add(1)
+		}
+		if d.cfg.Held != nil && d.cfg.Held() != nil {
+			// Held since the slots were reserved: give them up; run
+			// waits for the release before reserving again.
+			d.slots = nil
+			return batch[i:], errPaused
 		}
 		if d.cfg.PausedUntil != nil {
 			if until := d.cfg.PausedUntil(); until.After(d.cfg.Clock.Now()) {

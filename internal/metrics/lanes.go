@@ -28,9 +28,26 @@ var (
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}
+	// AnswerClasses are the classes of Answers, in the order of
+	// AnswerClass's results.
+	AnswerClasses = []string{"2xx", "3xx", "4xx", "5xx", "error", "none"}
 	// pacerOps are the operations of PacerCalls.
 	pacerOps = []string{"admit", "reserve", "pause", "reserve_pair"}
 )
+
+// AnswerClass is the index in AnswerClasses of a target's answer:
+// status is its HTTP status (0: none), failed whether the delivery got no
+// answer (a transport error or timeout). A status outside 200–599 counts
+// as error.
+func AnswerClass(status int, failed bool) int {
+	switch {
+	case status >= 200 && status < 600:
+		return status/100 - 2
+	case status == 0 && !failed:
+		return 5
+	}
+	return 4
+}
 
 // InitLane makes every series of lane exist from now on, at 0: each
 // counter with every label combination it can take, each histogram, and
@@ -46,6 +63,9 @@ func (m *Metrics) InitLane(lane string) {
 	}
 	for _, o := range outcomes {
 		m.Dispatched.WithLabelValues(lane, o)
+		for _, c := range AnswerClasses {
+			m.Answers.WithLabelValues(lane, o, c)
+		}
 	}
 	for _, op := range pacerOps {
 		m.PacerCalls.WithLabelValues(lane, op)
@@ -74,6 +94,14 @@ type LaneState struct {
 	Utilization float64
 	// Paused: a downstream asked the lane to wait, and the wait lasts.
 	Paused bool
+	// PausedByOperator: an operator holds the lane (PATCH
+	// {"paused": true}) until resumed.
+	PausedByOperator bool
+	// MaxBacklog and MaxInflight are the lane's bounds (the file's), so
+	// that the backlog and in-flight gauges can be alerted on against
+	// them before intake answers 429; 0 MaxBacklog: unbounded.
+	MaxBacklog  int64
+	MaxInflight int
 	// KeysActive and KeysPaused count, on a keyed lane, the keys with
 	// jobs that this instance reads, and those of them a downstream asked
 	// to wait; 0 on other lanes.
@@ -110,6 +138,8 @@ func (m *Metrics) SetQueue(lane string, q LaneQueue) {
 // own state (WatchLane) and the JetStream reads (SetQueue).
 type laneCollector struct {
 	rate, burst, utilization, paused *prometheus.Desc
+	operatorPaused, maxBacklog       *prometheus.Desc
+	maxInflight                      *prometheus.Desc
 	keysActive, keysPaused           *prometheus.Desc
 	backlog, oldest, retrying, dead  *prometheus.Desc
 	clock                            clock.Clock // ages at the gather (only Now)
@@ -125,19 +155,22 @@ func newLaneCollector() *laneCollector {
 		return prometheus.NewDesc(name, help, []string{"lane"}, nil)
 	}
 	return &laneCollector{
-		rate:        d("throttler_lane_configured_rate", "Rate the lane is configured to drain at (file or PATCH), jobs per second."),
-		burst:       d("throttler_lane_burst", "Burst of the lane's token bucket (file or PATCH), jobs."),
-		utilization: d("throttler_lane_utilization", "Jobs this instance started over the last minute, divided by what the configured rate allows in it; sum over instances for the lane's."),
-		paused:      d("throttler_lane_paused", "1 while a downstream's pause (Retry-After, exhausted rate limit) holds the lane, else 0."),
-		keysActive:  d("throttler_lane_keys_active", "Keys of a keyed lane with jobs that this instance reads; sum over instances for the lane's (0 on a lane without per_key)."),
-		keysPaused:  d("throttler_lane_keys_paused", "Of those, keys a downstream asked to wait (Retry-After, exhausted rate limit), on this instance."),
-		backlog:     d("throttler_lane_backlog", "Jobs stored in the lane, waiting or in flight, across all instances (from JetStream)."),
-		oldest:      d("throttler_lane_oldest_job_age_seconds", "Age of the oldest job stored in the lane, waiting or in flight; 0 when none (from JetStream)."),
-		retrying:    d("throttler_lane_retrying", "Failed jobs of the lane waiting for their next attempt, across all instances (from JetStream)."),
-		dead:        d("throttler_lane_dead_letters", "Dead letters of the lane, across all instances (from JetStream)."),
-		clock:       clock.Real,
-		states:      map[string]func() LaneState{},
-		queues:      map[string]LaneQueue{},
+		rate:           d("throttler_lane_configured_rate", "Rate the lane is configured to drain at (file or PATCH), jobs per second."),
+		burst:          d("throttler_lane_burst", "Burst of the lane's token bucket (file or PATCH), jobs."),
+		utilization:    d("throttler_lane_utilization", "Jobs this instance started over the last minute, divided by what the configured rate allows in it; sum over instances for the lane's."),
+		paused:         d("throttler_lane_paused", "1 while a downstream's pause (Retry-After, exhausted rate limit) holds the lane, else 0."),
+		operatorPaused: d("throttler_lane_paused_by_operator", "1 while an operator holds the lane (PATCH /v1/lanes/{lane} with paused true): jobs are queued, none starts; else 0."),
+		maxBacklog:     d("throttler_lane_max_backlog", "The lane's max_backlog, jobs: intake answers 429 once the backlog reaches it; 0 when unbounded."),
+		maxInflight:    d("throttler_lane_max_inflight", "The lane's max_inflight: the most deliveries in flight at once across the fleet."),
+		keysActive:     d("throttler_lane_keys_active", "Keys of a keyed lane with jobs that this instance reads; sum over instances for the lane's (0 on a lane without per_key)."),
+		keysPaused:     d("throttler_lane_keys_paused", "Of those, keys a downstream asked to wait (Retry-After, exhausted rate limit), on this instance."),
+		backlog:        d("throttler_lane_backlog", "Jobs stored in the lane, waiting or in flight, across all instances (from JetStream)."),
+		oldest:         d("throttler_lane_oldest_job_age_seconds", "Age of the oldest job stored in the lane, waiting or in flight; 0 when none (from JetStream)."),
+		retrying:       d("throttler_lane_retrying", "Failed jobs of the lane waiting for their next attempt, across all instances (from JetStream)."),
+		dead:           d("throttler_lane_dead_letters", "Dead letters of the lane, across all instances (from JetStream)."),
+		clock:          clock.Real,
+		states:         map[string]func() LaneState{},
+		queues:         map[string]LaneQueue{},
 	}
 }
 
@@ -166,7 +199,7 @@ func (c *laneCollector) setQueue(lane string, q LaneQueue) {
 
 // Describe implements prometheus.Collector.
 func (c *laneCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rate, c.burst, c.utilization, c.paused, c.keysActive, c.keysPaused, c.backlog, c.oldest, c.retrying, c.dead} {
+	for _, d := range []*prometheus.Desc{c.rate, c.burst, c.utilization, c.paused, c.operatorPaused, c.maxBacklog, c.maxInflight, c.keysActive, c.keysPaused, c.backlog, c.oldest, c.retrying, c.dead} {
 		ch <- d
 	}
 }
@@ -197,6 +230,13 @@ func (c *laneCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.burst, float64(s.Burst), lane)
 			gauge(c.utilization, s.Utilization, lane)
 			gauge(c.paused, paused, lane)
+			held := 0.0
+			if s.PausedByOperator {
+				held = 1
+			}
+			gauge(c.operatorPaused, held, lane)
+			gauge(c.maxBacklog, float64(s.MaxBacklog), lane)
+			gauge(c.maxInflight, float64(s.MaxInflight), lane)
 			gauge(c.keysActive, float64(s.KeysActive), lane)
 			gauge(c.keysPaused, float64(s.KeysPaused), lane)
 		}

@@ -18,6 +18,12 @@ type Metrics struct {
 	Rejected *prometheus.CounterVec
 	// Dispatched counts deliveries by lane and outcome (done, retry, dead).
 	Dispatched *prometheus.CounterVec
+	// Answers counts deliveries by lane, outcome and the class of the
+	// target's answer (2xx, 3xx, 4xx, 5xx; error: no answer, a transport
+	// error or timeout; none: a target without HTTP status answered, NATS
+	// or a handler). Kept apart from Dispatched, whose series dashboards and
+	// rules already match on.
+	Answers *prometheus.CounterVec
 	// DispatchSeconds is the time one delivery took.
 	DispatchSeconds *prometheus.HistogramVec
 	// StartLateness is how late a dispatch started relative to its slot.
@@ -50,6 +56,10 @@ type Metrics struct {
 
 	// Callers are the caller quota collectors.
 	Callers *Callers
+	// HTTP are the API's own requests.
+	HTTP *HTTP
+	// Backends are the NATS and Redis health gauges.
+	Backends *Backends
 
 	reg   prometheus.Registerer
 	lanes *laneCollector
@@ -99,6 +109,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_dispatches_total", Help: "Deliveries to targets, by lane and outcome.",
 		}, []string{"lane", "outcome"}),
+		Answers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "throttler_dispatch_answers_total", Help: "Deliveries to targets, by lane, outcome (done, retry, dead) and class of the target's answer (2xx, 3xx, 4xx, 5xx, error: none came, none: a NATS or handler target without HTTP status).",
+		}, []string{"lane", "outcome", "class"}),
 		DispatchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "throttler_dispatch_duration_seconds", Help: "Time one delivery took.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
@@ -142,9 +155,11 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes)
 	m.Callers = newCallers(reg)
+	m.HTTP = newHTTP(reg)
+	m.Backends = newBackends(reg)
 	// Refusals of unknown lanes count under one lane name (ingest).
 	m.Rejected.WithLabelValues(UnknownLane, "unknown_lane")
-	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.DispatchSeconds, m.StartLateness,
+	reg.MustRegister(m.EffectiveRate, m.PausedSeconds, m.DeadLettered, m.Submitted, m.Rejected, m.Dispatched, m.Answers, m.DispatchSeconds, m.StartLateness,
 		m.Inflight, m.SlotsReserved, m.PacerCalls, m.PacerUp, m.LanePaused)
 	return m
 }

@@ -14,8 +14,8 @@ import (
 // LimitsBucket is the JetStream key-value bucket that keeps the limits
 // changed at runtime (PATCH of a lane, per-key overrides of a keyed lane),
 // so that they survive restarts and reach every instance: each watches it.
-// Entries: "lane.<lane>" and "key.<lane>.<base64url(key)>", JSON with a
-// version field.
+// Entries: "lane.<lane>", "pause.<lane>" and "key.<lane>.<base64url(key)>",
+// JSON with a version field.
 const LimitsBucket = "THROTTLER_LIMITS"
 
 // LaneLimit is a lane's rate and burst as changed at runtime.
@@ -25,6 +25,17 @@ type LaneLimit struct {
 	Burst int       `json:"burst"`
 	By    string    `json:"by,omitempty"`
 	At    time.Time `json:"at"`
+}
+
+// LanePause is an operator's hold on a lane (PATCH {"paused": true}):
+// while Paused, no instance starts the lane's jobs; they are still taken
+// and queued. Kept apart from LaneLimit, so that holding a lane never
+// stores a rate.
+type LanePause struct {
+	V      int       `json:"v"`
+	Paused bool      `json:"paused"`
+	By     string    `json:"by,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 // KeyLimit is one key's override on a keyed lane; a nil field keeps the
@@ -60,7 +71,8 @@ func (q *Queue) EnsureLimits(ctx context.Context, replicas int) (*Limits, error)
 	return &Limits{kv: kv}, nil
 }
 
-func laneEntry(lane string) string { return "lane." + lane }
+func laneEntry(lane string) string  { return "lane." + lane }
+func pauseEntry(lane string) string { return "pause." + lane }
 func keyEntry(lane, key string) string {
 	return "key." + lane + "." + base64.RawURLEncoding.EncodeToString([]byte(key))
 }
@@ -71,6 +83,16 @@ func (l *Limits) PutLane(ctx context.Context, lane string, v LaneLimit) error {
 	b, _ := json.Marshal(v)
 	if _, err := l.kv.Put(ctx, laneEntry(lane), b); err != nil {
 		return fmt.Errorf("%w: store limit of lane %s: %v", ErrUnavailable, lane, err)
+	}
+	return nil
+}
+
+// PutPause stores lane's hold.
+func (l *Limits) PutPause(ctx context.Context, lane string, v LanePause) error {
+	v.V = limitsVersion
+	b, _ := json.Marshal(v)
+	if _, err := l.kv.Put(ctx, pauseEntry(lane), b); err != nil {
+		return fmt.Errorf("%w: store pause of lane %s: %v", ErrUnavailable, lane, err)
 	}
 	return nil
 }
@@ -88,11 +110,24 @@ func (l *Limits) PutKey(ctx context.Context, lane, key string, v KeyLimit) error
 // maxLimitEntry bounds an entry read back.
 const maxLimitEntry = 4096
 
-// Watch calls onLane and onKey (nil: the override was removed) for every
-// stored entry of lane, then for every change, until ctx ends. Entries of
-// another version or unreadable ones are skipped (reported to bad).
-func (l *Limits) Watch(ctx context.Context, lane string, onLane func(LaneLimit), onKey func(key string, v *KeyLimit), bad func(entry string, err error)) error {
-	w, err := l.kv.WatchFiltered(ctx, []string{laneEntry(lane), "key." + lane + ".*"})
+// LimitsWatch are the calls Watch makes for one lane's entries.
+type LimitsWatch struct {
+	// Lane gets the lane's limit.
+	Lane func(LaneLimit)
+	// Pause gets the lane's hold (a removed entry: not paused).
+	Pause func(LanePause)
+	// Key gets a key's override; nil: the override was removed.
+	Key func(key string, v *KeyLimit)
+	// Bad hears of entries skipped: of another version, or unreadable.
+	Bad func(entry string, err error)
+}
+
+// Watch makes the calls of on for every stored entry of lane, then for
+// every change, until ctx ends. Entries of another version or unreadable
+// ones are skipped (reported to on.Bad).
+func (l *Limits) Watch(ctx context.Context, lane string, on LimitsWatch) error {
+	onLane, onKey, bad := on.Lane, on.Key, on.Bad
+	w, err := l.kv.WatchFiltered(ctx, []string{laneEntry(lane), pauseEntry(lane), "key." + lane + ".*"})
 	if err != nil {
 		return fmt.Errorf("%w: watch limits of lane %s: %v", ErrUnavailable, lane, err)
 	}
@@ -125,6 +160,17 @@ func (l *Limits) Watch(ctx context.Context, lane string, onLane func(LaneLimit),
 					continue
 				}
 				onLane(v)
+				continue
+			}
+			if name == pauseEntry(lane) {
+				var v LanePause
+				if !del {
+					if err := json.Unmarshal(e.Value(), &v); err != nil || v.V != limitsVersion {
+						bad(name, fmt.Errorf("unreadable or of another version: %v", err))
+						continue
+					}
+				}
+				on.Pause(v)
 				continue
 			}
 			raw, err := base64.RawURLEncoding.DecodeString(name[len(keyPrefix):])

@@ -37,7 +37,7 @@ func TestKeyedQueuedETAIsHonest(t *testing.T) {
 			type answer struct {
 				at  time.Time
 				eta time.Duration
-				st  string
+				st  api.JobState
 			}
 			answers := map[string]answer{}
 			post := func(key, id string) {

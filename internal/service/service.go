@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -147,7 +146,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}()
 
 	m := metrics.New(s.reg)
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(metrics.RuntimeCollectors()...)
 
 	st, err := s.openStore(ctx, m, claim.ID(), claim.HeldByOthers)
 	if err != nil {
@@ -212,9 +211,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
-		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
+		MetricsHandler:  promhttp.HandlerFor(metrics.Exposed(s.reg), promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
 		Auth:            web.Auth(),
 		MaxBodyInflight: int64(s.cfg.HTTP.MaxBodyInflight),
@@ -239,6 +238,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	for _, l := range lanes.All() {
 		drains.Go(func() { l.Run(drainCtx) })
 	}
+	checks := []backend.Check{{Name: metrics.BackendNATS, Ping: nc.FlushWithContext}}
+	if st.ping != nil {
+		checks = append(checks, backend.Check{Name: metrics.BackendRedis, Ping: st.ping})
+	}
+	drains.Go(func() {
+		backend.Probe{Checks: checks, Metrics: m.Backends, Logger: s.log.With("component", "probe")}.Run(drainCtx)
+	})
 	drains.Go(func() {
 		lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics"))
 	})
@@ -316,7 +322,9 @@ type stores struct {
 	slow   keyed.SlowStore
 	slots  keyed.Slots
 	pipe   *redis.AutoPipeliner
-	close  func()
+	// ping checks Redis (the health probe); nil in memory.
+	ping  func(ctx context.Context) error
+	close func()
 }
 
 // openStore opens the stores: in Redis when configured, else in memory.
@@ -340,7 +348,8 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 	store := redisbucket.New(rb.Pipe, rcfg)
 	m.WatchRestored(store.Restored)
 	claims := redisclaims.New(rb.Pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
-	return stores{store: store, pair: store, claims: claims, slow: claims, slots: claims, pipe: rb.Pipe, close: rb.Close}, nil
+	ping := func(ctx context.Context) error { return rb.Client.Ping(ctx).Err() }
+	return stores{store: store, pair: store, claims: claims, slow: claims, slots: claims, pipe: rb.Pipe, ping: ping, close: rb.Close}, nil
 }
 
 // Reload reads auth.keys_file (with ReloadConfigWith, the config file's

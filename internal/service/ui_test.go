@@ -71,6 +71,7 @@ type pageState struct {
 	R429      string  `json:"r429"`
 	State     string  `json:"state"`
 	Replays   int     `json:"replays"`
+	Holds     int     `json:"holds"`
 	DeadRows  []int64 `json:"deadRows"`
 	Who       string  `json:"who"`
 	Overflows bool    `json:"overflows"`
@@ -86,7 +87,8 @@ const readPage = `(() => {
     backlog: b ? +b.querySelector(".big").dataset.value : -1,
     eta: cell("eta") ? +cell("eta").dataset.seconds : -1,
     r429: cell("r429") ? cell("r429").textContent : "",
-    state: cell("state") ? cell("state").textContent : "",
+    state: cell("state") ? cell("state").querySelector(".badges").textContent : "",
+    holds: document.querySelectorAll("button.hold:not([hidden])").length,
     replays: document.querySelectorAll("button.replay, button.replay-all").length,
     deadRows: Array.from(document.querySelectorAll('tr.detail[data-lane="mail"] tr.dead-letter')).map((r) => +r.dataset.seq),
     who: document.getElementById("who").textContent,
@@ -380,8 +382,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 		st = read()
 		return len(st.DeadRows) == 2
 	})
-	if st.Replays != 0 || !strings.Contains(st.Who, "viewer") || !strings.Contains(st.Who, "read") {
-		t.Fatalf("a read-only key (%q) sees %d replay controls", st.Who, st.Replays)
+	if st.Replays != 0 || st.Holds != 0 || !strings.Contains(st.Who, "viewer") || !strings.Contains(st.Who, "read") {
+		t.Fatalf("a read-only key (%q) sees %d replay controls and %d pause buttons", st.Who, st.Replays, st.Holds)
 	}
 	code, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(
 		`fetch("../v1/lanes/mail/dead/%d/replay", {method: "POST", headers: {Authorization: "Bearer " + sessionStorage.getItem("throttler.key")}}).then((r) => r.status)`,
@@ -418,6 +420,33 @@ func TestStatusPageInBrowser(t *testing.T) {
 	})
 	if n := lanes()["mail"].Dead; n != 0 {
 		t.Fatalf("after Replay all mail has %d dead letters", n)
+	}
+
+	// Pause and resume a lane from the page (an admin key): one button per
+	// lane; the server holds the lane, the badge says so, and the button
+	// turns into Resume.
+	if st := read(); st.Holds != 2 {
+		t.Fatalf("an admin sees %d pause buttons; want one per lane (2)", st.Holds)
+	}
+	holdBtn := chromedp.CSS(`tr.lane[data-lane="mail"] button.hold`)
+	if err := chromedp.Do(ctx, chromedp.Click(holdBtn),
+		chromedp.WaitVisible(chromedp.CSS(`tr.lane[data-lane="mail"] button.hold[data-paused="yes"]`))); err != nil {
+		t.Fatalf("pausing mail from the page: %v", err)
+	}
+	if l := lanes()["mail"]; !l.PausedByOperator || !strings.Contains(l.PauseReason, "ops") {
+		t.Fatalf("after Pause on the page the server has mail %+v", l)
+	}
+	waitFor(t, 10*time.Second, "the page to show mail paused by an operator", func() bool {
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('tr.lane[data-lane="mail"] .badges').textContent`))
+		return err == nil && strings.Contains(s, "paused by operator")
+	})
+	shot("status-lane-paused.png")
+	if err := chromedp.Do(ctx, chromedp.Click(holdBtn),
+		chromedp.WaitVisible(chromedp.CSS(`tr.lane[data-lane="mail"] button.hold[data-paused="no"]`))); err != nil {
+		t.Fatalf("resuming mail from the page: %v", err)
+	}
+	if l := lanes()["mail"]; l.PausedByOperator || l.Paused {
+		t.Fatalf("after Resume on the page the server has mail %+v", l)
 	}
 
 	perrMu.Lock()

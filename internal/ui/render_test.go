@@ -33,6 +33,7 @@ type rendered struct {
 	Keys    []string `json:"keys"`
 	Globex  string   `json:"globex"`
 	State   string   `json:"state"`
+	Hold    string   `json:"hold"`
 	Rate    string   `json:"rate"`
 	ETA     string   `json:"eta"`
 	R429    string   `json:"r429"`
@@ -99,7 +100,9 @@ func TestPageRendersLaneKinds(t *testing.T) {
 	    summary: d.querySelector(".keyed-summary").textContent,
 	    keys: Array.from(d.querySelectorAll(".key")).map((k) => k.dataset.key),
 	    globex: d.querySelector('.key[data-key="globex"]').textContent,
-	    state: slow("state"), rate: slow("rate"), eta: slow("eta"), r429: slow("r429"),
+	    state: document.querySelector('tr.lane[data-lane="slow"] td[data-field="state"] .badges').textContent,
+	    hold: document.querySelector('tr.lane[data-lane="slow"] button.hold').textContent,
+	    rate: slow("rate"), eta: slow("eta"), r429: slow("r429"),
 	    login: !document.getElementById("login").hidden,
 	  };
 	})()`))
@@ -114,7 +117,7 @@ func TestPageRendersLaneKinds(t *testing.T) {
 	if strings.Join(got.Keys, ",") != "globex,acme,umbrella,hooli,initech" || !strings.Contains(got.Globex, "paused") {
 		t.Errorf("busiest keys %v (globex: %q); want the five with the largest backlog, globex paused", got.Keys, got.Globex)
 	}
-	if got.State != "runningadaptive 50%" || got.Rate != "15/minof 30/minquota 1,800 per 1h" || got.ETA != "1 h 3 min" || got.R429 != "7" || got.Login {
+	if got.State != "runningadaptive 50%" || got.Hold != "Pause" || got.Rate != "15/minof 30/minquota 1,800 per 1h" || got.ETA != "1 h 3 min" || got.R429 != "7" || got.Login {
 		t.Errorf("slow lane: %+v", got)
 	}
 	mu.Lock()

@@ -38,11 +38,16 @@
 
   // call asks the API; it resolves to {status, body} and never sends the key
   // anywhere but this server's own API (relative URL, same origin).
-  async function call(method, path) {
+  async function call(method, path, send) {
     const headers = { "Accept": "application/json" };
     const k = key();
     if (k) headers["Authorization"] = "Bearer " + k;
-    const resp = await fetch(API + path, { method, headers, cache: "no-store", credentials: "omit", redirect: "error" });
+    const init = { method, headers, cache: "no-store", credentials: "omit", redirect: "error" };
+    if (send !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(send);
+    }
+    const resp = await fetch(API + path, init);
     let body = null;
     const text = await resp.text();
     if (text) {
@@ -251,6 +256,10 @@
     c.inflightN = el("span", {});
     c.inflightBar = bar(0, "thin");
     c.inflight.append(c.inflightN, c.inflightBar);
+    c.badges = el("span", { class: "badges" });
+    c.holdBtn = el("button", { type: "button", class: "hold", hidden: true });
+    c.holdBtn.addEventListener("click", () => hold(c.holdBtn, name));
+    c.state.append(c.badges, c.holdBtn);
     const detail = el("tr", { class: "detail", "data-lane": name, hidden: true }, el("td", { colspan: 11 }));
     return { main, detail, c, deadRows: new Map(), detailParts: null };
   }
@@ -262,17 +271,25 @@
     text(c.name.querySelector(".target"), l.target || "");
     c.name.querySelector(".target").title = l.target || "";
 
-    c.state.replaceChildren();
-    if (l.error) c.state.append(el("span", { class: "badge error", title: l.error }, "error"));
+    c.badges.replaceChildren();
+    if (l.error) c.badges.append(el("span", { class: "badge error", title: l.error }, "error"));
     if (l.paused) {
       const until = l.paused_until ? " until " + new Date(l.paused_until).toLocaleTimeString() : "";
-      c.state.append(el("span", { class: "badge paused", title: l.pause_reason || "" }, "paused" + until));
+      const what = l.paused_by_operator ? "paused by operator" : "paused";
+      c.badges.append(el("span", { class: "badge paused", title: l.pause_reason || "" }, what + until));
     } else if (!l.error) {
-      c.state.append(el("span", { class: "badge ok" }, "running"));
+      c.badges.append(el("span", { class: "badge ok" }, "running"));
+    }
+    // Admin keys get a button to hold the lane or release it.
+    c.holdBtn.hidden = !(who && who.admin);
+    if (!c.holdBtn.disabled) {
+      c.holdBtn.dataset.paused = l.paused_by_operator ? "yes" : "no";
+      text(c.holdBtn, l.paused_by_operator ? "Resume" : "Pause");
+      c.holdBtn.title = l.paused_by_operator ? "Let every instance start this lane's jobs again" : "Hold this lane on every instance: jobs are still accepted and queued, none starts";
     }
     if (l.adaptive) {
       const slowed = l.effective_rate < l.rate;
-      c.state.append(el("span", { class: "badge " + (slowed ? "slowed" : "adaptive"),
+      c.badges.append(el("span", { class: "badge " + (slowed ? "slowed" : "adaptive"),
         title: "Adaptive mode: the rate follows the target's rate-limit answers" },
       slowed ? "adaptive " + Math.round(100 * l.effective_rate / l.rate) + "%" : "adaptive"));
     }
@@ -424,11 +441,27 @@
     if (!r) { button.disabled = false; button.textContent = "Replay"; }
   }
 
+  // hold pauses the lane on every instance, or resumes it.
+  async function hold(button, lane) {
+    const pause = button.dataset.paused !== "yes";
+    button.disabled = true;
+    button.textContent = pause ? "Pausing…" : "Resuming…";
+    const r = await act("PATCH", "lanes/" + encodeURIComponent(lane), { paused: pause });
+    button.disabled = false;
+    if (r) {
+      button.dataset.paused = r.paused_by_operator ? "yes" : "no";
+      button.textContent = r.paused_by_operator ? "Resume" : "Pause";
+      showNote((r.paused_by_operator ? "Paused " : "Resumed ") + lane + " on every instance.");
+    } else {
+      button.textContent = pause ? "Pause" : "Resume";
+    }
+  }
+
   // act sends a state-changing call; on success the page updates at once.
-  async function act(method, path) {
+  async function act(method, path, body) {
     let r;
     try {
-      r = await call(method, path);
+      r = await call(method, path, body);
     } catch (err) {
       showError(method + " " + path + ": " + err.message);
       return null;
