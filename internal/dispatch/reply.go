@@ -52,11 +52,12 @@ func (e *ReplyError) Error() string { return ErrReplyRefused.Error() + ": " + e.
 func (e *ReplyError) Is(target error) bool { return target == ErrReplyRefused }
 
 // CheckReply returns the worker user whose inbox reply is in, or a
-// *ReplyError. reply must be _INBOX.<user>.<token>[.<token>…] made of
-// printable ASCII with no wildcard, no empty token and no token starting
-// with '$', at most MaxReplyLen bytes. With workers given, user must be one
-// of them; with none (a setup that names no worker users: anyone who can
-// publish on the work subject is a worker), any single-token user is taken.
+// *ReplyError. reply must be made of printable ASCII with no wildcard, no
+// empty token and no token starting with '$', at most MaxReplyLen bytes.
+// With workers given, it must be _INBOX.<user>.<token>[.<token>…] with
+// user one of them; with none (a setup that names no worker users: anyone
+// who can publish on the work subject is a worker), _INBOX.<token>[…] of
+// any user, a client's default inbox included.
 func CheckReply(reply string, workers []string) (user string, err error) {
 	refuse := func(reason, format string, a ...any) (string, error) {
 		return "", &ReplyError{Reason: reason, Msg: fmt.Sprintf(format, a...)}
@@ -78,7 +79,14 @@ func CheckReply(reply string, workers []string) (user string, err error) {
 			return refuse(ReplyMalformed, "a token starts with '$'")
 		}
 	}
-	if tokens[0] != WorkerInboxRoot || len(tokens) < 3 {
+	// A named worker's inbox is _INBOX.<user>.>, which _INBOX.<user> itself
+	// is not in; with no worker named, a client's default inbox,
+	// _INBOX.<random>, is its own.
+	minTokens := 3
+	if len(workers) == 0 {
+		minTokens = 2
+	}
+	if tokens[0] != WorkerInboxRoot || len(tokens) < minTokens {
 		return refuse(ReplyNotInbox, "not inside a worker's inbox %s.<user>.", WorkerInboxRoot)
 	}
 	user = tokens[1]

@@ -31,6 +31,8 @@ func TestCheckReply(t *testing.T) {
 		{"another worker's inbox", "_INBOX.render-3.abc", workers, "", dispatch.ReplyNotWorker},
 		{"a publisher's inbox", "_INBOX.shop.abc", workers, "", dispatch.ReplyNotWorker},
 		{"inbox root only", "_INBOX.render-1", workers, "", dispatch.ReplyNotInbox},
+		{"default inbox when none named", "_INBOX.Zx9nuid", nil, "Zx9nuid", ""},
+		{"bare root", "_INBOX", nil, "", dispatch.ReplyNotInbox},
 		{"stream purge", "$JS.API.STREAM.PURGE.THROTTLE_DEAD", workers, "", dispatch.ReplyMalformed},
 		{"stream delete", "$JS.API.STREAM.DELETE.THROTTLE_demo", nil, "", dispatch.ReplyMalformed},
 		{"consumer delete", "$JS.API.CONSUMER.DELETE.THROTTLE_demo.drain", nil, "", dispatch.ReplyMalformed},
@@ -139,7 +141,9 @@ func TestPullRefusesForeignReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	result := make(chan dispatch.Result, 1)
-	go func() { result <- p.Deliver(context.Background(), dispatch.Job{ID: "j-1", Lane: "demo", Payload: []byte("x")}) }()
+	go func() {
+		result <- p.Deliver(context.Background(), dispatch.Job{ID: "j-1", Lane: "demo", Payload: []byte("x")})
+	}()
 	m, err := jobs.NextMsg(5 * time.Second)
 	if err != nil || m.Subject != "_INBOX.render-1.ok" || m.Reply == "" {
 		t.Fatalf("the worker of the lane got %v, %v; want the job", m, err)
