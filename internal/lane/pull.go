@@ -28,6 +28,9 @@ func (l *Lane) openTarget(ctx context.Context) (dispatch.Target, func(), error) 
 		nc = l.d.NATS
 	}
 	name := l.cfg.Name
+	for _, reason := range []string{dispatch.ReplyMalformed, dispatch.ReplyNotInbox, dispatch.ReplyNotWorker} {
+		l.d.Metrics.PullRepliesRefused.WithLabelValues(name, reason) // a series from 0, for rate()
+	}
 	p, err := dispatch.OpenPull(nc, dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log,
 		Workers: l.d.Workers[name],
 		Refused: func(reason string) { l.d.Metrics.PullRepliesRefused.WithLabelValues(name, reason).Inc() }})
