@@ -37,7 +37,7 @@ func natsCLI(args []string, stderr io.Writer) int {
 	}
 	c := natsCommand{server: os.Getenv("NATS_URL"), user: os.Getenv("NATS_USER"), password: os.Getenv("NATS_PASSWORD"), queue: "NATS-RPLY-22"}
 	if err := c.parse(args); err != nil {
-		return fail(fmt.Errorf("%w (this nats is the test stand-in in natscli_test.go: it knows pub and reply only)", err))
+		return fail(fmt.Errorf("%w (this nats is the test stand-in in natscli_test.go: it knows pub, reply and sub only)", err))
 	}
 	if c.server == "" {
 		c.server = nats.DefaultURL

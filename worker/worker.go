@@ -23,6 +23,10 @@
 //		}))
 //	if err != nil { … }
 //	err = pool.Run(ctx) // until ctx ends
+//
+// A worker that logs in as a worker user (nats.workers, docs/WORKERS.md)
+// connects with that user's inbox prefix, InboxPrefix(user): the throttler
+// answers a pull request only inside the inbox of a worker of the lane.
 package worker
 
 import (

@@ -297,7 +297,7 @@ func EmbeddedWorkers(workers []config.Worker, lanes []config.Lane) []queue.Embed
 	for _, w := range workers {
 		var publish []string
 		for _, l := range lanes {
-			if !l.Target.Pull() || (len(w.Lanes) > 0 && !slices.Contains(w.Lanes, l.Name)) {
+			if !l.Target.Pull() || !w.Serves(l.Name) {
 				continue
 			}
 			publish = append(publish, l.Target.NATS.Subject, dispatch.AckPrefix(l.Target.NATS.Subject)+".>")

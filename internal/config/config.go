@@ -130,12 +130,16 @@ const EmbeddedPullUser = "throttler-pull"
 func (n NATS) WorkersOf(lane string) []string {
 	var out []string
 	for _, w := range n.Workers {
-		if len(w.Lanes) == 0 || slices.Contains(w.Lanes, lane) {
+		if w.Serves(lane) {
 			out = append(out, w.User)
 		}
 	}
 	return out
 }
+
+// Serves reports whether the worker serves lane: it lists it, or lists
+// no lane (every pull-mode lane).
+func (w Worker) Serves(lane string) bool { return len(w.Lanes) == 0 || slices.Contains(w.Lanes, lane) }
 
 // NATSTLS configures TLS to an external NATS server.
 type NATSTLS struct {
