@@ -189,3 +189,36 @@ func TestPullRefusesForeignReplies(t *testing.T) {
 		}
 	}
 }
+
+// TestPullGuessedInboxGetsNothing: a worker may name the inbox of another
+// worker of the same lane (NATS does not say who asked), but not the
+// random subject that worker listens on: the job handed there finds no
+// subscriber and comes back unstarted (ErrWorkerGone).
+func TestPullGuessedInboxGetsNothing(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := dispatch.OpenPull(nc, dispatch.PullConfig{Subject: "work", Workers: []string{"render-1", "render-2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	m := nats.NewMsg("work")
+	m.Reply = "_INBOX.render-2.guessed"
+	m.Header.Set(api.HeaderExpires, "5000")
+	if err := nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res := p.Deliver(ctx, dispatch.Job{ID: "j-1", Lane: "demo", Payload: []byte("x")})
+	if !res.Unstarted || !errors.Is(res.Err, dispatch.ErrWorkerGone) {
+		t.Fatalf("result %+v, want unstarted with ErrWorkerGone", res)
+	}
+}
