@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
@@ -286,5 +287,53 @@ func TestOpenNATSEmbeddedPullUser(t *testing.T) {
 	case err := <-errs:
 		t.Fatalf("a publisher may not read its own inbox: %v", err)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestOpenNATSExternalPullLogin: on an external server, NATS.Pull logs in
+// with nats.pull_login; with the documented pull user's permissions it can
+// answer a worker's inbox and nothing else, and a wrong login fails the
+// start naming nats.pull_login.
+func TestOpenNATSExternalPullLogin(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(), Users: []*server.User{
+		{Username: "throttler", Password: "own-secret"},
+		{Username: "throttler-pull", Password: "pull-secret", Permissions: queue.PullPermissions([]string{"render-1"}, []string{"renders.work"})},
+	}})
+	cfg := config.NATS{URL: srv.ClientURL(), User: "throttler", Password: "own-secret",
+		PullLogin: config.NATSLogin{User: "throttler-pull", Password: "pull-secret"},
+		Workers:   []config.Worker{{User: "render-1"}}}
+	lanes := []config.Lane{{Name: "renders", Target: config.Target{NATS: &config.NATSTarget{Subject: "renders.work", Mode: config.NATSModePull}}}}
+	n, err := backend.OpenNATS(cfg, lanes, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if n.Pull == n.Conn {
+		t.Fatal("nats.pull_login did not open a connection of its own")
+	}
+	spy, err := n.Conn.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{"$JS.API.STREAM.DELETE.THROTTLE_renders", "throttler.control.renders", "_INBOX.render-1.ok"} {
+		if err := n.Pull.Publish(subject, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Pull.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := spy.NextMsg(5 * time.Second); err != nil || m.Subject != "_INBOX.render-1.ok" {
+		t.Fatalf("through the pull login: %v, %v; want only _INBOX.render-1.ok", m, err)
+	}
+	_ = spy.Unsubscribe() // nothing left for Close's drain to wait on
+
+	cfg.PullLogin.Password = "wrong"
+	if _, err := backend.OpenNATS(cfg, lanes, quiet); err == nil || !strings.Contains(err.Error(), "nats.pull_login") {
+		t.Fatalf("a wrong pull login: %v, want an error naming nats.pull_login", err)
 	}
 }
