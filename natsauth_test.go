@@ -130,6 +130,18 @@ func (s *trustSetup) connect(t *testing.T, user, pw, inbox string) *nats.Conn {
 	return nc
 }
 
+// connectWorker logs in as a worker user with its inbox prefix, as
+// docs/WORKERS.md shows it.
+func (s *trustSetup) connectWorker(t *testing.T, user, pw string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.url, nats.UserInfo(user, pw), worker.InboxPrefix(user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // cli runs the nats command as user, as an outsider would, and returns its
 // output and error.
 func (s *trustSetup) cli(t *testing.T, user, pw string, args ...string) (string, error) {
@@ -192,7 +204,7 @@ func TestPullWorkerCannotSteerTheThrottler(t *testing.T) {
 	// payload "poison" goes to the dead letters.
 	var mu sync.Mutex
 	done := map[string]bool{}
-	runPool(t, s.connect(t, "render-1", render1PW, queue.UserInbox("render-1")), rendersWork, "render-1", func(j *worker.Job) error {
+	runPool(t, s.connectWorker(t, "render-1", render1PW), rendersWork, "render-1", func(j *worker.Job) error {
 		if string(j.Payload) == "poison" {
 			return worker.Dead(errors.New("poison"))
 		}
@@ -324,7 +336,7 @@ func TestInboxesArePrivate(t *testing.T) {
 		t.Fatalf("partner's publish with its inbox prefix: %v\n%s", err, out)
 	}
 	testenv.Eventually(t, 20*time.Second, "lane other's job at its target", func() bool { return sink.has(secretOther) })
-	runPool(t, s.connect(t, "render-1", render1PW, queue.UserInbox("render-1")), rendersWork, "render-1", func(*worker.Job) error {
+	runPool(t, s.connectWorker(t, "render-1", render1PW), rendersWork, "render-1", func(*worker.Job) error {
 		return worker.Dead(errors.New("no"))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
