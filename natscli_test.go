@@ -19,8 +19,10 @@ import (
 
 // natsCLI is a stand-in for the nats command line tool
 // (github.com/nats-io/natscli), for the part of it that docs/RECIPES.md
-// uses: `pub` (with --jetstream) and `reply`, with the global --server,
-// --user and --password flags, written as the tool writes them. The recipe
+// uses, and that the trust tests use as an attacker would: `pub` (with
+// --jetstream, or --reply), `reply` and `sub` (with --count), with the
+// global --server, --user, --password and --inbox-prefix flags, written as
+// the tool writes them. The recipe
 // tests put the test binary on PATH under the name nats, so that the
 // recipes' commands run as written without downloading the tool. It prints
 // what the tool prints, on stderr as the tool does. Any other command or flag
@@ -35,14 +37,25 @@ func natsCLI(args []string, stderr io.Writer) int {
 	}
 	c := natsCommand{server: os.Getenv("NATS_URL"), user: os.Getenv("NATS_USER"), password: os.Getenv("NATS_PASSWORD"), queue: "NATS-RPLY-22"}
 	if err := c.parse(args); err != nil {
-		return fail(fmt.Errorf("%w (this nats is the test stand-in in natscli_test.go: it knows pub and reply only)", err))
+		return fail(fmt.Errorf("%w (this nats is the test stand-in in natscli_test.go: it knows pub, reply and sub only)", err))
 	}
 	if c.server == "" {
 		c.server = nats.DefaultURL
 	}
 	var asyncErr atomic.Pointer[error] // a permissions violation arrives on its own
-	nc, err := nats.Connect(c.server, nats.UserInfo(c.user, c.password), nats.Name("nats stand-in"),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { asyncErr.Store(&err) }))
+	violation := make(chan struct{}, 1)
+	opts := []nats.Option{nats.UserInfo(c.user, c.password), nats.Name("nats stand-in"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			asyncErr.Store(&err)
+			select {
+			case violation <- struct{}{}:
+			default:
+			}
+		})}
+	if c.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.inboxPrefix))
+	}
+	nc, err := nats.Connect(c.server, opts...)
 	if err != nil {
 		return fail(err)
 	}
@@ -53,6 +66,7 @@ func natsCLI(args []string, stderr io.Writer) int {
 	switch c.command {
 	case "pub", "publish":
 		msg := nats.NewMsg(c.subject)
+		msg.Reply = c.reply
 		msg.Data = []byte(c.body)
 		for _, h := range c.headers {
 			msg.Header.Add(h[0], h[1])
@@ -66,6 +80,9 @@ func natsCLI(args []string, stderr io.Writer) int {
 			}
 			if err := nc.LastError(); err != nil {
 				return fail(err)
+			}
+			if e := asyncErr.Load(); e != nil {
+				return fail(*e)
 			}
 			logf("Published %d bytes to %q", len(msg.Data), c.subject)
 			return 0
@@ -89,6 +106,31 @@ func natsCLI(args []string, stderr io.Writer) int {
 			dup = " Duplicate: true"
 		}
 		logf("Stored in Stream: %s Sequence: %d%s", ack.Stream, ack.Sequence, dup)
+		return 0
+	case "sub", "subscribe":
+		n := 0
+		done := make(chan struct{})
+		_, err := nc.Subscribe(c.subject, func(m *nats.Msg) {
+			n++
+			logf("[#%d] Received on %q\n%s", n, m.Subject, m.Data)
+			if c.count > 0 && n == c.count {
+				close(done)
+			}
+		})
+		if err != nil {
+			return fail(err)
+		}
+		if err := nc.Flush(); err != nil {
+			return fail(err)
+		}
+		logf("Subscribing on %s", c.subject)
+		select {
+		case <-ctx.Done():
+		case <-done:
+		case <-violation:
+			// The server refused the subscription: the tool reports it and ends.
+			return fail(*asyncErr.Load())
+		}
 		return 0
 	case "reply":
 		n := 0
@@ -139,6 +181,7 @@ func natsCLI(args []string, stderr io.Writer) int {
 // natsCommand is a parsed nats command line.
 type natsCommand struct {
 	server, user, password string
+	inboxPrefix, reply     string
 	command, subject, body string
 	headers                [][2]string
 	jetstream              bool
@@ -174,6 +217,10 @@ func (c *natsCommand) parse(args []string) error {
 			c.user, err = next()
 		case "--password":
 			c.password, err = next()
+		case "--inbox-prefix":
+			c.inboxPrefix, err = next()
+		case "--reply":
+			c.reply, err = next()
 		case "-H", "--header":
 			var h string
 			if h, err = next(); err == nil {
@@ -203,7 +250,7 @@ func (c *natsCommand) parse(args []string) error {
 		}
 	}
 	if len(positional) < 2 || len(positional) > 3 {
-		return fmt.Errorf("want: nats [flags] pub|reply SUBJECT BODY, got %q", args)
+		return fmt.Errorf("want: nats [flags] pub|reply|sub SUBJECT [BODY], got %q", args)
 	}
 	c.command, c.subject = positional[0], positional[1]
 	if len(positional) == 3 {
@@ -217,6 +264,12 @@ func (c *natsCommand) parse(args []string) error {
 	isPub := c.command == "pub" || c.command == "publish"
 	if c.jetstream && !isPub {
 		return fmt.Errorf("--jetstream is a flag of pub")
+	}
+	if c.reply != "" && (!isPub || c.jetstream) {
+		return fmt.Errorf("--reply is a flag of pub without --jetstream")
+	}
+	if (c.command == "sub" || c.command == "subscribe") && (c.body != "" || len(c.headers) > 0 || c.queue != "NATS-RPLY-22") {
+		return fmt.Errorf("sub takes a subject and --count only")
 	}
 	if isPub && (c.count != 0 || c.queue != "NATS-RPLY-22") {
 		return fmt.Errorf("--count and --queue are not supported with pub")

@@ -394,7 +394,9 @@ func TestOperationsDocsFollowTheCode(t *testing.T) {
 	// Registered only with Redis (the store that can lose states). The
 	// caller quotas' metrics exist with a callers section, which the
 	// registry's config has.
-	conditional := map[string]bool{"throttler_pacer_states_restored_total": true}
+	// throttler_pull_replies_refused_total has series for pull-mode lanes
+	// only.
+	conditional := map[string]bool{"throttler_pacer_states_restored_total": true, "throttler_pull_replies_refused_total": true}
 	documented := rows("Metrics")
 	for name := range registry(t) {
 		if strings.HasPrefix(name, "throttler_") && !documented[name] {

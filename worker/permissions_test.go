@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -80,5 +81,40 @@ func TestWorkerPermissions(t *testing.T) {
 	}
 	if len(poolErrs) > 0 {
 		t.Errorf("the pool needed more than the documented permissions: %v", poolErrs)
+	}
+}
+
+// TestNewWarnsOfAForeignInboxPrefix: a connection that logs in as a user
+// but keeps another inbox prefix would never be answered; New says so,
+// and says nothing with InboxPrefix(user).
+func TestNewWarnsOfAForeignInboxPrefix(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(),
+		Users: []*server.User{{Username: "render-1", Password: "pw"}}})
+	for _, tc := range []struct {
+		name string
+		opts []nats.Option
+		warn bool
+	}{
+		{"default prefix", nil, true},
+		{"another user's prefix", []nats.Option{worker.InboxPrefix("render-2")}, true},
+		{"its own prefix", []nats.Option{worker.InboxPrefix("render-1")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, err := nats.Connect(srv.ClientURL(), append(tc.opts, nats.UserInfo("render-1", "pw"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			var logs strings.Builder
+			_, err = worker.New(nc, worker.Config{Subject: workSubject, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+				worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(logs.String(), "inbox prefix is not its user's"); got != tc.warn {
+				t.Fatalf("warned %v, want %v: %s", got, tc.warn, logs.String())
+			}
+		})
 	}
 }

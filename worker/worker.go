@@ -23,6 +23,10 @@
 //		}))
 //	if err != nil { … }
 //	err = pool.Run(ctx) // until ctx ends
+//
+// A worker that logs in as a worker user (nats.workers, docs/WORKERS.md)
+// connects with that user's inbox prefix, InboxPrefix(user): the throttler
+// answers a pull request only inside the inbox of a worker of the lane.
 package worker
 
 import (
@@ -204,8 +208,28 @@ func New(nc *nats.Conn, cfg Config, h Handler) (*Pool, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Pool{nc: nc, cfg: cfg, handler: h, log: log.With("component", "worker", "subject", cfg.Subject)}, nil
+	p := &Pool{nc: nc, cfg: cfg, handler: h, log: log.With("component", "worker", "subject", cfg.Subject)}
+	if user := nc.Opts.User; user != "" && nc.Opts.InboxPrefix != inboxRoot+"."+user {
+		// The throttler answers only inside a worker user's own inbox:
+		// every pull request of this pool would go unanswered.
+		p.log.Warn("the connection's inbox prefix is not its user's: the throttler will not answer it",
+			"user", user, "inbox_prefix", nc.Opts.InboxPrefix, "fix", "connect with worker.InboxPrefix(user)")
+	}
+	return p, nil
 }
+
+// inboxRoot is the first token of a worker user's inbox prefix.
+const inboxRoot = "_INBOX"
+
+// InboxPrefix is the connection option of a worker user's connection:
+// its inboxes are then _INBOX.<user>.…, the only subjects the throttler
+// answers a worker on (for the lanes the worker user is listed for in
+// nats.workers) and the only ones the worker may read under the
+// permissions of docs/WORKERS.md. It is nats.CustomInboxPrefix("_INBOX." +
+// user); the nats CLI spells it --inbox-prefix _INBOX.<user>.
+//
+//	nc, err := nats.Connect(url, nats.UserInfo("render-1", pw), worker.InboxPrefix("render-1"))
+func InboxPrefix(user string) nats.Option { return nats.CustomInboxPrefix(inboxRoot + "." + user) }
 
 // Run serves jobs until ctx ends, then stops gracefully (see the package
 // doc) and returns nil; it returns early only with an error that stops

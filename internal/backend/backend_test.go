@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
@@ -196,4 +197,143 @@ func TestOpenNATSErrors(t *testing.T) {
 			t.Fatal("an embedded server on a listen address without a port started")
 		}
 	})
+}
+
+// TestOpenNATSEmbeddedPullUser: with nats.user and a pull-mode lane, the
+// embedded server has a pull user and NATS.Pull logs in as it: it may
+// publish to the lane's workers' inboxes and nowhere else (not the
+// JetStream API, a control subject, a lane's intake, the throttler's
+// inbox, nor a publisher's inbox). The throttler's own connection uses
+// queue.ThrottlerInbox; a publisher may subscribe to its own inbox only.
+func TestOpenNATSEmbeddedPullUser(t *testing.T) {
+	t.Parallel()
+	listen := testenv.FreeAddr(t)
+	cfg := config.NATS{DataDir: t.TempDir(), Listen: listen, User: "throttler", Password: "own-secret",
+		Publishers: []config.Publisher{{User: "shop", Password: "shop-secret", Lanes: []string{"demo"}}},
+		Workers:    []config.Worker{{User: "render-1", Password: "w-secret"}}}
+	lanes := []config.Lane{{Name: "demo", MaxBody: 1 << 20},
+		{Name: "renders", MaxBody: 1 << 20, Target: config.Target{NATS: &config.NATSTarget{Subject: "renders.work", Mode: config.NATSModePull}}}}
+	n, err := backend.OpenNATS(cfg, lanes, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if n.Pull == nil || n.Pull == n.Conn {
+		t.Fatal("no pull connection of its own")
+	}
+	if got := n.Conn.Opts.InboxPrefix; got != queue.ThrottlerInbox {
+		t.Errorf("the throttler's inbox prefix is %q, want %q", got, queue.ThrottlerInbox)
+	}
+	if !strings.HasPrefix(n.Conn.NewRespInbox(), queue.ThrottlerInbox+".") {
+		t.Errorf("a JetStream reply inbox %q is outside %s", n.Conn.NewRespInbox(), queue.ThrottlerInbox)
+	}
+
+	// What the pull connection publishes is seen by the throttler's own
+	// (all-powerful) connection, if the server lets it through.
+	spy, err := n.Conn.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{"$JS.API.STREAM.PURGE.THROTTLE_DEAD", "throttler.control.demo", "throttle.demo",
+		queue.ThrottlerInbox + ".x", "_INBOX.shop.x", "_INBOX.render-1.ok"} {
+		if err := n.Pull.Publish(subject, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Pull.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := spy.NextMsg(5 * time.Second)
+	if err != nil || m.Subject != "_INBOX.render-1.ok" {
+		t.Fatalf("first message through the pull user: %v, %v; want only _INBOX.render-1.ok", m, err)
+	}
+	if m, err := spy.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("the pull user published on %s", m.Subject)
+	}
+
+	errs := make(chan error, 4)
+	shop, err := nats.Connect("nats://"+listen, nats.UserInfo("shop", "shop-secret"), nats.CustomInboxPrefix(queue.UserInbox("shop")),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shop.Close()
+	for _, subject := range []string{"_INBOX.>", queue.ThrottlerInbox + ".>"} {
+		if _, err := shop.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+		if err := shop.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Fatalf("subscribe to %s: %v", subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a publisher subscribed to %s", subject)
+		}
+	}
+	if _, err := shop.SubscribeSync("_INBOX.shop.>"); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a publisher may not read its own inbox: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestOpenNATSExternalPullLogin: on an external server, NATS.Pull logs in
+// with nats.pull_login; with the documented pull user's permissions it can
+// answer a worker's inbox and nothing else, and a wrong login fails the
+// start naming nats.pull_login.
+func TestOpenNATSExternalPullLogin(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartNATSWith(t, &server.Options{Port: -1, StoreDir: t.TempDir(), Users: []*server.User{
+		{Username: "throttler", Password: "own-secret"},
+		{Username: "throttler-pull", Password: "pull-secret", Permissions: queue.PullPermissions([]string{"render-1"}, []string{"renders.work"})},
+	}})
+	cfg := config.NATS{URL: srv.ClientURL(), User: "throttler", Password: "own-secret",
+		PullLogin: config.NATSLogin{User: "throttler-pull", Password: "pull-secret"},
+		Workers:   []config.Worker{{User: "render-1"}}}
+	lanes := []config.Lane{{Name: "renders", Target: config.Target{NATS: &config.NATSTarget{Subject: "renders.work", Mode: config.NATSModePull}}}}
+	n, err := backend.OpenNATS(cfg, lanes, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if n.Pull == n.Conn {
+		t.Fatal("nats.pull_login did not open a connection of its own")
+	}
+	spy, err := n.Conn.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{"$JS.API.STREAM.DELETE.THROTTLE_renders", "throttler.control.renders", "_INBOX.render-1.ok"} {
+		if err := n.Pull.Publish(subject, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Pull.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := spy.NextMsg(5 * time.Second); err != nil || m.Subject != "_INBOX.render-1.ok" {
+		t.Fatalf("through the pull login: %v, %v; want only _INBOX.render-1.ok", m, err)
+	}
+	_ = spy.Unsubscribe() // nothing left for Close's drain to wait on
+
+	cfg.PullLogin.Password = "wrong"
+	if _, err := backend.OpenNATS(cfg, lanes, quiet); err == nil || !strings.Contains(err.Error(), "nats.pull_login") {
+		t.Fatalf("a wrong pull login: %v, want an error naming nats.pull_login", err)
+	}
 }

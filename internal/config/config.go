@@ -7,6 +7,7 @@ package config
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -89,11 +90,56 @@ type NATS struct {
 	// publish jobs on the public subjects of its lanes (all lanes when
 	// none are listed), and nothing else.
 	Publishers []Publisher `yaml:"publishers"`
-	// Workers are outside workers of the embedded server's pull-mode
-	// lanes: each may ask for jobs and report outcomes on its lanes' work
-	// subjects, and read its own inbox (_INBOX.<user>.>), nothing else.
+	// Workers are the worker users of pull-mode lanes. The throttler
+	// answers a pull request only on a reply subject inside the inbox of a
+	// worker of its lane, _INBOX.<user>.; a lane no worker names answers
+	// any _INBOX.<user>. inbox. On the embedded server they are its users
+	// (with a password): each may ask for jobs and report outcomes on its
+	// lanes' work subjects, and read its own inbox, nothing else. On an
+	// external server they are names only (no password): the server's
+	// operator gives them the permissions of docs/WORKERS.md.
 	Workers []Worker `yaml:"workers"`
+	// PullLogin is the login of the connection that talks to pull-mode
+	// workers on an external server: a user that may publish to the
+	// workers' inboxes only (docs/OPERATIONS.md). Unset, the throttler's
+	// own connection answers them (a warning at start). The embedded
+	// server creates this user itself (EmbeddedPullUser).
+	PullLogin NATSLogin `yaml:"pull_login"`
 }
+
+// NATSLogin logs in to an external NATS server: user and password, or a
+// JWT .creds file, or an nkey seed file.
+type NATSLogin struct {
+	User         string `yaml:"user"`
+	Password     string `yaml:"password"`
+	CredsFile    string `yaml:"creds_file"`
+	NkeySeedFile string `yaml:"nkey_seed_file"`
+}
+
+// Set reports whether any login is given.
+func (l NATSLogin) Set() bool { return l != NATSLogin{} }
+
+// EmbeddedPullUser is the user the embedded server creates for the
+// connection that talks to pull-mode workers: it may publish to the
+// workers' inboxes and read the lanes' work and outcome subjects, nothing
+// else. No other user may take the name.
+const EmbeddedPullUser = "throttler-pull"
+
+// WorkersOf returns the worker users of lane (those that list it, or list
+// no lane), in config order; none when no worker names it.
+func (n NATS) WorkersOf(lane string) []string {
+	var out []string
+	for _, w := range n.Workers {
+		if w.Serves(lane) {
+			out = append(out, w.User)
+		}
+	}
+	return out
+}
+
+// Serves reports whether the worker serves lane: it lists it, or lists
+// no lane (every pull-mode lane).
+func (w Worker) Serves(lane string) bool { return len(w.Lanes) == 0 || slices.Contains(w.Lanes, lane) }
 
 // NATSTLS configures TLS to an external NATS server.
 type NATSTLS struct {
@@ -111,7 +157,8 @@ type Publisher struct {
 	Lanes    []string `yaml:"lanes"`
 }
 
-// Worker is a pull-mode worker user of the embedded NATS server.
+// Worker is a pull-mode worker user: of the embedded NATS server (with a
+// password), or of an external one (a name only).
 type Worker struct {
 	User     string `yaml:"user"`
 	Password string `yaml:"password"`

@@ -43,7 +43,7 @@ func configSecret(field string) secretKind {
 	case field == "lanes[].target.http.signing_secrets":
 		return secretList
 	case field == "nats.url", field == "redis.url", field == "auth.keys[].sha256",
-		field == "nats.password", field == "nats.publishers[].password", field == "nats.workers[].password",
+		field == "nats.password", field == "nats.publishers[].password", field == "nats.workers[].password", field == "nats.pull_login.password",
 		strings.HasPrefix(field, "lanes[].target.http.headers."):
 		return secretValue
 	}

@@ -112,6 +112,25 @@ func ownSubject(subject string) (pattern string, own bool) {
 	return "", false
 }
 
+// validate checks nats.pull_login: user and password together, or one
+// creds_file, or one nkey_seed_file.
+func (l NATSLogin) validate() error {
+	fail := func(field, msg string) error { return &Error{Field: "nats.pull_login." + field, Msg: msg} }
+	if (l.User == "") != (l.Password == "") {
+		return fail("password", "user and password go together")
+	}
+	n := 0
+	for _, set := range []bool{l.User != "", l.CredsFile != "", l.NkeySeedFile != ""} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return fail("creds_file", "give one of user and password, creds_file, nkey_seed_file")
+	}
+	return nil
+}
+
 // checkListen checks a listen address and returns what is wrong with it, or
 // "". The host is an IP address or localhost; it may be left out (":8080",
 // every interface) unless needHost. The port is a number from 0 to 65535; 0
@@ -448,10 +467,16 @@ func (n NATS) validateAuth(lanes []Lane) error {
 		if len(n.Workers) > 0 && n.User == "" {
 			return fail("workers", "need nats.user and nats.password for the throttler's own user")
 		}
-	} else if len(n.Publishers) > 0 {
-		return fail("publishers", "are users of the embedded server; on an external server give them the permissions in docs/OPERATIONS.md")
-	} else if len(n.Workers) > 0 {
-		return fail("workers", "are users of the embedded server; on an external server give them the permissions in docs/WORKERS.md")
+		if n.PullLogin.Set() {
+			return fail("pull_login", "is for an external server (nats.url); the embedded server creates its pull user (%s) itself", EmbeddedPullUser)
+		}
+	} else {
+		if len(n.Publishers) > 0 {
+			return fail("publishers", "are users of the embedded server; on an external server give them the permissions in docs/OPERATIONS.md")
+		}
+		if err := n.PullLogin.validate(); err != nil {
+			return err
+		}
 	}
 	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
 		return fail("tls.key_file", "tls.cert_file and tls.key_file go together")
@@ -460,12 +485,17 @@ func (n NATS) validateAuth(lanes []Lane) error {
 	for _, l := range lanes {
 		known[l.Name] = true
 	}
-	users := map[string]bool{n.User: true}
+	if embedded && n.User == EmbeddedPullUser {
+		return fail("user", "%q is the embedded server's pull user; choose another name", n.User)
+	}
+	users := map[string]bool{n.User: true, EmbeddedPullUser: true}
 	for i, p := range n.Publishers {
 		f := fmt.Sprintf("publishers[%d]", i)
 		switch {
 		case p.User == "" || p.Password == "":
 			return fail(f, "needs user and password")
+		case !workerUser.MatchString(p.User):
+			return fail(f+".user", "%q must be 1-64 letters, digits, '_' or '-' (it names the publisher's inbox, _INBOX.<user>)", p.User)
 		case users[p.User]:
 			return fail(f+".user", "%q is already a user", p.User)
 		}
@@ -485,8 +515,10 @@ func (n NATS) validateAuth(lanes []Lane) error {
 	for i, w := range n.Workers {
 		f := fmt.Sprintf("workers[%d]", i)
 		switch {
-		case w.User == "" || w.Password == "":
+		case embedded && (w.User == "" || w.Password == ""):
 			return fail(f, "needs user and password")
+		case !embedded && w.Password != "":
+			return fail(f+".password", "is for the embedded server; with nats.url the server holds the worker's password (list its user only)")
 		case !workerUser.MatchString(w.User):
 			return fail(f+".user", "%q must be 1-64 letters, digits, '_' or '-' (it names the worker's inbox, _INBOX.<user>)", w.User)
 		case users[w.User]:

@@ -134,3 +134,38 @@ func FuzzGuard(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckReply: whatever a worker names as its reply subject, CheckReply
+// never panics, and what it accepts is a literal subject inside the inbox
+// of a listed worker: _INBOX.<worker>.<token>…, printable ASCII, no
+// wildcard, no empty token, no '$' token, at most MaxReplyLen bytes.
+func FuzzCheckReply(f *testing.F) {
+	for _, s := range []string{"_INBOX.w.1", "$JS.API.STREAM.PURGE.X", "_INBOX.w.>", "_INBOX..x", "_INBOX.w", "throttler.control.x", "_INBOX.w.a\x7f", "_INBOX.v.1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, reply string) {
+		user, err := CheckReply(reply, []string{"w", "x-1"})
+		if err != nil {
+			if user != "" || !errors.Is(err, ErrReplyRefused) {
+				t.Fatalf("refused %q with user %q and %v", reply, user, err)
+			}
+			return
+		}
+		if user != "w" && user != "x-1" {
+			t.Fatalf("accepted %q for user %q, not a listed worker", reply, user)
+		}
+		if len(reply) > MaxReplyLen || !strings.HasPrefix(reply, "_INBOX."+user+".") {
+			t.Fatalf("accepted %q outside %s's inbox", reply, user)
+		}
+		for _, tok := range strings.Split(reply, ".") {
+			if tok == "" || tok[0] == '$' || strings.ContainsAny(tok, "*>") {
+				t.Fatalf("accepted %q with token %q", reply, tok)
+			}
+		}
+		for _, c := range []byte(reply) {
+			if c <= ' ' || c >= 0x7f {
+				t.Fatalf("accepted %q with byte %#x", reply, c)
+			}
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,14 @@ type PullConfig struct {
 	Lease time.Duration
 	// Logger receives refused outcomes and lost workers; nil discards.
 	Logger *slog.Logger
+	// Workers are the worker users allowed on the lane: a pull request or
+	// an outcome report is answered only on a reply subject inside one of
+	// their inboxes, _INBOX.<user>. (CheckReply). None takes the inbox of
+	// any user.
+	Workers []string
+	// Refused, when set, is told each reply subject refused, with its
+	// reason (ReplyMalformed, ReplyNotInbox, ReplyNotWorker).
+	Refused func(reason string)
 }
 
 // Validate returns an error naming the first bad field, or nil.
@@ -87,6 +96,10 @@ type Pull struct {
 	subject string
 	lease   time.Duration
 	log     *slog.Logger
+	workers []string
+	refused func(reason string)
+	// refusals bounds the log lines of refused reply subjects.
+	refusals logBound
 	// ackPrefix is <subject>.ack.<holder>: outcomes for this target's
 	// leases, and no other instance's.
 	ackPrefix string
@@ -126,6 +139,11 @@ type lease struct {
 // OpenPull subscribes to cfg.Subject (pull requests) and to this target's
 // outcome subjects on nc. StopPulls stops taking pull requests; Close
 // releases both subscriptions.
+//
+// Everything the target sends goes through nc to subjects its workers
+// chose: nc should be a connection that may publish to workers' inboxes
+// only (docs/OPERATIONS.md, the pull user), so that a reply subject that
+// got past CheckReply still could not reach the throttler's own subjects.
 func OpenPull(nc *nats.Conn, cfg PullConfig) (*Pull, error) {
 	if nc == nil {
 		return nil, errors.New("dispatch: pull: nil connection")
@@ -134,7 +152,8 @@ func OpenPull(nc *nats.Conn, cfg PullConfig) (*Pull, error) {
 		return nil, err
 	}
 	p := &Pull{nc: nc, subject: cfg.Subject, lease: cfg.Lease, log: cfg.Logger, parked: list.New(),
-		arrived: make(chan struct{}), leases: map[string]*lease{}}
+		arrived: make(chan struct{}), leases: map[string]*lease{},
+		workers: slices.Clone(cfg.Workers), refused: cfg.Refused}
 	if p.lease == 0 {
 		p.lease = DefaultLease
 	}
@@ -169,7 +188,7 @@ func (p *Pull) Lease() time.Duration { return p.lease }
 
 // onPull parks a worker's pull request until a job or its expiry.
 func (p *Pull) onPull(m *nats.Msg) {
-	if m.Reply == "" {
+	if m.Reply == "" || !p.replyOK(m, "pull request") {
 		return
 	}
 	expires := api.DefaultPullExpires
@@ -376,6 +395,12 @@ func (p *Pull) deliver(ctx context.Context, job Job) Result {
 // outcome is accepted only for a lease this target handed out and has not
 // settled, and (when it carries Idempotency-Key) only for that lease's job.
 func (p *Pull) onOutcome(m *nats.Msg) {
+	if m.Reply != "" && !p.replyOK(m, "outcome") {
+		// Not applied either: a worker that names such a subject is not
+		// following the protocol; the lease runs out and the job is
+		// retried.
+		return
+	}
 	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	p.mu.Lock()
 	l := p.leases[token]
@@ -421,6 +446,58 @@ func (p *Pull) onOutcome(m *nats.Msg) {
 	if m.Reply != "" {
 		p.answer(m.Reply, api.StatusAccepted, "")
 	}
+}
+
+// replyOK reports whether m's reply subject may be answered (CheckReply);
+// a refused one is counted and logged, at most one line a second.
+func (p *Pull) replyOK(m *nats.Msg, what string) bool {
+	_, err := CheckReply(m.Reply, p.workers)
+	if err == nil {
+		return true
+	}
+	reason := ReplyMalformed
+	var re *ReplyError
+	if errors.As(err, &re) {
+		reason = re.Reason
+	}
+	if p.refused != nil {
+		p.refused(reason)
+	}
+	if n, ok := p.refusals.take(time.Now()); ok {
+		p.log.Warn("worker reply subject refused; not answered", "what", what, "subject", m.Subject,
+			"reply", cut(m.Reply, 128), "reason", reason, "err", cut(err.Error(), 256),
+			"worker", cut(m.Header.Get(api.HeaderWorker), 64), "refused_since_last_line", n)
+	}
+	return false
+}
+
+// logBound lets one log line through a second, and counts the rest.
+type logBound struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// take reports whether a line may be logged at now, and how many were
+// held back since the last one.
+func (b *logBound) take(now time.Time) (held int, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.last.IsZero() && now.Sub(b.last) < time.Second {
+		b.suppressed++
+		return 0, false
+	}
+	held, b.suppressed, b.last = b.suppressed, 0, now
+	return held, true
+}
+
+// cut returns s cut to at most n bytes, marked with "…" when cut, for
+// values a client chose that go into a log line.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // finish hands a lease its one outcome; false if it had one.

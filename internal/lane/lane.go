@@ -83,6 +83,12 @@ type Deps struct {
 	// Hub carries each HTTP job's slot back to the instance that took it;
 	// nil tells nobody.
 	Hub *queue.Hub
+	// Pull carries pull-mode lanes' traffic with workers: a connection
+	// that may publish to workers' inboxes only; nil uses NATS.
+	Pull *nats.Conn
+	// Workers are the worker users of each pull-mode lane by lane name
+	// (config.NATS.WorkersOf); a lane with none answers any worker inbox.
+	Workers map[string][]string
 }
 
 // Lane is one lane at run time. Create it with New, Run it once, Close it

@@ -54,8 +54,9 @@ func TestInitLaneMakesEverySeries(t *testing.T) {
 	// Every vector field: the lane's own gauges (set by the lane when it
 	// starts, with their true values) are the only ones InitLane leaves.
 	// Callers' series exist when caller quotas are on (Callers.Init, tested
-	// in TestCallersInit).
-	setByLane := map[string]bool{"PacerUp": true, "EffectiveRate": true, "Callers": true}
+	// in TestCallersInit). PullRepliesRefused's series are made by
+	// pull-mode lanes only, with the reasons package dispatch names.
+	setByLane := map[string]bool{"PacerUp": true, "EffectiveRate": true, "Callers": true, "PullRepliesRefused": true}
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		f := v.Type().Field(i)

@@ -54,6 +54,11 @@ type Metrics struct {
 	// settled: delivered, or dead-lettered (retries included).
 	EndToEnd *prometheus.HistogramVec
 
+	// PullRepliesRefused counts reply subjects of pull-mode workers that
+	// were refused and never answered, by lane and reason (malformed,
+	// not_inbox, not_worker).
+	PullRepliesRefused *prometheus.CounterVec
+
 	// Callers are the caller quota collectors.
 	Callers *Callers
 	// HTTP are the API's own requests.
@@ -152,8 +157,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "throttler_job_end_to_end_seconds", Help: "Time from a job's first storing to its settling (delivered or dead-lettered), retries included.",
 			Buckets: waitBuckets,
 		}, lane),
+		PullRepliesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "throttler_pull_replies_refused_total", Help: "Reply subjects of pull-mode workers refused and never answered (outside the inbox of a worker of the lane), by lane and reason.",
+		}, []string{"lane", "reason"}),
 	}
-	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes)
+	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes, m.PullRepliesRefused)
 	m.Callers = newCallers(reg)
 	m.HTTP = newHTTP(reg)
 	m.Backends = newBackends(reg)

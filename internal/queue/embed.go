@@ -28,8 +28,60 @@ type EmbeddedConfig struct {
 	Publishers []EmbeddedPublisher
 	// Workers are outside workers of pull-mode lanes (WorkerPermissions).
 	Workers []EmbeddedWorker
-	Logger  *slog.Logger
+	// Pull, when set, is the user of the connection that talks to
+	// pull-mode workers (PullPermissions); it needs User.
+	Pull   *EmbeddedPull
+	Logger *slog.Logger
 }
+
+// EmbeddedPull is the pull user of the embedded server: the throttler's
+// connection to its pull-mode workers logs in as it.
+type EmbeddedPull struct {
+	User, Password string
+	// Workers are the worker users whose inboxes it may publish to; none
+	// allows every _INBOX.<user>. inbox.
+	Workers []string
+	// Subjects are the pull-mode lanes' work subjects.
+	Subjects []string
+}
+
+// PullPermissions are the NATS permissions of the connection that talks
+// to pull-mode workers, and all it gets: publish to the inboxes of
+// workers (_INBOX.<worker>.>; every _INBOX.> inbox when no worker user is
+// named) and subscribe to the work subjects S (pull requests) and their
+// outcome subjects S.ack.>. Whatever reply subject a worker names, this
+// user cannot publish on the JetStream API, the throttler's own subjects,
+// a lane's intake or the throttler's inbox (ThrottlerInbox).
+// docs/OPERATIONS.md gives the same permissions for an external server.
+func PullPermissions(workers, subjects []string) *server.Permissions {
+	publish := []string{"_INBOX.>"}
+	if len(workers) > 0 {
+		publish = nil
+		for _, w := range workers {
+			publish = append(publish, UserInbox(w)+".>")
+		}
+	}
+	var subscribe []string
+	for _, s := range subjects {
+		subscribe = append(subscribe, s, s+".ack.>")
+	}
+	if len(subscribe) == 0 {
+		// An empty allow list allows everything: deny instead.
+		return &server.Permissions{Publish: &server.SubjectPermission{Allow: publish},
+			Subscribe: &server.SubjectPermission{Deny: []string{">"}}}
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: publish},
+		Subscribe: &server.SubjectPermission{Allow: subscribe},
+	}
+}
+
+// ThrottlerInbox is the inbox prefix of the throttler's own connections
+// (nats.CustomInboxPrefix): JetStream API replies, deliveries and its
+// requests to NATS targets come back on ThrottlerInbox.>, a subject space
+// that no publisher, worker or pull user may subscribe to (their inboxes
+// are _INBOX.<user>.>).
+const ThrottlerInbox = "_INBOX_throttler"
 
 // EmbeddedWorker is an outside worker of the embedded server.
 type EmbeddedWorker struct {
@@ -47,13 +99,14 @@ type EmbeddedWorker struct {
 func WorkerPermissions(user string, publish []string) *server.Permissions {
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: publish},
-		Subscribe: &server.SubjectPermission{Allow: []string{WorkerInbox(user) + ".>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{UserInbox(user) + ".>"}},
 	}
 }
 
-// WorkerInbox is the inbox prefix of a worker user of the embedded
-// server: its connection sets it (nats.CustomInboxPrefix).
-func WorkerInbox(user string) string { return "_INBOX." + user }
+// UserInbox is the inbox prefix of a publisher or worker user: its
+// connection sets it (nats.CustomInboxPrefix, the nats CLI's
+// --inbox-prefix), and it may subscribe to UserInbox(user).> only.
+func UserInbox(user string) string { return "_INBOX." + user }
 
 // EmbeddedPublisher is an outside publisher of the embedded server.
 type EmbeddedPublisher struct {
@@ -65,11 +118,13 @@ type EmbeddedPublisher struct {
 // PublisherPermissions are the NATS permissions an outside publisher of
 // jobs needs, and all it gets: publish on the public subjects of lanes
 // (throttle.<lane> and throttle.<lane>.<key>; every lane when none are
-// given) and receive JetStream's acknowledgements on its inbox. It cannot
+// given) and receive JetStream's acknowledgements on its own inbox,
+// _INBOX.<user>.> (its connection sets that inbox prefix). It cannot
 // write the throttler's own subjects (throttler.>, the retry and dead-letter
-// streams) nor call the JetStream API. docs/OPERATIONS.md gives the same
-// permissions for an external server.
-func PublisherPermissions(lanes []string) *server.Permissions {
+// streams), call the JetStream API, nor read another client's inbox or the
+// throttler's (ThrottlerInbox), where deliveries and API replies travel.
+// docs/OPERATIONS.md gives the same permissions for an external server.
+func PublisherPermissions(user string, lanes []string) *server.Permissions {
 	allow := []string{SubjectPrefix + ".>"}
 	if len(lanes) > 0 {
 		allow = nil
@@ -79,7 +134,7 @@ func PublisherPermissions(lanes []string) *server.Permissions {
 	}
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: allow},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{UserInbox(user) + ".>"}},
 	}
 }
 
@@ -100,10 +155,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	if cfg.User != "" {
 		opts.Users = append(opts.Users, &server.User{Username: cfg.User, Password: cfg.Password})
 		for _, p := range cfg.Publishers {
-			opts.Users = append(opts.Users, &server.User{Username: p.User, Password: p.Password, Permissions: PublisherPermissions(p.Lanes)})
+			opts.Users = append(opts.Users, &server.User{Username: p.User, Password: p.Password, Permissions: PublisherPermissions(p.User, p.Lanes)})
 		}
 		for _, w := range cfg.Workers {
 			opts.Users = append(opts.Users, &server.User{Username: w.User, Password: w.Password, Permissions: WorkerPermissions(w.User, w.Publish)})
+		}
+		if p := cfg.Pull; p != nil {
+			opts.Users = append(opts.Users, &server.User{Username: p.User, Password: p.Password, Permissions: PullPermissions(p.Workers, p.Subjects)})
 		}
 	}
 	if cfg.Listen == "" {

@@ -184,6 +184,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Slots: st.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
+		Pull: nb.Pull, Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))

@@ -34,7 +34,7 @@ func natsWithUsers(t *testing.T) (throttlerURL, publisherURL string) {
 		Port: -1, StoreDir: t.TempDir(),
 		Users: []*server.User{
 			{Username: "throttler", Password: "s3cret"},
-			{Username: "shop", Password: "pub", Permissions: queue.PublisherPermissions([]string{"demo"})},
+			{Username: "shop", Password: "pub", Permissions: queue.PublisherPermissions("shop", []string{"demo"})},
 		},
 	})
 	addr := srv.Addr().String()
@@ -53,7 +53,7 @@ type publisher struct {
 func connectPublisher(t *testing.T, url string) *publisher {
 	t.Helper()
 	p := &publisher{}
-	nc, err := nats.Connect(url, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, nats.CustomInboxPrefix(queue.UserInbox("shop")), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		p.mu.Lock()
 		p.errs = append(p.errs, err)
 		p.mu.Unlock()
