@@ -287,3 +287,51 @@ func TestHandlerAnswerIsNeverRewritten(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBodyBudget: one reserve and give of the body budget per
+// submission, all callers in one budget (perCaller 0) or each caller its
+// share; parallel, 64 callers.
+//
+//	go test -run '^$' -bench 'BodyBudget|ConnWrite' -benchmem ./internal/ingest/
+func BenchmarkBodyBudget(b *testing.B) {
+	for _, perCaller := range []int64{0, 16 << 20} {
+		b.Run("perCaller="+strconv.FormatInt(perCaller, 10), func(b *testing.B) {
+			bud := newBudget(64<<20, perCaller)
+			callers := make([]bodyCaller, 64)
+			for i := range callers {
+				callers[i] = bodyCaller{key: "k" + strconv.Itoa(i)}
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					res, full := bud.reserve(callers[i%len(callers)], 1024, 1<<20)
+					if full != budgetOK {
+						b.Fatal("budget full")
+					}
+					bud.give(res)
+					i++
+				}
+			})
+		})
+	}
+}
+
+// discardConn is a net.Conn whose writes go nowhere.
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkConnWrite: what the refusal check adds to a write of an
+// answer (4 KiB, the server's buffer) on a listener's connection.
+func BenchmarkConnWrite(b *testing.B) {
+	l := LimitListener(nil, ListenerConfig{MaxConnections: 1})
+	l.installed.Store(true)
+	c := newTrackedConn(l, discardConn{}, netip.MustParseAddr("127.0.0.1"))
+	answer := []byte("HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nDate: Sun, 06 Dec 2026 00:00:00 GMT\r\nContent-Length: 4000\r\n\r\n" + strings.Repeat("x", 4000))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(answer)))
+	for b.Loop() {
+		c.Write(answer)
+	}
+}

@@ -65,8 +65,10 @@ func rewriteServerError(b []byte) (out []byte, ok bool) {
 	if !found {
 		return nil, false
 	}
-	i := bytes.Index(rest, []byte(serverErrorHeaders))
-	if i < 0 {
+	// The headers follow the status line: a look at its end, not a
+	// search of the whole write (every answer passes here).
+	i := bytes.IndexByte(rest, '\r')
+	if i < 0 || !bytes.HasPrefix(rest[i:], []byte(serverErrorHeaders)) {
 		return nil, false
 	}
 	status, body := string(rest[:i]), string(rest[i+len(serverErrorHeaders):])
