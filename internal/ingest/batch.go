@@ -86,6 +86,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		rj.reject(*p, "missing_throttle_key", 0)
 		return
 	}
+	if p := batchTrace(r, jobs); p != nil {
+		rj.reject(*p, "invalid_trace_context", 0)
+		return
+	}
 	// The batch costs its caller the lane's cost per item, before
 	// anything is stored; a refusal (429, or 413 over the plan's burst) is
 	// answered there.
@@ -278,6 +282,9 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 		if err := queue.ValidKey(it.ThrottleKey); err != nil {
 			return bad(http.StatusBadRequest, "/throttle_key", "throttle_key: %v", err)
 		}
+	}
+	if p := itemTrace(it.Trace, i, &job); p != nil {
+		return queue.Job{}, p
 	}
 	if len(it.ContentType) > maxContentType {
 		return bad(http.StatusBadRequest, "/content_type", "content_type is %d bytes; at most %d are allowed", len(it.ContentType), maxContentType)

@@ -34,6 +34,7 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
 	"github.com/throttler/throttler/internal/ui"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -143,6 +144,9 @@ type Config struct {
 	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
 	MaxBatchItems int
 	MaxBatchBytes int64
+	// Traces makes an intake span for each submission (trace.go); nil
+	// makes none (the submitter's trace context is stored all the same).
+	Traces trace.TracerProvider
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -184,8 +188,8 @@ func New(cfg Config) (*Handler, error) {
 	// Each route says what its caller needs (docs/API.md, Authentication).
 	// A job costs its lane's cost in caller tokens; a batch is charged
 	// once its items are counted (chargeJobs).
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit))
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.traced("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit)))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.traced("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch)))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -396,6 +400,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("Content-Type is %d bytes; at most %d are allowed", len(ct), maxContentType)}, "invalid_content_type", 0)
 		return
 	}
+	tc, p := jobTrace(r)
+	if p != nil {
+		rj.reject(*p, "invalid_trace_context", 0)
+		return
+	}
 	tooBig := func() {
 		rj.reject(api.Problem{Type: ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Detail: fmt.Sprintf("the body is larger than the lane's max_body of %d bytes", lane.MaxBody)}, "body_too_large", 0)
@@ -424,7 +433,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			Detail: "admission failed: " + err.Error()}, "admission_error", time.Second)
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: r.Header.Get("Content-Type"), Payload: body, Trace: tc}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it

@@ -236,7 +236,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 	for name, typ := range map[string]any{
 		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
-		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
+		"BatchItem": api.BatchItem{}, "Trace": api.Trace{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
 		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
 		"Plans": api.Plans{}, "PerIP": api.PerIP{}, "KeyBacklog": api.KeyBacklog{},
 	} {

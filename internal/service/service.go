@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/apiserver"
@@ -65,7 +66,17 @@ type Service struct {
 	web atomic.Pointer[apiserver.Server]
 	// reloadConfig, when set, reads the config file again for Reload.
 	reloadConfig func() (config.Config, error)
+	// traces makes the intake, queue and attempt spans; nil: none.
+	traces trace.TracerProvider
 }
+
+// TraceWith makes the service record spans through tp: one for each
+// submission, each job's wait in its queue and each delivery attempt
+// (docs/OPERATIONS.md, OpenTelemetry). Without it no span is made, and a
+// job's W3C trace context still travels from its submitter to its target.
+// The caller owns tp (and shuts it down after Run returns). Call it before
+// Run.
+func (s *Service) TraceWith(tp trace.TracerProvider) { s.traces = tp }
 
 // ReloadConfigWith makes Reload read the config file again through load
 // (the API keys in it and the callers section take effect; other settings
@@ -184,7 +195,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Limits: limits,
 		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Slots: st.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
-		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
+		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Traces: s.traces,
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -221,6 +232,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		MaxBatchItems:   s.cfg.HTTP.MaxBatchItems,
 		MaxBatchBytes:   s.cfg.HTTP.BatchBytes(),
 		Ready:           nb.Ready,
+		Traces:          s.traces,
 	})
 	if err != nil {
 		return err
