@@ -144,6 +144,9 @@ type Config struct {
 	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
 	MaxBatchItems int
 	MaxBatchBytes int64
+	// History serves the lanes' throughput history (GET
+	// /v1/lanes/{lane}/history); nil: no such route.
+	History HistoryReader
 	// Traces makes an intake span for each submission (trace.go); nil
 	// makes none (the submitter's trace context is stored all the same).
 	Traces trace.TracerProvider
@@ -205,6 +208,7 @@ func New(cfg Config) (*Handler, error) {
 	h.routeAdmin()
 	h.routeCallers()
 	h.routeKeys()
+	h.routeHistory()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {

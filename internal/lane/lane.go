@@ -84,6 +84,9 @@ type Deps struct {
 	// Hub carries each HTTP job's slot back to the instance that took it;
 	// nil tells nobody.
 	Hub *queue.Hub
+	// HistoryEvery is the interval of the lane's throughput samples
+	// (history.go); zero: DefaultHistoryEvery.
+	HistoryEvery time.Duration
 	// Traces makes the spans of each job's wait and attempts (trace.go);
 	// nil makes none, and the job's trace context still reaches its
 	// target.
@@ -115,6 +118,10 @@ type Lane struct {
 	starts    startWindow  // for the utilization gauge
 	limited   startWindow  // the target's 429 answers, for the status
 	tracer    trace.Tracer // nil with tracing off
+	// startsTotal counts the lane's starts on this instance; hist holds
+	// its samples (history.go).
+	startsTotal atomic.Uint64
+	hist        history
 
 	overMu sync.Mutex
 	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
@@ -264,6 +271,7 @@ func (l *Lane) Run(ctx context.Context) {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	watch.Go(func() { l.watchLimits(watchCtx) })
+	watch.Go(func() { l.watchHistory(watchCtx) })
 	if l.keyed != nil {
 		l.keyed.run(ctx)
 		return

@@ -58,6 +58,9 @@ type Service struct {
 	// queueStatsEvery is how often the lanes' JetStream-derived gauges
 	// are read; zero: lane.DefaultQueueStatsEvery.
 	queueStatsEvery time.Duration
+	// historyEvery is the lanes' throughput sampling interval; zero:
+	// lane.DefaultHistoryEvery.
+	historyEvery time.Duration
 
 	handlers map[string]dispatch.Target
 
@@ -195,7 +198,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Limits: limits,
 		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Slots: st.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
-		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Traces: s.traces,
+		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Traces: s.traces, HistoryEvery: s.historyEvery,
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -223,7 +226,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, History: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
