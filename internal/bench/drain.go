@@ -43,11 +43,13 @@ func runDrain(ctx context.Context, e *env) ([]Result, error) {
 		return nil, err
 	}
 	rows = append(rows, row)
-	row, err = e.drainTracing(ctx, sk, n)
-	if err != nil {
-		return rows, err
+	for _, every := range []int{1, 10} {
+		row, err = e.drainTracing(ctx, sk, n, every)
+		if err != nil {
+			return rows, err
+		}
+		rows = append(rows, row)
 	}
-	rows = append(rows, row)
 
 	url, skip, err := e.redis()
 	if err != nil {

@@ -97,9 +97,14 @@ func (t traced) end(res dispatch.Result, at time.Time) {
 	if t.span == nil {
 		return
 	}
-	t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()))
+	if !t.span.IsRecording() {
+		t.span.End()
+		return
+	}
 	if res.Status != 0 {
-		t.span.SetAttributes(AttrStatus.Int(res.Status))
+		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()), AttrStatus.Int(res.Status))
+	} else {
+		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()))
 	}
 	if res.Verdict != dispatch.Done {
 		msg := res.Verdict.String()
