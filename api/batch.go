@@ -21,6 +21,19 @@ type BatchItem struct {
 	// ThrottleKey is the job's key on a keyed lane, as the Throttle-Key
 	// header of a single submission.
 	ThrottleKey string `json:"throttle_key,omitempty"`
+	// Trace is the job's W3C trace context, as the traceparent,
+	// tracestate and baggage headers of a single submission; an item
+	// without one takes the batch request's headers.
+	Trace *Trace `json:"trace,omitempty"`
+}
+
+// Trace is a job's W3C trace context (https://www.w3.org/TR/trace-context/,
+// https://www.w3.org/TR/baggage/), each field the value of the header of
+// the same name.
+type Trace struct {
+	Traceparent string `json:"traceparent,omitempty"`
+	Tracestate  string `json:"tracestate,omitempty"`
+	Baggage     string `json:"baggage,omitempty"`
 }
 
 // BatchResult is the outcome of one job of a batch: Status 202 and the

@@ -139,9 +139,17 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reg.MustRegister(metrics.NewBuildInfo(b))
 	svc := service.New(cfg, logger, reg)
 	svc.ReloadConfigWith(func() (config.Config, error) { return config.Load(*path, getenv) })
+	tp, stopTracing, err := openTracing(ctx, getenv, b, logger)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		svc.TraceWith(tp)
+	}
 	stopReload := reloadOnHUP(logger, svc)
 	err = svc.Run(ctx)
 	stopReload()
+	stopTracing() // after the last delivery: its span is flushed
 	var ce *config.Error
 	if errors.As(err, &ce) && ce.File == "" {
 		ce.File = *path // a setting the running system refused: name its file

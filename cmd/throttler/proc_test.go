@@ -82,7 +82,16 @@ func startProc(t *testing.T, path, addr string) *proc {
 // startBinary is startProc with the throttler binary at bin.
 func startBinary(t *testing.T, bin, path, addr string) *proc {
 	t.Helper()
+	return startBinaryEnv(t, bin, path, addr, nil)
+}
+
+// startBinaryEnv is startBinary with env added to the test's environment.
+func startBinaryEnv(t *testing.T, bin, path, addr string, env []string) *proc {
+	t.Helper()
 	p := &proc{t: t, cmd: exec.Command(bin, "serve", "--config", path), logs: &testenv.LogBuffer{}, addr: addr, done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stderr = p.logs
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

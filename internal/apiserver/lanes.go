@@ -25,10 +25,20 @@ type Lanes struct {
 }
 
 var (
-	_ ingest.Directory    = (*Lanes)(nil)
-	_ ingest.KeyDirectory = (*Lanes)(nil)
-	_ ingest.LanePauser   = (*Lanes)(nil)
+	_ ingest.Directory     = (*Lanes)(nil)
+	_ ingest.KeyDirectory  = (*Lanes)(nil)
+	_ ingest.LanePauser    = (*Lanes)(nil)
+	_ ingest.HistoryReader = (*Lanes)(nil)
 )
+
+// History implements ingest.HistoryReader.
+func (d *Lanes) History(name string) (api.LaneHistory, bool) {
+	l, ok := d.byName[name]
+	if !ok {
+		return api.LaneHistory{}, false
+	}
+	return l.History(), true
+}
 
 // keyFns are a keyed lane's lookups that ingest asks of each key.
 type keyFns struct {

@@ -24,8 +24,9 @@ var drainPayload = []byte(`{"event":"bench.drain","customer":"c-0001","amount":4
 // runDrain: how fast one lane drains a prefilled backlog into the local
 // sink, at a rate too high to limit it, against a raw JetStream fetch+ack
 // loop over an identical stream on the same server (memory pacer, and Redis
-// pacer when Redis is there); and the Redis calls per drained job at
-// 1,000 jobs/s.
+// pacer when Redis is there); the same drain with OpenTelemetry tracing on
+// against off (tracing.go); and the Redis calls per drained job at 1,000
+// jobs/s.
 func runDrain(ctx context.Context, e *env) ([]Result, error) {
 	sk, err := startSink()
 	if err != nil {
@@ -42,6 +43,13 @@ func runDrain(ctx context.Context, e *env) ([]Result, error) {
 		return nil, err
 	}
 	rows = append(rows, row)
+	for _, every := range []int{1, 10} {
+		row, err = e.drainTracing(ctx, sk, n, every)
+		if err != nil {
+			return rows, err
+		}
+		rows = append(rows, row)
+	}
 
 	url, skip, err := e.redis()
 	if err != nil {

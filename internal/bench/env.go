@@ -276,8 +276,17 @@ type running struct {
 
 // startService runs the service in-process and waits until it is ready.
 func (e *env) startService(ctx context.Context, cfg config.Config) (*running, error) {
+	return e.startServiceWith(ctx, cfg, nil)
+}
+
+// startServiceWith is startService with setUp (when not nil) called on
+// the service before it runs.
+func (e *env) startServiceWith(ctx context.Context, cfg config.Config, setUp func(*service.Service)) (*running, error) {
 	reg := prometheus.NewRegistry()
 	svc := service.New(cfg, e.logger(), reg)
+	if setUp != nil {
+		setUp(svc)
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &running{svc: svc, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- svc.Run(sctx) }()

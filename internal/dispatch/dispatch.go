@@ -11,6 +11,8 @@ package dispatch
 import (
 	"context"
 	"time"
+
+	"github.com/throttler/throttler/internal/tracectx"
 )
 
 // Job is what a target receives.
@@ -25,6 +27,9 @@ type Job struct {
 	// Attempt counts deliveries: 1 for the first.
 	Attempt    int
 	EnqueuedAt time.Time
+	// Trace is the W3C trace context the target receives (traceparent,
+	// tracestate, baggage headers); the zero value sends none.
+	Trace tracectx.Context
 }
 
 // Verdict is the class of a delivery's outcome.

@@ -273,6 +273,7 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	if job.Key != "" {
 		req.Header.Set(HeaderThrottleKey, job.Key)
 	}
+	setTraceHTTP(req.Header, job.Trace)
 	for k, v := range h.signer.Sign(job.ID, job.Payload) {
 		req.Header[k] = v
 	}

@@ -166,6 +166,7 @@ func (n *NATS) deliver(ctx context.Context, job Job) Result {
 		msg.Header.Set(HeaderKey, job.Key) // its name before keyed lanes
 	}
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(job.Attempt))
+	setTraceNATS(msg.Header, job.Trace)
 
 	if n.js != nil {
 		if _, err := n.js.PublishMsg(ctx, msg, jetstream.WithMsgID(job.ID)); err != nil {

@@ -370,6 +370,7 @@ func (p *Pull) deliver(ctx context.Context, job Job) Result {
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(job.Attempt))
 	msg.Header.Set(api.HeaderAck, ack)
 	msg.Header.Set(api.HeaderLease, strconv.FormatInt(p.lease.Milliseconds(), 10))
+	setTraceNATS(msg.Header, job.Trace)
 	if err := p.nc.PublishMsg(msg); err != nil {
 		// Not handed over: back to the queue, nothing counted.
 		return Result{Verdict: Retry, Unstarted: true, Err: fmt.Errorf("dispatch: pull %s: hand over: %w", p.subject, err)}

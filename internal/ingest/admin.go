@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/throttler/throttler/api"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/throttler/throttler/api"
 
 	"github.com/throttler/throttler/internal/bucket"
 )

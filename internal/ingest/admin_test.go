@@ -3,11 +3,12 @@ package ingest
 import (
 	"context"
 	"encoding/json"
-	"github.com/throttler/throttler/api"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/throttler/throttler/api"
 
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"

@@ -89,6 +89,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		rj.reject(rf, "missing_throttle_key")
 		return
 	}
+	if err := batchTrace(r, jobs); err != nil {
+		rj.reject(err, "invalid_trace_context")
+		return
+	}
 	// The batch costs its caller the lane's cost per item, before
 	// anything is stored; a refusal (429, or 413 over the plan's burst) is
 	// answered there.
@@ -280,6 +284,9 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 		if err := queue.ValidKey(it.ThrottleKey); err != nil {
 			return bad(ErrBadBody, "/throttle_key", "throttle_key: %v", err)
 		}
+	}
+	if rf := itemTrace(it.Trace, i, &job); rf != nil {
+		return queue.Job{}, rf
 	}
 	if len(it.ContentType) > maxContentType {
 		return bad(ErrBadBody, "/content_type", "content_type is %d bytes; at most %d are allowed", len(it.ContentType), maxContentType)

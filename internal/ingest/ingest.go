@@ -36,6 +36,7 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
 	"github.com/throttler/throttler/internal/ui"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -153,6 +154,12 @@ type Config struct {
 	// body bytes); zero means DefaultMaxBatchItems, DefaultMaxBatchBytes.
 	MaxBatchItems int
 	MaxBatchBytes int64
+	// History serves the lanes' throughput history (GET
+	// /v1/lanes/{lane}/history); nil: no such route.
+	History HistoryReader
+	// Traces makes an intake span for each submission (trace.go); nil
+	// makes none (the submitter's trace context is stored all the same).
+	Traces trace.TracerProvider
 }
 
 // Handler is the HTTP API. Create it with New.
@@ -194,8 +201,8 @@ func New(cfg Config) (*Handler, error) {
 	// Each route says what its caller needs (docs/API.md, Authentication).
 	// A job costs its lane's cost in caller tokens; a batch is charged
 	// once its items are counted (chargeJobs).
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit))
-	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs", h.traced("POST /v1/lanes/{lane}/jobs", h.guard(needSubmit, 1, h.submit)))
+	h.mux.HandleFunc("POST /v1/lanes/{lane}/jobs:batch", h.traced("POST /v1/lanes/{lane}/jobs:batch", h.guard(needSubmit, 0, h.submitBatch)))
 	h.mux.HandleFunc("GET /v1/lanes", h.authorize(needRead, h.lanes))
 	h.mux.HandleFunc("PATCH /v1/lanes/{lane}", h.authorize(needAdmin, h.admin(h.setLimit)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -211,6 +218,7 @@ func New(cfg Config) (*Handler, error) {
 	h.routeAdmin()
 	h.routeCallers()
 	h.routeKeys()
+	h.routeHistory()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -445,6 +453,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(refusal(ErrBadHeader, "Content-Type", "%s", why), "invalid_content_type")
 		return
 	}
+	tc, err := jobTrace(r)
+	if err != nil {
+		rj.reject(err, "invalid_trace_context")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
@@ -458,7 +471,6 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var dec admission.Decision
-	var err error
 	if info, _ := r.Context().Value(callerInfoCtx{}).(*callerInfo); info != nil && info.lane != nil && key == "" {
 		dec, err = h.cfg.Admitter.DecideFrom(r.Context(), lane.Admission, *info.lane, time.Now())
 	} else {
@@ -473,7 +485,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Slots != nil {
 		// The lane has room: the job starts at once if the drain gives it

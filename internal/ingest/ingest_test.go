@@ -3,12 +3,13 @@ package ingest
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/throttler/throttler/api"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttler/throttler/api"
 
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"

@@ -130,7 +130,7 @@ func TestOpenAPIRoute(t *testing.T) {
 func TestOpenAPIMatchesRouter(t *testing.T) {
 	doc := loadOpenAPI(t)
 	// Every optional part of the API on.
-	f := callerFixture(t, clock.NewManual(time.Unix(0, 0)), func(c *Config) { c.Keys = noKeys{} })
+	f := callerFixture(t, clock.NewManual(time.Unix(0, 0)), func(c *Config) { c.Keys = noKeys{}; c.History = noHistory{} })
 	var served []string
 	for _, p := range f.h.routes() {
 		if r, ok := openAPIRoute(p); ok {
@@ -241,7 +241,7 @@ func TestOpenAPISchemasMatchWireTypes(t *testing.T) {
 	for name, typ := range map[string]any{
 		"Accepted": api.Accepted{}, "Lanes": api.Lanes{}, "LaneStatus": api.LaneStatus{}, "Quota": api.Quota{},
 		"DeadLetter": api.DeadLetter{}, "DeadLetters": api.DeadLetters{}, "Problem": api.Problem{}, "Whoami": api.Whoami{},
-		"BatchItem": api.BatchItem{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
+		"BatchItem": api.BatchItem{}, "Trace": api.Trace{}, "LaneHistory": api.LaneHistory{}, "LaneSample": api.LaneSample{}, "BatchResult": api.BatchResult{}, "BatchAccepted": api.BatchAccepted{},
 		"KeyStatus": api.KeyStatus{}, "KeyedStatus": api.KeyedStatus{}, "PlanStatus": api.PlanStatus{},
 		"Plans": api.Plans{}, "PerIP": api.PerIP{}, "KeyBacklog": api.KeyBacklog{},
 	} {
@@ -319,3 +319,7 @@ func TestOpenAPINumberAndTimeFormats(t *testing.T) {
 		t.Fatalf("only %d numbers found; the scan is broken", n)
 	}
 }
+// noHistory serves no lane's history.
+type noHistory struct{}
+
+func (noHistory) History(string) (api.LaneHistory, bool) { return api.LaneHistory{}, false }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
@@ -89,6 +90,13 @@ type Deps struct {
 	// Workers are the worker users of each pull-mode lane by lane name
 	// (config.NATS.WorkersOf); a lane with none answers any worker inbox.
 	Workers map[string][]string
+	// HistoryEvery is the interval of the lane's throughput samples
+	// (history.go); zero: DefaultHistoryEvery.
+	HistoryEvery time.Duration
+	// Traces makes the spans of each job's wait and attempts (trace.go);
+	// nil makes none, and the job's trace context still reaches its
+	// target.
+	Traces trace.TracerProvider
 }
 
 // Lane is one lane at run time. Create it with New, Run it once, Close it
@@ -112,9 +120,14 @@ type Lane struct {
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
-	hot       hotMetrics  // the per-job series, looked up once
-	starts    startWindow // for the utilization gauge
-	limited   startWindow // the target's 429 answers, for the status
+	hot       hotMetrics   // the per-job series, looked up once
+	starts    startWindow  // for the utilization gauge
+	limited   startWindow  // the target's 429 answers, for the status
+	tracer    trace.Tracer // nil with tracing off
+	// startsTotal counts the lane's starts on this instance; hist holds
+	// its samples (history.go).
+	startsTotal atomic.Uint64
+	hist        history
 
 	overMu sync.Mutex
 	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
@@ -146,6 +159,9 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 			MaxBurst: bucket.MaxBurst},
 	}
 	l.limit.Store(&lim)
+	if d.Traces != nil {
+		l.tracer = d.Traces.Tracer(TracerName)
+	}
 	if q := cfg.Quota; q != nil {
 		l.log.Info("lane limit derived from its target's quota", "quota_limit", q.Limit, "quota_per", q.Per.D().String(),
 			"rate", cfg.Rate.String(), "rate_per_second", lim.Rate, "burst", lim.Burst)
@@ -268,6 +284,7 @@ func (l *Lane) Run(ctx context.Context) {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	watch.Go(func() { l.watchLimits(watchCtx) })
+	watch.Go(func() { l.watchHistory(watchCtx) })
 	if l.keyed != nil {
 		l.keyed.run(ctx)
 		return
@@ -314,15 +331,18 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		defer done()
 		defer inflight.Dec()
 		job := msg.Job()
-		if job.Outside && msg.FirstDelivery() && job.Attempts == 0 {
+		intake := job.Outside && msg.FirstDelivery() && job.Attempts == 0
+		if intake {
 			// A job published on the lane's subject: intake of its own,
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
 		}
-		res := l.target.Deliver(l.d.DispatchCtx, dispatch.Job{
+		tr := l.traceStart(l.d.DispatchCtx, msg, job, intake)
+		res := l.target.Deliver(tr.ctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
-			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(),
+			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out,
 		})
+		tr.end(res, l.d.Clock.Now())
 		l.hot.dispatchSeconds.Observe(res.Took.Seconds())
 		l.hot.dispatched(res.Verdict).Inc()
 		l.hot.answered(res)

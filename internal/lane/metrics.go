@@ -98,6 +98,7 @@ func (l *Lane) metricState() metrics.LaneState {
 func (l *Lane) started(msg *queue.Msg) {
 	now := l.d.Clock.Now()
 	l.starts.add(now)
+	l.startsTotal.Add(1)
 	l.hot.queueWait.Observe(max(now.Sub(msg.StoredAt()), 0).Seconds())
 }
 

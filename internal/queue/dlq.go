@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/tracectx"
 	"strconv"
 	"time"
 
@@ -103,6 +104,7 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 		h.Set(HeaderLastError, info.LastError)
 	}
 	h.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
+	setTrace(h, job.Trace)
 	// De-duplicate a repeat after a crash between store and ack.
 	h.Set(jetstream.MsgIDHeader, m.deadMsgID())
 	st, err := m.c.q.deadStream()
@@ -168,25 +170,32 @@ func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit i
 
 // GetDead returns one dead letter of lane with its payload.
 func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
+	d, _, err := q.getDead(ctx, lane, seq)
+	return d, err
+}
+
+// getDead is GetDead with the dead job's trace context.
+func (q *Queue) getDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, tracectx.Context, error) {
 	st, err := q.deadStream()
 	if err != nil {
-		return api.DeadLetter{}, err
+		return api.DeadLetter{}, tracectx.Context{}, err
 	}
 	raw, err := st.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && raw.Subject != DeadSubject(lane)) {
-		return api.DeadLetter{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
+		return api.DeadLetter{}, tracectx.Context{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
 	}
 	if err != nil {
-		return api.DeadLetter{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
+		return api.DeadLetter{}, tracectx.Context{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
 	}
-	return deadFromRaw(raw), nil
+	tc, _ := decodeTrace(raw.Header) // stored by the throttler: checked already
+	return deadFromRaw(raw), tc, nil
 }
 
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
 // keeps its id.
 func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
-	d, err := q.GetDead(ctx, lane, seq)
+	d, tc, err := q.getDead(ctx, lane, seq)
 	if err != nil {
 		return d, err
 	}
@@ -194,7 +203,7 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	epoch := q.deadEpoch
 	q.mu.Unlock()
 	if err := q.republish(ctx, Job{
-		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload,
+		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: tc,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
 		return d, err

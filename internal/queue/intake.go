@@ -120,6 +120,7 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	if ct := h.Get(HeaderContentType); validContentType(ct) {
 		job.ContentType = ct
 	}
+	job.Trace, job.TraceErr = decodeTrace(h)
 	if trusted {
 		job.ID = h.Get(HeaderJobID)
 	}

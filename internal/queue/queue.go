@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/tracectx"
 )
 
 // Subject prefix and header names, part of the contract with publishers.
@@ -93,9 +94,10 @@ func confirmAck(ctx context.Context, m acker) error {
 }
 
 // HeaderRoom is the room a stored job needs for its headers beyond the
-// payload: ids of at most 255 bytes, a Content-Type of at most 1 KiB, and
-// the throttler's own headers.
-const HeaderRoom = 4 << 10
+// payload: ids of at most 255 bytes, a Content-Type of at most 1 KiB, the
+// trace context (a traceparent, a tracestate of at most 512 bytes and a
+// baggage of at most 8 KiB: trace.go) and the throttler's own headers.
+const HeaderRoom = 16 << 10
 
 // Subject returns the subject of a lane, or of one key of it.
 func Subject(lane, key string) string {
@@ -152,6 +154,13 @@ type Job struct {
 	EnqueuedAt time.Time
 	// MsgID overrides the de-duplication id (default: ID).
 	MsgID string
+	// Trace is the submitter's W3C trace context (traceparent,
+	// tracestate, baggage), kept through retries and replays.
+	Trace tracectx.Context
+	// TraceErr says why the trace headers of a job published on a public
+	// subject were dropped (malformed or over their bounds); nil
+	// otherwise. Not stored.
+	TraceErr error
 }
 
 // PubResult is JetStream's answer to a publish.
@@ -500,7 +509,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 8
+const jobHeaders = 11
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -541,6 +550,17 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if !job.EnqueuedAt.IsZero() {
 		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
+	}
+	if t := job.Trace; !t.IsZero() {
+		if t.Parent != "" {
+			add(headerTraceparent, t.Parent)
+		}
+		if t.State != "" {
+			add(headerTracestate, t.State)
+		}
+		if t.Baggage != "" {
+			add(headerBaggage, t.Baggage)
+		}
 	}
 	n := len(keys)
 	h := make(nats.Header, n)

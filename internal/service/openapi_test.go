@@ -140,6 +140,8 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 
 	// Lanes and limits.
 	call(true, "GET", "/v1/lanes", nil, "", 200)
+	call(true, "GET", "/v1/lanes/demo/history", nil, "", 200)
+	call(false, "GET", "/v1/lanes/nosuch/history", nil, "", 404)
 	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":"60/s","burst":20}`, 200)
 	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":40}`, 200)
 	call(true, "PATCH", "/v1/lanes/demo", map[string]string{"Content-Type": "application/json"}, `{"rate":"fast"}`, 400)

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/apiserver"
@@ -56,6 +57,9 @@ type Service struct {
 	// queueStatsEvery is how often the lanes' JetStream-derived gauges
 	// are read; zero: lane.DefaultQueueStatsEvery.
 	queueStatsEvery time.Duration
+	// historyEvery is the lanes' throughput sampling interval; zero:
+	// lane.DefaultHistoryEvery.
+	historyEvery time.Duration
 
 	handlers map[string]dispatch.Target
 
@@ -64,7 +68,17 @@ type Service struct {
 	web atomic.Pointer[apiserver.Server]
 	// reloadConfig, when set, reads the config file again for Reload.
 	reloadConfig func() (config.Config, error)
+	// traces makes the intake, queue and attempt spans; nil: none.
+	traces trace.TracerProvider
 }
+
+// TraceWith makes the service record spans through tp: one for each
+// submission, each job's wait in its queue and each delivery attempt
+// (docs/OPERATIONS.md, OpenTelemetry). Without it no span is made, and a
+// job's W3C trace context still travels from its submitter to its target.
+// The caller owns tp (and shuts it down after Run returns). Call it before
+// Run.
+func (s *Service) TraceWith(tp trace.TracerProvider) { s.traces = tp }
 
 // ReloadConfigWith makes Reload read the config file again through load
 // (the API keys in it and the callers section take effect; other settings
@@ -185,6 +199,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 		Pull: nb.Pull, Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
+		Traces: s.traces, HistoryEvery: s.historyEvery,
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -212,7 +227,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes,
+		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes, History: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(metrics.Exposed(s.reg), promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
@@ -223,6 +238,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		MaxBatchItems:            s.cfg.HTTP.MaxBatchItems,
 		MaxBatchBytes:            s.cfg.HTTP.BatchBytes(),
 		Ready:                    nb.Ready,
+		Traces:                   s.traces,
 	})
 	if err != nil {
 		return err

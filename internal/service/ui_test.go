@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
 )
 
 // browser starts Debian's chromium headless with a fresh profile and no
@@ -75,6 +78,11 @@ type pageState struct {
 	DeadRows  []int64 `json:"deadRows"`
 	Who       string  `json:"who"`
 	Overflows bool    `json:"overflows"`
+	// The demo lane's throughput chart: samples drawn, points of its line,
+	// and whether any point stands above the baseline (starts > 0).
+	HistoryPoints int  `json:"historyPoints"`
+	LinePoints    int  `json:"linePoints"`
+	LineRisen     bool `json:"lineRisen"`
 }
 
 const readPage = `(() => {
@@ -93,6 +101,9 @@ const readPage = `(() => {
     deadRows: Array.from(document.querySelectorAll('tr.detail[data-lane="mail"] tr.dead-letter')).map((r) => +r.dataset.seq),
     who: document.getElementById("who").textContent,
     overflows: document.documentElement.scrollWidth > window.innerWidth,
+    historyPoints: demo && demo.querySelector('[data-field="history"]') ? +demo.querySelector('[data-field="history"]').dataset.points : -1,
+    linePoints: demo ? (demo.querySelector("svg.spark .starts").getAttribute("points") || "").split(" ").filter(Boolean).length : -1,
+    lineRisen: demo ? (demo.querySelector("svg.spark .starts").getAttribute("points") || "").split(" ").filter(Boolean).some((p) => +p.split(",")[1] < 33) : false,
   };
 })()`
 
@@ -144,7 +155,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := start(t, cfg)
+	// Throughput samples every 300 ms, so that the burst below draws a line.
+	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+	service.SetHistoryEvery(svc, 300*time.Millisecond)
+	servicetest.Run(t, svc)
 	base := "http://" + svc.Addr()
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
@@ -315,6 +329,31 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if samples < 2 {
 		t.Fatalf("only %d readings while the burst drained; want at least 2", samples)
 	}
+	// The throughput line: the samples GET /v1/lanes/demo/history holds,
+	// drawn as points, some above the baseline (the burst's starts).
+	waitFor(t, 20*time.Second, "the page to draw demo's throughput line", func() bool {
+		st := read()
+		return st.HistoryPoints >= 3 && st.LinePoints == st.HistoryPoints && st.LineRisen
+	})
+	req, _ := http.NewRequest("GET", base+"/v1/lanes/demo/history", nil)
+	req.Header.Set("Authorization", "Bearer viewer-secret")
+	hresp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hist api.LaneHistory
+	if err := json.NewDecoder(hresp.Body).Decode(&hist); err != nil || hresp.StatusCode != 200 {
+		t.Fatalf("GET /v1/lanes/demo/history: %s %v", hresp.Status, err)
+	}
+	hresp.Body.Close()
+	started := 0.0
+	for _, s := range hist.Samples {
+		started += s.StartsPerSecond * hist.IntervalSeconds
+	}
+	if st := read(); len(hist.Samples) < st.HistoryPoints || started < burst/2 {
+		t.Fatalf("history: %d samples (page drew %d), %.0f starts in them; want the burst's %d starts mostly seen", len(hist.Samples), st.HistoryPoints, started, burst)
+	}
+	shot("throughput.png")
 
 	// Replay of a dead letter: the admin sees three with a Replay button
 	// each; one click and it leaves the page and the dead-letter stream.

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -38,6 +39,13 @@ type rendered struct {
 	ETA     string   `json:"eta"`
 	R429    string   `json:"r429"`
 	Login   bool     `json:"login"`
+	// The tenants lane's throughput chart: its points and caption; the
+	// slow lane's caption (no samples yet).
+	Points     []string `json:"points"`
+	Area       int      `json:"area"`
+	SparkText  string   `json:"sparkText"`
+	SlowSpark  string   `json:"slowSpark"`
+	SparkWidth float64  `json:"sparkWidth"`
 }
 
 // TestPageRendersLaneKinds renders a synthetic lanes answer in headless
@@ -59,6 +67,17 @@ func TestPageRendersLaneKinds(t *testing.T) {
 	mux.HandleFunc("GET /v1/lanes", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(lanesAnswer))
+	})
+	mux.HandleFunc("GET /v1/lanes/{lane}/history", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.PathValue("lane") != "tenants" {
+			fmt.Fprintf(w, `{"lane":%q,"interval_seconds":5,"samples":[]}`, r.PathValue("lane"))
+			return
+		}
+		w.Write([]byte(`{"lane":"tenants","interval_seconds":5,"samples":[
+		  {"at":"2026-01-01T00:00:00Z","starts_per_second":40,"backlog":900},
+		  {"at":"2026-01-01T00:00:05Z","starts_per_second":100,"backlog":null},
+		  {"at":"2026-01-01T00:00:10Z","starts_per_second":90,"backlog":700}]}`))
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -104,6 +123,11 @@ func TestPageRendersLaneKinds(t *testing.T) {
 	    hold: document.querySelector('tr.lane[data-lane="slow"] button.hold').textContent,
 	    rate: slow("rate"), eta: slow("eta"), r429: slow("r429"),
 	    login: !document.getElementById("login").hidden,
+	    points: (document.querySelector('tr.lane[data-lane="tenants"] svg.spark .starts').getAttribute("points") || "").split(" ").filter(Boolean),
+	    area: (document.querySelector('tr.lane[data-lane="tenants"] svg.spark .backlog').getAttribute("points") || "").split(" ").filter(Boolean).length,
+	    sparkText: document.querySelector('tr.lane[data-lane="tenants"] [data-field="history"] .sub').textContent,
+	    slowSpark: document.querySelector('tr.lane[data-lane="slow"] [data-field="history"] .sub').textContent,
+	    sparkWidth: document.querySelector('tr.lane[data-lane="tenants"] svg.spark').getBoundingClientRect().width,
 	  };
 	})()`))
 	if err != nil {
@@ -119,6 +143,16 @@ func TestPageRendersLaneKinds(t *testing.T) {
 	}
 	if got.State != "runningadaptive 50%" || got.Hold != "Pause" || got.Rate != "15/minof 30/minquota 1,800 per 1h" || got.ETA != "1 h 3 min" || got.R429 != "7" || got.Login {
 		t.Errorf("slow lane: %+v", got)
+	}
+	// The throughput line: one point a sample, the newest at the right
+	// edge, the lane's full rate (100/s) at the top, 90/s just under it;
+	// the backlog area
+	// closes along the bottom (3 samples and 2 corners).
+	if len(got.Points) != 3 || got.Points[2] != "120.0,4.2" || got.Points[1] != "119.0,1.0" || got.Points[0] != "118.0,20.2" || got.Area != 5 {
+		t.Errorf("tenants' throughput line %v (area %d points); want 3 points ending at the right edge", got.Points, got.Area)
+	}
+	if got.SparkText != "90/s now · peak 100/s" || got.SlowSpark != "collecting…" || got.SparkWidth != 120 {
+		t.Errorf("throughput captions %q / %q, width %v", got.SparkText, got.SlowSpark, got.SparkWidth)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -1,5 +1,7 @@
 // The throttler's status page: polls GET /v1/lanes (and each lane's dead
-// letters) and shows one row per lane. Plain JavaScript, no dependencies;
+// letters and, every sample interval, its throughput history) and shows one
+// row per lane, with a line of starts per second and backlog over the last
+// ten minutes drawn in inline SVG. Plain JavaScript, no dependencies;
 // every value from the server goes into the page as text, never as HTML.
 "use strict";
 
@@ -17,6 +19,8 @@
   let gen = 0;
   let running = false;
   const rows = new Map(); // lane name -> {main, detail, cells}
+  const histories = new Map(); // lane name -> {at: ms fetched, every: ms, body}
+  const SPARK_W = 120, SPARK_H = 34; // the throughput line's box, px
 
   // el builds an element: el("td", {class: "num"}, "text", child, ...).
   function el(tag, attrs, ...kids) {
@@ -134,6 +138,7 @@
       if (r.status !== 200) throw new Error("GET /v1/lanes: " + problem(r));
       const lanes = r.body.lanes || [];
       const dead = await Promise.all(lanes.map((l) => l.dead > 0 ? deadLetters(l.name) : Promise.resolve(null)));
+      await Promise.all(lanes.map((l) => history(l.name)));
       if (!running) return;
       render(lanes, dead);
       gen++;
@@ -152,6 +157,19 @@
     if (again) { again = false; tick(); return; }
     clearTimeout(timer);
     timer = setTimeout(tick, document.hidden ? HIDDEN_EVERY : EVERY);
+  }
+
+  // history fetches a lane's throughput samples when its last answer is at
+  // least one sample interval old; a failure keeps the last answer.
+  async function history(lane) {
+    const h = histories.get(lane);
+    if (h && Date.now() - h.at < h.every) return;
+    try {
+      const r = await call("GET", "lanes/" + encodeURIComponent(lane) + "/history");
+      if (r.status !== 200 || !r.body || !Array.isArray(r.body.samples)) return;
+      const every = Math.max(1000, 1000 * (+r.body.interval_seconds || 5));
+      histories.set(lane, { at: Date.now(), every, body: r.body });
+    } catch (_) { /* kept: the last answer */ }
   }
 
   async function deadLetters(lane) {
@@ -260,6 +278,12 @@
     c.holdBtn = el("button", { type: "button", class: "hold", hidden: true });
     c.holdBtn.addEventListener("click", () => hold(c.holdBtn, name));
     c.state.append(c.badges, c.holdBtn);
+    // The throughput line sits under the utilization bar: both are this
+    // instance's starts, one over a minute, one over ten.
+    c.spark = spark();
+    c.sparkText = el("span", { class: "sub" });
+    c.history = el("div", { class: "history", "data-field": "history" }, c.spark.svg, c.sparkText);
+    c.util.append(c.history);
     const detail = el("tr", { class: "detail", "data-lane": name, hidden: true }, el("td", { colspan: 11 }));
     return { main, detail, c, deadRows: new Map(), detailParts: null };
   }
@@ -324,7 +348,48 @@
     text(c.dead, num(l.dead || 0));
     c.dead.className = "num" + (l.dead ? " hot" : "");
 
+    fillHistory(c, histories.get(l.name), l.rate || 0);
     fillDetail(r, l, dead);
+  }
+
+  // spark makes a lane's throughput chart: the backlog as a shaded area (scaled
+  // to its own peak) and the starts per second as a line (scaled to the
+  // larger of its peak and the lane's rate), oldest sample on the left.
+  function spark() {
+    // Cloned from the page's <template id="spark">: the HTML parser made
+    // it an SVG element, so no namespace is spelled here.
+    const svg = $("spark").content.firstElementChild.cloneNode(true);
+    return { svg, backlog: svg.querySelector(".backlog"), starts: svg.querySelector(".starts"), title: svg.querySelector("title") };
+  }
+
+  function fillHistory(c, h, rate) {
+    const samples = h ? h.body.samples : [];
+    const sp = c.spark;
+    c.history.dataset.points = String(samples.length);
+    if (samples.length === 0) {
+      sp.starts.setAttribute("points", "");
+      sp.backlog.setAttribute("points", "");
+      text(c.sparkText, "collecting…");
+      sp.title.textContent = "No samples yet: one comes every " + (h ? h.every / 1000 : 5) + " s.";
+      return;
+    }
+    const n = 120; // the ring's length: the line fills from the right
+    const step = SPARK_W / (n - 1);
+    const x0 = SPARK_W - (samples.length - 1) * step;
+    const peakStarts = Math.max(...samples.map((s) => s.starts_per_second || 0), 1e-9);
+    const top = Math.max(peakStarts, rate); // a lane at its full rate reaches the top
+    const peakBacklog = Math.max(...samples.map((s) => s.backlog || 0), 1);
+    const y = (v, peak) => (SPARK_H - 1 - (SPARK_H - 2) * Math.min(v / peak, 1)).toFixed(1);
+    const line = samples.map((s, i) => (x0 + i * step).toFixed(1) + "," + y(s.starts_per_second || 0, top));
+    sp.starts.setAttribute("points", line.join(" "));
+    const area = samples.map((s, i) => (x0 + i * step).toFixed(1) + "," + y(s.backlog || 0, peakBacklog));
+    sp.backlog.setAttribute("points", x0.toFixed(1) + "," + SPARK_H + " " + area.join(" ") + " " + SPARK_W + "," + SPARK_H);
+    const last = samples[samples.length - 1];
+    const mins = Math.round(samples.length * h.every / 60000);
+    text(c.sparkText, fmtRate(last.starts_per_second || 0) + " now · peak " + fmtRate(peakStarts > 1e-9 ? peakStarts : 0));
+    sp.title.textContent = "Last " + (mins || "<1") + " min: starts per second on this instance (line, peak " +
+      fmtRate(peakStarts > 1e-9 ? peakStarts : 0) + ") and backlog (area, peak " + num(peakBacklog) + ")";
+    c.history.dataset.lastStarts = String(last.starts_per_second || 0);
   }
 
   // fillDetail shows a keyed lane's per-key limits and key counts (its

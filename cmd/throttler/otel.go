@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/metrics"
+)
+
+// OpenTelemetry tracing, configured by the standard OTEL_* environment
+// variables (docs/CONFIG.md, "OpenTelemetry"). It is off unless one of them
+// turns it on: OTEL_TRACES_EXPORTER=otlp, or an OTLP endpoint
+// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) with
+// OTEL_TRACES_EXPORTER unset. OTEL_SDK_DISABLED=true and
+// OTEL_TRACES_EXPORTER=none keep it off whatever else is set. Off, no
+// provider, exporter or span exists; jobs' W3C trace context still travels
+// from submitter to target.
+//
+// The exporter is OTLP over HTTP with binary protobuf (the smaller
+// dependency set; a collector takes it on port 4318); the gRPC protocol is
+// refused at start with the variable named.
+
+// tracingShutdownTimeout bounds the flush of the spans still buffered at a
+// stop.
+const tracingShutdownTimeout = 5 * time.Second
+
+// envError names the environment variable whose value is refused; it reads
+// like a config error.
+func envError(name, format string, args ...any) error {
+	return &config.Error{Field: name, Msg: fmt.Sprintf(format, args...) + " (environment)"}
+}
+
+// tracingConfig is what the OTEL_* variables say.
+type tracingConfig struct {
+	on          bool
+	endpoint    string // the full URL spans are posted to
+	headers     map[string]string
+	timeout     time.Duration
+	gzip        bool
+	sampler     sdktrace.Sampler
+	samplerName string
+	resource    []attribute.KeyValue
+}
+
+// firstEnv is the first of names set, and which it was.
+func firstEnv(getenv func(string) string, names ...string) (value, name string) {
+	for _, n := range names {
+		if v := strings.TrimSpace(getenv(n)); v != "" {
+			return v, n
+		}
+	}
+	return "", names[len(names)-1]
+}
+
+// readTracing reads the OTEL_* variables through getenv; an error names
+// the variable it refuses.
+func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, error) {
+	var c tracingConfig
+	if v := strings.TrimSpace(getenv("OTEL_SDK_DISABLED")); v != "" {
+		off, err := strconv.ParseBool(v)
+		if err != nil {
+			return c, envError("OTEL_SDK_DISABLED", "%q is not true or false", v)
+		}
+		if off {
+			return c, nil
+		}
+	}
+	endpoint, endpointVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+	switch exp := strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")); exp {
+	case "":
+		c.on = endpoint != ""
+	case "otlp":
+		c.on = true
+	case "none":
+		c.on = false
+	default:
+		return c, envError("OTEL_TRACES_EXPORTER", "%q is not supported: otlp or none", exp)
+	}
+	if !c.on {
+		return c, nil
+	}
+	if p, name := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "http/protobuf" {
+		return c, envError(name, "%q is not supported: the exporter speaks http/protobuf (OTLP over HTTP, port 4318)", p)
+	}
+	switch {
+	case endpoint == "":
+		c.endpoint = "http://localhost:4318/v1/traces"
+	case endpointVar == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
+		c.endpoint = endpoint
+	default:
+		c.endpoint = strings.TrimRight(endpoint, "/") + "/v1/traces"
+	}
+	if u, err := url.Parse(c.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return c, envError(endpointVar, "%q is not an http or https URL", endpoint)
+	}
+	if h, name := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"); h != "" {
+		kv, err := parseKeyValues(h)
+		if err != nil {
+			return c, envError(name, "%v", err)
+		}
+		c.headers = kv
+	}
+	if t, name := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"); t != "" {
+		ms, err := strconv.ParseInt(t, 10, 64)
+		if err != nil || ms <= 0 {
+			return c, envError(name, "%q is not a positive number of milliseconds", t)
+		}
+		c.timeout = time.Duration(ms) * time.Millisecond
+	}
+	if z, name := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"); z != "" {
+		switch z {
+		case "gzip":
+			c.gzip = true
+		case "none":
+		default:
+			return c, envError(name, "%q is not gzip or none", z)
+		}
+	}
+	var err error
+	if c.sampler, c.samplerName, err = readSampler(getenv); err != nil {
+		return c, err
+	}
+	attrs := map[string]string{}
+	if ra := strings.TrimSpace(getenv("OTEL_RESOURCE_ATTRIBUTES")); ra != "" {
+		if attrs, err = parseKeyValues(ra); err != nil {
+			return c, envError("OTEL_RESOURCE_ATTRIBUTES", "%v", err)
+		}
+	}
+	if name := strings.TrimSpace(getenv("OTEL_SERVICE_NAME")); name != "" {
+		attrs["service.name"] = name
+	}
+	if attrs["service.name"] == "" {
+		attrs["service.name"] = "throttler"
+	}
+	if attrs["service.version"] == "" {
+		attrs["service.version"] = b.Version
+	}
+	for k, v := range attrs {
+		c.resource = append(c.resource, attribute.String(k, v))
+	}
+	return c, nil
+}
+
+// readSampler reads OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; the
+// default follows the submitter's sampling decision (parentbased_always_on).
+func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
+	name := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER"))
+	if name == "" {
+		name = "parentbased_always_on"
+	}
+	ratio := 1.0
+	if strings.HasSuffix(name, "traceidratio") {
+		if a := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG")); a != "" {
+			r, err := strconv.ParseFloat(a, 64)
+			if err != nil || r < 0 || r > 1 {
+				return nil, "", envError("OTEL_TRACES_SAMPLER_ARG", "%q is not a ratio from 0 to 1", a)
+			}
+			ratio = r
+		}
+	}
+	switch name {
+	case "always_on":
+		return sdktrace.AlwaysSample(), name, nil
+	case "always_off":
+		return sdktrace.NeverSample(), name, nil
+	case "traceidratio":
+		return sdktrace.TraceIDRatioBased(ratio), name, nil
+	case "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), name, nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), name, nil
+	case "parentbased_traceidratio":
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), name, nil
+	}
+	return nil, "", envError("OTEL_TRACES_SAMPLER", "%q is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio", name)
+}
+
+// parseKeyValues reads the OTEL list form "k1=v1,k2=v2", values
+// percent-encoded.
+func parseKeyValues(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for part := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not key=value", strings.TrimSpace(part))
+		}
+		dv, err := url.PathUnescape(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("the value of %q is not percent-encoded correctly", k)
+		}
+		out[k] = dv
+	}
+	return out, nil
+}
+
+// openTracing builds the tracer provider the OTEL_* variables ask for; nil
+// (and a shutdown that does nothing) when tracing is off. The provider
+// starts nothing until a span ends; shutdown flushes what is buffered,
+// bounded by tracingShutdownTimeout.
+func openTracing(ctx context.Context, getenv func(string) string, b metrics.Build, logger *slog.Logger) (trace.TracerProvider, func(), error) {
+	c, err := readTracing(getenv, b)
+	if err != nil || !c.on {
+		return nil, func() {}, err
+	}
+	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(c.endpoint)}
+	if len(c.headers) > 0 {
+		opts = append(opts, otlptracehttp.WithHeaders(c.headers))
+	}
+	if c.timeout > 0 {
+		opts = append(opts, otlptracehttp.WithTimeout(c.timeout))
+	}
+	if c.gzip {
+		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
+	} else {
+		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.NoCompression))
+	}
+	exp, err := otlptracehttp.New(ctx, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opentelemetry: OTLP exporter: %w", err)
+	}
+	log := logger.With("component", "otel")
+	// The SDK reports export failures through OpenTelemetry's one error
+	// handler: main owns the process, so it routes them into the log.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("opentelemetry", "err", err) }))
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp),
+		sdktrace.WithSampler(c.sampler),
+		sdktrace.WithResource(resource.NewSchemaless(c.resource...)),
+	)
+	log.Info("tracing on: spans are exported over OTLP/HTTP", "endpoint", config.RedactURL(c.endpoint), "sampler", c.samplerName)
+	return tp, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("flushing the last spans failed", "err", err)
+		}
+	}, nil
+}

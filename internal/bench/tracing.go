@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/service"
+)
+
+// drainTracing: the cost of OpenTelemetry on the drain. Lanes get the
+// same prefilled backlog, every job with a sampled traceparent, as
+// published on NATS; half drain with tracing off (the context only
+// travels), half with a tracer provider exporting every span (the NATS
+// intake, the queue wait and the attempt of each job) over OTLP/HTTP to a
+// receiver in this process that reads and drops each export. Off and on
+// alternate, traceRounds times, and each side's best run counts: on a
+// shared machine one drain's rate moves by a quarter from run to run. The
+// row is the ratio of the two (goal ≥ 0.9×).
+//
+// sampledEvery says which jobs' traceparents are flagged sampled: every
+// one (1), or one in sampledEvery, as when the submitters sample that
+// share of their traces (the default sampler follows their decision).
+func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (Result, error) {
+	name := "drain, 1 lane → sink: jobs/s, tracing on (vs off), every job sampled"
+	if sampledEvery > 1 {
+		name = fmt.Sprintf("drain, 1 lane → sink: jobs/s, tracing on (vs off), 1 job in %d sampled", sampledEvery)
+	}
+	const traceRounds = 2
+	lo := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: int64(2 * n)}
+	lanes := map[string]laneOpts{}
+	var order []string // off, on, off, on, ...
+	for r := range traceRounds {
+		off, on := e.lane("traceoff"+strconv.Itoa(r)), e.lane("traceon"+strconv.Itoa(r))
+		lanes[off], lanes[on] = lo, lo
+		order = append(order, off, on)
+	}
+	cfg, err := e.serviceConfig(svcOpts{dataDir: e.dir("tracing" + strconv.Itoa(sampledEvery)), target: sk.URL, lanes: lanes})
+	if err != nil {
+		return Result{}, err
+	}
+	// Streams first (a service start), then the backlogs with their
+	// traceparents.
+	svc, err := e.startService(ctx, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	svc.stop()
+	if err := e.withNATS(ctx, cfg.NATS.DataDir, func(js jetstream.JetStream) error {
+		for _, lane := range order {
+			if err := publishTraced(ctx, js, queue.Subject(lane, ""), n, sampledEvery); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return Result{}, err
+	}
+
+	var exported atomic.Int64 // bytes of OTLP exports received
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.Copy(io.Discard, r.Body)
+		exported.Add(b)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer recv.Close()
+
+	drain := func(lane string, traced bool) (float64, error) {
+		c := cfg
+		c.Lanes = nil
+		for _, l := range cfg.Lanes {
+			if l.Name == lane {
+				c.Lanes = []config.Lane{l}
+			}
+		}
+		sk.reset(n)
+		var tp *sdktrace.TracerProvider
+		var with func(*service.Service)
+		if traced {
+			exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(recv.URL+"/v1/traces"))
+			if err != nil {
+				return 0, err
+			}
+			tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+			with = func(s *service.Service) { s.TraceWith(tp) }
+		}
+		svc, err := e.startServiceWith(ctx, c, with)
+		if err != nil {
+			return 0, err
+		}
+		werr := sk.wait(ctx, n, 2*e.dur+time.Duration(n)*time.Millisecond, e.prog, "drain "+lane)
+		svc.stop()
+		if tp != nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = tp.Shutdown(sctx)
+			cancel()
+		}
+		if werr != nil {
+			return 0, werr
+		}
+		arrivals, _ := sk.snapshot()
+		return pacingOf(arrivals, 0).Achieved, nil
+	}
+	var offRate, onRate float64
+	var runs []string
+	for i, lane := range order {
+		traced := i%2 == 1
+		r, err := drain(lane, traced)
+		if err != nil {
+			return Result{}, err
+		}
+		if traced {
+			onRate = max(onRate, r)
+			runs = append(runs, "on "+fmtRate(r))
+		} else {
+			offRate = max(offRate, r)
+			runs = append(runs, "off "+fmtRate(r))
+		}
+	}
+	if exported.Load() == 0 {
+		return Result{}, errors.New("bench: tracing on, but no span reached the OTLP receiver")
+	}
+	return Result{
+		ID: Drain, Scenario: name,
+		Ours:      fmt.Sprintf("%s (%s jobs, 3 spans a sampled one, OTLP/HTTP batches; best of %d)", fmtRate(onRate), fmtInt(int64(n)), traceRounds),
+		Reference: fmtRate(offRate),
+		Ratio:     fmtRatio(onRate, offRate),
+		Goal:      "≥ 0.90×",
+		Verdict:   verdict(onRate >= 0.9*offRate),
+		Note: "the reference is the same drain with tracing off (the traceparent still travels to the sink); " +
+			"on, the NATS intake, queue-wait and attempt spans of each job go through the SDK's batcher to an OTLP/HTTP receiver in this process; runs in order: " +
+			strings.Join(runs, ", "),
+	}, nil
+}
+
+// publishTraced stores n jobs on subject, each with a traceparent of its
+// own trace, one in sampledEvery flagged sampled.
+func publishTraced(ctx context.Context, js jetstream.JetStream, subject string, n, sampledEvery int) error {
+	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
+	for i := range n {
+		m := nats.NewMsg(subject)
+		m.Data = drainPayload
+		flags := 0
+		if i%max(sampledEvery, 1) == 0 {
+			flags = 1
+		}
+		m.Header["traceparent"] = []string{fmt.Sprintf("00-%032x-%016x-%02x", i+1, uint64(i+1)<<8|1, flags)}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			return fmt.Errorf("bench: publish to %s: %w", subject, err)
+		}
+		futures = append(futures, f)
+		if len(futures) == cap(futures) || i == n-1 {
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					return fmt.Errorf("bench: publish to %s: %w", subject, err)
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			futures = futures[:0]
+		}
+	}
+	return nil
+}

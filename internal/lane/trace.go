@@ -1,0 +1,117 @@
+package lane
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/tracectx"
+)
+
+// Trace context and spans of a delivery.
+//
+// Every delivery carries the job's stored W3C trace context to its target.
+// With tracing off (Deps.Traces nil) it is the submitter's own, so the
+// target's span is a child of the submitter's. With tracing on, the lane
+// makes, in the submitter's trace (or a trace of its own for a job that
+// came without one):
+//
+//   - throttler.intake, for a job published on NATS, when the drain first
+//     meets it: a point at the time JetStream stored it;
+//   - throttler.queue, the wait from the store of this copy of the job to
+//     its start, a child of the submitter's span linked to it;
+//   - throttler.dispatch, one per attempt, a child of the submitter's span,
+//     whose id the target receives as its parent.
+//
+// Attributes: the lane, the key (at most queue.MaxKey bytes), the job id,
+// the attempt, and on the attempt its outcome and the target's status.
+
+// TracerName names the throttler's tracer (the instrumentation scope).
+const TracerName = "github.com/throttler/throttler"
+
+// Span attribute keys.
+const (
+	AttrLane    = attribute.Key("throttler.lane")
+	AttrKey     = attribute.Key("throttler.key")
+	AttrJobID   = attribute.Key("throttler.job.id")
+	AttrAttempt = attribute.Key("throttler.attempt")
+	AttrOutcome = attribute.Key("throttler.outcome")
+	AttrIntake  = attribute.Key("throttler.intake")
+	// AttrStatus is the HTTP target's answer (OpenTelemetry's name).
+	AttrStatus = attribute.Key("http.response.status_code")
+)
+
+// traced is a started delivery's trace: the context to deliver with (it
+// holds the attempt's span) and the trace context the target receives.
+type traced struct {
+	ctx  context.Context
+	out  tracectx.Context
+	span trace.Span // nil with tracing off
+}
+
+// traceStart opens the spans of msg's delivery, starting now. A published
+// job whose trace headers were dropped is logged once, when the drain
+// first meets it.
+func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, intake bool) traced {
+	if intake && job.TraceErr != nil {
+		l.log.Warn("trace headers of a job published on NATS ignored", "id", job.ID, "err", job.TraceErr)
+	}
+	if l.tracer == nil {
+		return traced{ctx: ctx, out: job.Trace}
+	}
+	parent := job.Trace.SpanContext()
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	}
+	key := job.Key
+	if len(key) > queue.MaxKey {
+		key = key[:queue.MaxKey]
+	}
+	attrs := []attribute.KeyValue{AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(msg.Attempt())}
+	if intake {
+		at := msg.EnqueuedAt()
+		_, s := l.tracer.Start(ctx, "throttler.intake", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(at),
+			trace.WithAttributes(append(attrs[:3:3], AttrIntake.String("nats"))...))
+		s.End(trace.WithTimestamp(at))
+	}
+	now := l.d.Clock.Now()
+	var links []trace.Link
+	if parent.IsValid() {
+		links = []trace.Link{{SpanContext: parent}}
+	}
+	_, q := l.tracer.Start(ctx, "throttler.queue", trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(msg.StoredAt()),
+		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	q.End(trace.WithTimestamp(now))
+	dctx, d := l.tracer.Start(ctx, "throttler.dispatch", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(now),
+		trace.WithAttributes(attrs...))
+	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
+}
+
+// end closes the attempt's span with the delivery's outcome.
+func (t traced) end(res dispatch.Result, at time.Time) {
+	if t.span == nil {
+		return
+	}
+	if !t.span.IsRecording() {
+		t.span.End()
+		return
+	}
+	if res.Status != 0 {
+		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()), AttrStatus.Int(res.Status))
+	} else {
+		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()))
+	}
+	if res.Verdict != dispatch.Done {
+		msg := res.Verdict.String()
+		if res.Err != nil {
+			msg = res.Err.Error()
+		}
+		t.span.SetStatus(codes.Error, msg)
+	}
+	t.span.End(trace.WithTimestamp(at))
+}
