@@ -58,9 +58,9 @@ type Deps struct {
 	// Slow shares keys' slow-downs (per_key.adaptive) between instances;
 	// nil keeps each instance's own (one instance: the memory pacer).
 	Slow keyed.SlowStore
-	// Slots bounds keyed lanes' and keys' jobs in flight across the fleet;
+	// Leases bound keyed lanes' and keys' jobs in flight across the fleet;
 	// nil bounds them per instance (one instance: the memory pacer).
-	Slots keyed.Slots
+	Leases keyed.Leases
 	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
 	// overrides); nil keeps them in memory only.
 	Limits *queue.Limits
@@ -99,7 +99,7 @@ type Lane struct {
 	backoff  dispatch.Backoff
 	control  *nats.Subscription
 	bounds   controlBounds
-	keyed    *keyedRun // nil unless the lane is keyed (per_key)
+	keyed    *keyed.Pacer[*queue.Msg] // nil unless the lane is keyed (per_key)
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
@@ -204,11 +204,11 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		if err := l.d.Queue.EnsureKeyedLane(ctx, spec); err != nil {
 			return err
 		}
-		if l.keyed, err = newKeyedRun(l); err != nil {
+		if l.keyed, err = l.newKeyed(); err != nil {
 			return err
 		}
 		m.PacerUp.WithLabelValues(name).Set(1)
-		m.WatchMissed(name, l.keyed.missed.Load)
+		m.WatchMissed(name, l.keyed.Missed)
 		l.starts.begin(l.d.Clock.Now())
 		m.WatchLane(name, l.metricState)
 		return nil
@@ -256,7 +256,7 @@ func (l *Lane) Run(ctx context.Context) {
 	defer stopWatch()
 	watch.Go(func() { l.watchLimits(watchCtx) })
 	if l.keyed != nil {
-		l.keyed.run(ctx)
+		l.runKeyed(ctx)
 		return
 	}
 	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
@@ -315,13 +315,13 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
-		if k := l.keyed; k != nil && k.slow != nil && pushedBack(res) {
-			k.slowKey(job.Key)
+		if l.keyed != nil && pushedBack(res) {
+			l.keyed.PushedBack(l.d.DispatchCtx, job.Key)
 		}
 		switch {
 		case res.PauseLane > 0 && l.keyed != nil:
 			// A keyed lane's downstream is the key's: it waits alone.
-			l.keyed.pauseKey(job.Key, res.PauseLane)
+			l.keyed.PauseKey(l.d.DispatchCtx, job.Key, res.PauseLane)
 		case res.PauseLane > 0:
 			l.pause(res.PauseLane)
 		}
@@ -364,9 +364,7 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 	}
 	switch act.Kind {
 	case Ack:
-		if l.keyed != nil {
-			l.keyed.settledJob(msg)
-		}
+		l.settledKeyed(msg)
 		l.delivered.Add(1)
 		ack := msg.Ack
 		if l.isStopping() {
@@ -389,9 +387,8 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		if l.keyed != nil && l.cfg.PerKey.Ordered {
 			// An ordered key's failing job holds its key, in place: a
 			// copy at the tail would start after the key's later jobs.
-			l.keyed.retryInPlace(msg)
+			l.retryInPlace(msg, act.Delay)
 			log().Warn("delivery failed, retrying in place (ordered key)", "key", job.Key, "retry_in", act.Delay.String())
-			l.keyed.sched.Pause(job.Key, l.d.Clock.Now().Add(act.Delay))
 			_ = msg.Wait(act.Delay)
 			return
 		}
@@ -422,9 +419,7 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		if err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
 		} else {
-			if l.keyed != nil {
-				l.keyed.settledJob(msg)
-			}
+			l.settledKeyed(msg)
 			l.settled(msg)
 		}
 	}
@@ -464,20 +459,20 @@ func (l *Lane) KeyLimit(key string) bucket.Limit {
 	if l.keyed == nil {
 		return l.keyLimit(key)
 	}
-	return l.keyed.effectiveLimit(key, l.d.Clock.Now())
+	return l.keyed.KeyLimit(key, l.d.Clock.Now())
 }
 
 // KeyStarted counts key's jobs started (or reserved to start) and not
-// settled: across the fleet with shared slots (Deps.Slots), else on this
+// settled: across the fleet with shared leases (Deps.Leases), else on this
 // instance, the only one.
 func (l *Lane) KeyStarted(ctx context.Context, key string) (int, error) {
 	if l.keyed == nil {
 		return 0, ErrNotKeyed
 	}
-	if l.d.Slots != nil {
-		return l.d.Slots.Held(ctx, l.cfg.Name, key)
+	if l.d.Leases != nil {
+		return l.d.Leases.Held(ctx, l.cfg.Name, key)
 	}
-	return l.keyed.sched.Key(key).Inflight, nil
+	return l.keyed.Key(key).Inflight, nil
 }
 
 // MaxBody is the largest payload the lane takes, in bytes.
@@ -638,8 +633,8 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	}
 	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
 	if k := l.keyed; k != nil {
-		ks := k.sched.Stats(l.d.Clock.Now())
-		st.InFlight = int(k.inflight.Load())
+		ks := k.Stats(l.d.Clock.Now())
+		st.InFlight = int(k.Inflight())
 		st.Waiting = stats.Stored - min(stats.Stored, uint64(st.InFlight))
 		st.Keyed = &api.KeyedStatus{PerKeyRate: l.cfg.PerKey.Rate.PerSecond(), PerKeyBurst: l.cfg.PerKey.Burst,
 			PerKeyMaxInflight: l.cfg.PerKey.MaxInflight, Ordered: l.cfg.PerKey.Ordered, KeysActive: ks.Active, KeysPaused: ks.Paused}

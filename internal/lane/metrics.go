@@ -86,7 +86,7 @@ func (l *Lane) metricState() metrics.LaneState {
 	l.mu.Unlock()
 	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused}
 	if k := l.keyed; k != nil {
-		ks := k.sched.Stats(now)
+		ks := k.Stats(now)
 		st.KeysActive, st.KeysPaused = ks.Active, ks.Paused
 	}
 	return st

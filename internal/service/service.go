@@ -182,7 +182,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	deps := lane.Deps{
 		Limits: limits,
-		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Slots: st.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
+		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Leases: st.leases, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
@@ -304,7 +304,7 @@ func pacerKind(cfg config.Config) string {
 
 // stores are the lanes' states and what keyed lanes share between
 // instances besides them: the key claims and, on Redis only, keys'
-// slow-downs and the fleet's in-flight slots (the memory pacer's single
+// slow-downs and the fleet's in-flight leases (the memory pacer's single
 // instance keeps its own). pipe is the Redis client they use; nil in
 // memory.
 type stores struct {
@@ -312,7 +312,7 @@ type stores struct {
 	pair   bucket.PairStore
 	claims keyed.Claims
 	slow   keyed.SlowStore
-	slots  keyed.Slots
+	leases keyed.Leases
 	pipe   *redis.AutoPipeliner
 	close  func()
 }
@@ -338,7 +338,7 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 	store := redisbucket.New(rb.Pipe, rcfg)
 	m.WatchRestored(store.Restored)
 	claims := redisclaims.New(rb.Pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
-	return stores{store: store, pair: store, claims: claims, slow: claims, slots: claims, pipe: rb.Pipe, close: rb.Close}, nil
+	return stores{store: store, pair: store, claims: claims, slow: claims, leases: claims, pipe: rb.Pipe, close: rb.Close}, nil
 }
 
 // Reload reads auth.keys_file (with ReloadConfigWith, the config file's

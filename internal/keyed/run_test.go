@@ -1,0 +1,113 @@
+package keyed_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
+	"github.com/throttler/throttler/internal/keyed"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// recClaims is keyed.Local that records the keys released.
+type recClaims struct {
+	keyed.Local
+	mu       sync.Mutex
+	released []string
+}
+
+func (c *recClaims) Release(_ context.Context, _, key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.released = append(c.released, key)
+	return nil
+}
+
+func (c *recClaims) releasedKeys() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.released)
+}
+
+// TestPacerRun: on the real clock, Run claims the keys with stored jobs
+// (its first sweep) and the ones announced later, starts every job in its
+// key's order, releases a key with nothing left, and at the stop answers
+// the waiting workers and waits for the dispatches in flight.
+func TestPacerRun(t *testing.T) {
+	r := &memReader{}
+	r.add("a", "a1")
+	r.add("a", "a2")
+	claims := &recClaims{}
+	workers := &memWorkers{}
+	var mu sync.Mutex
+	var started []string
+	inflight := make(chan func(), 10)
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: &bucket.Memory{Clock: clock.Real}, Claims: claims, Workers: workers,
+		Start: func(_ context.Context, j *memJob, done func()) {
+			mu.Lock()
+			started = append(started, j.id)
+			mu.Unlock()
+			r.remove(j.id)
+			inflight <- done
+		},
+		LaneLimit: func() bucket.Limit { return bucket.Limit{Rate: 1000, Burst: 1} },
+		KeyLimit:  func(string) bucket.Limit { return bucket.Limit{Rate: 1000, Burst: 1} },
+		KeyOpts:   twoEach, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startedNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(started)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { k.Run(ctx); close(ran) }()
+	settleAll := func() {
+		for {
+			select {
+			case done := <-inflight:
+				done()
+			default:
+				return
+			}
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "a's jobs start", func() bool { settleAll(); return len(startedNow()) == 2 })
+	r.add("b", "b1")
+	k.Announce("b")
+	testenv.Eventually(t, 5*time.Second, "b's job starts", func() bool { settleAll(); return len(startedNow()) == 3 })
+	if s := startedNow(); !slices.Equal(s, []string{"a1", "a2", "b1"}) {
+		t.Fatalf("started %v", s)
+	}
+	testenv.Eventually(t, 5*time.Second, "the idle keys released", func() bool {
+		settleAll()
+		rel := claims.releasedKeys()
+		return slices.Contains(rel, "a") && slices.Contains(rel, "b")
+	})
+	// One job in flight at the stop: Run waits for it.
+	r.add("c", "c1")
+	k.Announce("c")
+	testenv.Eventually(t, 5*time.Second, "c's job starts", func() bool { return len(startedNow()) == 4 })
+	cancel()
+	select {
+	case <-ran:
+		t.Fatal("Run returned with a dispatch in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	(<-inflight)()
+	<-ran
+	if workers.stops.Load() != 1 {
+		t.Fatalf("waiting workers answered %d times at the stop, want 1", workers.stops.Load())
+	}
+	if used := workers.claims.Load() - workers.unclaims.Load(); used != 4 {
+		t.Fatalf("workers' claims used %d, want 4 (one per job)", used)
+	}
+}
