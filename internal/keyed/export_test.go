@@ -50,7 +50,7 @@ func (k *Pacer[T]) TakeNext(ctx context.Context, key string, due time.Time, maxL
 	k.inflight.Add(1)
 	k.waiting.Add(1)
 	p := &permit{release: k.giveBackFn}
-	go k.startAt(ctx, &job[T]{key: key, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p})
+	go k.startAt(ctx, ctx, &job[T]{key: key, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p})
 	return msg, true
 }
 
@@ -61,7 +61,7 @@ func (k *Pacer[T]) WaitStarts() { k.waiting.Wait() }
 // reports its rest: how long, whether the scheduler's news ends it, and
 // whether the run should stop.
 func (k *Pacer[T]) Step(ctx context.Context, laneNext *time.Time) (d time.Duration, wake, stop bool) {
-	r := k.step(ctx, laneNext)
+	r := k.step(ctx, ctx, laneNext)
 	return r.d, r.wake, r.stop
 }
 

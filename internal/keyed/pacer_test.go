@@ -641,6 +641,26 @@ func TestPacerTakeRefusedAfterRequeue(t *testing.T) {
 	}
 }
 
+// TestPacerRequeueOnce: the queue may tell the same job handed back twice
+// (or a job the key has not read past): the second time moves nothing, and
+// the jobs read after the first are not sent back again.
+func TestPacerRequeueOnce(t *testing.T) {
+	h := newHarness(t, harnessOpts{leases: true})
+	a1 := h.r.add("a", "a1")
+	h.k.Claim(h.ctx, "a")
+	h.k.Requeue("a", a1.seq)
+	h.leases.onTake = func(key string) {
+		h.leases.onTake = nil
+		h.k.Requeue(key, a1.seq) // told again while the step reserves a1
+	}
+	if got := h.step(0); got.started != "a1" {
+		t.Fatalf("a1 after a repeated requeue: %+v, want started", got)
+	}
+	if h.k.Missed() != 0 {
+		t.Fatalf("missed %d, want 0", h.k.Missed())
+	}
+}
+
 // TestPacerLateWakeGivesSlotUp: a job woken past its slot by more than the
 // lateness bound is handed back unstarted (a missed slot), never started
 // late; its key reads it again.

@@ -69,7 +69,7 @@ func TestPacerRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
-	go func() { k.Run(ctx); close(ran) }()
+	go func() { k.Run(ctx, context.WithoutCancel(ctx)); close(ran) }()
 	settleAll := func() {
 		for {
 			select {

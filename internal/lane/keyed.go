@@ -58,19 +58,19 @@ func (l *Lane) newKeyed() (*keyed.Pacer[*queue.Msg], error) {
 
 // runKeyed drives a keyed lane until ctx ends, with its intake and retry
 // mover beside it, then waits for its dispatches.
-func (l *Lane) runKeyed(ctx context.Context) {
+func (l *Lane) runKeyed(ctx, dispatch context.Context) {
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.d.Queue.RunIntake(ctx, l.cfg.Name, l.log) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
-	l.keyed.Run(ctx)
+	l.keyed.Run(ctx, dispatch)
 	helpers.Wait()
 }
 
 // retryInPlace holds an ordered key's failing job in place for d, counting
 // the attempt (a retry behind the key's later jobs would break their
 // order).
-func (l *Lane) retryInPlace(msg *queue.Msg, d time.Duration) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
+func (l *Lane) retryInPlace(dctx context.Context, msg *queue.Msg, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	if n, err := l.keyed.RetryInPlace(ctx, msg.Job().Key, msg, d); err != nil {
 		l.log.Warn("storing an ordered job's failed attempts failed; a restart counts them from its message", "id", msg.Job().ID, "tries", n, "err", err)
@@ -79,11 +79,11 @@ func (l *Lane) retryInPlace(msg *queue.Msg, d time.Duration) {
 
 // settledKeyed forgets a keyed job's in-place attempts once it left the
 // stream.
-func (l *Lane) settledKeyed(msg *queue.Msg) {
+func (l *Lane) settledKeyed(dctx context.Context, msg *queue.Msg) {
 	if l.keyed == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	if err := l.keyed.Settled(ctx, msg); err != nil {
 		l.log.Warn("forgetting a settled ordered job's failed attempts failed; the entry lapses by itself", "id", msg.Job().ID, "err", err)

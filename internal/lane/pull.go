@@ -20,10 +20,10 @@ import (
 // the drain's source) or any other through dispatch.Open.
 func (l *Lane) openTarget(ctx context.Context) (dispatch.Target, func(), error) {
 	if !l.cfg.Target.Pull() {
-		return dispatch.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers), l.d.Guard, l.d.NATS)
+		return l.d.Targets.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers))
 	}
 	n := l.cfg.Target.NATS
-	p, err := dispatch.OpenPull(l.d.NATS, dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log})
+	p, err := l.d.Targets.OpenPull(dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log})
 	if err != nil {
 		return nil, func() {}, err
 	}

@@ -182,8 +182,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	deps := lane.Deps{
 		Limits: limits,
-		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Leases: st.leases, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
-		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
+		Bus:    nc, Targets: lane.NATSTargets{Conn: nc, Guard: dispatch.NewGuard(s.allowNetworks())}, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Leases: st.leases, Handlers: s.handlers,
+		Metrics: m, Logger: s.log, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
 	}
 	lanes := apiserver.NewLanes()
@@ -212,7 +212,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
+		Admitter: adm, Publisher: q, Assignments: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
@@ -235,7 +235,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer stopDrains()
 	var drains sync.WaitGroup
 	for _, l := range lanes.All() {
-		drains.Go(func() { l.Run(drainCtx) })
+		drains.Go(func() { l.Run(drainCtx, dispatchCtx) })
 	}
 	drains.Go(func() {
 		lane.WatchQueues(drainCtx, q, laneNames, m, s.queueStatsEvery, s.log.With("component", "metrics"))
