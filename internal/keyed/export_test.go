@@ -99,3 +99,6 @@ const (
 	LeasePoll   = leasePoll
 	BounceAfter = bounceAfter
 )
+
+// ClaimPending claims the keys announced, as the claimer does when woken.
+func (k *Pacer[T]) ClaimPending(ctx context.Context) { k.claimPending(ctx) }

@@ -341,17 +341,22 @@ func (k *Pacer[T]) claimer(ctx context.Context) {
 			}
 			k.refreshLeases(ctx)
 		}
-		k.mu.Lock()
-		var keys []string
-		for key := range k.pending {
-			keys = append(keys, key)
-		}
-		clear(k.pending)
-		k.mu.Unlock()
-		if len(keys) > 0 {
-			k.claim(ctx, keys)
-		}
+		k.claimPending(ctx)
 		k.release(ctx)
+	}
+}
+
+// claimPending claims the keys announced since it last ran.
+func (k *Pacer[T]) claimPending(ctx context.Context) {
+	k.mu.Lock()
+	var keys []string
+	for key := range k.pending {
+		keys = append(keys, key)
+	}
+	clear(k.pending)
+	k.mu.Unlock()
+	if len(keys) > 0 {
+		k.claim(ctx, keys)
 	}
 }
 

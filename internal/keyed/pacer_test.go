@@ -3,6 +3,8 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -80,11 +82,14 @@ func (r *memReader) Keys(context.Context) ([]string, error) {
 	return keys, nil
 }
 
-func (r *memReader) Next(_ context.Context, key string, from uint64) (*memJob, bool, error) {
+func (r *memReader) Next(ctx context.Context, key string, from uint64) (*memJob, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.nextErr != nil {
 		return nil, false, r.nextErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
 	}
 	for _, j := range r.jobs {
 		if j.key == key && j.seq >= from {
@@ -909,5 +914,219 @@ func TestNewPacerNamesTheMissingField(t *testing.T) {
 	}
 	if _, err := keyed.NewPacer(full()); err != nil {
 		t.Fatalf("full config: %v", err)
+	}
+}
+
+// TestPacerAnnounceClaims: a key announced (a job stored here) is claimed
+// when the claimer wakes, and only then; a key that is known already is
+// told without a claim.
+func TestPacerAnnounceClaims(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.r.add("a", "a1")
+	h.k.Announce("a")
+	if h.k.Key("a").Known {
+		t.Fatal("a known before the claimer ran")
+	}
+	h.k.ClaimPending(h.ctx)
+	if !h.k.Key("a").Known {
+		t.Fatal("a announced, not claimed")
+	}
+	h.k.ClaimPending(h.ctx) // nothing pending: nothing changes
+	if got := h.step(0); got.started != "a1" {
+		t.Fatalf("a1: %+v", got)
+	}
+}
+
+// logRecords is a slog handler that keeps the messages logged: a store
+// that fails is seen only there.
+type logRecords struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecords) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.msgs
+	l.msgs = nil
+	return out
+}
+
+// failClaims refuses every claim.
+type failClaims struct{ keyed.Local }
+
+func (failClaims) Claim(context.Context, string, []string) ([]string, error) { return nil, errDown }
+func (failClaims) Release(context.Context, string, string) error             { return errDown }
+
+// failSlow fails every call.
+type failSlow struct{}
+
+func (failSlow) SaveSlow(context.Context, string, string, float64, time.Duration) error {
+	return errDown
+}
+func (failSlow) LoadSlow(context.Context, string, []string) ([]keyed.SlowState, error) {
+	return nil, errDown
+}
+
+// TestPacerWarnsWhenAStoreFails: each store call that fails is logged as a
+// warning, and only a failure is.
+func TestPacerWarnsWhenAStoreFails(t *testing.T) {
+	ctx := context.Background()
+	newPacer := func(logs *logRecords, claims keyed.Claims, slow keyed.SlowStore, pauser keyed.KeyPauser) *keyed.Pacer[*memJob] {
+		k, err := keyed.NewPacer(keyed.Config[*memJob]{
+			Lane: "demo", Reader: &memReader{}, Pair: nopPair{}, Claims: claims, Slow: slow, Pauser: pauser,
+			Adaptive: &keyed.Slowdown{Decrease: 0.5, Increase: 0.1, Min: 0.1, Interval: time.Second},
+			Start:    func(context.Context, *memJob, func()) {}, LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: oneEach,
+			MaxInflight: 1, MaxPause: time.Minute, Clock: &stillClock{now: t0}, Logger: slog.New(logs),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	for _, c := range []struct {
+		name   string
+		claims keyed.Claims
+		slow   keyed.SlowStore
+		pauser keyed.KeyPauser
+		want   []string
+	}{
+		{"stores answer", keyed.Local{}, &memSlow{saved: map[string]float64{}}, &recPauser{}, []string{
+			"target pushed back on the key; slowing it down", "downstream asked the key to wait",
+		}},
+		{"stores fail", failClaims{}, failSlow{}, &recPauser{err: errDown}, []string{
+			"claiming keys failed; the sweep tries again",
+			"target pushed back on the key; slowing it down",
+			"storing the key's slow-down failed; other instances do not see it",
+			"pausing the key in the shared state failed",
+		}},
+		{"slow-downs unreadable", keyed.Local{}, failSlow{}, &recPauser{}, []string{
+			"reading keys' slow-downs failed; they start at their full rate",
+			"target pushed back on the key; slowing it down",
+			"storing the key's slow-down failed; other instances do not see it",
+			"downstream asked the key to wait",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logs := &logRecords{}
+			k := newPacer(logs, c.claims, c.slow, c.pauser)
+			k.Claim(ctx, "a")
+			k.PushedBack(ctx, "a")
+			k.PauseKey(ctx, "a", time.Second)
+			if got := logs.take(); !slices.Equal(got, c.want) {
+				t.Fatalf("warnings %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// TestPacerAdoptsAStoredSlowDownByItsAge: a factor another instance stored
+// 2 s ago has recovered for 2 s by the time this one claims the key.
+func TestPacerAdoptsAStoredSlowDownByItsAge(t *testing.T) {
+	ctx := context.Background()
+	slowdown := func() *keyed.Slowdown {
+		return &keyed.Slowdown{Decrease: 0.5, Increase: 0.1, Min: 0.1, Interval: time.Second}
+	}
+	slow := &agedSlow{factor: 0.5, age: 2 * time.Second}
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: &memReader{}, Pair: nopPair{}, Claims: keyed.Local{}, Slow: slow, Adaptive: slowdown(),
+		Start: func(context.Context, *memJob, func()) {}, LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: oneEach,
+		MaxInflight: 1, Clock: &stillClock{now: t0},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Claim(ctx, "a")
+	ref := slowdown()
+	ref.Adopt("a", 0.5, t0.Add(-2*time.Second), t0)
+	want := 2 * ref.Factor("a", t0)
+	if got := k.KeyLimit("a", t0).Rate; math.Abs(got-want) > 1e-9 || want <= 1 || want >= 2 {
+		t.Fatalf("a's rate %v, want %v (0.5 decided 2 s ago, recovering)", got, want)
+	}
+}
+
+// agedSlow stores one factor decided age ago, for every key.
+type agedSlow struct {
+	factor float64
+	age    time.Duration
+}
+
+func (s *agedSlow) SaveSlow(context.Context, string, string, float64, time.Duration) error {
+	return nil
+}
+func (s *agedSlow) LoadSlow(_ context.Context, _ string, keys []string) ([]keyed.SlowState, error) {
+	var out []keyed.SlowState
+	for _, k := range keys {
+		out = append(out, keyed.SlowState{Key: k, Factor: s.factor, Age: s.age})
+	}
+	return out, nil
+}
+
+// TestPacerReleaseIdleKeys: the claimer gives up the claim of a key with no
+// job left, unless it got jobs again meanwhile, and then looks once more: a
+// job stored meanwhile by another instance claims the key again.
+func TestPacerReleaseIdleKeys(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		between   func(h *harness) // after a goes idle, before the release
+		released  bool
+		known     bool
+		releaseOK bool
+	}{
+		{"idle", func(*harness) {}, true, false, true},
+		{"a job stored meanwhile", func(h *harness) { h.r.add("a", "a2") }, true, true, true},
+		{"claimed again meanwhile", func(h *harness) { h.r.add("a", "a2"); h.k.Claim(h.ctx, "a") }, false, true, true},
+		{"release fails", func(*harness) {}, true, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logs := &logRecords{}
+			claims := &recClaims{fail: !c.releaseOK}
+			clk := &stillClock{now: t0}
+			r := &memReader{}
+			k, err := keyed.NewPacer(keyed.Config[*memJob]{
+				Lane: "demo", Reader: r, Pair: &bucket.Memory{Clock: clk}, Claims: claims, Clock: clk, Logger: slog.New(logs),
+				Start:     func(_ context.Context, _ *memJob, done func()) { done() },
+				LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: oneEach, MaxInflight: 1,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			k.Claim(ctx, "a")
+			laneNext := t0
+			k.Step(ctx, &laneNext) // a has no job: idle
+			if idle := k.Idled(); !slices.Equal(idle, []string{"a"}) {
+				t.Fatalf("idle %v, want [a]", idle)
+			}
+			c.between(&harness{ctx: ctx, r: r, k: k})
+			logs.take()
+			k.Release(ctx)
+			if rel := claims.releasedKeys(); (len(rel) == 1) != c.released {
+				t.Fatalf("released %v, want released %v", rel, c.released)
+			}
+			if got := k.Key("a").Known; got != c.known {
+				t.Fatalf("a known %v, want %v", got, c.known)
+			}
+			if len(k.Idled()) != 0 {
+				t.Fatalf("still idle: %v", k.Idled())
+			}
+			want := []string(nil)
+			if !c.releaseOK {
+				want = []string{"releasing a key failed; its claim lapses by itself"}
+			}
+			if got := logs.take(); !slices.Equal(got, want) {
+				t.Fatalf("logged %q, want %q", got, want)
+			}
+		})
 	}
 }

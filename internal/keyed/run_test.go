@@ -16,15 +16,19 @@ import (
 // recClaims is keyed.Local that records the keys released.
 type recClaims struct {
 	keyed.Local
+	fail     bool // every release fails
 	mu       sync.Mutex
 	released []string
 }
 
-func (c *recClaims) Release(_ context.Context, _, key string) error {
+func (c *recClaims) Release(ctx context.Context, _, key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.released = append(c.released, key)
-	return nil
+	if c.fail {
+		return errDown
+	}
+	return ctx.Err()
 }
 
 func (c *recClaims) releasedKeys() []string {
