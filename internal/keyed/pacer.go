@@ -355,9 +355,7 @@ func (k *Pacer[T]) claimPending(ctx context.Context) {
 	}
 	clear(k.pending)
 	k.mu.Unlock()
-	if len(keys) > 0 {
-		k.claim(ctx, keys)
-	}
+	k.claim(ctx, keys) // none: claims nothing
 }
 
 // claim takes keys that got jobs; a key this instance already reads only
@@ -504,9 +502,7 @@ func (k *Pacer[T]) release(ctx context.Context) {
 		}
 		cancel()
 	}
-	if len(again) > 0 {
-		k.claim(ctx, again)
-	}
+	k.claim(ctx, again) // none: claims nothing
 }
 
 // leasePoll is how long a key waits when the fleet has max_inflight of its

@@ -149,12 +149,13 @@ func (p *downPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.
 // memLeases holds the fleet's in-flight leases in memory; full or err,
 // when set, refuse every acquire.
 type memLeases struct {
-	mu      sync.Mutex
-	held    map[string]string // token → key
-	full    keyed.Full
-	err     error
-	onTake  func(key string) // runs inside Acquire (a requeue meanwhile)
-	laneMax int
+	mu         sync.Mutex
+	held       map[string]string // token → key
+	full       keyed.Full
+	err        error
+	releaseErr error            // ReleaseLease fails (the lease stays until it lapses)
+	onTake     func(key string) // runs inside Acquire (a requeue meanwhile)
+	laneMax    int
 }
 
 func (m *memLeases) Acquire(_ context.Context, _, key, token string, laneMax, _ int) (keyed.Full, error) {
@@ -181,7 +182,7 @@ func (m *memLeases) ReleaseLease(_ context.Context, _, _, token string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.held, token)
-	return nil
+	return m.releaseErr
 }
 
 func (m *memLeases) Refresh(context.Context, string, map[string]string) error { return nil }
@@ -289,6 +290,7 @@ type harness struct {
 	leases   *memLeases
 	workers  *memWorkers
 	obs      *recObserver
+	logs     *logRecords
 	k        *keyed.Pacer[*memJob]
 	laneNext time.Time
 
@@ -309,7 +311,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Helper()
 	clk := &stillClock{now: t0}
 	h := &harness{t: t, ctx: context.Background(), clk: clk, r: &memReader{}, pair: &downPair{Memory: &bucket.Memory{Clock: clk}},
-		obs: &recObserver{}, laneNext: t0, done: map[string]func(){}, assigned: map[string]time.Duration{}}
+		obs: &recObserver{}, logs: &logRecords{}, laneNext: t0, done: map[string]func(){}, assigned: map[string]time.Duration{}}
 	if o.keyOpts == nil {
 		o.keyOpts = oneEach
 	}
@@ -327,7 +329,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			h.assigned[j.id] = s.Due.Sub(t0)
 		},
 		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: o.keyOpts, MaxInflight: 4, Ordered: o.ordered,
-		MaxPause: time.Minute, Instance: "a",
+		MaxPause: time.Minute, Instance: "a", Logger: slog.New(h.logs),
 	}
 	if o.leases {
 		h.leases = &memLeases{}
@@ -470,6 +472,9 @@ func TestPacerSteps(t *testing.T) {
 			h.checkHeld(i)
 		}
 	}
+	if logged := h.logs.take(); len(logged) != 0 {
+		t.Fatalf("logged %q on a path with no failure", logged)
+	}
 	if h.obs.reserved != 4 || len(h.obs.late) != 4 {
 		t.Fatalf("reserved %d, started %d; want 4 and 4", h.obs.reserved, len(h.obs.late))
 	}
@@ -531,20 +536,26 @@ func TestPacerStepRefusals(t *testing.T) {
 		rest  stepped
 		// again is when the key may be chosen again.
 		again time.Duration
-		down  []bool // the observer's PacerDown calls
+		down  []bool   // the observer's PacerDown calls
+		warn  []string // what it logs
 	}{
 		{"read fails", func(h *harness) { h.r.nextErr = errDown }, func(h *harness) { h.r.nextErr = nil },
-			stepped{}, keyed.RetryWait, nil},
+			stepped{}, keyed.RetryWait, nil, []string{"reading a key's next job failed"}},
 		{"ordered tries unreadable", func(h *harness) { h.r.triesErr = errDown }, func(h *harness) { h.r.triesErr = nil },
-			stepped{}, keyed.RetryWait, nil},
+			stepped{}, keyed.RetryWait, nil, []string{"reading a key's next job failed"}},
 		{"lease fails", func(h *harness) { h.leases.err = errDown }, func(h *harness) { h.leases.err = nil },
-			stepped{}, keyed.RetryWait, nil},
+			stepped{}, keyed.RetryWait, nil, []string{"taking an in-flight lease failed, keyed lane waits"}},
 		{"key full", func(h *harness) { h.leases.full = keyed.KeyFull }, func(h *harness) { h.leases.full = keyed.Taken },
-			stepped{}, keyed.LeasePoll, nil},
+			stepped{}, keyed.LeasePoll, nil, nil},
 		{"lane full", func(h *harness) { h.leases.full = keyed.LaneFull }, func(h *harness) { h.leases.full = keyed.Taken },
-			stepped{rest: keyed.LeasePoll}, keyed.LeasePoll, nil},
+			stepped{rest: keyed.LeasePoll}, keyed.LeasePoll, nil, nil},
 		{"pacer down", func(h *harness) { h.pair.err.Store(&errDown) }, func(h *harness) { h.pair.err.Store(nil) },
-			stepped{rest: keyed.RetryWait}, keyed.RetryWait, []bool{true, false}},
+			stepped{rest: keyed.RetryWait}, keyed.RetryWait, []bool{true, false}, []string{"pacer unavailable, keyed lane waits"}},
+		{"lease release fails", func(h *harness) { h.leases.releaseErr = errDown; h.pair.err.Store(&errDown) },
+			func(h *harness) { h.pair.err.Store(nil) },
+			stepped{rest: keyed.RetryWait}, keyed.RetryWait, []bool{true, false}, []string{
+				"pacer unavailable, keyed lane waits", "giving back an in-flight lease failed; it lapses by itself",
+			}},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -556,6 +567,9 @@ func TestPacerStepRefusals(t *testing.T) {
 				t.Fatalf("refused step: %+v, want %+v", got, r.rest)
 			}
 			h.checkHeld(0)
+			if got := h.logs.take(); !sameKeys(got, r.warn) {
+				t.Fatalf("logged %q, want %q", got, r.warn)
+			}
 			r.unset(h)
 			if r.again > 0 {
 				// Not before its wait: the loop rests until then.
