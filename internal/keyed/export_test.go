@@ -102,3 +102,6 @@ const (
 
 // ClaimPending claims the keys announced, as the claimer does when woken.
 func (k *Pacer[T]) ClaimPending(ctx context.Context) { k.claimPending(ctx) }
+
+// RefreshLeases refreshes the leases held, as the claimer does.
+func (k *Pacer[T]) RefreshLeases(ctx context.Context) { k.refreshLeases(ctx) }

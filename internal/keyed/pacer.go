@@ -631,26 +631,27 @@ func (k *Pacer[T]) loop(ctx, dispatch context.Context) {
 	defer timer.Stop()
 	for ctx.Err() == nil {
 		r := k.step(ctx, dispatch, &laneNext)
-		switch {
-		case r.stop:
+		if r.stop {
 			return
-		case r.wake:
-			if r.d <= 0 {
-				continue
-			}
-			timer.Reset(r.d)
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-			case <-k.sched.Wake():
-				if !timer.Stop() {
-					<-timer.C
-				}
-			}
-		case r.d > 0:
+		}
+		if !r.wake {
+			// Sleep returns at once for a rest of zero.
 			if clk.Sleep(ctx, r.d) != nil {
 				return
+			}
+			continue
+		}
+		if r.d <= 0 {
+			continue
+		}
+		timer.Reset(r.d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-k.sched.Wake():
+			if !timer.Stop() {
+				<-timer.C
 			}
 		}
 	}

@@ -153,7 +153,9 @@ type memLeases struct {
 	held       map[string]string // token → key
 	full       keyed.Full
 	err        error
-	releaseErr error            // ReleaseLease fails (the lease stays until it lapses)
+	releaseErr error // ReleaseLease fails (the lease stays until it lapses)
+	refreshErr error
+	refreshed  []int            // the leases each Refresh extended
 	onTake     func(key string) // runs inside Acquire (a requeue meanwhile)
 	laneMax    int
 }
@@ -185,7 +187,12 @@ func (m *memLeases) ReleaseLease(_ context.Context, _, _, token string) error {
 	return m.releaseErr
 }
 
-func (m *memLeases) Refresh(context.Context, string, map[string]string) error { return nil }
+func (m *memLeases) Refresh(_ context.Context, _ string, held map[string]string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refreshed = append(m.refreshed, len(held))
+	return m.refreshErr
+}
 
 func (m *memLeases) Held(_ context.Context, _, key string) (int, error) {
 	m.mu.Lock()
@@ -1143,4 +1150,27 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPacerRefreshesItsLeases: the leases of the jobs in flight are
+// refreshed, all of them in one call; a failed refresh is logged.
+func TestPacerRefreshesItsLeases(t *testing.T) {
+	h := newHarness(t, harnessOpts{leases: true, keyOpts: twoEach})
+	h.r.add("a", "a1")
+	h.r.add("b", "b1")
+	h.k.Claim(h.ctx, "a", "b")
+	h.step(0)
+	h.step(0)
+	h.k.RefreshLeases(h.ctx)
+	h.settle("a1")
+	h.leases.refreshErr = errDown
+	h.k.RefreshLeases(h.ctx)
+	if !slices.Equal(h.leases.refreshed, []int{2, 1}) {
+		t.Fatalf("refreshed %v, want [2 1]", h.leases.refreshed)
+	}
+	if got := h.logs.take(); !slices.Equal(got, []string{"refreshing in-flight leases failed"}) {
+		t.Fatalf("logged %q", got)
+	}
+	// Without fleet leases there is nothing to refresh.
+	newHarness(t, harnessOpts{}).k.RefreshLeases(h.ctx)
 }

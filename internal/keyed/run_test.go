@@ -115,3 +115,31 @@ func TestPacerRun(t *testing.T) {
 		t.Fatalf("workers' claims used %d, want 4 (one per job)", used)
 	}
 }
+
+// TestPacerRestsWithNoJob: with no key to choose, the loop rests (until a
+// key's slot, at most bounceAfter on a pull-mode lane) instead of asking
+// again at once: on the real clock, a few steps in 300 ms, not thousands.
+func TestPacerRestsWithNoJob(t *testing.T) {
+	workers := &memWorkers{}
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: &memReader{}, Pair: nopPair{}, Claims: keyed.Local{}, Workers: workers,
+		Start: func(_ context.Context, _ *memJob, done func()) { done() }, LaneLimit: laneLimit, KeyLimit: keyLimit,
+		KeyOpts: oneEach, MaxInflight: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { k.Run(ctx, ctx); close(ran) }()
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	<-ran
+	// 300 ms / 95 ms ≈ 4 steps; a loaded machine makes fewer, never more.
+	if n := workers.claims.Load(); n < 1 || n > 10 {
+		t.Fatalf("%d steps in 300 ms with no job, want about 4", n)
+	}
+	if workers.claims.Load() != workers.unclaims.Load() {
+		t.Fatalf("claims %d, unclaims %d: a step with no job gives its worker back", workers.claims.Load(), workers.unclaims.Load())
+	}
+}
