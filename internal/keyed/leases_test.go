@@ -1,3 +1,8 @@
+//go:build !mutation
+
+// The pacer on Redis leases: a mutation run leaves these out of its build
+// (the same paths run on memLeases in pacer_test.go).
+
 package keyed_test
 
 import (

@@ -1,3 +1,9 @@
+//go:build !mutation
+
+// The pacer on a JetStream stream: a mutation run leaves this out of its
+// build (TestPacerStartsInTakeOrder runs the same steps on the in-memory
+// reader).
+
 package keyed_test
 
 import (
@@ -13,54 +19,6 @@ import (
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 )
-
-// gatedClock stands still at now; a Sleep until an instant returns when the
-// test opens that instant's gate: the test decides which job's goroutine
-// wakes first, as a loaded machine may (a thread holding one job's timer
-// stalls while another runs the next job's).
-type gatedClock struct {
-	mu    sync.Mutex
-	now   time.Time
-	gates map[time.Time]chan struct{}
-}
-
-func (c *gatedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *gatedClock) gate(at time.Time) chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g, ok := c.gates[at]
-	if !ok {
-		g = make(chan struct{})
-		c.gates[at] = g
-	}
-	return g
-}
-
-func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	select {
-	case <-c.gate(c.Now().Add(d)):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// wakeAt moves the clock to now and wakes the sleep until at.
-func (c *gatedClock) wakeAt(at, now time.Time) {
-	g := c.gate(at)
-	c.mu.Lock()
-	c.now = now
-	c.mu.Unlock()
-	close(g)
-}
 
 // queueReader is the JetStream keyed reader as the pacer reads it (the
 // lane's adapter, in a few lines).

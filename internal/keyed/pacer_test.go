@@ -35,12 +35,19 @@ type memJob struct {
 	id       string
 	key      string
 	seq      uint64
+	r        *memReader
 	attempts atomic.Int64
 	released atomic.Int64
 }
 
-func (j *memJob) Seq() uint64       { return j.seq }
-func (j *memJob) Release() error    { j.released.Add(1); return nil }
+func (j *memJob) Seq() uint64 { return j.seq }
+func (j *memJob) Release() error {
+	j.released.Add(1)
+	if f := j.r.requeued(); f != nil {
+		f(j.key, j.seq) // as the queue tells the pacer (Pacer.Requeue)
+	}
+	return nil
+}
 func (j *memJob) AddAttempts(n int) { j.attempts.Add(int64(n)) }
 
 // memReader is a keyed lane's stream in memory.
@@ -52,13 +59,22 @@ type memReader struct {
 	triesErr error
 	tries    map[uint64]int
 	cleared  []uint64
+	// onRequeue, when set, hears a job handed back (queue.KeyedReader's
+	// OnRequeue).
+	onRequeue func(key string, seq uint64)
+}
+
+func (r *memReader) requeued() func(key string, seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.onRequeue
 }
 
 func (r *memReader) add(key, id string) *memJob {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	j := &memJob{id: id, key: key, seq: r.seq}
+	j := &memJob{id: id, key: key, seq: r.seq, r: r}
 	r.jobs = append(r.jobs, j)
 	return j
 }
@@ -282,6 +298,54 @@ func (o *recObserver) PacerDown(down bool, _ error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.down = append(o.down, down)
+}
+
+// gatedClock stands still at now; a Sleep until an instant returns when the
+// test opens that instant's gate: the test decides which job's goroutine
+// wakes first, as a loaded machine may (a thread holding one job's timer
+// stalls while another runs the next job's).
+type gatedClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	gates map[time.Time]chan struct{}
+}
+
+func (c *gatedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *gatedClock) gate(at time.Time) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.gates[at]
+	if !ok {
+		g = make(chan struct{})
+		c.gates[at] = g
+	}
+	return g
+}
+
+func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	select {
+	case <-c.gate(c.Now().Add(d)):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wakeAt moves the clock to now and wakes the sleep until at.
+func (c *gatedClock) wakeAt(at, now time.Time) {
+	g := c.gate(at)
+	c.mu.Lock()
+	c.now = now
+	c.mu.Unlock()
+	close(g)
 }
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -1173,4 +1237,72 @@ func TestPacerRefreshesItsLeases(t *testing.T) {
 	}
 	// Without fleet leases there is nothing to refresh.
 	newHarness(t, harnessOpts{}).k.RefreshLeases(h.ctx)
+}
+
+// TestPacerStartsInTakeOrder: a key's job whose goroutine wakes after its
+// slot, and after the slot of the key's next job, goes back (a slot
+// missed); the next job, taken after it, must not have started first.
+// Then, woken on time, the two start in order. (TestKeyedStartsInTakeOrder
+// runs the same on a JetStream stream.)
+func TestPacerStartsInTakeOrder(t *testing.T) {
+	ctx := context.Background()
+	r := &memReader{}
+	r.add("k", "j0")
+	r.add("k", "j1")
+	clk := &gatedClock{now: t0, gates: map[time.Time]chan struct{}{}}
+	var mu sync.Mutex
+	var started []string
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk,
+		Start: func(_ context.Context, j *memJob, done func()) {
+			mu.Lock()
+			started = append(started, j.id)
+			mu.Unlock()
+			done()
+		},
+		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: func(string) keyed.Opts { return keyed.Opts{MaxInflight: 4} }, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	r.onRequeue = k.Requeue
+	r.mu.Unlock()
+	startedNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(started)
+	}
+	const period, maxLate = 100 * time.Millisecond, 20 * time.Millisecond
+	takeTwo := func(base time.Time) (due [2]time.Time) {
+		for i := range due {
+			due[i] = base.Add(time.Duration(i+1) * period)
+			if _, ok := k.TakeNext(ctx, "k", due[i], maxLate); !ok {
+				t.Fatalf("job %d: not read or not taken", i)
+			}
+		}
+		return due
+	}
+	due := takeTwo(t0)
+	// j1's goroutine wakes at its slot, j0's not yet: j1 waits for j0's
+	// decision (a j1 that did not would start now, and be seen below).
+	clk.wakeAt(due[1], due[1].Add(time.Millisecond))
+	// j0 wakes a period late: its slot is missed and it goes back.
+	clk.wakeAt(due[0], due[1].Add(time.Millisecond))
+	k.WaitStarts()
+	if s := startedNow(); len(s) != 0 {
+		t.Fatalf("started %v while j0, the key's first job, went back: a later job of the key started before it", s)
+	}
+	if k.Missed() != 1 || k.Inflight() != 0 {
+		t.Fatalf("missed %d, in flight %d; want 1 (j0's slot) and 0", k.Missed(), k.Inflight())
+	}
+	// Both read again, from j0; woken on time they start in order.
+	due = takeTwo(due[1].Add(time.Millisecond))
+	clk.wakeAt(due[0], due[0])
+	eventually(t, 5*time.Second, "j0 starts", func() bool { return len(startedNow()) == 1 })
+	clk.wakeAt(due[1], due[1])
+	k.WaitStarts()
+	if s := startedNow(); !slices.Equal(s, []string{"j0", "j1"}) {
+		t.Fatalf("started %v, want [j0 j1]", s)
+	}
 }

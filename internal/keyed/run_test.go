@@ -10,7 +10,6 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/keyed"
-	"github.com/throttler/throttler/internal/testenv"
 )
 
 // recClaims is keyed.Local that records the keys released.
@@ -84,14 +83,14 @@ func TestPacerRun(t *testing.T) {
 			}
 		}
 	}
-	testenv.Eventually(t, 5*time.Second, "a's jobs start", func() bool { settleAll(); return len(startedNow()) == 2 })
+	eventually(t, 5*time.Second, "a's jobs start", func() bool { settleAll(); return len(startedNow()) == 2 })
 	r.add("b", "b1")
 	k.Announce("b")
-	testenv.Eventually(t, 5*time.Second, "b's job starts", func() bool { settleAll(); return len(startedNow()) == 3 })
+	eventually(t, 5*time.Second, "b's job starts", func() bool { settleAll(); return len(startedNow()) == 3 })
 	if s := startedNow(); !slices.Equal(s, []string{"a1", "a2", "b1"}) {
 		t.Fatalf("started %v", s)
 	}
-	testenv.Eventually(t, 5*time.Second, "the idle keys released", func() bool {
+	eventually(t, 5*time.Second, "the idle keys released", func() bool {
 		settleAll()
 		rel := claims.releasedKeys()
 		return slices.Contains(rel, "a") && slices.Contains(rel, "b")
@@ -99,7 +98,7 @@ func TestPacerRun(t *testing.T) {
 	// One job in flight at the stop: Run waits for it.
 	r.add("c", "c1")
 	k.Announce("c")
-	testenv.Eventually(t, 5*time.Second, "c's job starts", func() bool { return len(startedNow()) == 4 })
+	eventually(t, 5*time.Second, "c's job starts", func() bool { return len(startedNow()) == 4 })
 	cancel()
 	select {
 	case <-ran:
@@ -141,5 +140,19 @@ func TestPacerRestsWithNoJob(t *testing.T) {
 	}
 	if workers.claims.Load() != workers.unclaims.Load() {
 		t.Fatalf("claims %d, unclaims %d: a step with no job gives its worker back", workers.claims.Load(), workers.unclaims.Load())
+	}
+}
+
+// eventually polls cond every millisecond until it holds, or fails the test
+// after d (testenv.Eventually, without the test environment's servers in
+// the mutation run's test binary).
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
