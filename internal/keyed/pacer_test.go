@@ -251,6 +251,16 @@ type stillClock struct {
 	// lateBy, when set, is how far a wait moves the clock: a stalled
 	// machine that wakes a job that much after its wait began.
 	lateBy time.Duration
+	slept  []time.Duration // every wait asked, in order
+}
+
+// sleeps returns the waits asked since it was last called.
+func (c *stillClock) sleeps() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.slept
+	c.slept = nil
+	return out
 }
 
 func (c *stillClock) Now() time.Time {
@@ -262,6 +272,7 @@ func (c *stillClock) Now() time.Time {
 func (c *stillClock) Sleep(ctx context.Context, d time.Duration) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.slept = append(c.slept, d)
 	if d > 0 {
 		c.now = c.now.Add(c.lateBy)
 	}
@@ -512,7 +523,8 @@ func TestPacerSteps(t *testing.T) {
 		want stepped
 		idle []string // keys handed to the claimer to release
 	}{
-		// a first (claimed first), at once; b at the lane's next slot.
+		// a first (claimed first), at once; b at the lane's next slot,
+		// chosen after a wait until just before it (below).
 		{0, stepped{started: "a1", due: 0}, nil},
 		{0, stepped{started: "b1", due: 100 * ms}, nil},
 		// Neither key's own next slot has come: rest until a's (500 ms),
@@ -530,9 +542,18 @@ func TestPacerSteps(t *testing.T) {
 		{1500 * ms, stepped{rest: time.Second - keyed.Lookahead, wake: true}, []string{"a", "b"}},
 	}
 	for i, r := range rows {
+		h.clk.sleeps()
 		got := h.step(r.at)
 		if got != r.want {
 			t.Fatalf("row %d at %v: %+v, want %+v", i, r.at, got, r.want)
+		}
+		if i == 1 {
+			// The step waited until the lane's next slot less the
+			// lookahead before choosing b (a key that gets jobs meanwhile
+			// competes for the slot); b1 then waited for its slot.
+			if s := h.clk.sleeps(); !slices.Equal(s, []time.Duration{100*ms - keyed.Lookahead, 100 * ms}) {
+				t.Fatalf("row 1: waits %v, want [95ms 100ms]", s)
+			}
 		}
 		h.checkHeld(i)
 		if idle := h.k.Idled(); !sameKeys(idle, r.idle) {
@@ -1226,6 +1247,9 @@ func TestPacerRefreshesItsLeases(t *testing.T) {
 	h.step(0)
 	h.step(0)
 	h.k.RefreshLeases(h.ctx)
+	if got := h.logs.take(); len(got) != 0 {
+		t.Fatalf("a refresh that worked logged %q", got)
+	}
 	h.settle("a1")
 	h.leases.refreshErr = errDown
 	h.k.RefreshLeases(h.ctx)
