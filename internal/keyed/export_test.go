@@ -105,3 +105,10 @@ func (k *Pacer[T]) ClaimPending(ctx context.Context) { k.claimPending(ctx) }
 
 // RefreshLeases refreshes the leases held, as the claimer does.
 func (k *Pacer[T]) RefreshLeases(ctx context.Context) { k.refreshLeases(ctx) }
+
+// Deciding counts the keys whose last job taken has not decided yet.
+func (k *Pacer[T]) Deciding() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.decided)
+}

@@ -942,9 +942,7 @@ func (k *Pacer[T]) next(ctx context.Context, key string) (T, uint64, bool, error
 	if stored > k.tries[m.Seq()] {
 		k.tries[m.Seq()] = stored
 	}
-	if n := k.tries[m.Seq()]; n > 0 {
-		m.AddAttempts(n)
-	}
+	m.AddAttempts(k.tries[m.Seq()]) // none: adds nothing
 	if k.epoch[key] == epoch {
 		k.held[key] = m
 	}
@@ -963,9 +961,7 @@ func (k *Pacer[T]) take(key string, msg T, readEpoch uint64) (epoch uint64, prev
 		return 0, nil, nil, false
 	}
 	delete(k.held, key)
-	if c := msg.Seq() + 1; c > k.cursor[key] {
-		k.cursor[key] = c
-	}
+	k.cursor[key] = max(k.cursor[key], msg.Seq()+1)
 	prev, decided = k.decided[key], make(chan struct{})
 	k.decided[key] = decided
 	return readEpoch, prev, decided, true

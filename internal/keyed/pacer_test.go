@@ -55,6 +55,7 @@ type memReader struct {
 	mu       sync.Mutex
 	jobs     []*memJob
 	seq      uint64
+	reads    int // Next calls that read the stream
 	nextErr  error
 	triesErr error
 	tries    map[uint64]int
@@ -101,6 +102,7 @@ func (r *memReader) Keys(context.Context) ([]string, error) {
 func (r *memReader) Next(ctx context.Context, key string, from uint64) (*memJob, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.reads++
 	if r.nextErr != nil {
 		return nil, false, r.nextErr
 	}
@@ -567,6 +569,9 @@ func TestPacerSteps(t *testing.T) {
 	if logged := h.logs.take(); len(logged) != 0 {
 		t.Fatalf("logged %q on a path with no failure", logged)
 	}
+	if n := h.k.Deciding(); n != 0 {
+		t.Fatalf("%d keys still waiting for a decision with every job started: memory held", n)
+	}
 	if h.obs.reserved != 4 || len(h.obs.late) != 4 {
 		t.Fatalf("reserved %d, started %d; want 4 and 4", h.obs.reserved, len(h.obs.late))
 	}
@@ -674,6 +679,11 @@ func TestPacerStepRefusals(t *testing.T) {
 				t.Fatalf("after %v: %+v, want a1 started at its slot", r.again, got)
 			}
 			h.checkHeld(2)
+			// A job read and then refused its lease or its slot is held,
+			// not read again; one whose read failed is read again.
+			if want := 1 + b2i(r.name == "read fails" || r.name == "ordered tries unreadable"); h.r.reads != want {
+				t.Fatalf("stream read %d times, want %d", h.r.reads, want)
+			}
 			if h.leases.laneMax != 4 {
 				t.Fatalf("lane bound asked of the leases: %d, want max_inflight 4", h.leases.laneMax)
 			}
@@ -1328,5 +1338,35 @@ func TestPacerStartsInTakeOrder(t *testing.T) {
 	k.WaitStarts()
 	if s := startedNow(); !slices.Equal(s, []string{"j0", "j1"}) {
 		t.Fatalf("started %v, want [j0 j1]", s)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestPacerLatenessBound: a job woken exactly at its lateness bound after
+// its slot (the shorter period, 100 ms) still starts; later it would not.
+func TestPacerLatenessBound(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.r.add("a", "a1")
+	h.r.add("b", "b1")
+	h.k.Claim(h.ctx, "a", "b")
+	h.step(0)
+	// b1's slot is at 100 ms; its wait begins at 95 ms and ends 105 ms
+	// later: 100 ms late, the bound.
+	h.clk.mu.Lock()
+	h.clk.lateBy = 105 * ms
+	h.clk.mu.Unlock()
+	if got := h.step(100*ms - keyed.Lookahead); got.started != "b1" {
+		t.Fatalf("woken at the bound: %+v, want b1 started", got)
+	}
+	h.obs.mu.Lock()
+	defer h.obs.mu.Unlock()
+	if late := h.obs.late[len(h.obs.late)-1]; late != 100*ms {
+		t.Fatalf("started %v late, want 100ms", late)
 	}
 }

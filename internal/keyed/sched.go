@@ -238,9 +238,7 @@ func (s *Sched) Settled(key string, now time.Time) (idle bool) {
 	if e == nil {
 		return false
 	}
-	if e.inflight > 0 {
-		e.inflight--
-	}
+	e.inflight = max(e.inflight-1, 0)
 	switch {
 	case e.st == blocked && e.inflight < e.opts.MaxInflight:
 		s.toWaiting(e, later(now, e.eligible))
