@@ -673,7 +673,7 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 	defer p.giveBack(false)
 	// Choose at the lane's next slot (less the lookahead), not before: a
 	// key that gets jobs meanwhile competes for it.
-	if d := laneNext.Add(-lookahead).Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
+	if clk.Sleep(ctx, laneNext.Add(-lookahead).Sub(clk.Now())) != nil { // none when due
 		return rest{stop: true}
 	}
 	// Pull mode: a slot is reserved only for a worker waiting here, as on
@@ -695,9 +695,10 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 			// Look again at the workers waiting here soon.
 			longest = bounceAfter
 		}
-		if wait < 0 || wait > longest {
+		if wait < 0 { // no key has jobs
 			wait = longest
 		}
+		wait = min(wait, longest)
 		return rest{d: wait - lookahead, wake: true}
 	}
 	msg, readEpoch, ok, err := k.next(ctx, key)
