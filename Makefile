@@ -16,7 +16,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modif
 IMAGE   ?= throttler:$(VERSION)
 
 .PHONY: all build image rules run test test-fleet race check fmt vet staticcheck fuzz-smoke bench bench-smoke clean \
-	mutate mutate-settle mutate-admission mutate-leaky mutate-bucket mutate-redisbucket
+	mutate mutate-settle mutate-admission mutate-leaky mutate-keyed mutate-bucket mutate-redisbucket
 
 all: build
 
@@ -147,7 +147,7 @@ bench-smoke: build
 # with the reason, in docs/MUTATION.md.
 GREMLINS     ?= GOFLAGS=-vet=off $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 MUTATE_FLAGS ?= --tags mutation --timeout-coefficient 10 --workers 1 --threshold-efficacy 95
-mutate: mutate-settle mutate-admission mutate-leaky mutate-bucket mutate-redisbucket
+mutate: mutate-settle mutate-admission mutate-leaky mutate-keyed mutate-bucket mutate-redisbucket
 
 # The settle policy alone: the rest of internal/lane is wiring, tested end to
 # end in internal/service.
@@ -157,6 +157,10 @@ mutate-admission:
 	$(GREMLINS) unleash $(MUTATE_FLAGS) ./internal/admission
 mutate-leaky:
 	$(GREMLINS) unleash $(MUTATE_FLAGS) ./internal/leaky
+# The keyed pacer and its scheduler; its Redis adapter (redisclaims) is
+# tested by its own conformance tests.
+mutate-keyed:
+	$(GREMLINS) unleash $(MUTATE_FLAGS) --exclude-files 'redisclaims' ./internal/keyed
 # The GCRA math, rates and quotas, and the memory store; the conformance
 # suite (buckettest) is test code, and redisbucket has its own target.
 mutate-bucket:

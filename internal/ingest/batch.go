@@ -396,11 +396,11 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 		last = decs[k]
 		job := jobs[i].job
-		if decs[k].Room && h.cfg.Slots != nil {
-			wait, cancel := h.cfg.Slots.Expect(name, job.ID)
+		if decs[k].Room && h.cfg.Assignments != nil {
+			wait, cancel := h.cfg.Assignments.Expect(name, job.ID)
 			defer cancel()
 			waits[i] = wait
-			job.Notify = h.cfg.Slots.Address()
+			job.Notify = h.cfg.Assignments.Address()
 		}
 		toStore = append(toStore, job)
 		stored = append(stored, struct{ i, k int }{i, k})

@@ -63,9 +63,9 @@ type Publisher interface {
 	Ahead(ctx context.Context, lane, key string, seq uint64, maxAge time.Duration) (int64, error)
 }
 
-// Slots hears the slot a drain gives a stored job (queue.Hub): Expect before
-// the job is stored with Address as its Notify, then wait.
-type Slots interface {
+// Assignments hear the slot a drain assigns a stored job (queue.Hub):
+// Expect before the job is stored with Address as its Notify, then wait.
+type Assignments interface {
 	Address() string
 	Expect(lane, id string) (wait func(ctx context.Context, max time.Duration) (t queue.Told, ok bool), cancel func())
 }
@@ -121,10 +121,10 @@ type Ready func(ctx context.Context) error
 type Config struct {
 	Admitter  Admitter
 	Publisher Publisher
-	// Slots, when set, tells intake which jobs start at once; without it
-	// every job is answered "queued".
-	Slots Slots
-	Lanes Directory
+	// Assignments, when set, tell intake which jobs start at once;
+	// without them every job is answered "queued".
+	Assignments Assignments
+	Lanes       Directory
 	// DeadLetters enables the dead-letter admin endpoints; nil leaves them out.
 	DeadLetters DeadLetters
 	// Keys serves the keys of keyed lanes (GET|PATCH
@@ -487,13 +487,13 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
-	if dec.Room && h.cfg.Slots != nil {
+	if dec.Room && h.cfg.Assignments != nil {
 		// The lane has room: the job starts at once if the drain gives it
 		// the next slot. Listen before storing it; the drain may be quick.
 		var cancel func()
-		wait, cancel = h.cfg.Slots.Expect(name, id)
+		wait, cancel = h.cfg.Assignments.Expect(name, id)
 		defer cancel()
-		job.Notify = h.cfg.Slots.Address()
+		job.Notify = h.cfg.Assignments.Address()
 	}
 	res, err := h.cfg.Publisher.Publish(r.Context(), job)
 	stored := time.Now()

@@ -319,6 +319,7 @@ func TestOpenAPINumberAndTimeFormats(t *testing.T) {
 		t.Fatalf("only %d numbers found; the scan is broken", n)
 	}
 }
+
 // noHistory serves no lane's history.
 type noHistory struct{}
 

@@ -1,3 +1,7 @@
+//go:build !mutation
+
+// The benchmarks use Redis; a mutation run leaves them out of its build.
+
 package keyed_test
 
 import (

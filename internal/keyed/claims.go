@@ -28,27 +28,28 @@ func (Local) Claim(_ context.Context, _ string, keys []string) ([]string, error)
 // Release implements Claims: nothing to give up.
 func (Local) Release(context.Context, string, string) error { return nil }
 
-// Slots bounds jobs in flight across a fleet: a keyed lane's max_inflight
-// and each key's. Every start holds a slot of the lane and one of its key
-// under a token, until it is settled; a slot lives for a lease that its
-// holder refreshes, so the slots of an instance that crashed come back by
-// themselves. The memory pacer has none: its single instance bounds its
-// own jobs.
-type Slots interface {
-	// Acquire takes a slot of lane (at most laneMax held) and one of key
+// Leases bound jobs in flight across a fleet: a keyed lane's max_inflight
+// and each key's. Every start holds an in-flight lease of the lane and one
+// of its key under a token, until it is settled; a lease lives for a time
+// that its holder refreshes, so the leases of an instance that crashed
+// come back by themselves. The memory pacer has none: its single instance
+// bounds its own jobs. (A slot, elsewhere, is a start time reserved from a
+// GCRA state; a lease is a place among the jobs in flight.)
+type Leases interface {
+	// Acquire takes a lease of lane (at most laneMax held) and one of key
 	// (at most keyMax) for token: both, or neither (Full says which bound
 	// refused).
 	Acquire(ctx context.Context, lane, key, token string, laneMax, keyMax int) (Full, error)
-	// ReleaseSlot gives token's slots back.
-	ReleaseSlot(ctx context.Context, lane, key, token string) error
-	// Refresh extends the leases of the slots held (token → key).
+	// ReleaseLease gives token's leases back.
+	ReleaseLease(ctx context.Context, lane, key, token string) error
+	// Refresh extends the leases held (token → key).
 	Refresh(ctx context.Context, lane string, held map[string]string) error
-	// Held counts key's slots held across the fleet: its jobs started (or
+	// Held counts key's leases held across the fleet: its jobs started (or
 	// about to) and not settled.
 	Held(ctx context.Context, lane, key string) (int, error)
 }
 
-// Full is the answer of Slots.Acquire.
+// Full is the answer of Leases.Acquire.
 type Full int8
 
 const (

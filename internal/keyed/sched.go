@@ -20,6 +20,7 @@
 package keyed
 
 import (
+	"cmp"
 	"sync"
 	"time"
 )
@@ -238,9 +239,7 @@ func (s *Sched) Settled(key string, now time.Time) (idle bool) {
 	if e == nil {
 		return false
 	}
-	if e.inflight > 0 {
-		e.inflight--
-	}
+	e.inflight = max(e.inflight-1, 0)
 	switch {
 	case e.st == blocked && e.inflight < e.opts.MaxInflight:
 		s.toWaiting(e, later(now, e.eligible))
@@ -383,18 +382,20 @@ type item struct {
 
 func (h *kheap) less(i, j int) bool {
 	a, b := &h.items[i], &h.items[j]
+	// cmp.Less, not <: past the != a comparison's boundary (<=) changes
+	// nothing, and a mutation run would count it alive (docs/MUTATION.md).
 	if h.byTag {
 		if a.tag != b.tag {
-			return a.tag < b.tag
+			return cmp.Less(a.tag, b.tag)
 		}
 	} else if a.at != b.at {
-		return a.at < b.at
+		return cmp.Less(a.at, b.at)
 	}
-	return a.seq < b.seq
+	return cmp.Less(a.seq, b.seq)
 }
 
 func (h *kheap) up(j int) {
-	for j > 0 {
+	for j != 0 {
 		i := (j - 1) / 2
 		if !h.less(j, i) {
 			break
@@ -455,9 +456,7 @@ func (h *kheap) pop() *entry {
 	h.items[0] = h.items[n]
 	h.items[n] = item{}
 	h.items = h.items[:n]
-	if n > 0 {
-		h.down(0)
-	}
+	h.down(0) // an empty heap: nothing to do
 	return e
 }
 

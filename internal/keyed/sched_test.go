@@ -7,37 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
-	"github.com/throttler/throttler/internal/bucket/redisbucket"
 	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/keyed"
-	"github.com/throttler/throttler/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// pairStores runs f against the in-memory and the Redis pair store, both
-// reading the manual clock: the scheduling algorithm must give the same
-// answers on both pacers.
-func pairStores(t *testing.T, f func(t *testing.T, c *clock.Manual, s bucket.PairStore)) {
-	t.Run("memory", func(t *testing.T) {
-		c := buckettest.NewClock()
-		f(t, c, &bucket.Memory{Clock: c})
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := testenv.StartRedis(t)
-		client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { client.Close() })
-		c := buckettest.NewClock()
-		cfg := redisbucket.DefaultConfig()
-		cfg.Clock = c
-		f(t, c, redisbucket.New(client, cfg))
-	})
-}
 
 // simKey is one key of a simulated keyed lane.
 type simKey struct {

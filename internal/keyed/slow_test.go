@@ -122,3 +122,29 @@ func TestSlowdownSlowsOnlyItsKey(t *testing.T) {
 		}
 	})
 }
+
+// TestSlowdownForgetsWhatRecovered: a key read back at its full rate is
+// forgotten at once (no memory per recovered key), and a stored factor out
+// of (0, 1) is not adopted.
+func TestSlowdownForgetsWhatRecovered(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := &keyed.Slowdown{Decrease: 0.5, Increase: 0.1, Min: 0.2, Interval: time.Second}
+	s.Limited("k", t0)
+	if n := s.Sweep(t0); n != 1 {
+		t.Fatalf("%d keys held after a push-back, want 1", n)
+	}
+	later := t0.Add(s.Recovery(0.5))
+	if f := s.Factor("k", later); f != 1 {
+		t.Fatalf("factor %v after its recovery, want 1", f)
+	}
+	// Factor forgot it: a sweep of the same instant finds nothing.
+	if n := s.Sweep(t0); n != 0 {
+		t.Fatalf("%d keys held once read back at 1, want 0", n)
+	}
+	for _, f := range []float64{0, 1, -0.5, 1.5} {
+		s.Adopt("j", f, t0, t0)
+		if got := s.Factor("j", t0); got != 1 {
+			t.Fatalf("adopted %v: factor %v, want 1 (not adopted)", f, got)
+		}
+	}
+}

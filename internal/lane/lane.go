@@ -34,7 +34,6 @@ import (
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
-	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 )
 
@@ -43,61 +42,6 @@ import (
 var (
 	_ leaky.Source[*queue.Msg] = (*queue.Consumer)(nil)
 )
-
-// Deps are what every lane of an instance shares.
-type Deps struct {
-	// NATS carries control messages and NATS targets' requests.
-	NATS  *nats.Conn
-	Queue *queue.Queue
-	// Store holds the lanes' GCRA states (memory or Redis).
-	Store bucket.Store
-	// Pair takes the slots of keyed lanes (the same states as Store), and
-	// Claims decides which instance reads each key; both are needed only
-	// by lanes with per_key.
-	Pair   bucket.PairStore
-	Claims keyed.Claims
-	// Slow shares keys' slow-downs (per_key.adaptive) between instances;
-	// nil keeps each instance's own (one instance: the memory pacer).
-	Slow keyed.SlowStore
-	// Slots bounds keyed lanes' and keys' jobs in flight across the fleet;
-	// nil bounds them per instance (one instance: the memory pacer).
-	Slots keyed.Slots
-	// Limits keeps the limits changed at runtime (PATCH of a lane, per-key
-	// overrides); nil keeps them in memory only.
-	Limits *queue.Limits
-	Guard  *dispatch.Guard
-	// Handlers are in-process targets by name (target: {handler: name}).
-	Handlers map[string]dispatch.Target
-	Metrics  *metrics.Metrics
-	Logger   *slog.Logger
-	// Clock is the time source; nil means clock.Real.
-	Clock clock.Clock
-	// DispatchCtx bounds deliveries. It outlives the drains: at a stop,
-	// deliveries in flight may finish after the drains stopped starting
-	// new ones; cancelling it cuts them short (they are released).
-	DispatchCtx context.Context
-	// DedupWindow and Replicas shape the lane's stream.
-	DedupWindow time.Duration
-	Replicas    int
-	// Instance names this instance in control messages.
-	Instance string
-	// Hub carries each HTTP job's slot back to the instance that took it;
-	// nil tells nobody.
-	Hub *queue.Hub
-	// Pull carries pull-mode lanes' traffic with workers: a connection
-	// that may publish to workers' inboxes only; nil uses NATS.
-	Pull *nats.Conn
-	// Workers are the worker users of each pull-mode lane by lane name
-	// (config.NATS.WorkersOf); a lane with none answers any worker inbox.
-	Workers map[string][]string
-	// HistoryEvery is the interval of the lane's throughput samples
-	// (history.go); zero: DefaultHistoryEvery.
-	HistoryEvery time.Duration
-	// Traces makes the spans of each job's wait and attempts (trace.go);
-	// nil makes none, and the job's trace context still reaches its
-	// target.
-	Traces trace.TracerProvider
-}
 
 // Lane is one lane at run time. Create it with New, Run it once, Close it
 // after Run returned. Its methods are safe for concurrent use.
@@ -113,7 +57,7 @@ type Lane struct {
 	backoff  dispatch.Backoff
 	control  *nats.Subscription
 	bounds   controlBounds
-	keyed    *keyedRun // nil unless the lane is keyed (per_key)
+	keyed    *keyed.Pacer[*queue.Msg] // nil unless the lane is keyed (per_key)
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
@@ -209,7 +153,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	l.rateGauge.Set(lim.Rate)
 	l.hot = newHotMetrics(m, name)
 	m.PausedSeconds.WithLabelValues(name).Set(0)
-	sub, err := l.d.NATS.Subscribe(ControlSubject(name), l.onControl)
+	sub, err := l.d.Bus.Subscribe(ControlSubject(name), l.onControl)
 	if err != nil {
 		return fmt.Errorf("control subscription: %w", err)
 	}
@@ -229,11 +173,11 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 			return err
 		}
 		l.d.Queue.OnPoison(name, func() { m.DeadLettered.WithLabelValues(name).Inc() })
-		if l.keyed, err = newKeyedRun(l); err != nil {
+		if l.keyed, err = l.newKeyed(); err != nil {
 			return err
 		}
 		m.PacerUp.WithLabelValues(name).Set(1)
-		m.WatchMissed(name, l.keyed.missed.Load)
+		m.WatchMissed(name, l.keyed.Missed)
 		l.starts.begin(l.d.Clock.Now())
 		m.WatchLane(name, l.metricState)
 		return nil
@@ -276,8 +220,11 @@ func (l *Lane) Name() string { return l.cfg.Name }
 
 // Run drains the lane until ctx ends, with the consumer's keep-alive and the
 // lane's retry mover beside it, then hands back what the drain holds and
-// waits for the deliveries it started (bounded by Deps.DispatchCtx).
-func (l *Lane) Run(ctx context.Context) {
+// waits for the deliveries it started. dispatch bounds the deliveries: it
+// outlives ctx (at a stop, deliveries in flight may finish after the drain
+// stopped starting new ones); cancelling it cuts them short (they are
+// released).
+func (l *Lane) Run(ctx, dispatch context.Context) {
 	l.runDone = ctx.Done()
 	var watch sync.WaitGroup
 	defer watch.Wait()
@@ -286,14 +233,14 @@ func (l *Lane) Run(ctx context.Context) {
 	watch.Go(func() { l.watchLimits(watchCtx) })
 	watch.Go(func() { l.watchHistory(watchCtx) })
 	if l.keyed != nil {
-		l.keyed.run(ctx)
+		l.runKeyed(ctx, dispatch)
 		return
 	}
 	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
-	_ = l.drain.Run(ctx)
+	_ = l.drain.RunWith(ctx, dispatch)
 	l.stopPulls()
 	l.consumer.Close()
 	stopKeep()
@@ -321,9 +268,10 @@ func (l *Lane) isStopping() bool {
 	}
 }
 
-// start is the drain's Starter: it delivers the job on its own goroutine and
-// settles the message by the outcome.
-func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
+// start is the drain's Starter: it delivers the job on its own goroutine,
+// bounded by the dispatch context dctx, and settles the message by the
+// outcome.
+func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 	inflight := l.hot.inflight
 	inflight.Inc()
 	l.started(msg)
@@ -337,7 +285,7 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
 		}
-		tr := l.traceStart(l.d.DispatchCtx, msg, job, intake)
+		tr := l.traceStart(dctx, msg, job, intake)
 		res := l.target.Deliver(tr.ctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
 			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out,
@@ -349,19 +297,19 @@ func (l *Lane) start(_ context.Context, msg *queue.Msg, done func()) {
 		if res.Status == http.StatusTooManyRequests {
 			l.limited.add(l.d.Clock.Now())
 		}
-		if k := l.keyed; k != nil && k.slow != nil && pushedBack(res) {
-			k.slowKey(job.Key)
+		if l.keyed != nil && pushedBack(res) {
+			l.keyed.PushedBack(dctx, job.Key)
 		}
 		switch {
 		case res.PauseLane > 0 && l.keyed != nil:
 			// A keyed lane's downstream is the key's: it waits alone.
-			l.keyed.pauseKey(job.Key, res.PauseLane)
+			l.keyed.PauseKey(dctx, job.Key, res.PauseLane)
 		case res.PauseLane > 0:
-			l.pause(res.PauseLane)
+			l.pause(dctx, res.PauseLane)
 		}
-		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: l.d.DispatchCtx.Err() != nil},
+		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: dctx.Err() != nil},
 			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
-		l.apply(msg, res, act)
+		l.apply(dctx, msg, res, act)
 	}()
 }
 
@@ -385,7 +333,7 @@ func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
 const settleTimeout = 5 * time.Second
 
 // apply carries out a settle action on msg.
-func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
+func (l *Lane) apply(dctx context.Context, msg *queue.Msg, res dispatch.Result, act Action) {
 	job := msg.Job()
 	// The logger with the job's attributes and the store calls' context are
 	// made only on the paths that use them: a delivered job (the hot path)
@@ -394,13 +342,11 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		return l.log.With("id", job.ID, "attempt", msg.Attempt(), "status", res.Status, "err", errString(res.Err))
 	}
 	settleCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), settleTimeout)
+		return context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	}
 	switch act.Kind {
 	case Ack:
-		if l.keyed != nil {
-			l.keyed.settledJob(msg)
-		}
+		l.settledKeyed(dctx, msg)
 		l.delivered.Add(1)
 		ack := msg.Ack
 		if l.isStopping() {
@@ -423,9 +369,8 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		if l.keyed != nil && l.cfg.PerKey.Ordered {
 			// An ordered key's failing job holds its key, in place: a
 			// copy at the tail would start after the key's later jobs.
-			l.keyed.retryInPlace(msg)
+			l.retryInPlace(dctx, msg, act.Delay)
 			log().Warn("delivery failed, retrying in place (ordered key)", "key", job.Key, "retry_in", act.Delay.String())
-			l.keyed.sched.Pause(job.Key, l.d.Clock.Now().Add(act.Delay))
 			_ = msg.Wait(act.Delay)
 			return
 		}
@@ -456,9 +401,7 @@ func (l *Lane) apply(msg *queue.Msg, res dispatch.Result, act Action) {
 		if err != nil {
 			log.Error("dead-lettering failed; the job will be retried", "dead_err", err)
 		} else {
-			if l.keyed != nil {
-				l.keyed.settledJob(msg)
-			}
+			l.settledKeyed(dctx, msg)
 			l.settled(msg)
 		}
 	}
@@ -498,20 +441,20 @@ func (l *Lane) KeyLimit(key string) bucket.Limit {
 	if l.keyed == nil {
 		return l.keyLimit(key)
 	}
-	return l.keyed.effectiveLimit(key, l.d.Clock.Now())
+	return l.keyed.KeyLimit(key, l.d.Clock.Now())
 }
 
 // KeyStarted counts key's jobs started (or reserved to start) and not
-// settled: across the fleet with shared slots (Deps.Slots), else on this
+// settled: across the fleet with shared leases (Deps.Leases), else on this
 // instance, the only one.
 func (l *Lane) KeyStarted(ctx context.Context, key string) (int, error) {
 	if l.keyed == nil {
 		return 0, ErrNotKeyed
 	}
-	if l.d.Slots != nil {
-		return l.d.Slots.Held(ctx, l.cfg.Name, key)
+	if l.d.Leases != nil {
+		return l.d.Leases.Held(ctx, l.cfg.Name, key)
 	}
-	return l.keyed.sched.Key(key).Inflight, nil
+	return l.keyed.Key(key).Inflight, nil
 }
 
 // MaxBody is the largest payload the lane takes, in bytes.
@@ -538,7 +481,7 @@ func (l *Lane) holdUntil(until time.Time) {
 // publish sends a control message to every instance (this one included).
 func (l *Lane) publish(c control) error {
 	c.From = l.d.Instance
-	return l.d.NATS.Publish(ControlSubject(l.cfg.Name), c.encode())
+	return l.d.Bus.Publish(ControlSubject(l.cfg.Name), c.encode())
 }
 
 // onControl applies a control message from any instance (this one
@@ -598,7 +541,7 @@ func (l *Lane) SetLimit(lim bucket.Limit) error {
 // pause holds every dispatch of the lane for d on every instance: the shared
 // state is pushed past the pause (no slot is granted inside it) and a control
 // message makes every drain give up the slots it already holds.
-func (l *Lane) pause(d time.Duration) {
+func (l *Lane) pause(dctx context.Context, d time.Duration) {
 	d = min(d, l.bounds.MaxPause)
 	name := l.cfg.Name
 	l.d.Metrics.LanePaused.WithLabelValues(name).Inc()
@@ -616,7 +559,7 @@ func (l *Lane) pause(d time.Duration) {
 	}
 	time.AfterFunc(d, reset)
 	_ = l.publish(control{Kind: kindPause, PauseMillis: max(d.Milliseconds(), 1)})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.d.DispatchCtx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), time.Second)
 	defer cancel()
 	if err := l.d.Store.Pause(ctx, bucket.Key{Lane: name}, l.EffectiveLimit(), d); err != nil {
 		l.log.Warn("pausing the lane in the shared state failed", "for", d.String(), "err", err)
@@ -679,8 +622,8 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 	}
 	st.Backlog, st.Waiting, st.InFlight = stats.Stored, stats.Pending, stats.AckPending
 	if k := l.keyed; k != nil {
-		ks := k.sched.Stats(l.d.Clock.Now())
-		st.InFlight = int(k.inflight.Load())
+		ks := k.Stats(l.d.Clock.Now())
+		st.InFlight = int(k.Inflight())
 		st.Waiting = stats.Stored - min(stats.Stored, uint64(st.InFlight))
 		st.Keyed = &api.KeyedStatus{PerKeyRate: l.cfg.PerKey.Rate.PerSecond(), PerKeyBurst: l.cfg.PerKey.Burst,
 			PerKeyMaxInflight: l.cfg.PerKey.MaxInflight, Ordered: l.cfg.PerKey.Ordered, KeysActive: ks.Active, KeysPaused: ks.Paused}

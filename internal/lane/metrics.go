@@ -87,7 +87,7 @@ func (l *Lane) metricState() metrics.LaneState {
 	st := metrics.LaneState{Rate: lim.Rate, Burst: lim.Burst, Utilization: utilization(n, span, lim.Rate), Paused: paused,
 		PausedByOperator: l.Held(), MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight}
 	if k := l.keyed; k != nil {
-		ks := k.sched.Stats(now)
+		ks := k.Stats(now)
 		st.KeysActive, st.KeysPaused = ks.Active, ks.Paused
 	}
 	return st

@@ -89,7 +89,7 @@ func (l *Lane) applyKeyLimit(key string, v *queue.KeyLimit) {
 		l.over[key] = *v
 	}
 	l.overMu.Unlock()
-	l.keyed.sched.SetOpts(key, l.keyOpts(key))
+	l.keyed.SetOpts(key, l.keyOpts(key))
 }
 
 // KeyStatus reports key's limits and its state on this instance.
@@ -99,9 +99,9 @@ func (l *Lane) KeyStatus(key string) (api.KeyStatus, error) {
 	}
 	lim, o := l.keyLimit(key), l.keyOpts(key)
 	_, overridden := l.override(key)
-	ks := l.keyed.sched.Key(key)
+	ks := l.keyed.Key(key)
 	st := api.KeyStatus{Lane: l.cfg.Name, Key: key, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: o.MaxInflight,
-		Weight: o.Weight, EffectiveRate: l.keyed.effectiveLimit(key, l.d.Clock.Now()).Rate, Paused: o.Paused, Overridden: overridden, Active: ks.Known, InFlight: ks.Inflight}
+		Weight: o.Weight, EffectiveRate: l.keyed.KeyLimit(key, l.d.Clock.Now()).Rate, Paused: o.Paused, Overridden: overridden, Active: ks.Known, InFlight: ks.Inflight}
 	if ks.Paused.After(l.d.Clock.Now()) {
 		st.PausedUntil = ks.Paused.UTC().Format(time.RFC3339Nano)
 	}

@@ -20,18 +20,14 @@ import (
 // the drain's source) or any other through dispatch.Open.
 func (l *Lane) openTarget(ctx context.Context) (dispatch.Target, func(), error) {
 	if !l.cfg.Target.Pull() {
-		return dispatch.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers), l.d.Guard, l.d.NATS)
+		return l.d.Targets.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers))
 	}
 	n := l.cfg.Target.NATS
-	nc := l.d.Pull
-	if nc == nil {
-		nc = l.d.NATS
-	}
 	name := l.cfg.Name
 	for _, reason := range []string{dispatch.ReplyMalformed, dispatch.ReplyNotInbox, dispatch.ReplyNotWorker} {
 		l.d.Metrics.PullRepliesRefused.WithLabelValues(name, reason) // a series from 0, for rate()
 	}
-	p, err := dispatch.OpenPull(nc, dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log,
+	p, err := l.d.Targets.OpenPull(dispatch.PullConfig{Subject: n.Subject, Lease: n.Lease.D(), Logger: l.log,
 		Workers: l.d.Workers[name],
 		Refused: func(reason string) { l.d.Metrics.PullRepliesRefused.WithLabelValues(name, reason).Inc() }})
 	if err != nil {

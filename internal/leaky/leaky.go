@@ -68,7 +68,8 @@ type Pacer interface {
 
 // Starter starts one item's dispatch. It must not block for the dispatch: it
 // runs it on its own and calls done exactly once when the dispatch finished,
-// whatever the outcome.
+// whatever the outcome. Its ctx is the dispatch context given to RunWith
+// (Run's own context by Run): dispatches may outlive the drain's stop.
 type Starter[T any] func(ctx context.Context, it T, done func())
 
 // Observer receives the drain's events; every method must be cheap. The zero
@@ -252,8 +253,12 @@ type fetched[T any] struct {
 // queue's round trip never sits between the last slot of a batch and the
 // first of the next (no batch boundaries). At most one fetched batch waits
 // beside the one being started; both count in the queue's in-flight bound.
-func (d *Drain[T]) Run(ctx context.Context) error {
-	err := d.run(ctx)
+func (d *Drain[T]) Run(ctx context.Context) error { return d.RunWith(ctx, ctx) }
+
+// RunWith is Run, with the dispatch context handed to each Start: Run's
+// ctx stops the drain, dispatch bounds the dispatches it started.
+func (d *Drain[T]) RunWith(ctx, dispatch context.Context) error {
+	err := d.run(ctx, dispatch)
 	// Wait for running dispatches: fill every permit. Not when run panics
 	// (the permits of the items it held are not given back then): a crash
 	// must not become a hang.
@@ -265,7 +270,7 @@ func (d *Drain[T]) Run(ctx context.Context) error {
 
 // run is Run until the dispatches it started are waited for; every path
 // out of it has given back the permits of the items it did not start.
-func (d *Drain[T]) run(ctx context.Context) error {
+func (d *Drain[T]) run(ctx, dispatch context.Context) error {
 	var held []T
 	// Unbuffered: the fetcher holds the one batch read ahead until the drain
 	// takes it, and reads no further. A job read and not yet given a slot
@@ -336,7 +341,7 @@ func (d *Drain[T]) run(ctx context.Context) error {
 			break
 		}
 		batch := held[:n]
-		rest, err := d.startBatch(ctx, batch)
+		rest, err := d.startBatch(ctx, dispatch, batch)
 		if errors.Is(err, errPaused) || errors.Is(err, errLate) {
 			// The pause is over, or the slots were missed: reserve fresh
 			// slots for the rest.
@@ -392,7 +397,7 @@ func (d *Drain[T]) fetch(ctx context.Context, ahead chan<- fetched[T], done chan
 // startBatch reserves slots for batch and starts every item at its slot.
 // Each item holds a permit. On error it returns the items it did not start
 // (their permits still held).
-func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
+func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, error) {
 	if len(batch)+d.cfg.Batch/2 > len(d.slots) {
 		// Reserve a whole batch, not just what is held, and before the slots
 		// in hand run out: a queue that hands out jobs a few at a time then
@@ -478,7 +483,7 @@ func (d *Drain[T]) startBatch(ctx context.Context, batch []T) ([]T, error) {
 			}
 		}
 		d.cfg.Observer.Started(d.cfg.Clock.Now().Sub(due))
-		d.cfg.Start(ctx, it, d.done)
+		d.cfg.Start(dispatch, it, d.done)
 	}
 	return nil, nil
 }

@@ -494,3 +494,36 @@ func TestFetchIsPipelined(t *testing.T) {
 		t.Fatal("the last item did not start")
 	}
 }
+
+type dispatchKey struct{}
+
+// TestRunWithHandsTheDispatchContext: RunWith's second context is the one
+// each Start gets (a dispatch outlives the drain's stop), and the drain
+// stops with the first.
+func TestRunWithHandsTheDispatchContext(t *testing.T) {
+	clock := buckettest.NewClock()
+	ctx, cancel := virtualCtx(t)
+	defer cancel()
+	dispatch := context.WithValue(context.Background(), dispatchKey{}, "dispatch")
+	src := &sliceSource{items: items(3), cancel: cancel}
+	var got []any
+	d, err := leaky.New(leaky.Config[item]{
+		Source: src,
+		Pacer:  leaky.StorePacer{Store: &bucket.Memory{Clock: clock}, Key: bucket.Key{Lane: "l"}, Limit: func() bucket.Limit { return bucket.Limit{Rate: 10, Burst: 1} }},
+		Start: func(ctx context.Context, _ item, done func()) {
+			got = append(got, ctx.Value(dispatchKey{}))
+			done()
+			src.started()
+		},
+		MaxInflight: 1, Batch: 1, Clock: clock,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RunWith(ctx, dispatch); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunWith = %v", err)
+	}
+	if len(got) != 3 || got[0] != "dispatch" || got[2] != "dispatch" {
+		t.Fatalf("Start's contexts carried %v, want the dispatch context's value 3 times", got)
+	}
+}

@@ -195,11 +195,11 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	deps := lane.Deps{
 		Limits: limits,
-		NATS:   nc, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Slots: st.slots, Guard: dispatch.NewGuard(s.allowNetworks()), Handlers: s.handlers,
-		Metrics: m, Logger: s.log, DispatchCtx: dispatchCtx, DedupWindow: s.cfg.NATS.DedupWindow.D(),
+		Bus:    nc, Targets: lane.NATSTargets{Conn: nc, Pull: nb.Pull, Guard: dispatch.NewGuard(s.allowNetworks())}, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Leases: st.leases, Handlers: s.handlers,
+		Metrics: m, Logger: s.log, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
-		Pull: nb.Pull, Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
-		Traces: s.traces, HistoryEvery: s.historyEvery,
+		Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
+		Traces:  s.traces, HistoryEvery: s.historyEvery,
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -227,7 +227,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Slots: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes, History: lanes,
+		Admitter: adm, Publisher: q, Assignments: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes, History: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(metrics.Exposed(s.reg), promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),
@@ -253,7 +253,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer stopDrains()
 	var drains sync.WaitGroup
 	for _, l := range lanes.All() {
-		drains.Go(func() { l.Run(drainCtx) })
+		drains.Go(func() { l.Run(drainCtx, dispatchCtx) })
 	}
 	checks := []backend.Check{{Name: metrics.BackendNATS, Ping: nc.FlushWithContext}}
 	if st.ping != nil {
@@ -329,7 +329,7 @@ func pacerKind(cfg config.Config) string {
 
 // stores are the lanes' states and what keyed lanes share between
 // instances besides them: the key claims and, on Redis only, keys'
-// slow-downs and the fleet's in-flight slots (the memory pacer's single
+// slow-downs and the fleet's in-flight leases (the memory pacer's single
 // instance keeps its own). pipe is the Redis client they use; nil in
 // memory.
 type stores struct {
@@ -337,7 +337,7 @@ type stores struct {
 	pair   bucket.PairStore
 	claims keyed.Claims
 	slow   keyed.SlowStore
-	slots  keyed.Slots
+	leases keyed.Leases
 	pipe   *redis.AutoPipeliner
 	// ping checks Redis (the health probe); nil in memory.
 	ping  func(ctx context.Context) error
@@ -366,7 +366,7 @@ func (s *Service) openStore(ctx context.Context, m *metrics.Metrics, instance st
 	m.WatchRestored(store.Restored)
 	claims := redisclaims.New(rb.Pipe, redisclaims.Config{Prefix: rcfg.Prefix, Instance: instance})
 	ping := func(ctx context.Context) error { return rb.Client.Ping(ctx).Err() }
-	return stores{store: store, pair: store, claims: claims, slow: claims, slots: claims, pipe: rb.Pipe, ping: ping, close: rb.Close}, nil
+	return stores{store: store, pair: store, claims: claims, slow: claims, leases: claims, pipe: rb.Pipe, ping: ping, close: rb.Close}, nil
 }
 
 // Reload reads auth.keys_file (with ReloadConfigWith, the config file's

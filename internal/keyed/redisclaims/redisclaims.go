@@ -40,9 +40,10 @@ type Config struct {
 	Lease time.Duration
 	// Timeout bounds a call without a deadline; default 1s.
 	Timeout time.Duration
-	// SlotLease is how long an in-flight slot (keyed.Slots) lives without
-	// a refresh; default 15s. Holders refresh at least every SlotLease/3.
-	SlotLease time.Duration
+	// InflightLease is how long an in-flight lease (keyed.Leases) lives
+	// without a refresh; default 15s. Holders refresh at least every
+	// InflightLease/3.
+	InflightLease time.Duration
 }
 
 // Claims implements keyed.Claims on Redis. Safe for concurrent use.
@@ -67,8 +68,8 @@ func New(client rediser, cfg Config) *Claims {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
-	if cfg.SlotLease <= 0 {
-		cfg.SlotLease = 15 * time.Second
+	if cfg.InflightLease <= 0 {
+		cfg.InflightLease = 15 * time.Second
 	}
 	return &Claims{c: client, cfg: cfg}
 }
@@ -253,12 +254,12 @@ func parseSlow(key, v string, left int64) (keyed.SlowState, bool) {
 	return keyed.SlowState{Key: key, Factor: factor, Age: time.Duration(ttl-left) * time.Millisecond}, true
 }
 
-var _ keyed.Slots = (*Claims)(nil)
+var _ keyed.Leases = (*Claims)(nil)
 
-// In-flight slots (keyed.Slots) are sorted sets of token → lease deadline
+// In-flight leases (keyed.Leases) are sorted sets of token → deadline
 // (Unix ms, Redis TIME): "<prefix>:{<lane>}:inflight" for the lane and
 // "<prefix>:{<lane>}:kin:<key>" for each key. A deadline that has passed
-// frees its slot; the sets expire with their last lease.
+// frees its lease; the sets expire with their last one.
 
 // acquireScript: KEYS[1] the lane's set, KEYS[2] the key's; ARGV[1] the
 // token, ARGV[2] laneMax, ARGV[3] keyMax, ARGV[4] the lease in ms. It
@@ -280,9 +281,9 @@ redis.call('PEXPIRE', KEYS[2], lease)
 return 0
 `)
 
-// releaseSlotScript removes ARGV[1] and the lapsed slots from KEYS[1] and
+// releaseLeaseScript removes ARGV[1] and the lapsed leases from KEYS[1] and
 // KEYS[2].
-var releaseSlotScript = redis.NewScript(`
+var releaseLeaseScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -294,7 +295,7 @@ return 0
 `)
 
 // refreshScript: KEYS[1] the lane's set, KEYS[2..] key sets; ARGV[1] the
-// lease in ms, ARGV[2..] the tokens (ARGV[i+1] held in KEYS[i]). A slot
+// lease in ms, ARGV[2..] the tokens (ARGV[i+1] held in KEYS[i]). A lease
 // that has lapsed is not taken back (another start may hold it now).
 var refreshScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
@@ -317,7 +318,7 @@ if #KEYS > 1 then redis.call('PEXPIRE', KEYS[1], lease) end
 return 0
 `)
 
-// Acquire implements keyed.Slots.
+// Acquire implements keyed.Leases.
 func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, keyMax int) (keyed.Full, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -325,9 +326,9 @@ func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, 
 		defer cancel()
 	}
 	head := c.head(lane)
-	n, err := acquireScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token, laneMax, keyMax, c.cfg.SlotLease.Milliseconds()).Int64()
+	n, err := acquireScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token, laneMax, keyMax, c.cfg.InflightLease.Milliseconds()).Int64()
 	if err != nil {
-		return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a slot of %s/%s: %w", lane, key, err)
+		return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a lease of %s/%s: %w", lane, key, err)
 	}
 	switch n {
 	case 0:
@@ -337,31 +338,31 @@ func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, 
 	case 2:
 		return keyed.LaneFull, nil
 	}
-	return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a slot of %s/%s: answer %d", lane, key, n)
+	return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a lease of %s/%s: answer %d", lane, key, n)
 }
 
-// ReleaseSlot implements keyed.Slots.
-func (c *Claims) ReleaseSlot(ctx context.Context, lane, key, token string) error {
+// ReleaseLease implements keyed.Leases.
+func (c *Claims) ReleaseLease(ctx context.Context, lane, key, token string) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
 	}
 	head := c.head(lane)
-	if err := releaseSlotScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token).Err(); err != nil {
-		return fmt.Errorf("redisclaims: release a slot of %s/%s: %w", lane, key, err)
+	if err := releaseLeaseScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token).Err(); err != nil {
+		return fmt.Errorf("redisclaims: release a lease of %s/%s: %w", lane, key, err)
 	}
 	return nil
 }
 
-// heldScript counts the live slots of KEYS[1].
+// heldScript counts the live leases of KEYS[1].
 var heldScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 `)
 
-// Held implements keyed.Slots.
+// Held implements keyed.Leases.
 func (c *Claims) Held(ctx context.Context, lane, key string) (int, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -370,12 +371,12 @@ func (c *Claims) Held(ctx context.Context, lane, key string) (int, error) {
 	}
 	n, err := heldScript.Run(ctx, c.c, []string{c.head(lane) + "kin:" + key}).Int64()
 	if err != nil {
-		return 0, fmt.Errorf("redisclaims: count slots of %s/%s: %w", lane, key, err)
+		return 0, fmt.Errorf("redisclaims: count leases of %s/%s: %w", lane, key, err)
 	}
 	return int(n), nil
 }
 
-// Refresh implements keyed.Slots.
+// Refresh implements keyed.Leases.
 func (c *Claims) Refresh(ctx context.Context, lane string, held map[string]string) error {
 	if len(held) == 0 {
 		return nil
@@ -389,13 +390,13 @@ func (c *Claims) Refresh(ctx context.Context, lane string, held map[string]strin
 	rk := make([]string, 0, len(held)+1)
 	args := make([]any, 0, len(held)+1)
 	rk = append(rk, head+"inflight")
-	args = append(args, c.cfg.SlotLease.Milliseconds())
+	args = append(args, c.cfg.InflightLease.Milliseconds())
 	for tok, key := range held {
 		rk = append(rk, head+"kin:"+key)
 		args = append(args, tok)
 	}
 	if err := refreshScript.Run(ctx, c.c, rk, args...).Err(); err != nil {
-		return fmt.Errorf("redisclaims: refresh slots of %s: %w", lane, err)
+		return fmt.Errorf("redisclaims: refresh leases of %s: %w", lane, err)
 	}
 	return nil
 }

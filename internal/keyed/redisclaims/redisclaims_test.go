@@ -111,13 +111,13 @@ func TestSlowShared(t *testing.T) {
 	}
 }
 
-// TestSlotsBoundTheFleet: two instances share a key's and a lane's
-// in-flight bounds; a slot given back is free at once, and the slots of an
+// TestLeasesBoundTheFleet: two instances share a key's and a lane's
+// in-flight bounds; a lease given back is free at once, and the leases of an
 // instance that stopped refreshing come back after their lease.
-func TestSlotsBoundTheFleet(t *testing.T) {
+func TestLeasesBoundTheFleet(t *testing.T) {
 	ctx := context.Background()
 	lease := 400 * time.Millisecond
-	client, a, b := twoInstances(t, redisclaims.Config{SlotLease: lease})
+	client, a, b := twoInstances(t, redisclaims.Config{InflightLease: lease})
 	acquire := func(c *redisclaims.Claims, key, tok string, want keyed.Full) {
 		t.Helper()
 		got, err := c.Acquire(ctx, "demo", key, tok, 3, 2)
@@ -134,12 +134,12 @@ func TestSlotsBoundTheFleet(t *testing.T) {
 	acquire(a, "k", "a1", keyed.Taken)   // a token already holding counts once
 	acquire(a, "j", "a2", keyed.Taken)
 	acquire(b, "j", "b3", keyed.LaneFull) // three of the lane in flight
-	if err := b.ReleaseSlot(ctx, "demo", "k", "b1"); err != nil {
+	if err := b.ReleaseLease(ctx, "demo", "k", "b1"); err != nil {
 		t.Fatal(err)
 	}
 	acquire(b, "j", "b3", keyed.Taken)
 	// a keeps a1 alive, b stops refreshing b3: b3 lapses, a1 does not.
-	testenv.Eventually(t, 5*time.Second, "a crashed holder's slot to come back", func() bool {
+	testenv.Eventually(t, 5*time.Second, "a crashed holder's lease to come back", func() bool {
 		if err := a.Refresh(ctx, "demo", map[string]string{"a1": "k", "a2": "j"}); err != nil {
 			t.Fatal(err)
 		}
@@ -148,22 +148,22 @@ func TestSlotsBoundTheFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got != keyed.Taken && got != keyed.LaneFull {
-			t.Fatalf("a3: %v while b3 holds the lane's third slot", got)
+			t.Fatalf("a3: %v while b3 holds the lane's third lease", got)
 		}
 		return got == keyed.Taken
 	})
 	if n, err := client.ZCard(ctx, "thr:{demo}:inflight").Result(); err != nil || n != 3 {
-		t.Fatalf("lane slots held: %d, %v, want 3 (a1, a2, a3)", n, err)
+		t.Fatalf("lane leases held: %d, %v, want 3 (a1, a2, a3)", n, err)
 	}
 	for _, tok := range []string{"a1", "a3"} {
-		if err := a.ReleaseSlot(ctx, "demo", "k", tok); err != nil {
+		if err := a.ReleaseLease(ctx, "demo", "k", tok); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := a.ReleaseSlot(ctx, "demo", "j", "a2"); err != nil {
+	if err := a.ReleaseLease(ctx, "demo", "j", "a2"); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := client.Exists(ctx, "thr:{demo}:inflight", "thr:{demo}:kin:k", "thr:{demo}:kin:j").Result(); err != nil || n != 0 {
-		t.Fatalf("%d slot sets left with nothing in flight (%v)", n, err)
+		t.Fatalf("%d lease sets left with nothing in flight (%v)", n, err)
 	}
 }

@@ -1,76 +1,39 @@
-package lane
+//go:build !mutation
+
+// The pacer on a JetStream stream: a mutation run leaves this out of its
+// build (TestPacerStartsInTakeOrder runs the same steps on the in-memory
+// reader).
+
+package keyed_test
 
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/keyed"
-	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-// gatedClock stands still at now; a Sleep until an instant returns when the
-// test opens that instant's gate: the test decides which job's goroutine
-// wakes first, as a loaded machine may (a thread holding one job's timer
-// stalls while another runs the next job's).
-type gatedClock struct {
-	mu    sync.Mutex
-	now   time.Time
-	gates map[time.Time]chan struct{}
-}
+// queueReader is the JetStream keyed reader as the pacer reads it (the
+// lane's adapter, in a few lines).
+type queueReader struct{ *queue.KeyedReader }
 
-func (c *gatedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *gatedClock) gate(at time.Time) chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g, ok := c.gates[at]
-	if !ok {
-		g = make(chan struct{})
-		c.gates[at] = g
-	}
-	return g
-}
-
-func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	select {
-	case <-c.gate(c.Now().Add(d)):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// wakeAt moves the clock to now and wakes the sleep until at.
-func (c *gatedClock) wakeAt(at, now time.Time) {
-	g := c.gate(at)
-	c.mu.Lock()
-	c.now = now
-	c.mu.Unlock()
-	close(g)
+func (r queueReader) Next(ctx context.Context, key string, from uint64) (*queue.Msg, bool, error) {
+	m, err := r.KeyedReader.Next(ctx, key, from)
+	return m, m != nil, err
 }
 
 // TestKeyedStartsInTakeOrder: a key's job whose goroutine wakes after its
 // slot, and after the slot of the key's next job, goes back (a slot
 // missed); the next job, taken after it, must not have started first.
-// Then, woken on time, the two start in order.
+// Then, woken on time, the two start in order. The jobs are in a real
+// JetStream stream: the one handed back is read again from it.
 func TestKeyedStartsInTakeOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -101,23 +64,22 @@ func TestKeyedStartsInTakeOrder(t *testing.T) {
 	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := &gatedClock{now: t0, gates: map[time.Time]chan struct{}{}}
-	l := &Lane{
-		cfg: config.Lane{Name: "demo", MaxInflight: 4, PerKey: &config.PerKey{MaxInflight: 4}},
-		d:   Deps{Clock: clk, DispatchCtx: ctx, Metrics: metrics.New(prometheus.NewRegistry())},
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	k := &keyedRun{l: l, reader: reader, sched: keyed.New(nil), permits: make(chan struct{}, 4), wake: make(chan struct{}, 1),
-		cursor: map[string]uint64{}, held: map[string]*queue.Msg{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
-		slots: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{}, decided: map[string]chan struct{}{}}
-	reader.OnRequeue = k.requeue
 	var mu sync.Mutex
 	var started []string
-	k.begin = func(_ context.Context, msg *queue.Msg, done func()) {
-		mu.Lock()
-		started = append(started, msg.Job().ID)
-		mu.Unlock()
-		done()
+	k, err := keyed.NewPacer(keyed.Config[*queue.Msg]{
+		Lane: "demo", Reader: queueReader{reader}, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk,
+		Start: func(_ context.Context, msg *queue.Msg, done func()) {
+			mu.Lock()
+			started = append(started, msg.Job().ID)
+			mu.Unlock()
+			done()
+		},
+		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: func(string) keyed.Opts { return keyed.Opts{MaxInflight: 4} }, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	reader.OnRequeue = k.Requeue
 	startedNow := func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -128,18 +90,10 @@ func TestKeyedStartsInTakeOrder(t *testing.T) {
 	// apart from base, and has each wait for its slot.
 	takeTwo := func(base time.Time) (due [2]time.Time) {
 		for i := range due {
-			msg, readEpoch, err := k.next(ctx, "k")
-			if err != nil || msg == nil {
-				t.Fatalf("read job %d: %v, %v", i, msg, err)
-			}
-			epoch, prev, decided, ok := k.take("k", msg, readEpoch)
-			if !ok {
-				t.Fatalf("take %s refused", msg.Job().ID)
-			}
 			due[i] = base.Add(time.Duration(i+1) * period)
-			k.permits <- struct{}{}
-			k.waiting.Add(1)
-			go k.startAt(ctx, "k", "", msg, due[i], maxLate, epoch, prev, decided)
+			if _, ok := k.TakeNext(ctx, "k", due[i], maxLate); !ok {
+				t.Fatalf("job %d: not read or not taken", i)
+			}
 		}
 		return due
 	}
@@ -155,9 +109,12 @@ func TestKeyedStartsInTakeOrder(t *testing.T) {
 	}
 	// j0 wakes a period late: its slot is missed and it goes back.
 	clk.wakeAt(due[0], due[1].Add(time.Millisecond))
-	k.waiting.Wait()
+	k.WaitStarts()
 	if s := startedNow(); len(s) != 0 {
 		t.Fatalf("started %v while j0, the key's first job, went back: a later job of the key started before it", s)
+	}
+	if k.Missed() != 1 {
+		t.Fatalf("missed %d, want 1 (j0's slot)", k.Missed())
 	}
 
 	// Both read again, from j0; woken on time they start in order.
@@ -165,8 +122,11 @@ func TestKeyedStartsInTakeOrder(t *testing.T) {
 	clk.wakeAt(due[0], due[0])
 	testenv.Eventually(t, 5*time.Second, "j0 starts", func() bool { return len(startedNow()) == 1 })
 	clk.wakeAt(due[1], due[1])
-	k.waiting.Wait()
+	k.WaitStarts()
 	if s := startedNow(); len(s) != 2 || s[0] != "j0" || s[1] != "j1" {
 		t.Fatalf("started %v, want [j0 j1]", s)
+	}
+	if n := k.Inflight(); n != 0 {
+		t.Fatalf("in flight after every job settled: %d", n)
 	}
 }

@@ -1,0 +1,1052 @@
+package keyed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/clock"
+	"github.com/throttler/throttler/internal/leaky"
+)
+
+// Pacer drives a keyed lane (per_key), as leaky.Drain drives an unkeyed
+// one: instead of one consumer and one drain, it asks Sched which key
+// starts next, reads that key's next job (Reader), reserves its slot under
+// the key's and the lane's limits in one step (PairReserver), and starts it
+// at the slot (Config.Start). Keys are claimed (Claims) so that one
+// instance at a time reads a key: its jobs then start in order.
+//
+// Every job chosen holds one of MaxInflight permits (and, in pull mode, a
+// waiting worker's claim) from its choice until it settles or goes back;
+// a permit is given back in one place (permit.giveBack), once.
+//
+// The package is pure: the queue, the state stores and the targets come in
+// through the small interfaces below (their adapters live in lane and in
+// redisclaims). Create a Pacer with NewPacer, Run it once. Its methods are
+// safe for concurrent use.
+type Pacer[T Item] struct {
+	cfg   Config[T]
+	log   *slog.Logger
+	sched *Sched
+	// slow is per_key.adaptive (nil when off): keys' own slow-downs.
+	slow *Slowdown
+	// permits bounds the lane's dispatches on this instance (max_inflight).
+	permits chan struct{}
+	wake    chan struct{}
+
+	mu      sync.Mutex
+	cursor  map[string]uint64 // per claimed key: the next sequence to read
+	held    map[string]T      // per claimed key: its next job, read, not started
+	tries   map[uint64]int    // ordered keys: failed attempts of a job retried in place
+	pending map[string]struct{}
+	idled   map[string]struct{} // keys with no jobs left, to release
+	// epoch per key moves when one of its jobs goes back (a slot given
+	// up, a wait in place): its later jobs waiting for their slots then go
+	// back too, so that they never start before it (FIFO per key).
+	epoch map[string]uint64
+	// decided per key is closed once the key's last job taken has started
+	// or gone back (startAt). The next job taken waits for it at its slot:
+	// a job whose goroutine woke late (a stalled thread holds its timer)
+	// and goes back must not find a later job of its key started already.
+	decided map[string]chan struct{}
+	// giveBackFn is giveBack, made once (a method value allocates).
+	giveBackFn func(unclaim bool)
+
+	// leases are the fleet's in-flight leases this instance holds (token →
+	// key), refreshed by the claimer (Config.Leases).
+	leases   map[string]string
+	leaseSeq atomic.Uint64
+
+	inflight atomic.Int64
+	missed   atomic.Uint64 // slots given up: woken too late for them
+	// waiting counts the jobs waiting for their slot on their own
+	// goroutines (startAt).
+	waiting sync.WaitGroup
+	// releases counts the lease releases under way off the scheduling
+	// loop (releaseLeaseAsync).
+	releases sync.WaitGroup
+}
+
+// Item is one stored job as the pacer sees it.
+type Item interface {
+	// Seq is its position in the lane's stream: a key's jobs in order.
+	Seq() uint64
+	// Release hands it back unstarted: it stays stored, its key's next.
+	Release() error
+	// AddAttempts counts n failed attempts made in place before this read.
+	AddAttempts(n int)
+}
+
+// Reader reads a keyed lane's stored jobs by key.
+type Reader[T Item] interface {
+	// Keys lists the keys with stored jobs.
+	Keys(ctx context.Context) ([]string, error)
+	// Next returns key's first job at or after sequence from; ok is false
+	// when it has none.
+	Next(ctx context.Context, key string, from uint64) (it T, ok bool, err error)
+	// Tries, SetTries and ClearTries keep an ordered key's job's failed
+	// attempts made in place, across restarts and instances.
+	Tries(ctx context.Context, seq uint64) (int, error)
+	SetTries(ctx context.Context, seq uint64, n int) error
+	ClearTries(ctx context.Context, seq uint64) error
+}
+
+// PairReserver reserves a key's slot under its own and the lane's limit in
+// one step (bucket.PairStore).
+type PairReserver interface {
+	ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error)
+}
+
+// KeyPauser pushes a key's shared state past a pause (bucket.Store), so
+// that no instance starts the key meanwhile.
+type KeyPauser interface {
+	Pause(ctx context.Context, k bucket.Key, l bucket.Limit, d time.Duration) error
+}
+
+// Workers are a pull-mode lane's waiting workers (dispatch.Pull): a slot is
+// reserved only for a worker waiting here.
+type Workers interface {
+	// Claim waits until a worker waits here for a job that no job taken
+	// before is meant for, and claims up to max of them.
+	Claim(ctx context.Context, max int) (int, error)
+	// Unclaim gives back n claims of jobs that did not start.
+	Unclaim(n int)
+	// Bounce answers the workers that waited here for d or more, so that
+	// they ask again (perhaps another instance).
+	Bounce(d time.Duration) int
+	// StopPulls answers every worker waiting here (the pacer stopped).
+	StopPulls()
+}
+
+// Backlog counts a lane's stored jobs, as last read at most maxAge ago.
+type Backlog interface {
+	Backlog(ctx context.Context, lane string, maxAge time.Duration) (int64, error)
+}
+
+// Config configures a Pacer of items of type T. Lane, Reader, Pair,
+// Claims, Start, LaneLimit, KeyLimit, KeyOpts and MaxInflight are needed;
+// the rest may stay zero.
+type Config[T Item] struct {
+	// Lane names the lane in the stores and in logs.
+	Lane   string
+	Reader Reader[T]
+	Pair   PairReserver
+	Claims Claims
+	// Leases bounds the lane's and keys' jobs in flight across the fleet;
+	// nil bounds them on this instance only (one instance).
+	Leases Leases
+	// Slow shares keys' slow-downs between instances; nil keeps them here.
+	Slow SlowStore
+	// Adaptive is per_key.adaptive's settings; nil when off.
+	Adaptive *Slowdown
+	// Pauser holds a key's shared state while its downstream asked it to
+	// wait (PauseKey); nil pauses it on this instance only.
+	Pauser KeyPauser
+	// Workers is set on a pull-mode lane only; Backlog then tells whether
+	// waiting workers should ask elsewhere (Leases set: a fleet).
+	Workers Workers
+	Backlog Backlog
+	// Start starts one job's dispatch, as leaky.Config.Start.
+	Start leaky.Starter[T]
+	// Held, when set, returns a channel that closes when an operator's
+	// hold on the lane ends, or nil while the lane is not held (as
+	// leaky.Config.Held): no key is chosen and no slot taken meanwhile, and
+	// a job whose slot came while the lane was held goes back.
+	Held func() <-chan struct{}
+	// Assigned, when set, is told the slot each job is given.
+	Assigned func(it T, s leaky.Slot)
+	// LaneLimit is the lane's limit now; KeyLimit a key's (per_key or its
+	// override), before its adaptive factor; KeyOpts its scheduling
+	// settings.
+	LaneLimit func() bucket.Limit
+	KeyLimit  func(key string) bucket.Limit
+	KeyOpts   func(key string) Opts
+	// MaxInflight bounds the lane's dispatches on this instance; at least 1.
+	MaxInflight int
+	// Ordered: a key's failing job waits in place (per_key.ordered), and
+	// its failed attempts are read back when it is first read.
+	Ordered bool
+	// MaxPause bounds a key's pause (PauseKey).
+	MaxPause time.Duration
+	// Instance prefixes the tokens of the leases this instance holds.
+	Instance string
+	// Clock is the time source; nil means clock.Real.
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	Observer leaky.Observer
+}
+
+// ErrConfig says a Config lacks what a Pacer needs.
+var ErrConfig = errors.New("keyed: invalid pacer config")
+
+// NewPacer checks cfg and returns a Pacer. It starts nothing.
+func NewPacer[T Item](cfg Config[T]) (*Pacer[T], error) {
+	// An if chain, not a switch: the mutation run's coverage has no
+	// counter for a case's expression (docs/MUTATION.md).
+	if cfg.Reader == nil {
+		return nil, errorField("Reader")
+	}
+	if cfg.Pair == nil {
+		return nil, errorField("Pair")
+	}
+	if cfg.Claims == nil {
+		return nil, errorField("Claims")
+	}
+	if cfg.Start == nil {
+		return nil, errorField("Start")
+	}
+	if cfg.LaneLimit == nil {
+		return nil, errorField("LaneLimit")
+	}
+	if cfg.KeyLimit == nil {
+		return nil, errorField("KeyLimit")
+	}
+	if cfg.KeyOpts == nil {
+		return nil, errorField("KeyOpts")
+	}
+	if cfg.MaxInflight < 1 {
+		return nil, errorField("MaxInflight")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	k := &Pacer[T]{
+		cfg: cfg, log: cfg.Logger, sched: New(cfg.KeyOpts), slow: cfg.Adaptive,
+		permits: make(chan struct{}, cfg.MaxInflight), wake: make(chan struct{}, 1),
+		cursor: map[string]uint64{}, held: map[string]T{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
+		leases: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
+		decided: map[string]chan struct{}{},
+	}
+	k.giveBackFn = k.giveBack
+	return k, nil
+}
+
+func errorField(name string) error { return fmt.Errorf("%w: %s is required", ErrConfig, name) }
+
+type nopObserver struct{}
+
+func (nopObserver) Started(time.Duration) {}
+func (nopObserver) Reserved(int)          {}
+func (nopObserver) PacerDown(bool, error) {}
+
+// sweepEvery is how often an instance lists the keys with stored jobs and
+// claims the ones nobody holds (after a crash, or at start); refreshEvery is
+// how often it refreshes its claims (liveness and owner keys).
+const (
+	sweepEvery   = 5 * time.Second
+	refreshEvery = 2 * time.Second
+	ownEvery     = time.Minute
+)
+
+// Announce hears that key has a new job (stored by this instance). It does
+// not block: the claim is made by the claimer goroutine.
+func (k *Pacer[T]) Announce(key string) {
+	k.mu.Lock()
+	k.pending[key] = struct{}{}
+	k.mu.Unlock()
+	k.poke()
+}
+
+func (k *Pacer[T]) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Requeue hears that a job of key was handed back to wait in place: it is
+// the key's next job again.
+func (k *Pacer[T]) Requeue(key string, seq uint64) {
+	k.mu.Lock()
+	if c, ok := k.cursor[key]; !ok || seq < c {
+		// Read again from it; the key's later jobs already read or
+		// reserved go back too (a new epoch).
+		k.cursor[key] = seq
+		delete(k.held, key)
+		k.epoch[key]++
+	}
+	k.mu.Unlock()
+	k.sched.Add(key, k.cfg.Clock.Now())
+}
+
+// Run drives the lane until ctx ends, then waits for its dispatches: the
+// jobs waiting for their slots go back, and the ones started settle.
+// dispatch is handed to Start: the dispatches may outlive ctx; the calls to
+// the stores made for them (lease releases and refreshes) use its values,
+// not its cancellation.
+func (k *Pacer[T]) Run(ctx, dispatch context.Context) {
+	var claimer sync.WaitGroup
+	claimer.Go(func() { k.claimer(ctx) })
+	k.loop(ctx, dispatch)
+	if k.cfg.Workers != nil {
+		k.cfg.Workers.StopPulls()
+	}
+	// The claimer stops with ctx; the leases of the deliveries still in
+	// flight stay refreshed until they settle, however long that takes.
+	drained := make(chan struct{})
+	var refresher sync.WaitGroup
+	refresher.Go(func() { k.refreshUntil(context.WithoutCancel(dispatch), drained, refreshEvery) })
+	k.waiting.Wait()
+	close(drained)
+	refresher.Wait()
+	claimer.Wait()
+	k.releases.Wait()
+	// Hand back the jobs read and not started: they stay in the stream.
+	k.mu.Lock()
+	k.held = map[string]T{}
+	k.mu.Unlock()
+	for range cap(k.permits) {
+		k.permits <- struct{}{}
+	}
+}
+
+// claimer claims keys that got jobs, sweeps for keys nobody holds, and
+// keeps this instance's claims alive.
+func (k *Pacer[T]) claimer(ctx context.Context) {
+	name := k.cfg.Lane
+	sweep := time.NewTicker(sweepEvery)
+	defer sweep.Stop()
+	refresh := time.NewTicker(refreshEvery)
+	defer refresh.Stop()
+	lastOwn := time.Now()
+	k.sweep(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-sweep.C:
+			k.sweep(ctx)
+			if k.slow != nil {
+				k.slow.Sweep(k.cfg.Clock.Now())
+			}
+		case <-refresh.C:
+			if time.Since(lastOwn) >= ownEvery {
+				lastOwn = time.Now()
+				keys := k.sched.Keys()
+				got, err := k.cfg.Claims.Claim(ctx, name, keys)
+				if err == nil {
+					k.dropLost(keys, got)
+				}
+			} else {
+				_, _ = k.cfg.Claims.Claim(ctx, name, nil)
+			}
+			k.refreshLeases(ctx)
+		}
+		k.claimPending(ctx)
+		k.release(ctx)
+	}
+}
+
+// claimPending claims the keys announced since it last ran.
+func (k *Pacer[T]) claimPending(ctx context.Context) {
+	k.mu.Lock()
+	var keys []string
+	for key := range k.pending {
+		keys = append(keys, key)
+	}
+	clear(k.pending)
+	k.mu.Unlock()
+	k.claim(ctx, keys) // none: claims nothing
+}
+
+// claim takes keys that got jobs; a key this instance already reads only
+// needs telling.
+func (k *Pacer[T]) claim(ctx context.Context, keys []string) {
+	now := k.cfg.Clock.Now()
+	var unknown []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			k.sched.Add(key, now)
+		} else {
+			unknown = append(unknown, key)
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	got, err := k.cfg.Claims.Claim(ctx, k.cfg.Lane, unknown)
+	if err != nil {
+		k.log.Warn("claiming keys failed; the sweep tries again", "keys", len(unknown), "err", err)
+	}
+	k.loadSlow(ctx, got)
+	now = k.cfg.Clock.Now()
+	for _, key := range got {
+		k.sched.Add(key, now)
+	}
+}
+
+// loadSlow adopts the slow-downs other instances stored for keys, which
+// this one just claimed.
+func (k *Pacer[T]) loadSlow(ctx context.Context, keys []string) {
+	if k.slow == nil || k.cfg.Slow == nil || len(keys) == 0 {
+		return
+	}
+	got, err := k.cfg.Slow.LoadSlow(ctx, k.cfg.Lane, keys)
+	if err != nil {
+		k.log.Warn("reading keys' slow-downs failed; they start at their full rate", "keys", len(keys), "err", err)
+	}
+	now := k.cfg.Clock.Now()
+	for _, s := range got {
+		k.slow.Adopt(s.Key, s.Factor, now.Add(-s.Age), now)
+	}
+}
+
+// PushedBack lowers key's rate after its downstream pushed back (at most
+// once per adaptive.interval), and stores the factor for the other
+// instances. Without per_key.adaptive it does nothing.
+func (k *Pacer[T]) PushedBack(ctx context.Context, key string) {
+	if k.slow == nil {
+		return
+	}
+	f, changed := k.slow.Limited(key, k.cfg.Clock.Now())
+	if !changed {
+		return
+	}
+	k.log.Info("target pushed back on the key; slowing it down", "key", key, "rate", k.cfg.KeyLimit(key).Rate*f, "factor", f)
+	if k.cfg.Slow == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := k.cfg.Slow.SaveSlow(ctx, k.cfg.Lane, key, f, k.slow.Recovery(f)); err != nil {
+		k.log.Warn("storing the key's slow-down failed; other instances do not see it", "key", key, "err", err)
+	}
+}
+
+// KeyLimit is key's limit at now: its rate (per_key, or its override)
+// times its adaptive factor.
+func (k *Pacer[T]) KeyLimit(key string, now time.Time) bucket.Limit {
+	lim := k.cfg.KeyLimit(key)
+	if k.slow != nil {
+		lim.Rate = max(lim.Rate*k.slow.Factor(key, now), bucket.MinRate)
+	}
+	return lim
+}
+
+// sweep claims the keys with stored jobs that no live instance holds.
+func (k *Pacer[T]) sweep(ctx context.Context) {
+	keys, err := k.cfg.Reader.Keys(ctx)
+	if err != nil {
+		k.log.Debug("listing keys with jobs failed", "err", err)
+		return
+	}
+	k.claim(ctx, keys)
+}
+
+// dropLost forgets the keys another instance took over (this one stopped
+// answering for longer than the claims' liveness).
+func (k *Pacer[T]) dropLost(had, kept []string) {
+	still := make(map[string]bool, len(kept))
+	for _, key := range kept {
+		still[key] = true
+	}
+	for _, key := range had {
+		if !still[key] && k.sched.Forget(key) {
+			k.log.Warn("key taken over by another instance", "key", key)
+			k.forget(key)
+		}
+	}
+}
+
+// forget drops what this instance remembers of key.
+func (k *Pacer[T]) forget(key string) {
+	k.mu.Lock()
+	delete(k.cursor, key)
+	delete(k.held, key)
+	delete(k.epoch, key)
+	k.mu.Unlock()
+}
+
+// markIdle hands key, which has no jobs left here, to the claimer to
+// release (claims and releases are made by one goroutine, in order).
+func (k *Pacer[T]) markIdle(key string) {
+	k.mu.Lock()
+	k.idled[key] = struct{}{}
+	k.mu.Unlock()
+	k.poke()
+}
+
+// release gives up the claims of the keys that went idle, unless they got
+// jobs again meanwhile, then looks once more: a job stored by another
+// instance meanwhile (which could not claim the key) is found and the key
+// claimed again.
+func (k *Pacer[T]) release(ctx context.Context) {
+	k.mu.Lock()
+	keys := make([]string, 0, len(k.idled))
+	for key := range k.idled {
+		keys = append(keys, key)
+	}
+	clear(k.idled)
+	k.mu.Unlock()
+	var again []string
+	for _, key := range keys {
+		if k.sched.Key(key).Known {
+			continue // it got jobs again: still this instance's
+		}
+		k.forget(key)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := k.cfg.Claims.Release(rctx, k.cfg.Lane, key); err != nil {
+			k.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
+		}
+		if _, ok, err := k.cfg.Reader.Next(rctx, key, 1); err != nil || ok {
+			again = append(again, key)
+		}
+		cancel()
+	}
+	k.claim(ctx, again) // none: claims nothing
+}
+
+// leasePoll is how long a key waits when the fleet has max_inflight of its
+// jobs (or of the lane's) in flight: leases freed on other instances are
+// not announced, so the key looks again after this.
+const leasePoll = 20 * time.Millisecond
+
+// acquire takes a fleet-wide in-flight lease of the lane and of key
+// (Config.Leases); without Leases this instance's own bounds are the only
+// ones and the token is "".
+func (k *Pacer[T]) acquire(ctx context.Context, key string) (string, Full, error) {
+	if k.cfg.Leases == nil {
+		return "", Taken, nil
+	}
+	tok := k.cfg.Instance + "-" + strconv.FormatUint(k.leaseSeq.Add(1), 36)
+	full, err := k.cfg.Leases.Acquire(ctx, k.cfg.Lane, key, tok, k.cfg.MaxInflight, k.cfg.KeyOpts(key).MaxInflight)
+	if err != nil {
+		// The script may have run and the answer got lost (a timeout, a
+		// broken connection): give the token's leases back, or they stay
+		// held for a whole lease with nothing to release them.
+		k.releaseLeaseAsync(ctx, key, tok)
+		return "", full, err
+	}
+	if full != Taken {
+		return "", full, nil
+	}
+	k.mu.Lock()
+	k.leases[tok] = key
+	k.mu.Unlock()
+	return tok, Taken, nil
+}
+
+// releaseLease gives back the fleet-wide lease tok of key ("" holds none).
+func (k *Pacer[T]) releaseLease(ctx context.Context, key, tok string) {
+	if tok == "" {
+		return
+	}
+	k.mu.Lock()
+	delete(k.leases, tok)
+	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseLeaseTimeout)
+	defer cancel()
+	if err := k.cfg.Leases.ReleaseLease(ctx, k.cfg.Lane, key, tok); err != nil {
+		k.log.Warn("giving back an in-flight lease failed; it lapses by itself", "key", key, "err", err)
+	}
+}
+
+// releaseLeaseTimeout bounds a lease release made off the scheduling loop.
+const releaseLeaseTimeout = time.Second
+
+// releaseLeaseAsync gives back the fleet-wide lease tok of key ("" holds
+// none) on a goroutine of its own, so that the scheduling loop never waits
+// for the state store; Run waits for it at a stop.
+func (k *Pacer[T]) releaseLeaseAsync(ctx context.Context, key, tok string) {
+	if tok == "" {
+		return
+	}
+	k.mu.Lock()
+	delete(k.leases, tok)
+	k.mu.Unlock()
+	k.releases.Go(func() { k.releaseLease(ctx, key, tok) })
+}
+
+// refreshUntil refreshes the leases held every period until stop closes:
+// at a stop, while deliveries settle after the claimer ended.
+func (k *Pacer[T]) refreshUntil(ctx context.Context, stop <-chan struct{}, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, period)
+			k.refreshLeases(rctx)
+			cancel()
+		}
+	}
+}
+
+// refreshLeases keeps this instance's fleet-wide leases alive while their
+// jobs are in flight.
+func (k *Pacer[T]) refreshLeases(ctx context.Context) {
+	if k.cfg.Leases == nil {
+		return
+	}
+	k.mu.Lock()
+	held := maps.Clone(k.leases)
+	k.mu.Unlock()
+	if err := k.cfg.Leases.Refresh(ctx, k.cfg.Lane, held); err != nil {
+		k.log.Warn("refreshing in-flight leases failed", "leases", len(held), "err", err)
+	}
+}
+
+// retryWait is how long a key waits after its read or its reservation
+// failed (JetStream or the state store away).
+const retryWait = 100 * time.Millisecond
+
+// lookahead is how far ahead of a slot the loop chooses its key and
+// reserves it: the read and the reservation then happen before the slot,
+// which starts exactly on time (a reservation made after its key's slot
+// would push every later slot of the key back by the delay). It is also
+// how long a key's first job may wait behind other keys: a pair
+// reservation counts the lane's slot at the key's due time, so the lane's
+// state is taken up to lookahead ahead of now by a key that reserves early,
+// and a cold key's first slot comes after it. 5 ms covers a direct get and
+// a reservation on a loaded machine; at 50 ms a cold key's first job waited
+// about 48 ms behind a hot key (throttler-bench --only keyed, BENCHMARKS.md).
+const lookahead = 5 * time.Millisecond
+
+// rest is what the loop does after a step: nothing (go on at once), wait
+// until the scheduler has news or d passed (wake), or sleep d.
+type rest struct {
+	d    time.Duration
+	wake bool
+	stop bool // ctx ended
+}
+
+// loop chooses keys and reserves their slots, one at a time, a little ahead
+// of the lane's next slot; each job waits for its slot on its own
+// goroutine, so a key whose slot is further away never holds another.
+func (k *Pacer[T]) loop(ctx, dispatch context.Context) {
+	clk := k.cfg.Clock
+	laneNext := clk.Now()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for ctx.Err() == nil {
+		r := k.step(ctx, dispatch, &laneNext)
+		if r.stop {
+			return
+		}
+		if !r.wake {
+			// Sleep returns at once for a rest of zero.
+			if clk.Sleep(ctx, r.d) != nil {
+				return
+			}
+			continue
+		}
+		if r.d <= 0 {
+			continue
+		}
+		timer.Reset(r.d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-k.sched.Wake():
+			if !timer.Stop() {
+				<-timer.C
+			}
+		}
+	}
+}
+
+// step chooses one key at the lane's next slot (laneNext, moved by the
+// reservation), reads its next job, takes its leases and reserves its slot,
+// and starts it at the slot on a goroutine of its own; or says why not and
+// how long to rest. The permit it takes goes back when it returns, unless
+// a job took it over.
+func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest {
+	clk := k.cfg.Clock
+	if k.cfg.Held != nil {
+		if wait := k.cfg.Held(); wait != nil {
+			// Held by an operator: choose no key, take no slot.
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return rest{stop: true}
+			}
+		}
+	}
+	select {
+	case k.permits <- struct{}{}:
+	case <-ctx.Done():
+		return rest{stop: true}
+	}
+	p := &permit{release: k.giveBackFn}
+	defer p.giveBack(false)
+	// Choose at the lane's next slot (less the lookahead), not before: a
+	// key that gets jobs meanwhile competes for it.
+	if clk.Sleep(ctx, laneNext.Add(-lookahead).Sub(clk.Now())) != nil { // none when due
+		return rest{stop: true}
+	}
+	// Pull mode: a slot is reserved only for a worker waiting here, as on
+	// unkeyed lanes; a job that does not start gives the claim back with
+	// the permit.
+	if w := k.cfg.Workers; w != nil {
+		if _, err := w.Claim(ctx, 1); err != nil {
+			return rest{stop: true}
+		}
+		p.worker = true
+	}
+	now := clk.Now()
+	// Keys due within the lookahead; when the lane's cap binds, only those
+	// ready by the lane's slot (no lane capacity lost).
+	key, wait := k.sched.Next(now, later(now.Add(lookahead), laneNext.Add(bucket.PairSlack)))
+	if key == "" {
+		longest := time.Second
+		if k.bounceWorkers(ctx) {
+			// Look again at the workers waiting here soon.
+			longest = bounceAfter
+		}
+		if wait < 0 { // no key has jobs
+			wait = longest
+		}
+		wait = min(wait, longest)
+		return rest{d: wait - lookahead, wake: true}
+	}
+	msg, readEpoch, ok, err := k.next(ctx, key)
+	if err != nil {
+		k.log.Warn("reading a key's next job failed", "key", key, "err", err)
+		k.sched.NotReady(key, now.Add(retryWait))
+		return rest{}
+	}
+	if !ok {
+		if k.sched.Empty(key, now) {
+			k.markIdle(key)
+		}
+		return rest{}
+	}
+	keyLim := k.KeyLimit(key, now)
+	tok, full, err := k.acquire(ctx, key)
+	if err != nil || full != Taken {
+		wait := leasePoll
+		if err != nil {
+			k.log.Warn("taking an in-flight lease failed, keyed lane waits", "key", key, "err", err)
+			wait = retryWait
+		}
+		k.sched.NotReady(key, now.Add(wait))
+		if full == LaneFull {
+			return rest{d: wait}
+		}
+		return rest{}
+	}
+	laneLim := k.cfg.LaneLimit()
+	res, err := k.cfg.Pair.ReservePair(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, laneLim, keyLim, lookahead)
+	now = clk.Now()
+	if err != nil {
+		k.releaseLeaseAsync(ctx, key, tok)
+		k.cfg.Observer.PacerDown(true, err)
+		k.log.Warn("pacer unavailable, keyed lane waits", "err", err)
+		k.sched.NotReady(key, now.Add(retryWait))
+		return rest{d: retryWait}
+	}
+	k.cfg.Observer.PacerDown(false, nil)
+	*laneNext = now.Add(res.LaneNext)
+	if !res.OK {
+		k.releaseLeaseAsync(ctx, key, tok)
+		k.sched.NotReady(key, now.Add(res.KeyNext))
+		return rest{}
+	}
+	epoch, prev, decided, ok := k.take(key, msg, readEpoch)
+	if !ok {
+		// An earlier job of the key went back while this one was read and
+		// reserved: it must not start first. Its slot is lost; the key
+		// reads again in order.
+		k.releaseLeaseAsync(ctx, key, tok)
+		k.missed.Add(1)
+		k.sched.NotReady(key, now.Add(res.KeyNext))
+		return rest{}
+	}
+	k.sched.Started(key, now.Add(res.KeyNext))
+	due := now.Add(res.Due)
+	if k.cfg.Assigned != nil {
+		k.cfg.Assigned(msg, leaky.Slot{Due: due, Free: res.Free})
+	}
+	k.cfg.Observer.Reserved(1)
+	k.inflight.Add(1)
+	k.waiting.Add(1)
+	// A start may come at most max(2 ms, the shorter of the two periods)
+	// after its slot, as on unkeyed lanes: both bounds then hold with W
+	// widened by that much.
+	maxLate := max(leaky.DefaultMaxLate, min(laneLim.Period(), keyLim.Period()))
+	j := &job[T]{key: key, tok: tok, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p.handOver()}
+	go k.startAt(ctx, dispatch, j)
+	return rest{}
+}
+
+// permit is one of the MaxInflight permits, with a pull-mode worker's claim
+// when one was taken for it. It has one owner at a time (the loop's step,
+// then the job it chose) and goes back exactly once.
+type permit struct {
+	worker  bool // a waiting worker's claim is held with it
+	release func(worker bool)
+	gone    atomic.Bool
+}
+
+// giveBack returns the permit; started says the job was handed to its
+// dispatch, which used up the worker's claim. Later calls do nothing.
+func (p *permit) giveBack(started bool) {
+	if p == nil || !p.gone.CompareAndSwap(false, true) {
+		return
+	}
+	p.release(p.worker && !started)
+}
+
+// handOver moves the permit to a new owner: the old one's give-back then
+// does nothing.
+func (p *permit) handOver() *permit {
+	q := &permit{worker: p.worker, release: p.release}
+	p.gone.Store(true)
+	return q
+}
+
+// giveBack returns one permit, and a worker's claim with it (unclaim).
+func (k *Pacer[T]) giveBack(unclaim bool) {
+	if unclaim {
+		k.cfg.Workers.Unclaim(1)
+	}
+	<-k.permits
+}
+
+// bounceAfter is how long a pull-mode worker may wait at an instance that
+// has no job due for it, while the lane has jobs stored, before it is sent
+// to ask again (bounceWorkers).
+const bounceAfter = 100 * time.Millisecond
+
+// bounceWorkers answers the workers that have waited here for bounceAfter
+// with no job due for them, so that they ask again: a pull goes to one
+// instance of the fleet, and the keys with jobs may be held by another one.
+// With no job stored in the lane (as last read, at most a second ago), or
+// on one instance (no Leases), they wait here as on any pull lane: there is
+// no better place to ask. It reports whether workers may wait here (a
+// pull-mode lane).
+func (k *Pacer[T]) bounceWorkers(ctx context.Context) bool {
+	if k.cfg.Workers == nil {
+		return false
+	}
+	if k.cfg.Leases == nil || k.cfg.Backlog == nil {
+		return true
+	}
+	if n, err := k.cfg.Backlog.Backlog(ctx, k.cfg.Lane, time.Second); err == nil && n > 0 {
+		k.cfg.Workers.Bounce(bounceAfter)
+	}
+	return true
+}
+
+// job is one job chosen and reserved, waiting for its slot.
+type job[T Item] struct {
+	key, tok string // tok: its lease ("" none)
+	msg      T
+	due      time.Time
+	maxLate  time.Duration
+	epoch    uint64
+	// prev is closed once the key's job taken before it has started or
+	// gone back (nil: none); decided is its own.
+	prev, decided chan struct{}
+	permit        *permit
+}
+
+// startAt starts j at its slot (its permit is held), or hands it back when
+// ctx ends first; the dispatch runs under dispatch. The key's job taken before it has started or gone back
+// by then: jobs of a key start in the order they were taken, however late
+// their goroutines wake. It closes j.decided when it has started j or
+// handed it back.
+func (k *Pacer[T]) startAt(ctx, dispatch context.Context, j *job[T]) {
+	clk := k.cfg.Clock
+	defer k.waiting.Done()
+	defer k.decide(j.key, j.decided)
+	// settle gives back what j holds, once: its lease, its count, its
+	// permit (and its worker's claim unless j started).
+	settle := func(started bool) {
+		k.releaseLease(dispatch, j.key, j.tok)
+		k.inflight.Add(-1)
+		if k.sched.Settled(j.key, clk.Now()) {
+			k.markIdle(j.key)
+		}
+		j.permit.giveBack(started)
+	}
+	if d := j.due.Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
+		_ = j.msg.Release()
+		settle(false)
+		return
+	}
+	if j.prev != nil {
+		select {
+		case <-j.prev:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			// The stop began while it waited (select picks at random when
+			// both are ready): hand it back unstarted.
+			_ = j.msg.Release()
+			settle(false)
+			return
+		}
+	}
+	k.mu.Lock()
+	behind := k.epoch[j.key] != j.epoch // an earlier job of the key went back
+	k.mu.Unlock()
+	if behind {
+		// An earlier job of the key went back, and the key reads again
+		// from it: this one stays stored and is read again in its turn. It
+		// must not move the key's cursor or epoch itself.
+		settle(false)
+		return
+	}
+	late := clk.Now().Sub(j.due)
+	if late > j.maxLate {
+		// Woken too late (a stall, a loaded machine): the slot is given
+		// up, never used closer to the next one; the job is again its
+		// key's next.
+		k.missed.Add(1)
+		_ = j.msg.Release()
+		settle(false)
+		return
+	}
+	if k.cfg.Held != nil && k.cfg.Held() != nil {
+		// Held since its slot was taken: the job goes back, as a missed
+		// slot's does, and is its key's next again at the release.
+		_ = j.msg.Release()
+		settle(false)
+		return
+	}
+	k.cfg.Observer.Started(max(late, 0))
+	k.cfg.Start(dispatch, j.msg, func() { settle(true) })
+}
+
+// decide says that the job taken with decided has started or gone back:
+// the key's next job taken may start.
+func (k *Pacer[T]) decide(key string, decided chan struct{}) {
+	k.mu.Lock()
+	if k.decided[key] == decided {
+		delete(k.decided, key) // the key's last job taken: nobody waits
+	}
+	k.mu.Unlock()
+	close(decided)
+}
+
+// next returns key's next job: the one read before, or a fresh read after
+// the key's cursor; and the key's epoch it was read under.
+func (k *Pacer[T]) next(ctx context.Context, key string) (T, uint64, bool, error) {
+	var none T
+	k.mu.Lock()
+	m, isHeld := k.held[key]
+	from, epoch := k.cursor[key], k.epoch[key]
+	k.mu.Unlock()
+	if isHeld {
+		return m, epoch, true, nil
+	}
+	m, ok, err := k.cfg.Reader.Next(ctx, key, from)
+	if err != nil || !ok {
+		return none, epoch, false, err
+	}
+	stored := 0
+	if from == 0 && k.cfg.Ordered {
+		// The key's oldest job, read here for the first time: it may have
+		// failed attempts from before a restart or on another instance.
+		if stored, err = k.cfg.Reader.Tries(ctx, m.Seq()); err != nil {
+			return none, epoch, false, err
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if stored > k.tries[m.Seq()] {
+		k.tries[m.Seq()] = stored
+	}
+	m.AddAttempts(k.tries[m.Seq()]) // none: adds nothing
+	if k.epoch[key] == epoch {
+		k.held[key] = m
+	}
+	return m, epoch, true, nil
+}
+
+// take marks msg as started: the key's cursor moves past it. It refuses
+// (ok false) when the key's epoch moved since msg was read under readEpoch:
+// an earlier job went back and must start first. prev is closed once the
+// key's job taken before msg has started or gone back (nil: none waits);
+// decided is msg's own, for startAt to close.
+func (k *Pacer[T]) take(key string, msg T, readEpoch uint64) (epoch uint64, prev, decided chan struct{}, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.epoch[key] != readEpoch {
+		return 0, nil, nil, false
+	}
+	delete(k.held, key)
+	k.cursor[key] = max(k.cursor[key], msg.Seq()+1)
+	prev, decided = k.decided[key], make(chan struct{})
+	k.decided[key] = decided
+	return readEpoch, prev, decided, true
+}
+
+// RetryInPlace counts a failed attempt of an ordered key's job, which waits
+// in place for d (a retry behind the key's later jobs would break their
+// order): the key is held meanwhile. The count is stored (Reader.SetTries)
+// so that max_attempts holds across a restart; when that fails it is kept
+// here only, and the error says so.
+func (k *Pacer[T]) RetryInPlace(ctx context.Context, key string, msg T, d time.Duration) (tries int, err error) {
+	k.mu.Lock()
+	k.tries[msg.Seq()]++
+	n := k.tries[msg.Seq()]
+	k.mu.Unlock()
+	k.sched.Pause(key, k.cfg.Clock.Now().Add(d))
+	return n, k.cfg.Reader.SetTries(ctx, msg.Seq(), n)
+}
+
+// Settled forgets a job's in-place attempts once it left the stream.
+func (k *Pacer[T]) Settled(ctx context.Context, msg T) error {
+	k.mu.Lock()
+	n, ok := k.tries[msg.Seq()]
+	delete(k.tries, msg.Seq())
+	k.mu.Unlock()
+	if !ok || n == 0 {
+		return nil
+	}
+	return k.cfg.Reader.ClearTries(ctx, msg.Seq())
+}
+
+// PauseKey holds one key for d (its downstream asked to wait): locally, and
+// in the key's shared state (Config.Pauser) so that no instance starts it
+// meanwhile.
+func (k *Pacer[T]) PauseKey(ctx context.Context, key string, d time.Duration) {
+	d = min(d, k.cfg.MaxPause)
+	k.sched.Pause(key, k.cfg.Clock.Now().Add(d))
+	if k.cfg.Pauser == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := k.cfg.Pauser.Pause(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, k.cfg.KeyLimit(key), d); err != nil {
+		k.log.Warn("pausing the key in the shared state failed", "key", key, "for", d.String(), "err", err)
+		return
+	}
+	k.log.Info("downstream asked the key to wait", "key", key, "for", d.String())
+}
+
+// Key is key's state on this instance.
+func (k *Pacer[T]) Key(key string) KeyState { return k.sched.Key(key) }
+
+// Stats counts the keys with jobs on this instance at now.
+func (k *Pacer[T]) Stats(now time.Time) Stats { return k.sched.Stats(now) }
+
+// SetOpts changes key's scheduling settings (an override changed).
+func (k *Pacer[T]) SetOpts(key string, o Opts) { k.sched.SetOpts(key, o) }
+
+// Inflight counts the jobs started here and not settled, with the ones
+// waiting for their slot.
+func (k *Pacer[T]) Inflight() int64 { return k.inflight.Load() }
+
+// Missed counts the slots given up: woken too late for them, or taken
+// while an earlier job of the key went back.
+func (k *Pacer[T]) Missed() uint64 { return k.missed.Load() }
