@@ -31,6 +31,8 @@ const (
 	// maxWorkerWait bounds how long a fetched job waits for a worker to
 	// ask before it goes back to the queue.
 	maxWorkerWait = 5 * time.Second
+	// DefaultMaxParked is PullConfig.MaxParked's default.
+	DefaultMaxParked = 10_000
 	// pullQueue is the queue group of the instances on a work subject.
 	pullQueue = "throttler"
 	// ackToken is the token between the work subject and an outcome's
@@ -59,6 +61,10 @@ type PullConfig struct {
 	// Lease is how long a worker may hold a job without reporting; a
 	// "progress" outcome extends it by Lease. 0 means DefaultLease.
 	Lease time.Duration
+	// MaxParked bounds the pull requests parked at once; one more is
+	// answered "empty" at once (its worker asks again). 0 means
+	// DefaultMaxParked.
+	MaxParked int
 	// Logger receives refused outcomes and lost workers; nil discards.
 	Logger *slog.Logger
 	// Workers are the worker users allowed on the lane: a pull request or
@@ -98,8 +104,11 @@ type Pull struct {
 	log     *slog.Logger
 	workers []string
 	refused func(reason string)
-	// refusals bounds the log lines of refused reply subjects.
-	refusals logBound
+	// maxParked bounds the pull requests parked (PullConfig.MaxParked).
+	maxParked int
+	// refusals bounds the log lines of refused reply subjects, and
+	// outcomeRefusals those of refused outcomes.
+	refusals, outcomeRefusals logBound
 	// ackPrefix is <subject>.ack.<holder>: outcomes for this target's
 	// leases, and no other instance's.
 	ackPrefix string
@@ -157,6 +166,9 @@ func OpenPull(nc *nats.Conn, cfg PullConfig) (*Pull, error) {
 	if p.lease == 0 {
 		p.lease = DefaultLease
 	}
+	if p.maxParked = cfg.MaxParked; p.maxParked <= 0 {
+		p.maxParked = DefaultMaxParked
+	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -206,7 +218,10 @@ func (p *Pull) onPull(m *nats.Msg) {
 	pp := &parkedPull{reply: m.Reply, worker: m.Header.Get(api.HeaderWorker), at: time.Now()}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stopped {
+	if p.stopped || p.parked.Len() >= p.maxParked {
+		// Stopping, or more requests parked than any pool needs: each
+		// holds a timer and memory until it expires, so a flood of pulls
+		// is answered "empty" at once (a worker asks again).
 		p.answer(m.Reply, api.StatusEmpty, "")
 		return
 	}
@@ -410,8 +425,11 @@ func (p *Pull) onOutcome(m *nats.Msg) {
 	}
 	p.mu.Unlock()
 	refuse := func(reason string) {
-		p.log.Warn("worker outcome refused", "subject", m.Subject, "reason", reason,
-			"id", m.Header.Get(HeaderIdempotencyKey), "status", m.Header.Get(HeaderStatus))
+		if n, ok := p.outcomeRefusals.take(time.Now()); ok {
+			p.log.Warn("worker outcome refused", "subject", cut(m.Subject, 256), "reason", cut(reason, 256),
+				"id", cut(m.Header.Get(HeaderIdempotencyKey), 128), "status", cut(m.Header.Get(HeaderStatus), 64),
+				"refused_since_last_line", n)
+		}
 		if m.Reply != "" {
 			p.answer(m.Reply, api.StatusRefused, reason)
 		}

@@ -85,6 +85,53 @@ func TestWireNamesMatchAPI(t *testing.T) {
 	}
 }
 
+// TestParkedPullsAreBounded: a pull request beyond MaxParked is answered
+// "empty" at once; the ones parked before it stay parked.
+func TestParkedPullsAreBounded(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := dispatch.OpenPull(nc, dispatch.PullConfig{Subject: "work", MaxParked: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	inbox := nats.NewInbox()
+	answers, err := nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		m := nats.NewMsg("work")
+		m.Reply = inbox + "." + name
+		m.Header.Set(api.HeaderExpires, "30000")
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := answers.NextMsg(2 * time.Second)
+	if err != nil {
+		t.Fatalf("the third pull was not answered: %v", err)
+	}
+	if m.Subject != inbox+".c" || m.Header.Get(api.HeaderStatus) != api.StatusEmpty {
+		t.Fatalf("answer on %s with status %q, want the third pull (c) answered %q", m.Subject, m.Header.Get(api.HeaderStatus), api.StatusEmpty)
+	}
+	// The two parked ones are still there: both can be claimed.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 2 {
+		if _, err := p.Claim(ctx, 1); err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+	}
+	if m, err := answers.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("a parked pull was answered: %s", m.Subject)
+	}
+}
+
 // TestBounceAnswersUnclaimedOldPulls: Bounce answers "empty" to the pull
 // requests older than its bound that no job is meant for, oldest first, and
 // leaves the claimed and the young ones parked.

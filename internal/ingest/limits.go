@@ -28,7 +28,9 @@ func bodyCallerOf(r *http.Request) bodyCaller {
 	if id, ok := r.Context().Value(callerCtx{}).(string); ok {
 		return bodyCaller{key: id}
 	}
-	return bodyCaller{ip: clientIP(r)}
+	// An IPv6 client by its /64, as the connection share and the per-IP
+	// quota count it: one host rotating its addresses is one caller.
+	return bodyCaller{ip: ipKey(clientIP(r))}
 }
 
 // reservation is what reserve took, to hand to give exactly once.

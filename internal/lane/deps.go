@@ -100,8 +100,9 @@ type Counts interface {
 type LimitStore interface {
 	PutLane(ctx context.Context, lane string, v queue.LaneLimit) error
 	PutKey(ctx context.Context, lane, key string, v queue.KeyLimit) error
-	// PutPause holds or releases the lane on every instance.
-	PutPause(ctx context.Context, lane string, v queue.LanePause) error
+	// PutPause holds or releases the lane on every instance; rev is the
+	// stored entry's revision.
+	PutPause(ctx context.Context, lane string, v queue.LanePause) (rev uint64, err error)
 	Watch(ctx context.Context, lane string, w queue.LimitsWatch) error
 }
 

@@ -25,6 +25,10 @@ type hold struct {
 	wait chan struct{}
 	by   string
 	at   time.Time
+	// rev is the revision of the stored change applied last: an older one
+	// (this instance's own, applied after the watch brought a newer one
+	// from another instance) is not applied.
+	rev uint64
 }
 
 // held returns a channel that closes at the release while the lane is
@@ -38,10 +42,16 @@ func (h *hold) held() <-chan struct{} {
 	return h.wait
 }
 
-// set holds or releases the lane; it reports whether that changed.
-func (h *hold) set(paused bool, by string, at time.Time) bool {
+// set holds or releases the lane as the stored change of revision rev
+// says; it reports whether that changed. A change older than the last one
+// applied changes nothing.
+func (h *hold) set(paused bool, by string, at time.Time, rev uint64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if rev < h.rev {
+		return false
+	}
+	h.rev = rev
 	switch {
 	case paused && h.wait == nil:
 		h.wait, h.by, h.at = make(chan struct{}), by, at
@@ -63,7 +73,7 @@ func (h *hold) state() (paused bool, by string, at time.Time) {
 
 // applyPause applies a stored hold (from any instance, this one included).
 func (l *Lane) applyPause(v queue.LanePause) {
-	if l.hold.set(v.Paused, v.By, v.At) {
+	if l.hold.set(v.Paused, v.By, v.At, v.Rev) {
 		if v.Paused {
 			l.log.Info("lane paused by an operator (stored)", "by", v.By, "at", v.At)
 		} else {
@@ -84,10 +94,11 @@ func (l *Lane) SetPaused(ctx context.Context, paused bool, by string) error {
 		return ErrNoLimitsStore
 	}
 	at := l.d.Clock.Now().UTC()
-	if err := l.d.Limits.PutPause(ctx, l.cfg.Name, queue.LanePause{Paused: paused, By: by, At: at}); err != nil {
+	rev, err := l.d.Limits.PutPause(ctx, l.cfg.Name, queue.LanePause{Paused: paused, By: by, At: at})
+	if err != nil {
 		return fmt.Errorf("storing the pause: %w", err)
 	}
-	l.applyPause(queue.LanePause{Paused: paused, By: by, At: at})
+	l.applyPause(queue.LanePause{Paused: paused, By: by, At: at, Rev: rev})
 	return nil
 }
 

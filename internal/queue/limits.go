@@ -36,6 +36,9 @@ type LanePause struct {
 	Paused bool      `json:"paused"`
 	By     string    `json:"by,omitempty"`
 	At     time.Time `json:"at"`
+	// Rev is the entry's revision in the bucket (not stored): later
+	// changes have higher ones, whichever instance made them.
+	Rev uint64 `json:"-"`
 }
 
 // KeyLimit is one key's override on a keyed lane; a nil field keeps the
@@ -88,13 +91,13 @@ func (l *Limits) PutLane(ctx context.Context, lane string, v LaneLimit) error {
 }
 
 // PutPause stores lane's hold.
-func (l *Limits) PutPause(ctx context.Context, lane string, v LanePause) error {
+func (l *Limits) PutPause(ctx context.Context, lane string, v LanePause) (rev uint64, err error) {
 	v.V = limitsVersion
 	b, _ := json.Marshal(v)
-	if _, err := l.kv.Put(ctx, pauseEntry(lane), b); err != nil {
-		return fmt.Errorf("%w: store pause of lane %s: %v", ErrUnavailable, lane, err)
+	if rev, err = l.kv.Put(ctx, pauseEntry(lane), b); err != nil {
+		return 0, fmt.Errorf("%w: store pause of lane %s: %v", ErrUnavailable, lane, err)
 	}
-	return nil
+	return rev, nil
 }
 
 // PutKey stores key's override on lane.
@@ -170,6 +173,7 @@ func (l *Limits) Watch(ctx context.Context, lane string, on LimitsWatch) error {
 						continue
 					}
 				}
+				v.Rev = e.Revision()
 				on.Pause(v)
 				continue
 			}
