@@ -137,11 +137,15 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if l.cfg.TLS != nil {
 		return l.acceptTLS()
 	}
-	return l.acceptConn()
+	tc, err := l.acceptConn()
+	if err != nil {
+		return nil, err // not a nil *trackedConn in a net.Conn
+	}
+	return tc, nil
 }
 
-// acceptConn returns the next socket within the bounds as a trackedConn.
-func (l *Listener) acceptConn() (net.Conn, error) {
+// acceptConn returns the next socket within the bounds.
+func (l *Listener) acceptConn() (*trackedConn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {

@@ -97,7 +97,7 @@ func (l *Listener) acceptLoop() {
 	h := &l.hs
 	defer close(h.done)
 	for {
-		c, err := l.acceptConn()
+		tc, err := l.acceptConn()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				h.err = err
@@ -111,7 +111,6 @@ func (l *Listener) acceptLoop() {
 				return
 			}
 		}
-		tc := c.(*trackedConn) // acceptConn's own type
 		h.wg.Go(func() { l.handshake(tc) })
 	}
 }
