@@ -63,7 +63,10 @@ type ListenerConfig struct {
 //
 // Once installed, its connections answer the HTTP server's own refusals
 // (a request it cannot parse) with problem+json instead of text/plain
-// (rewrite.go). Safe for concurrent use.
+// (rewrite.go), over TLS too: with ListenerConfig.TLS the listener does
+// the handshake and hands the server HTTP/2 connections as *tls.Conn and
+// HTTP/1 ones with the rewrite above TLS (tlslisten.go). Safe for
+// concurrent use.
 type Listener struct {
 	net.Listener
 	cfg       ListenerConfig

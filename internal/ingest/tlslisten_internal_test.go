@@ -148,6 +148,36 @@ func TestTLSListener(t *testing.T) {
 	}
 }
 
+// TestTLSHandshakeTimeout: a client that connects and never finishes its
+// handshake is closed after HandshakeTimeout, gives its place back, and
+// the failure is logged.
+func TestTLSHandshakeTimeout(t *testing.T) {
+	cert, _ := testCert(t)
+	var logs testenv.LogBuffer
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListener(ln, ListenerConfig{MaxConnections: 8, HandshakeTimeout: 50 * time.Millisecond, Logger: logs.Logger(),
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}})
+	l.Install(srv)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	defer func() { srv.Close(); <-done }()
+
+	c := dial(t, ln.Addr().String())
+	fmt.Fprint(c, "\x16\x03\x01") // the start of a record, then nothing
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("a stalled handshake: %v, want EOF", err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the stalled connection uncounted", func() bool { return l.openConns() == 0 })
+	if !strings.Contains(logs.String(), "TLS handshake refused") || !strings.Contains(logs.String(), "timeout") {
+		t.Fatalf("the stalled handshake is not logged:\n%s", logs.String())
+	}
+}
+
 // readTLSAnswer reads one response from c as "status body" (the body
 // compacted when JSON).
 func readTLSAnswer(t *testing.T, c net.Conn, r *bufio.Reader) string {
