@@ -77,6 +77,7 @@ type Listener struct {
 	// installed is set by Install: the listener then knows when a
 	// connection is handling a request.
 	installed atomic.Bool
+	srv       atomic.Pointer[http.Server] // the server Install hooked into
 
 	mu   sync.Mutex // guards what follows and every trackedConn's state
 	open int
@@ -290,6 +291,7 @@ func (l *Listener) Install(srv *http.Server) {
 		}
 		next.ServeHTTP(w, r)
 	})
+	l.srv.Store(srv)
 	l.installed.Store(true)
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,6 +42,9 @@ type handshakes struct {
 	// handshake closes its connection) and none is handed over.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// config is ListenerConfig.TLS as the server serves it, set when the
+	// accept loop starts.
+	config *tls.Config
 	ready  chan net.Conn // handshaken connections, to Accept
 	errs   chan error    // errors of the socket's accept, to Accept
 	done   chan struct{} // closed when the accept loop has ended
@@ -77,6 +81,7 @@ func (l *Listener) acceptTLS() (net.Conn, error) {
 		return nil, net.ErrClosed
 	case !h.started:
 		h.started = true
+		h.config = l.serverTLS()
 		h.wg.Go(l.acceptLoop)
 	}
 	h.mu.Unlock()
@@ -88,6 +93,23 @@ func (l *Listener) acceptTLS() (net.Conn, error) {
 	case <-h.done:
 		return nil, h.err
 	}
+}
+
+// serverTLS is the TLS config to handshake with: ListenerConfig.TLS, not
+// offering "h2" when the server it is installed on serves no HTTP/2 (as
+// ServeTLS offers what the server serves). Called from the server's first
+// Accept, after Serve has set up its HTTP/2.
+func (l *Listener) serverTLS() *tls.Config {
+	srv := l.srv.Load()
+	if srv == nil || !slices.Contains(l.cfg.TLS.NextProtos, "h2") {
+		return l.cfg.TLS
+	}
+	if _, ok := srv.TLSNextProto["h2"]; ok {
+		return l.cfg.TLS
+	}
+	c := l.cfg.TLS.Clone()
+	c.NextProtos = slices.DeleteFunc(slices.Clone(c.NextProtos), func(p string) bool { return p == "h2" })
+	return c
 }
 
 // acceptLoop accepts sockets within the bounds and starts a handshake on
@@ -122,7 +144,7 @@ func (l *Listener) handshake(tc *trackedConn) {
 	if d := l.cfg.HandshakeTimeout; d > 0 {
 		_ = tc.SetDeadline(time.Now().Add(d))
 	}
-	t := tls.Server(tc, l.cfg.TLS)
+	t := tls.Server(tc, h.config)
 	if err := t.HandshakeContext(h.ctx); err != nil {
 		l.handshakeFailed(tc, err)
 		return

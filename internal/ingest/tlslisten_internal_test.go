@@ -178,6 +178,37 @@ func TestTLSHandshakeTimeout(t *testing.T) {
 	}
 }
 
+// TestTLSWithoutHTTP2: on a server that serves no HTTP/2 (TLSNextProto
+// set without "h2", the historic way to turn it off) the listener does
+// not offer h2, and a client that would take it is served HTTP/1.1.
+func TestTLSWithoutHTTP2(t *testing.T) {
+	cert, pool := testCert(t)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "proto=%d tls=%t", r.ProtoMajor, r.TLS != nil)
+	}), TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListener(ln, ListenerConfig{MaxConnections: 8, HandshakeTimeout: 5 * time.Second,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}})
+	l.Install(srv)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	defer func() { srv.Close(); <-done }()
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + ln.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "proto=1 tls=true" {
+		t.Fatalf("%s %q", resp.Proto, body)
+	}
+}
+
 // readTLSAnswer reads one response from c as "status body" (the body
 // compacted when JSON).
 func readTLSAnswer(t *testing.T, c net.Conn, r *bufio.Reader) string {
