@@ -22,6 +22,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/ingest"
@@ -122,6 +123,10 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 	}
 	tc := &tls.Config{
 		MinVersion: tls.VersionTLS12,
+		// What http.Server.ServeTLS would offer: the listener terminates
+		// TLS itself (ingest.ListenerConfig.TLS) and hands HTTP/2
+		// connections to the server's HTTP/2.
+		NextProtos: []string{"h2", "http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.cert.Load(), nil
 		},
@@ -168,15 +173,18 @@ func (s *Server) Start(api API) (<-chan error, error) {
 	httpLog := s.log.With("component", "http")
 	c := s.cfg.HTTP
 	s.ln = ingest.LimitListener(ln, ingest.ListenerConfig{MaxConnections: c.MaxConnections, MaxPerIP: c.ConnectionsPerIP(),
-		IdleUnderLoad: c.IdleUnderLoad(), TrustedProxies: s.trustedProxies(), TLS: s.tls, Logger: httpLog})
+		IdleUnderLoad: c.IdleUnderLoad(), TrustedProxies: s.trustedProxies(),
+		TLS: s.tls, HandshakeTimeout: handshakeTimeout(c.ReadHeaderTimeout.D(), c.ReadTimeout.D()), Logger: httpLog})
 	s.srv = &http.Server{
+		// No TLSConfig: the listener does TLS (refused handshakes, a
+		// client without a certificate under mutual TLS, are its log
+		// lines), and without one Serve sets up HTTP/2 for the *tls.Conn
+		// it hands over (http.Server.shouldConfigureHTTP2ForServe).
 		Handler:           api,
-		TLSConfig:         s.tls,
 		ReadHeaderTimeout: c.ReadHeaderTimeout.D(),
 		ReadTimeout:       c.ReadTimeout.D(),
 		IdleTimeout:       c.IdleTimeout.D(),
-		// Its own errors (TLS handshakes refused, a client without a
-		// certificate under mutual TLS) go to the log at warn.
+		// Its own errors go to the log at warn.
 		ErrorLog: slog.NewLogLogger(httpLog.Handler(), slog.LevelWarn),
 	}
 	// The listener closes idle keep-alive connections first when a bound
@@ -185,14 +193,23 @@ func (s *Server) Start(api API) (<-chan error, error) {
 	s.ln.Install(s.srv)
 	done := make(chan error, 1)
 	go func(srv *http.Server, ln net.Listener) {
-		if s.tls != nil {
-			done <- srv.ServeTLS(ln, "", "") // the certificate comes from s.tls
-			return
-		}
-		done <- srv.Serve(ln)
+		done <- srv.Serve(ln) // TLS, when on, is the listener's
 	}(s.srv, s.ln)
 	s.api = api
 	return done, nil
+}
+
+// handshakeTimeout is the bound net/http puts on a TLS handshake: the
+// least of the server's timeouts that are set (http.Server's
+// tlsHandshakeTimeout); zero when none is.
+func handshakeTimeout(ds ...time.Duration) time.Duration {
+	var least time.Duration
+	for _, d := range ds {
+		if d > 0 && (least == 0 || d < least) {
+			least = d
+		}
+	}
+	return least
 }
 
 // trustedProxies are the peers exempt from http.max_connections_per_ip:

@@ -34,11 +34,16 @@ type ListenerConfig struct {
 	// carries many clients on its connections (SetTrustedProxies changes
 	// them).
 	TrustedProxies []netip.Prefix
-	// TLS, when set, is the server's TLS config: a refused connection is
-	// answered over TLS too (the caller wraps the limited listener in
-	// tls.NewListener).
-	TLS    *tls.Config
-	Logger *slog.Logger
+	// TLS, when set, is the server's TLS config: the listener terminates
+	// TLS itself (tlslisten.go), so serve it with http.Server.Serve, not
+	// ServeTLS. Its NextProtos say what ALPN offers ("h2", "http/1.1").
+	// A refused connection is answered over TLS too.
+	TLS *tls.Config
+	// HandshakeTimeout bounds a TLS handshake (what net/http applies:
+	// the least of the server's read-header, read and write timeouts);
+	// zero: no bound.
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
 }
 
 // Listener bounds the connections open at once, in all and per client
@@ -58,7 +63,10 @@ type ListenerConfig struct {
 //
 // Once installed, its connections answer the HTTP server's own refusals
 // (a request it cannot parse) with problem+json instead of text/plain
-// (rewrite.go). Safe for concurrent use.
+// (rewrite.go), over TLS too: with ListenerConfig.TLS the listener does
+// the handshake and hands the server HTTP/2 connections as *tls.Conn and
+// HTTP/1 ones with the rewrite above TLS (tlslisten.go). Safe for
+// concurrent use.
 type Listener struct {
 	net.Listener
 	cfg       ListenerConfig
@@ -69,6 +77,7 @@ type Listener struct {
 	// installed is set by Install: the listener then knows when a
 	// connection is handling a request.
 	installed atomic.Bool
+	srv       atomic.Pointer[http.Server] // the server Install hooked into
 
 	mu   sync.Mutex // guards what follows and every trackedConn's state
 	open int
@@ -77,6 +86,11 @@ type Listener struct {
 
 	refused int64
 	lastLog time.Time
+
+	hs handshakes // under TLS
+	// busyTLS is cfg.TLS offering only HTTP/1.1: a refused connection is
+	// answered in HTTP/1.1 whatever the client offers.
+	busyTLS *tls.Config
 }
 
 // ipConns are one client IP's connections.
@@ -91,6 +105,11 @@ func LimitListener(ln net.Listener, cfg ListenerConfig) *Listener {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Listener{Listener: ln, cfg: cfg, rejecting: make(chan struct{}, maxRejecting), ips: map[netip.Addr]*ipConns{}}
+	l.hs.init()
+	if cfg.TLS != nil {
+		l.busyTLS = cfg.TLS.Clone()
+		l.busyTLS.NextProtos = []string{"http/1.1"}
+	}
 	l.SetTrustedProxies(cfg.TrustedProxies)
 	return l
 }
@@ -116,8 +135,21 @@ const (
 )
 
 // Accept returns the next connection within the bounds, closing idle ones
-// to make room, and answers those over them itself.
+// to make room, and answers those over them itself. Under TLS the
+// connection returned has done its handshake (tlslisten.go).
 func (l *Listener) Accept() (net.Conn, error) {
+	if l.cfg.TLS != nil {
+		return l.acceptTLS()
+	}
+	tc, err := l.acceptConn()
+	if err != nil {
+		return nil, err // not a nil *trackedConn in a net.Conn
+	}
+	return tc, nil
+}
+
+// acceptConn returns the next socket within the bounds.
+func (l *Listener) acceptConn() (*trackedConn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -259,6 +291,7 @@ func (l *Listener) Install(srv *http.Server) {
 		}
 		next.ServeHTTP(w, r)
 	})
+	l.srv.Store(srv)
 	l.installed.Store(true)
 }
 
@@ -332,14 +365,17 @@ func (l *Listener) refuse(c net.Conn, field string, ip netip.Addr) {
 	}
 	l.answering.Go(func() {
 		defer func() { <-l.rejecting }()
-		answerBusy(c, l.cfg.TLS, field, detail)
+		answerBusy(c, l.busyTLS, field, detail)
 	})
 }
 
 // Close stops accepting and waits for the refused connections still being
-// answered (at most rejectTimeout).
+// answered (at most rejectTimeout); under TLS it ends the handshakes in
+// progress and waits for them.
 func (l *Listener) Close() error {
+	l.hs.close()
 	err := l.Listener.Close()
+	l.hs.wg.Wait()
 	l.answering.Wait()
 	return err
 }
@@ -433,17 +469,29 @@ func (c *trackedConn) Close() error {
 // while no request is being handled: a handler's answer, however it is
 // cut into writes (a large body goes past the server's buffer in one
 // Write), is never touched.
+//
+// Under TLS the bytes written here are TLS records: the rewrite happens on
+// the connection above TLS (tlsConn) instead.
 func (c *trackedConn) Write(b []byte) (int, error) {
-	if !c.l.installed.Load() || c.handling.Load() {
+	if c.l.cfg.TLS != nil {
 		return c.Conn.Write(b)
 	}
+	return c.rewrite(c.Conn, b)
+}
+
+// rewrite writes b to w, or the problem+json that replaces b when b is a
+// refusal of the HTTP server on this connection.
+func (c *trackedConn) rewrite(w io.Writer, b []byte) (int, error) {
+	if !c.l.installed.Load() || c.handling.Load() {
+		return w.Write(b)
+	}
 	if p, ok := rewriteServerError(b); ok {
-		if _, err := c.Conn.Write(p); err != nil {
+		if _, err := w.Write(p); err != nil {
 			return 0, err
 		}
 		return len(b), nil
 	}
-	return c.Conn.Write(b)
+	return w.Write(b)
 }
 
 // CloseWrite passes a half-close through, so that the server can let a

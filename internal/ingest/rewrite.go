@@ -31,13 +31,11 @@ const ProblemMalformedRequest = "urn:throttler:problem:malformed-request"
 // Go release shows as a failing test (TestServerRefusalsAreProblems),
 // never as a wrong rewrite.
 //
-// Under TLS the refusal is written inside the TLS connection, out of the
-// listener's reach: it stays text/plain there (the plain-HTTP-on-the-HTTPS-
-// port refusal is written on the socket and is rewritten).
+// Under TLS the listener terminates TLS itself and rewrites above it, on
+// HTTP/1 connections (tlslisten.go); plain HTTP on the TLS port is
+// answered by the listener, as the handshake fails.
 const (
 	serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
-	// plainOnTLS is net/http's answer to plain HTTP on a TLS listener.
-	plainOnTLS = "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
 	// expectFailedPrefix and expectFailedSuffix frame net/http's answer to
 	// an Expect header other than 100-continue (its Date between them).
 	expectFailedPrefix = "HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: "
@@ -53,9 +51,6 @@ func rewriteServerError(b []byte) (out []byte, ok bool) {
 	switch {
 	case len(b) < 12 || b[0] != 'H':
 		return nil, false // TLS records, most writes
-	case string(b) == plainOnTLS:
-		return problemAnswer("HTTP/1.0", http.StatusBadRequest, api.Problem{Field: "scheme",
-			Detail: "this port serves HTTPS: the request was sent as plain HTTP"}), true
 	case bytes.HasPrefix(b, []byte(expectFailedPrefix)) && bytes.HasSuffix(b, []byte(expectFailedSuffix)) &&
 		len(b) == len(expectFailedPrefix)+len(http.TimeFormat)+len(expectFailedSuffix):
 		return problemAnswer("HTTP/1.1", http.StatusExpectationFailed, api.Problem{Field: "Expect",

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -262,48 +263,134 @@ func TestServerRefusalsAreProblems(t *testing.T) {
 	rec := newRecorder(t)
 	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
 	svc, _ := startLogged(t, cfg)
-	for _, tc := range []struct {
-		name, request string
-		status        int
-		field         string
-	}{
-		{"ControlByteInHeader", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x01b\r\n\r\n", 400, ""},
-		{"DELInHeader", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x7fb\r\n\r\n", 400, ""},
-		{"BadHeaderName", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nBad Name: x\r\n\r\n", 400, "headers"},
-		{"TwoHosts", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: other\r\n\r\n", 400, ""},
-		{"NoHost", "GET /healthz HTTP/1.1\r\n\r\n", 400, "Host"},
-		{"BadHost", "GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "Host"},
-		{"HTTP09", "GET /healthz\r\n\r\n", 400, ""},
-		{"HTTP09Version", "GET /healthz HTTP/0.9\r\nHost: localhost\r\n\r\n", 505, "version"},
-		{"HTTP2Version", "GET /healthz HTTP/2.0\r\nHost: localhost\r\n\r\n", 505, "version"},
-		{"MalformedRequestLine", "NOT-HTTP\r\n\r\n", 400, ""},
-		{"BadMethod", "G(T /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, ""},
-		{"BadContentLength", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: x\r\n\r\n", 400, ""},
-		{"UnknownTransferEncoding", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding"},
-		{"Expect", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\nContent-Length: 0\r\n\r\n", 417, "Expect"},
-		{"HeadersTooLarge", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + strings.Repeat("x", 1<<20+8192) + "\r\n\r\n", 431, "headers"},
-	} {
+	for _, tc := range serverRefusals {
 		t.Run(tc.name, func(t *testing.T) {
-			p := dialFrom(t, "127.0.0.1", svc.Addr())
-			go io.WriteString(p, tc.request) // a large head is answered before it is all sent
-			a, err := p.read(5 * time.Second)
-			if err != nil {
-				t.Fatal(err)
+			tc.check(t, dialFrom(t, "127.0.0.1", svc.Addr()))
+		})
+	}
+}
+
+// serverRefusal is a request net/http refuses before the API sees it, and
+// the problem it gets.
+type serverRefusal struct {
+	name, request string
+	status        int
+	field         string
+}
+
+var serverRefusals = []serverRefusal{
+	{"ControlByteInHeader", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x01b\r\n\r\n", 400, ""},
+	{"DELInHeader", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x7fb\r\n\r\n", 400, ""},
+	{"BadHeaderName", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nBad Name: x\r\n\r\n", 400, "headers"},
+	{"TwoHosts", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: other\r\n\r\n", 400, ""},
+	{"NoHost", "GET /healthz HTTP/1.1\r\n\r\n", 400, "Host"},
+	{"BadHost", "GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "Host"},
+	{"HTTP09", "GET /healthz\r\n\r\n", 400, ""},
+	{"HTTP09Version", "GET /healthz HTTP/0.9\r\nHost: localhost\r\n\r\n", 505, "version"},
+	{"HTTP2Version", "GET /healthz HTTP/2.0\r\nHost: localhost\r\n\r\n", 505, "version"},
+	{"MalformedRequestLine", "NOT-HTTP\r\n\r\n", 400, ""},
+	{"BadMethod", "G(T /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, ""},
+	{"BadContentLength", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Length: x\r\n\r\n", 400, ""},
+	{"UnknownTransferEncoding", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding"},
+	{"Expect", "POST /v1/lanes/demo/jobs HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\nContent-Length: 0\r\n\r\n", 417, "Expect"},
+	{"HeadersTooLarge", "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + strings.Repeat("x", 1<<20+8192) + "\r\n\r\n", 431, "headers"},
+}
+
+// check sends the request on p and reads the problem, then the close.
+func (tc serverRefusal) check(t *testing.T, p *peer) {
+	t.Helper()
+	go io.WriteString(p, tc.request) // a large head is answered before it is all sent
+	a, err := p.read(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.status != tc.status || a.contentType != "application/problem+json" || a.problem == nil {
+		t.Fatalf("answer %d %q %q, want %d problem+json", a.status, a.contentType, a.body, tc.status)
+	}
+	pr := a.problem
+	if pr["type"] != "urn:throttler:problem:malformed-request" || pr["status"] != float64(tc.status) ||
+		pr["detail"] == nil || pr["detail"] == "" || len(fmt.Sprint(pr["detail"])) > 200 {
+		t.Fatalf("problem %s", a.body)
+	}
+	if f, _ := pr["field"].(string); f != tc.field {
+		t.Fatalf("field %q, want %q: %s", f, tc.field, a.body)
+	}
+	if !p.closedByServer() {
+		waitFor(t, 5*time.Second, "the connection closed", p.closedByServer)
+	}
+}
+
+// TestTLSRefusalsAreProblems: over HTTPS as over HTTP, what net/http
+// refuses before the API sees a request is problem+json, inside the TLS
+// connection; HTTP/2 is still negotiated and served; a request over TLS,
+// HTTP/1.1 or HTTP/2, is known to be (the Origin check takes the
+// scheme's default port from the connection); and a client that connects
+// and sends nothing holds no one else up.
+func TestTLSRefusalsAreProblems(t *testing.T) {
+	t.Parallel()
+	pki := newPKI(t)
+	rec := newRecorder(t)
+	cfg := testConfig(t, t.TempDir(), rec.srv.URL, 10, 1)
+	cfg.TLS = config.TLS{CertFile: pki.certFile, KeyFile: pki.keyFile}
+	// The silent client's handshake lasts longer than the test.
+	cfg.HTTP.ReadHeaderTimeout, cfg.HTTP.ReadTimeout = config.Duration(time.Minute), config.Duration(time.Minute)
+	svc, _ := startLogged(t, cfg)
+	silent := dialFrom(t, "127.0.0.1", svc.Addr())
+
+	dialTLS := func(t *testing.T) *peer {
+		t.Helper()
+		c, err := tls.Dial("tcp", svc.Addr(), &tls.Config{RootCAs: pki.pool, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if p := c.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+			t.Fatalf("negotiated %q, want http/1.1", p)
+		}
+		return &peer{Conn: c, r: bufio.NewReader(c)}
+	}
+	for _, tc := range serverRefusals {
+		t.Run(tc.name, func(t *testing.T) { tc.check(t, dialTLS(t)) })
+	}
+
+	for _, c := range []struct {
+		name  string
+		major int
+		tr    *http.Transport
+	}{
+		{"HTTP2", 2, &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}, ForceAttemptHTTP2: true}},
+		// A Transport with its own TLS config speaks only HTTP/1.1.
+		{"HTTP1", 1, &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer c.tr.CloseIdleConnections()
+			client := &http.Client{Transport: c.tr, Timeout: 10 * time.Second}
+			post := func(origin string) (*http.Response, string) {
+				t.Helper()
+				req, _ := http.NewRequest("POST", "https://localhost:"+strings.Split(svc.Addr(), ":")[1]+"/v1/lanes/demo/jobs", strings.NewReader("job"))
+				// Host without a port: same origin only when the
+				// connection is TLS (443 on both sides).
+				req.Host = "localhost"
+				req.Header.Set("Content-Type", "text/plain")
+				req.Header.Set("Origin", origin)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp, string(b)
 			}
-			if a.status != tc.status || a.contentType != "application/problem+json" || a.problem == nil {
-				t.Fatalf("answer %d %q %q, want %d problem+json", a.status, a.contentType, a.body, tc.status)
+			resp, body := post("https://localhost")
+			if resp.StatusCode != http.StatusAccepted || resp.ProtoMajor != c.major {
+				t.Fatalf("same-origin submit: %s %d %s", resp.Proto, resp.StatusCode, body)
 			}
-			pr := a.problem
-			if pr["type"] != "urn:throttler:problem:malformed-request" || pr["status"] != float64(tc.status) ||
-				pr["detail"] == nil || pr["detail"] == "" || len(fmt.Sprint(pr["detail"])) > 200 {
-				t.Fatalf("problem %s", a.body)
-			}
-			if f, _ := pr["field"].(string); f != tc.field {
-				t.Fatalf("field %q, want %q: %s", f, tc.field, a.body)
-			}
-			if !p.closedByServer() {
-				waitFor(t, 5*time.Second, "the connection closed", p.closedByServer)
+			if resp, body := post("http://localhost"); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, `"field":"Origin"`) {
+				t.Fatalf("an http origin at an https server: %s %d %s", resp.Proto, resp.StatusCode, body)
 			}
 		})
+	}
+	if silent.closedByServer() {
+		t.Fatal("the silent client's connection was closed: its handshake should still be waiting")
 	}
 }
