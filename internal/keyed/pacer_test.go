@@ -389,6 +389,7 @@ type harness struct {
 
 type harnessOpts struct {
 	keyOpts func(string) keyed.Opts
+	held    func() <-chan struct{} // Config.Held
 	leases  bool
 	workers bool
 	ordered bool
@@ -419,7 +420,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			}
 		},
 		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: o.keyOpts, MaxInflight: 4, Ordered: o.ordered,
-		MaxPause: time.Minute, Instance: "a", Logger: slog.New(h.logs),
+		MaxPause: time.Minute, Instance: "a", Logger: slog.New(h.logs), Held: o.held,
 	}
 	if o.leases {
 		h.leases = &memLeases{}
@@ -803,6 +804,43 @@ func TestPacerDueJobStartsAsAStopBegins(t *testing.T) {
 	h.k.Requeue("b", b1.seq) // the queue hears b1 handed back
 	if got := h.step(time.Second); got.started != "b1" {
 		t.Fatalf("b1 read again: %+v", got)
+	}
+}
+
+// TestPacerOperatorHold: with an operator's hold configured, a job starts
+// while the lane is not held; one whose hold began after its slot was
+// given goes back unstarted and is its key's next once the hold ends.
+func TestPacerOperatorHold(t *testing.T) {
+	var mu sync.Mutex
+	var hold chan struct{} // nil: not held
+	held := func() <-chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		return hold
+	}
+	h := newHarness(t, harnessOpts{held: held})
+	h.r.add("a", "a1")
+	b1 := h.r.add("b", "b1")
+	h.k.Claim(h.ctx, "a", "b")
+	if got := h.step(0); got.started != "a1" {
+		t.Fatalf("not held: %+v, want a1 started", got)
+	}
+	h.onAssigned = func() { // the hold begins as b1's slot is given
+		mu.Lock()
+		defer mu.Unlock()
+		hold = make(chan struct{})
+	}
+	if got := h.step(10 * ms); got.started != "" || b1.released.Load() != 1 {
+		t.Fatalf("held after its slot was given: %+v, released %d; want nothing started, b1 released once", got, b1.released.Load())
+	}
+	h.onAssigned = nil
+	mu.Lock()
+	close(hold)
+	hold = nil
+	mu.Unlock()
+	h.k.Requeue("b", b1.seq) // the queue hears b1 handed back
+	if got := h.step(time.Second); got.started != "b1" {
+		t.Fatalf("after the hold: %+v, want b1 started", got)
 	}
 }
 

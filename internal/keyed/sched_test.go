@@ -313,3 +313,29 @@ func TestPauseWhileHeldOutlastsTheHold(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldKeyIsNotChosen: a key its operator holds (Opts.Paused, set by
+// SetOpts) is not chosen at its slot; released, it is at once. Settings for
+// a key not known are dropped.
+func TestHeldKeyIsNotChosen(t *testing.T) {
+	c := buckettest.NewClock()
+	now := c.Now()
+	s := keyed.New(nil)
+	s.SetOpts("unknown", keyed.Opts{Paused: true})
+	s.Add("a", now)
+	steps := []struct {
+		name string
+		opts keyed.Opts
+		key  string
+		wait time.Duration
+	}{
+		{"held", keyed.Opts{Paused: true}, "", -1},
+		{"released", keyed.Opts{}, "a", 0},
+	}
+	for _, st := range steps {
+		s.SetOpts("a", st.opts)
+		if k, w := s.Next(now, now); k != st.key || w != st.wait {
+			t.Fatalf("%s: Next = %q, %v; want %q, %v", st.name, k, w, st.key, st.wait)
+		}
+	}
+}
