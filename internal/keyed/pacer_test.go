@@ -819,6 +819,11 @@ func TestPacerOperatorHold(t *testing.T) {
 		return hold
 	}
 	h := newHarness(t, harnessOpts{held: held})
+	// A step that waits for a hold nobody ends would wait for ever: past
+	// this, it stops and the test fails (a step here takes microseconds).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h.ctx = ctx
 	h.r.add("a", "a1")
 	b1 := h.r.add("b", "b1")
 	h.k.Claim(h.ctx, "a", "b")
