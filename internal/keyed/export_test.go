@@ -112,3 +112,10 @@ func (k *Pacer[T]) Deciding() int {
 	defer k.mu.Unlock()
 	return len(k.decided)
 }
+
+// Held is how many keys s holds a factor for, without sweeping.
+func (s *Slowdown) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys)
+}

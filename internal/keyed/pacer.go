@@ -646,10 +646,7 @@ func (k *Pacer[T]) loop(ctx, dispatch context.Context) {
 			}
 			continue
 		}
-		if r.d <= 0 {
-			continue
-		}
-		timer.Reset(r.d)
+		timer.Reset(r.d) // fires at once for a rest of zero
 		select {
 		case <-ctx.Done():
 			return

@@ -382,10 +382,14 @@ type harness struct {
 	started  []string
 	done     map[string]func()
 	assigned map[string]time.Duration // job → its slot, from t0
+	// onAssigned, when set, runs as a job is given its slot (between the
+	// reservation and the wait for the slot).
+	onAssigned func()
 }
 
 type harnessOpts struct {
 	keyOpts func(string) keyed.Opts
+	held    func() <-chan struct{} // Config.Held
 	leases  bool
 	workers bool
 	ordered bool
@@ -411,9 +415,12 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.assigned[j.id] = s.Due.Sub(t0)
+			if h.onAssigned != nil {
+				h.onAssigned()
+			}
 		},
 		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: o.keyOpts, MaxInflight: 4, Ordered: o.ordered,
-		MaxPause: time.Minute, Instance: "a", Logger: slog.New(h.logs),
+		MaxPause: time.Minute, Instance: "a", Logger: slog.New(h.logs), Held: o.held,
 	}
 	if o.leases {
 		h.leases = &memLeases{}
@@ -762,6 +769,86 @@ func TestPacerTakeRefusedAfterRequeue(t *testing.T) {
 	}
 }
 
+// TestPacerDueJobStartsAsAStopBegins: a job whose slot is reserved and due
+// now starts though the stop begins before its goroutine runs: the slot
+// taken is used, not lost. One due later goes back unstarted.
+func TestPacerDueJobStartsAsAStopBegins(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.r.add("a", "a1")
+	b1 := h.r.add("b", "b1")
+	h.k.Claim(h.ctx, "a", "b")
+	for _, st := range []struct {
+		at      time.Duration
+		started []string
+	}{
+		{0, []string{"a1"}},       // due at once
+		{10 * ms, []string{"a1"}}, // b1's slot is the lane's next, 100 ms on: handed back
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		h.onAssigned = cancel // the stop begins as the slot is given
+		h.clk.set(t0.Add(st.at))
+		h.k.Step(ctx, &h.laneNext)
+		h.k.WaitStarts()
+		cancel()
+		h.mu.Lock()
+		started := slices.Clone(h.started)
+		h.mu.Unlock()
+		if !slices.Equal(started, st.started) {
+			t.Fatalf("at %v: started %v, want %v", st.at, started, st.started)
+		}
+	}
+	h.onAssigned = nil
+	if b1.released.Load() != 1 {
+		t.Fatalf("b1 released %d times, want 1", b1.released.Load())
+	}
+	h.k.Requeue("b", b1.seq) // the queue hears b1 handed back
+	if got := h.step(time.Second); got.started != "b1" {
+		t.Fatalf("b1 read again: %+v", got)
+	}
+}
+
+// TestPacerOperatorHold: with an operator's hold configured, a job starts
+// while the lane is not held; one whose hold began after its slot was
+// given goes back unstarted and is its key's next once the hold ends.
+func TestPacerOperatorHold(t *testing.T) {
+	var mu sync.Mutex
+	var hold chan struct{} // nil: not held
+	held := func() <-chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		return hold
+	}
+	h := newHarness(t, harnessOpts{held: held})
+	// A step that waits for a hold nobody ends would wait for ever: past
+	// this, it stops and the test fails (a step here takes microseconds).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h.ctx = ctx
+	h.r.add("a", "a1")
+	b1 := h.r.add("b", "b1")
+	h.k.Claim(h.ctx, "a", "b")
+	if got := h.step(0); got.started != "a1" {
+		t.Fatalf("not held: %+v, want a1 started", got)
+	}
+	h.onAssigned = func() { // the hold begins as b1's slot is given
+		mu.Lock()
+		defer mu.Unlock()
+		hold = make(chan struct{})
+	}
+	if got := h.step(10 * ms); got.started != "" || b1.released.Load() != 1 {
+		t.Fatalf("held after its slot was given: %+v, released %d; want nothing started, b1 released once", got, b1.released.Load())
+	}
+	h.onAssigned = nil
+	mu.Lock()
+	close(hold)
+	hold = nil
+	mu.Unlock()
+	h.k.Requeue("b", b1.seq) // the queue hears b1 handed back
+	if got := h.step(time.Second); got.started != "b1" {
+		t.Fatalf("after the hold: %+v, want b1 started", got)
+	}
+}
+
 // TestPacerRequeueOnce: the queue may tell the same job handed back twice
 // (or a job the key has not read past): the second time moves nothing, and
 // the jobs read after the first are not sent back again.
@@ -964,9 +1051,10 @@ func TestPacerPushedBack(t *testing.T) {
 	ctx := context.Background()
 	clk := &stillClock{now: t0}
 	slow := &memSlow{saved: map[string]float64{}}
+	logs := &logRecords{}
 	newPacer := func(adaptive bool) *keyed.Pacer[*memJob] {
 		cfg := keyed.Config[*memJob]{
-			Lane: "demo", Reader: &memReader{}, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk, Slow: slow,
+			Lane: "demo", Reader: &memReader{}, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk, Slow: slow, Logger: slog.New(logs),
 			Start: func(context.Context, *memJob, func()) {}, LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: oneEach, MaxInflight: 1,
 		}
 		if adaptive {
@@ -993,6 +1081,14 @@ func TestPacerPushedBack(t *testing.T) {
 	}
 	if slow.saved["a"] != 0.5 {
 		t.Fatalf("saved %v, want a at 0.5", slow.saved)
+	}
+	// The operator reads the key's new rate and factor in the log.
+	attrs, ok := logs.find("slowing it down")
+	if !ok {
+		t.Fatalf("no log of the slow-down; logged %v", logs.take())
+	}
+	if key, rate, f := attrs["key"].String(), attrs["rate"].Float64(), attrs["factor"].Float64(); key != "a" || rate != 1 || f != 0.5 {
+		t.Fatalf("logged key %q rate %v factor %v, want a, 1 (2/s halved), 0.5", key, rate, f)
 	}
 	other := newPacer(true)
 	other.Claim(ctx, "a")
@@ -1058,6 +1154,8 @@ func TestPacerAnnounceClaims(t *testing.T) {
 type logRecords struct {
 	mu   sync.Mutex
 	msgs []string
+	// attrs are each message's attributes, by key.
+	attrs []map[string]slog.Value
 }
 
 func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
@@ -1065,6 +1163,12 @@ func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.msgs = append(l.msgs, r.Message)
+	attrs := map[string]slog.Value{}
+	r.Attrs(func(a slog.Attr) bool {
+		attrs[a.Key] = a.Value
+		return true
+	})
+	l.attrs = append(l.attrs, attrs)
 	return nil
 }
 func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
@@ -1074,8 +1178,21 @@ func (l *logRecords) take() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := l.msgs
-	l.msgs = nil
+	l.msgs, l.attrs = nil, nil
 	return out
+}
+
+// find returns the attributes of the first message logged that contains
+// msg, and whether there is one.
+func (l *logRecords) find(msg string) (map[string]slog.Value, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, m := range l.msgs {
+		if strings.Contains(m, msg) {
+			return l.attrs[i], true
+		}
+	}
+	return nil, false
 }
 
 // failClaims refuses every claim.

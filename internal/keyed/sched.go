@@ -200,7 +200,7 @@ func (s *Sched) NotReady(key string, next time.Time) {
 	if e == nil || e.st != busy {
 		return
 	}
-	e.finish -= 1 / e.opts.Weight
+	e.finish = e.start // it did not use its turn
 	e.eligible = next
 	s.toWaiting(e, next)
 }
@@ -215,7 +215,7 @@ func (s *Sched) Empty(key string, now time.Time) (idle bool) {
 	if e == nil || e.st != busy {
 		return false
 	}
-	e.finish -= 1 / e.opts.Weight
+	e.finish = e.start // it did not use its turn
 	switch {
 	case e.more:
 		e.more = false

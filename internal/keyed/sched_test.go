@@ -278,3 +278,64 @@ func TestOrderedKeyWaitsForSettle(t *testing.T) {
 		t.Fatalf("after a settled chose %q", k)
 	}
 }
+
+// TestPauseWhileHeldOutlastsTheHold: a key held by its operator (Opts.Paused)
+// and asked by its downstream to wait (Pause) meanwhile is not chosen before
+// that wait ends once the hold is lifted, though its own slot came earlier.
+func TestPauseWhileHeldOutlastsTheHold(t *testing.T) {
+	c := buckettest.NewClock()
+	now := c.Now()
+	s := keyed.New(func(string) keyed.Opts { return keyed.Opts{MaxInflight: 2} })
+	s.Add("a", now)
+	if k, _ := s.Next(now, now); k != "a" {
+		t.Fatalf("first choice %q, want a", k)
+	}
+	slot, until := now.Add(time.Second), now.Add(3*time.Second)
+	steps := []struct {
+		name string
+		do   func()
+		at   time.Time
+		key  string
+		wait time.Duration
+	}{
+		{"started: its next slot in 1 s", func() { s.Started("a", slot) }, now, "", time.Second},
+		{"held, paused until 3 s meanwhile, the hold lifted: waits for the pause", func() {
+			s.SetOpts("a", keyed.Opts{MaxInflight: 2, Paused: true})
+			s.Pause("a", until)
+			s.SetOpts("a", keyed.Opts{MaxInflight: 2})
+		}, slot, "", 2 * time.Second},
+		{"chosen when the pause ends", func() {}, until, "a", 0},
+	}
+	for _, st := range steps {
+		st.do()
+		if k, w := s.Next(st.at, st.at); k != st.key || w != st.wait {
+			t.Fatalf("%s: Next = %q, %v; want %q, %v", st.name, k, w, st.key, st.wait)
+		}
+	}
+}
+
+// TestHeldKeyIsNotChosen: a key its operator holds (Opts.Paused, set by
+// SetOpts) is not chosen at its slot; released, it is at once. Settings for
+// a key not known are dropped.
+func TestHeldKeyIsNotChosen(t *testing.T) {
+	c := buckettest.NewClock()
+	now := c.Now()
+	s := keyed.New(nil)
+	s.SetOpts("unknown", keyed.Opts{Paused: true})
+	s.Add("a", now)
+	steps := []struct {
+		name string
+		opts keyed.Opts
+		key  string
+		wait time.Duration
+	}{
+		{"held", keyed.Opts{Paused: true}, "", -1},
+		{"released", keyed.Opts{}, "a", 0},
+	}
+	for _, st := range steps {
+		s.SetOpts("a", st.opts)
+		if k, w := s.Next(now, now); k != st.key || w != st.wait {
+			t.Fatalf("%s: Next = %q, %v; want %q, %v", st.name, k, w, st.key, st.wait)
+		}
+	}
+}

@@ -64,9 +64,9 @@ func (s *Slowdown) Limited(key string, now time.Time) (float64, bool) {
 
 // Adopt takes key's factor decided at at (by another instance, or before
 // this one claimed the key), if it is lower than the one held; it recovers
-// from at as if decided here.
+// from at as if decided here. A factor of 1 or more is never lower.
 func (s *Slowdown) Adopt(key string, factor float64, at, now time.Time) {
-	if !(factor > 0 && factor < 1) {
+	if !(factor > 0) {
 		return
 	}
 	s.mu.Lock()
@@ -92,10 +92,11 @@ func (s *Slowdown) Adopt(key string, factor float64, at, now time.Time) {
 // Recovery is how long a factor takes to climb back to 1 when nothing
 // pushes back: how long a shared copy of it has to live.
 func (s *Slowdown) Recovery(factor float64) time.Duration {
-	if factor >= 1 || s.Increase <= 0 {
+	if s.Increase <= 0 {
 		return 0
 	}
-	steps := math.Ceil((1-factor)/s.Increase - 1e-9)
+	// None for a factor of 1 or more.
+	steps := max(math.Ceil((1-factor)/s.Increase-1e-9), 0)
 	return time.Duration(steps) * s.Interval
 }
 

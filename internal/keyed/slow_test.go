@@ -53,6 +53,11 @@ func TestSlowdownSteps(t *testing.T) {
 			}
 			near(t, s.Factor("bad", at(st.at)), st.factor)
 			near(t, s.Factor("good", at(st.at)), 1)
+			// Read back at 1, a key is forgotten then, not at the next
+			// sweep.
+			if n := s.Held(); n != st.keys {
+				t.Fatalf("%d keys held once read, want %d", n, st.keys)
+			}
 			if n := s.Sweep(at(st.at)); n != st.keys {
 				t.Fatalf("%d keys held, want %d", n, st.keys)
 			}
@@ -72,8 +77,10 @@ func TestSlowdownAdoptAndRecovery(t *testing.T) {
 	if got := s.Recovery(0.5); got != 5*time.Second {
 		t.Fatalf("Recovery(0.5) = %v, want 5s", got)
 	}
-	if got := s.Recovery(1); got != 0 {
-		t.Fatalf("Recovery(1) = %v, want 0", got)
+	for _, f := range []float64{1, 1.5} {
+		if got := s.Recovery(f); got != 0 {
+			t.Fatalf("Recovery(%v) = %v, want 0", f, got)
+		}
 	}
 	// Decided 2.5 s ago at 0.2: two increases since.
 	s.Adopt("k", 0.2, t0.Add(-2500*time.Millisecond), t0)
@@ -85,13 +92,20 @@ func TestSlowdownAdoptAndRecovery(t *testing.T) {
 	if f := s.Factor("k", t0); math.Abs(f-0.4) > 1e-9 {
 		t.Fatalf("factor %v after adopting a higher one, want 0.4", f)
 	}
-	// One that has recovered by now is not held at all.
+	// One that has recovered by now is not held at all, not even until
+	// the next sweep.
 	s.Adopt("old", 0.5, t0.Add(-time.Minute), t0)
+	if n := s.Held(); n != 1 {
+		t.Fatalf("%d keys held after adopting a recovered factor, want 1 (k)", n)
+	}
 	if n := s.Sweep(t0); n != 1 {
 		t.Fatalf("%d keys held, want 1 (k)", n)
 	}
 	if n := s.Sweep(t0.Add(6 * time.Second)); n != 0 {
 		t.Fatalf("%d keys held after recovery, want 0", n)
+	}
+	if n := s.Held(); n != 0 {
+		t.Fatalf("%d keys held after the sweep that found them recovered, want 0", n)
 	}
 }
 
