@@ -46,6 +46,14 @@ const (
 	AttrStatus = attribute.Key("http.response.status_code")
 )
 
+// The start options and attributes every delivery's spans share.
+var (
+	kindConsumer = trace.WithSpanKind(trace.SpanKindConsumer)
+	kindInternal = trace.WithSpanKind(trace.SpanKindInternal)
+	kindClient   = trace.WithSpanKind(trace.SpanKindClient)
+	intakeNATS   = AttrIntake.String("nats")
+)
+
 // traced is a started delivery's trace: the context to deliver with (it
 // holds the attempt's span) and the trace context the target receives.
 type traced struct {
@@ -64,6 +72,17 @@ func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, in
 	if l.tracer == nil {
 		return traced{ctx: ctx, out: job.Trace}
 	}
+	var enqueued time.Time
+	if intake {
+		enqueued = msg.EnqueuedAt()
+	}
+	return startSpans(ctx, l.tracer, job, msg.Attempt(), enqueued, msg.StoredAt(), l.d.Clock.Now())
+}
+
+// startSpans makes the spans of one delivery of job with tracer: the
+// intake point at enqueued (none for a zero enqueued), the queue wait from
+// stored to now, and the attempt's span from now, left open.
+func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
 	parent := job.Trace.SpanContext()
 	if parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
@@ -72,23 +91,24 @@ func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, in
 	if len(key) > queue.MaxKey {
 		key = key[:queue.MaxKey]
 	}
-	attrs := []attribute.KeyValue{AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(msg.Attempt())}
-	if intake {
-		at := msg.EnqueuedAt()
-		_, s := l.tracer.Start(ctx, "throttler.intake", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(at),
-			trace.WithAttributes(append(attrs[:3:3], AttrIntake.String("nats"))...))
-		s.End(trace.WithTimestamp(at))
+	// One array for every span's attributes: the intake's are its first
+	// four, the queue's and the attempt's its last four. The SDK copies
+	// them, so they are shared.
+	attrs := []attribute.KeyValue{intakeNATS, AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(attempt)}
+	if !enqueued.IsZero() {
+		_, s := tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(attrs[:4]...))
+		s.End(trace.WithTimestamp(enqueued))
 	}
-	now := l.d.Clock.Now()
-	var links []trace.Link
+	opts := []trace.SpanStartOption{kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(attrs[1:]...), nil}
 	if parent.IsValid() {
-		links = []trace.Link{{SpanContext: parent}}
+		opts[3] = trace.WithLinks(trace.Link{SpanContext: parent})
+	} else {
+		opts = opts[:3]
 	}
-	_, q := l.tracer.Start(ctx, "throttler.queue", trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(msg.StoredAt()),
-		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	_, q := tracer.Start(ctx, "throttler.queue", opts...)
 	q.End(trace.WithTimestamp(now))
-	dctx, d := l.tracer.Start(ctx, "throttler.dispatch", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(now),
-		trace.WithAttributes(attrs...))
+	opts[0], opts[1] = kindClient, trace.WithTimestamp(now)
+	dctx, d := tracer.Start(ctx, "throttler.dispatch", opts[:3]...)
 	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
 }
 
