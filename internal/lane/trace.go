@@ -19,7 +19,7 @@ import (
 // With tracing off (Deps.Traces nil) it is the submitter's own, so the
 // target's span is a child of the submitter's. With tracing on, the lane
 // makes, in the submitter's trace (or a trace of its own for a job that
-// came without one):
+// came without one, whose first span is its root):
 //
 //   - throttler.intake, for a job published on NATS, when the drain first
 //     meets it: a point at the time JetStream stored it;
@@ -82,11 +82,14 @@ func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, in
 // startSpans makes the spans of one delivery of job with tracer: the
 // intake point at enqueued (none for a zero enqueued), the queue wait from
 // stored to now, and the attempt's span from now, left open.
+//
+// With the submitter's span as their parent, the attempt's span is made
+// first: when the sampler does not record it, the intake and queue spans
+// are not made, since every standard sampler (OTEL_TRACES_SAMPLER) decides
+// alike for spans of one trace under one parent. A job that is not
+// sampled then costs one unrecorded span, whose id its target still
+// receives as its parent.
 func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
-	parent := job.Trace.SpanContext()
-	if parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
-	}
 	key := job.Key
 	if len(key) > queue.MaxKey {
 		key = key[:queue.MaxKey]
@@ -95,20 +98,44 @@ func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt
 	// four, the queue's and the attempt's its last four. The SDK copies
 	// them, so they are shared.
 	attrs := []attribute.KeyValue{intakeNATS, AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(attempt)}
+	intakeAttrs, jobAttrs := attrs[:4], attrs[1:]
+	parent := job.Trace.SpanContext()
+	if !parent.IsValid() {
+		return startRoot(ctx, tracer, job, intakeAttrs, jobAttrs, enqueued, stored, now)
+	}
+	ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now))
+	out := traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
+	if !d.IsRecording() {
+		return out
+	}
+	d.SetAttributes(jobAttrs...)
 	if !enqueued.IsZero() {
-		_, s := tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(attrs[:4]...))
+		_, s := tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(intakeAttrs...))
 		s.End(trace.WithTimestamp(enqueued))
 	}
-	opts := []trace.SpanStartOption{kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(attrs[1:]...), nil}
-	if parent.IsValid() {
-		opts[3] = trace.WithLinks(trace.Link{SpanContext: parent})
-	} else {
-		opts = opts[:3]
-	}
-	_, q := tracer.Start(ctx, "throttler.queue", opts...)
+	_, q := tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...),
+		trace.WithLinks(trace.Link{SpanContext: parent}))
 	q.End(trace.WithTimestamp(now))
-	opts[0], opts[1] = kindClient, trace.WithTimestamp(now)
-	dctx, d := tracer.Start(ctx, "throttler.dispatch", opts[:3]...)
+	return out
+}
+
+// startRoot makes the spans of a delivery of a job without a trace
+// context (published on NATS without a traceparent, or stored while
+// tracing was off) in one trace of their own: its first span, the intake
+// (or else the queue span), is the root, and the later ones its children.
+func startRoot(ctx context.Context, tracer trace.Tracer, job queue.Job, intakeAttrs, jobAttrs []attribute.KeyValue, enqueued, stored, now time.Time) traced {
+	var root trace.Span
+	if !enqueued.IsZero() {
+		ctx, root = tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(intakeAttrs...))
+		root.End(trace.WithTimestamp(enqueued))
+		_, q := tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...))
+		q.End(trace.WithTimestamp(now))
+	} else {
+		ctx, root = tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...))
+		root.End(trace.WithTimestamp(now))
+	}
+	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now), trace.WithAttributes(jobAttrs...))
 	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
 }
 

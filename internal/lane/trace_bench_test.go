@@ -17,12 +17,14 @@ import (
 	"github.com/throttler/throttler/internal/tracectx"
 )
 
-// BenchmarkTraceSpans: the tracing cost of one sampled job published on
+// BenchmarkTraceSpans: the tracing cost of one job published on
 // NATS, all of it: its intake, queue and attempt spans made and ended, and
 // their share of the batcher and of the OTLP/HTTP export (protobuf
 // encoding, one request per batch) to a receiver that reads and drops the
 // bodies. The provider is the one cmd/throttler builds (batcher, parent
-// based sampler), so ns/op is what tracing adds to a drained job.
+// based sampler), so ns/op is what tracing adds to a drained job; a job
+// whose traceparent says "not sampled" records nothing but still gets a
+// span id for its target.
 func BenchmarkTraceSpans(b *testing.B) {
 	var exported atomic.Int64
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -44,14 +46,29 @@ func BenchmarkTraceSpans(b *testing.B) {
 	job := queue.Job{ID: "01JDRAIN0000000000000000001", Lane: "bench", Key: "customer-0001"}
 	stored := time.Now()
 	ctx := context.Background()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		job.Trace = tracectx.Context{Parent: tracectx.Format(tracectx.TraceID{byte(i >> 8), byte(i), 1}, tracectx.SpanID{byte(i), 1}, 1)}
-		now := stored.Add(time.Millisecond)
-		tr := startSpans(ctx, tracer, job, 1, stored, stored, now)
-		tr.end(dispatch.Result{Verdict: dispatch.Done, Status: http.StatusOK}, now.Add(time.Millisecond))
+	// The traceparents are made beforehand, as the drain reads them with
+	// the job.
+	parents := make([][2]string, 1<<12)
+	for i := range parents {
+		for flags := range 2 {
+			parents[i][flags] = tracectx.Format(tracectx.TraceID{byte(i >> 8), byte(i), 1}, tracectx.SpanID{byte(i), 1}, byte(flags))
+		}
+	}
+	for _, step := range []struct {
+		name  string
+		flags int
+	}{{"sampled", 1}, {"not sampled", 0}} {
+		b.Run(step.name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				job.Trace = tracectx.Context{Parent: parents[i%len(parents)][step.flags]}
+				now := stored.Add(time.Millisecond)
+				tr := startSpans(ctx, tracer, job, 1, stored, stored, now)
+				tr.end(dispatch.Result{Verdict: dispatch.Done, Status: http.StatusOK}, now.Add(time.Millisecond))
+			}
+		})
 	}
 	if err := tp.Shutdown(context.Background()); err != nil {
 		b.Fatal(err)

@@ -89,3 +89,65 @@ func TestStartSpans(t *testing.T) {
 		})
 	}
 }
+
+// TestStartSpansNotSampled: a job whose submitter's span is not sampled
+// records nothing; its target still gets a span id of its own in the
+// submitter's trace, flagged not sampled.
+func TestStartSpansNotSampled(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	now := time.Now()
+	job := queue.Job{ID: "j1", Lane: "demo", Trace: tracectx.Context{Parent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}}
+	tr := startSpans(context.Background(), tp.Tracer(TracerName), job, 1, now, now, now)
+	tr.end(dispatch.Result{Verdict: dispatch.Done, Status: http.StatusOK}, now)
+	if n, m := len(rec.Started()), len(rec.Ended()); n != 0 || m != 0 {
+		t.Errorf("%d spans started, %d ended; want none", n, m)
+	}
+	sid := trace.SpanContextFromContext(tr.ctx).SpanID().String()
+	if want := "00-0af7651916cd43dd8448eb211c80319c-" + sid + "-00"; tr.out.Parent != want || sid == "b7ad6b7169203331" {
+		t.Errorf("target's traceparent %q, want %q (a span id of the throttler's)", tr.out.Parent, want)
+	}
+}
+
+// TestStartSpansWithoutTrace: the spans of a job that came without a
+// traceparent share one trace: the first (the intake of a job published on
+// NATS, or else the queue span) is its root, the later ones its children.
+func TestStartSpansWithoutTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	now := time.Now()
+	job := queue.Job{ID: "j1", Lane: "demo"}
+	for _, step := range []struct {
+		name     string
+		enqueued time.Time
+		spans    []string
+	}{
+		{"first delivery of a job published on NATS", now, []string{"throttler.intake", "throttler.queue", "throttler.dispatch"}},
+		{"a later attempt", time.Time{}, []string{"throttler.queue", "throttler.dispatch"}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			rec.Reset()
+			tr := startSpans(context.Background(), tp.Tracer(TracerName), job, 1, step.enqueued, now, now)
+			tr.end(dispatch.Result{Verdict: dispatch.Done, Status: http.StatusOK}, now)
+			got := rec.Ended()
+			if len(got) != len(step.spans) {
+				t.Fatalf("%d spans ended, want %v", len(got), step.spans)
+			}
+			root := got[0]
+			if root.Name() != step.spans[0] || root.Parent().IsValid() {
+				t.Fatalf("first span %s with parent %v, want %s as the root", root.Name(), root.Parent(), step.spans[0])
+			}
+			for i, s := range got[1:] {
+				if s.Name() != step.spans[i+1] || s.Parent().SpanID() != root.SpanContext().SpanID() || s.SpanContext().TraceID() != root.SpanContext().TraceID() {
+					t.Errorf("%s: parent %v in trace %v, want a child of %s", s.Name(), s.Parent(), s.SpanContext().TraceID(), root.Name())
+				}
+			}
+			d := got[len(got)-1]
+			if want := "00-" + d.SpanContext().TraceID().String() + "-" + d.SpanContext().SpanID().String() + "-01"; tr.out.Parent != want {
+				t.Errorf("target's traceparent %q, want %q", tr.out.Parent, want)
+			}
+		})
+	}
+}
