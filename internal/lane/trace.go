@@ -60,6 +60,9 @@ type traced struct {
 	ctx  context.Context
 	out  tracectx.Context
 	span trace.Span // nil with tracing off
+	// attrs are the attempt's attributes, set with its outcome when it
+	// ends: room for the outcome and the status follows them.
+	attrs []attribute.KeyValue
 }
 
 // traceStart opens the spans of msg's delivery, starting now. A published
@@ -90,17 +93,9 @@ func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, in
 // sampled then costs one unrecorded span, whose id its target still
 // receives as its parent.
 func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
-	key := job.Key
-	if len(key) > queue.MaxKey {
-		key = key[:queue.MaxKey]
-	}
-	// One array for every span's attributes: the intake's are its first
-	// four, the queue's and the attempt's its last four. The SDK copies
-	// them, so they are shared.
-	attrs := []attribute.KeyValue{intakeNATS, AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(attempt)}
-	intakeAttrs, jobAttrs := attrs[:4], attrs[1:]
 	parent := job.Trace.SpanContext()
 	if !parent.IsValid() {
+		intakeAttrs, jobAttrs := spanAttrs(job, attempt)
 		return startRoot(ctx, tracer, job, intakeAttrs, jobAttrs, enqueued, stored, now)
 	}
 	ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
@@ -109,7 +104,8 @@ func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt
 	if !d.IsRecording() {
 		return out
 	}
-	d.SetAttributes(jobAttrs...)
+	intakeAttrs, jobAttrs := spanAttrs(job, attempt)
+	out.attrs = jobAttrs
 	if !enqueued.IsZero() {
 		_, s := tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(intakeAttrs...))
 		s.End(trace.WithTimestamp(enqueued))
@@ -118,6 +114,21 @@ func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt
 		trace.WithLinks(trace.Link{SpanContext: parent}))
 	q.End(trace.WithTimestamp(now))
 	return out
+}
+
+// spanAttrs are the attributes of a delivery's spans, in one array: the
+// intake's are its first four, the queue's the next four, and the
+// attempt's those and its outcome and status, set when it ends (its
+// attributes in one call, with room for the last two). The SDK copies
+// them, so they are shared.
+func spanAttrs(job queue.Job, attempt int) (intake, spans []attribute.KeyValue) {
+	key := job.Key
+	if len(key) > queue.MaxKey {
+		key = key[:queue.MaxKey]
+	}
+	attrs := make([]attribute.KeyValue, 5, 7)
+	attrs[0], attrs[1], attrs[2], attrs[3], attrs[4] = intakeNATS, AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(attempt)
+	return attrs[:4], attrs[1:5:7]
 }
 
 // startRoot makes the spans of a delivery of a job without a trace
@@ -135,8 +146,8 @@ func startRoot(ctx context.Context, tracer trace.Tracer, job queue.Job, intakeAt
 		ctx, root = tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...))
 		root.End(trace.WithTimestamp(now))
 	}
-	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now), trace.WithAttributes(jobAttrs...))
-	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
+	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now))
+	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d, attrs: jobAttrs}
 }
 
 // end closes the attempt's span with the delivery's outcome.
@@ -148,11 +159,11 @@ func (t traced) end(res dispatch.Result, at time.Time) {
 		t.span.End()
 		return
 	}
+	attrs := append(t.attrs, AttrOutcome.String(res.Verdict.String()))
 	if res.Status != 0 {
-		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()), AttrStatus.Int(res.Status))
-	} else {
-		t.span.SetAttributes(AttrOutcome.String(res.Verdict.String()))
+		attrs = append(attrs, AttrStatus.Int(res.Status))
 	}
+	t.span.SetAttributes(attrs...)
 	if res.Verdict != dispatch.Done {
 		msg := res.Verdict.String()
 		if res.Err != nil {
