@@ -71,8 +71,8 @@ func TestStartSpans(t *testing.T) {
 					t.Errorf("%s: attributes %v, want %v", s.Name(), s.Attributes(), want)
 				}
 				for k, v := range want {
-					if got, ok := attrs.Value(k); !ok || got.Emit() != v {
-						t.Errorf("%s: %s = %q, want %q", s.Name(), k, got.Emit(), v)
+					if got, ok := attrs.Value(k); !ok || got.String() != v {
+						t.Errorf("%s: %s = %q, want %q", s.Name(), k, got.String(), v)
 					}
 				}
 				if !s.StartTime().Equal(start) || !s.EndTime().Equal(stop) || s.SpanKind() != kind {
