@@ -157,9 +157,11 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		}
 		runs = append(runs, side+fmtRate(r)+" ("+fmtCPU(cpu)+" CPU/job)")
 	}
-	cpuNote := ""
+	sampled := int64(traceRounds * ((n + sampledEvery - 1) / sampledEvery))
+	cpuNote := fmt.Sprintf("; %s bytes of OTLP exports, %s per sampled job (BenchmarkTraceSpans in internal/lane, which drops no span, says what a job's spans take)",
+		fmtInt(exported.Load()), fmtInt(exported.Load()/max(sampled, 1)))
 	if off, on := medianDuration(offCPU), medianDuration(onCPU); off > 0 && on > 0 {
-		cpuNote = fmt.Sprintf("; CPU per job (median): off %s, on %s, a CPU-bound ratio of %.2f×", fmtCPU(off), fmtCPU(on), float64(off)/float64(on))
+		cpuNote += fmt.Sprintf("; CPU per job (median): off %s, on %s, a CPU-bound ratio of %.2f×", fmtCPU(off), fmtCPU(on), float64(off)/float64(on))
 	}
 	if exported.Load() == 0 {
 		return Result{}, errors.New("bench: tracing on, but no span reached the OTLP receiver")
