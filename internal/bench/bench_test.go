@@ -306,3 +306,22 @@ func TestIngestSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestMedianDuration: the CPU per job of the tracing row is the median of
+// each side's runs; a run whose CPU time could not be read voids it.
+func TestMedianDuration(t *testing.T) {
+	for _, step := range []struct {
+		in   []time.Duration
+		want time.Duration
+	}{
+		{nil, 0},
+		{[]time.Duration{3}, 3},
+		{[]time.Duration{9, 1, 5}, 5},
+		{[]time.Duration{9, 1, 5, 7}, 5},
+		{[]time.Duration{9, 0, 5}, 0},
+	} {
+		if got := medianDuration(step.in); got != step.want {
+			t.Errorf("medianDuration(%v) = %v, want %v", step.in, got, step.want)
+		}
+	}
+}

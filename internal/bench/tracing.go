@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,7 +43,7 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 	if sampledEvery > 1 {
 		name = fmt.Sprintf("drain, 1 lane → sink: jobs/s, tracing on (vs off), 1 job in %d sampled", sampledEvery)
 	}
-	const traceRounds = 2
+	const traceRounds = 3
 	lo := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: int64(2 * n)}
 	lanes := map[string]laneOpts{}
 	var order []string // off, on, off, on, ...
@@ -80,7 +82,12 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 	}))
 	defer recv.Close()
 
-	drain := func(lane string, traced bool) (float64, error) {
+	// drain returns the lane's rate and the CPU time this process (the
+	// service, its NATS server, the sink and the receiver) spent per job
+	// from the start of the drain to the last span flushed: on a shared
+	// machine the rate moves with the neighbours' load, the CPU per job
+	// much less.
+	drain := func(lane string, traced bool) (float64, time.Duration, error) {
 		c := cfg
 		c.Lanes = nil
 		for _, l := range cfg.Lanes {
@@ -94,16 +101,26 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		if traced {
 			exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(recv.URL+"/v1/traces"))
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 			with = func(s *service.Service) { s.TraceWith(tp) }
 		}
+		cpu0, cerr := cpuTime(os.Getpid())
 		svc, err := e.startServiceWith(ctx, c, with)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		werr := sk.wait(ctx, n, 2*e.dur+time.Duration(n)*time.Millisecond, e.prog, "drain "+lane)
+		if tp != nil {
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = tp.ForceFlush(fctx)
+			cancel()
+		}
+		cpu1, err := cpuTime(os.Getpid())
+		if cerr == nil {
+			cerr = err
+		}
 		svc.stop()
 		if tp != nil {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -111,26 +128,40 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 			cancel()
 		}
 		if werr != nil {
-			return 0, werr
+			return 0, 0, werr
+		}
+		var perJob time.Duration
+		if cerr == nil {
+			perJob = (cpu1 - cpu0) / time.Duration(n)
 		}
 		arrivals, _ := sk.snapshot()
-		return pacingOf(arrivals, 0).Achieved, nil
+		return pacingOf(arrivals, 0).Achieved, perJob, nil
 	}
 	var offRate, onRate float64
+	var offCPU, onCPU []time.Duration
 	var runs []string
 	for i, lane := range order {
 		traced := i%2 == 1
-		r, err := drain(lane, traced)
+		r, cpu, err := drain(lane, traced)
 		if err != nil {
 			return Result{}, err
 		}
+		side := "off "
 		if traced {
 			onRate = max(onRate, r)
-			runs = append(runs, "on "+fmtRate(r))
+			onCPU = append(onCPU, cpu)
+			side = "on "
 		} else {
 			offRate = max(offRate, r)
-			runs = append(runs, "off "+fmtRate(r))
+			offCPU = append(offCPU, cpu)
 		}
+		runs = append(runs, side+fmtRate(r)+" ("+fmtCPU(cpu)+" CPU/job)")
+	}
+	sampled := int64(traceRounds * ((n + sampledEvery - 1) / sampledEvery))
+	cpuNote := fmt.Sprintf("; %s bytes of OTLP exports, %s per sampled job (BenchmarkTraceSpans in internal/lane, which drops no span, says what a job's spans take)",
+		fmtInt(exported.Load()), fmtInt(exported.Load()/max(sampled, 1)))
+	if off, on := medianDuration(offCPU), medianDuration(onCPU); off > 0 && on > 0 {
+		cpuNote += fmt.Sprintf("; CPU per job (median): off %s, on %s, a CPU-bound ratio of %.2f×", fmtCPU(off), fmtCPU(on), float64(off)/float64(on))
 	}
 	if exported.Load() == 0 {
 		return Result{}, errors.New("bench: tracing on, but no span reached the OTLP receiver")
@@ -143,9 +174,25 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		Goal:      "≥ 0.90×",
 		Verdict:   verdict(onRate >= 0.9*offRate),
 		Note: "the reference is the same drain with tracing off (the traceparent still travels to the sink); " +
-			"on, the NATS intake, queue-wait and attempt spans of each job go through the SDK's batcher to an OTLP/HTTP receiver in this process; runs in order: " +
-			strings.Join(runs, ", "),
+			"on, the NATS intake, queue-wait and attempt spans of each job go through the SDK's batcher to an OTLP/HTTP receiver in this process " +
+			"that reads and drops each export; runs in order: " + strings.Join(runs, ", ") + cpuNote,
 	}, nil
+}
+
+// fmtCPU prints a CPU time per job in µs.
+func fmtCPU(d time.Duration) string {
+	return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+}
+
+// medianDuration is the median of ds (the lower middle of an even count);
+// 0 for none or when any is 0 (a CPU time that could not be read).
+func medianDuration(ds []time.Duration) time.Duration {
+	if len(ds) == 0 || slices.Contains(ds, 0) {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
 }
 
 // publishTraced stores n jobs on subject, each with a traceparent of its
