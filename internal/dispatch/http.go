@@ -11,10 +11,10 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/throttler/throttler/internal/clock"
+	"golang.org/x/net/http/httpguts"
 )
 
 // Defaults and header names of the HTTP target.
@@ -363,18 +363,4 @@ func redactURL(u *url.URL) string {
 }
 
 // isToken reports whether s is an RFC 9110 token (method or header name).
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func isToken(s string) bool { return httpguts.ValidHeaderFieldName(s) }

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Header names, as W3C writes them (lower case; HTTP is case-insensitive,
@@ -290,21 +292,8 @@ func CheckBaggage(s string) error {
 	return nil
 }
 
-func token(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+// token reports whether s is an RFC 9110 token, as a baggage key is.
+func token(s string) bool { return httpguts.ValidHeaderFieldName(s) }
 
 func baggageValue(v string) bool {
 	for i := 0; i < len(v); i++ {
