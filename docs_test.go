@@ -29,27 +29,7 @@ func TestDocsGuaranteesNameRealTests(t *testing.T) {
 	if end := strings.Index(table[3:], "\n## "); end >= 0 {
 		table = table[:end+3]
 	}
-	var sources strings.Builder
-	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
-			return filepath.SkipDir
-		}
-		if strings.HasSuffix(path, ".go") {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			sources.Write(b)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := sources.String()
+	src := goSources(t, ".go")
 	name := regexp.MustCompile("`(Test[A-Za-z0-9_]*|[A-Z][A-Za-z0-9]*(?:Under|Of|Is)[A-Za-z0-9]*)`")
 	rows := 0
 	for _, line := range strings.Split(table, "\n") {
@@ -213,27 +193,7 @@ func TestDocLinksResolve(t *testing.T) {
 // points at a test that was renamed or deleted.
 func TestDocsNameRealTests(t *testing.T) {
 	t.Parallel()
-	var sources strings.Builder
-	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
-			return filepath.SkipDir
-		}
-		if strings.HasSuffix(path, "_test.go") {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			sources.Write(b)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := sources.String()
+	src := goSources(t, "_test.go")
 	name := regexp.MustCompile("`(Test[A-Z][A-Za-z0-9_]*)`")
 	named := 0
 	for _, file := range markdownFiles(t) {
@@ -253,4 +213,31 @@ func TestDocsNameRealTests(t *testing.T) {
 	if named < 50 {
 		t.Fatalf("found %d test names in the docs; the scan is broken", named)
 	}
+}
+
+// goSources returns the text of every file of the module whose name ends in
+// suffix (".go", "_test.go"), outside .git, testdata and node_modules.
+func goSources(t *testing.T, suffix string) string {
+	t.Helper()
+	var sources strings.Builder
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, suffix) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sources.Write(b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sources.String()
 }
