@@ -230,8 +230,17 @@ func (l *Lane) Run(ctx, dispatch context.Context) {
 	defer watch.Wait()
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	watch.Go(func() { l.watchLimits(watchCtx) })
+	loaded := make(chan struct{})
+	watch.Go(func() { l.watchLimits(watchCtx, loaded) })
 	watch.Go(func() { l.watchHistory(watchCtx) })
+	// The stored limits first: a hold stored before this instance started
+	// must stop its first fetch too. The store is on the queue's server, so
+	// while it cannot be read no job could be fetched either.
+	select {
+	case <-loaded:
+	case <-ctx.Done():
+		return
+	}
 	if l.keyed != nil {
 		l.runKeyed(ctx, dispatch)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/throttler/throttler/api"
@@ -42,14 +43,20 @@ func (l *Lane) override(key string) (queue.KeyLimit, bool) {
 }
 
 // watchLimits applies the stored limits of the lane until ctx ends,
-// watching again after a failure.
-func (l *Lane) watchLimits(ctx context.Context) {
+// watching again after a failure. loaded is closed once the entries stored
+// when it began (an operator's hold among them) are applied: the drain
+// starts no job before, so a restarted instance of a held lane delivers
+// nothing.
+func (l *Lane) watchLimits(ctx context.Context, loaded chan<- struct{}) {
 	if l.d.Limits == nil {
+		close(loaded)
 		return
 	}
+	var once sync.Once
 	for ctx.Err() == nil {
 		err := l.d.Limits.Watch(ctx, l.cfg.Name, queue.LimitsWatch{
 			Lane: l.applyLaneLimit, Pause: l.applyPause, Key: l.applyKeyLimit,
+			Loaded: func() { once.Do(func() { close(loaded) }) },
 			Bad: func(entry string, err error) {
 				l.log.Warn("stored limit ignored", "entry", entry, "err", err)
 			},

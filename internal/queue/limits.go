@@ -123,6 +123,9 @@ type LimitsWatch struct {
 	Key func(key string, v *KeyLimit)
 	// Bad hears of entries skipped: of another version, or unreadable.
 	Bad func(entry string, err error)
+	// Loaded, when set, is called once every entry stored when the watch
+	// began has been handed to the calls above (each time Watch is called).
+	Loaded func()
 }
 
 // Watch makes the calls of on for every stored entry of lane, then for
@@ -145,6 +148,9 @@ func (l *Limits) Watch(ctx context.Context, lane string, on LimitsWatch) error {
 				return errors.New("queue: limits watch ended")
 			}
 			if e == nil { // the stored entries were all delivered
+				if on.Loaded != nil {
+					on.Loaded()
+				}
 				continue
 			}
 			name := e.Key()
