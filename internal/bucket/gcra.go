@@ -141,6 +141,11 @@ type Reservation struct {
 	// Tolerance is the limit's τ = (burst−1)·Period: how far before its
 	// theoretical time (Latest) a slot may start.
 	Tolerance time.Duration
+	// At is the store's clock reading that Delay and Latest count from
+	// (Redis TIME for the Redis store), so that a caller can place the
+	// slots on the store's time line rather than on when the answer
+	// reached it; zero when the store does not tell.
+	At time.Time
 }
 
 // Delay is how long after the reservation slot i may start: max(0, First + i·Period).
@@ -232,7 +237,7 @@ func Reserve(now, tat time.Time, l Limit, n int) (Reservation, time.Time) {
 	if base.Before(now) {
 		base = now
 	}
-	r := Reservation{N: n, First: base.Add(-tau).Sub(now), Period: period, Tolerance: tau}
+	r := Reservation{N: n, First: base.Add(-tau).Sub(now), Period: period, Tolerance: tau, At: now}
 	return r, base.Add(time.Duration(n) * period)
 }
 

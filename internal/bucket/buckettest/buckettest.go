@@ -112,6 +112,8 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 		}
 		near(t, "slot 0", r.Delay(0), 100*time.Millisecond)
 		near(t, "slot 2", r.Delay(2), 200*time.Millisecond)
+		// At is the store's now, on its clock: the delays count from it.
+		near(t, "At - clock", r.At.Sub(clock.Now()), 0)
 		// The drain holds slots up to +200ms: an arrival at +60ms must queue.
 		clock.Advance(60 * time.Millisecond)
 		if d, err := s.Admit(ctx, k, l); err != nil || d.Allowed {

@@ -242,13 +242,23 @@ func (s *Store) Reserve(ctx context.Context, k bucket.Key, l bucket.Limit, n int
 		return bucket.Reservation{}, err
 	}
 	base, err := parseFirst(reply)
+	after := base + time.Duration(n)*l.Period()
 	if err == nil {
-		err = s.see(key, reply, base+time.Duration(n)*l.Period())
+		err = s.see(key, reply, after)
 	}
 	if err != nil {
 		return bucket.Reservation{}, s.fail("reserve", k, err)
 	}
 	r, _ := bucket.Reserve(refTime, refTime.Add(base), l, n)
+	// The reply's tat is absolute on the script's clock and lies after
+	// ahead of the script's now: that now is the reservation's At (left
+	// zero, unknown, for a reply without a tat, which the script never
+	// sends after taking a slot).
+	a, _ := reply.([]any)     // parseFirst checked the shape
+	state, _ := a[1].(string) // and see the type and the format
+	if tat, ok := parseState(state); ok {
+		r.At = time.Unix(0, tat-int64(after)).UTC()
+	}
 	return r, nil
 }
 

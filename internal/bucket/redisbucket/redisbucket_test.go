@@ -171,6 +171,11 @@ func TestRealClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// At is Redis TIME (µs) when the script ran: on this host, between
+	// the call and its answer, as the local clock reads them.
+	if lo, hi := start.Truncate(time.Microsecond), time.Now(); r.At.Before(lo) || r.At.After(hi) {
+		t.Errorf("reservation At %v, want Redis TIME between the call at %v and its answer at %v", r.At, lo, hi)
+	}
 	if r.N != 10 || r.Period != time.Millisecond {
 		t.Fatalf("reservation %+v, want 10 slots 1ms apart", r)
 	}
