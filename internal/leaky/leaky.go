@@ -196,7 +196,21 @@ type Drain[T any] struct {
 	// their spacing; only Run's goroutine touches them.
 	slots  []heldSlot
 	period time.Duration
-	missed atomic.Uint64
+	// clk maps the store's clock onto the drain's; pending is the answer
+	// of a top-up under way (nil when none is), stale set when the slots
+	// it brings must be given up (a pause or hold since it was sent). Only
+	// Run's goroutine touches them.
+	clk     storeClock
+	pending chan reserved
+	stale   bool
+	missed  atomic.Uint64
+}
+
+// reserved is the answer of a top-up made on a goroutine of its own.
+type reserved struct {
+	res        bucket.Reservation
+	sent, recv time.Time
+	err        error
 }
 
 // New checks cfg and returns a Drain. It starts nothing.
@@ -294,6 +308,12 @@ func (d *Drain[T]) run(ctx, dispatch context.Context) error {
 		<-fetcherDone
 		giveBackAhead()
 		d.cfg.Source.Release(held)
+		if d.pending != nil {
+			// A top-up under way ends with ctx; its slots are lost
+			// capacity.
+			<-d.pending
+			d.pending = nil
+		}
 	}()
 	for {
 		if len(held) == 0 {
@@ -315,7 +335,7 @@ func (d *Drain[T]) run(ctx, dispatch context.Context) error {
 		if d.cfg.Held != nil {
 			if wait := d.cfg.Held(); wait != nil {
 				// Held by an operator: no slot is reserved, none kept.
-				d.slots = nil
+				d.dropSlots()
 				select {
 				case <-wait:
 				case <-ctx.Done():
@@ -398,7 +418,17 @@ func (d *Drain[T]) fetch(ctx context.Context, ahead chan<- fetched[T], done chan
 // Each item holds a permit. On error it returns the items it did not start
 // (their permits still held).
 func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, error) {
-	if len(batch)+d.cfg.Batch/2 > len(d.slots) {
+	d.collect(false)
+	if d.async() && len(d.slots) == 0 && d.pending != nil {
+		d.collect(true)
+	}
+	inLine := len(batch)+d.cfg.Batch/2 > len(d.slots)
+	if d.async() {
+		// Topped up ahead (prefetch, below) while the slots in hand
+		// start; in line only when none are left.
+		inLine = len(d.slots) == 0
+	}
+	if inLine {
 		// Reserve a whole batch, not just what is held, and before the slots
 		// in hand run out: a queue that hands out jobs a few at a time then
 		// still costs one call per Batch jobs, the jobs fetched next take
@@ -409,31 +439,11 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 		if err != nil {
 			return batch, err
 		}
-		d.period = res.Period
-		slack := max(res.Period-1, 0) // under one period: see heldSlot
-		if d.cfg.MaxLate > 0 {
-			slack = min(slack, d.cfg.MaxLate)
-		}
-		for j := range res.N {
-			// Due counts from when the answer came (latency only delays a
-			// start), the theoretical time from when the call was sent
-			// (latency only brings the deadline forward): both err on the
-			// side of the limit.
-			delay := res.Delay(j)
-			due := t0.Add(delay)
-			theo := sent.Add(res.Latest(j))
-			if due.After(theo) {
-				// The answer came after the slot's theoretical time:
-				// its deadline counts from the answer, so that a store
-				// farther away than τ does not have every slot given up
-				// (DESIGN.md: the one inexactness left).
-				theo = due
-			}
-			d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack)})
-		}
+		d.addSlots(res, sent, t0)
 	}
 	for i, it := range batch {
 		var due time.Time
+		var late time.Duration
 		for {
 			// Slots already too late are given up before the item is told
 			// one: an item told a slot due at once does start at once.
@@ -441,7 +451,12 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 				d.slots = d.slots[1:]
 				d.missed.Add(1)
 			}
+			d.prefetch(ctx, len(batch)-i)
 			if len(d.slots) == 0 {
+				if d.pending != nil {
+					d.collect(true)
+					continue
+				}
 				// Every slot left was missed.
 				return batch[i:], errLate
 			}
@@ -458,7 +473,27 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 					return batch[i:], err
 				}
 			}
-			if !d.cfg.Clock.Now().After(slot.deadline) {
+			if d.cfg.Held != nil && d.cfg.Held() != nil {
+				// Held since the slots were reserved: give them up; run
+				// waits for the release before reserving again.
+				d.dropSlots()
+				return batch[i:], errPaused
+			}
+			if d.cfg.PausedUntil != nil {
+				if until := d.cfg.PausedUntil(); until.After(d.cfg.Clock.Now()) {
+					// Give up the reserved slots; wait out the pause.
+					d.dropSlots()
+					if err := d.cfg.Clock.Sleep(ctx, until.Sub(d.cfg.Clock.Now())); err != nil {
+						return batch[i:], err
+					}
+					return batch[i:], errPaused
+				}
+			}
+			// The deadline is checked last, right before the start: what
+			// runs between the two may only make a start later than the
+			// check saw it.
+			if now := d.cfg.Clock.Now(); !now.After(slot.deadline) {
+				late = now.Sub(due)
 				break
 			}
 			// Woke too late for this slot: starting now would clump with
@@ -466,29 +501,193 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 			// the item takes the next one.
 			d.missed.Add(1)
 		}
-		if d.cfg.Held != nil && d.cfg.Held() != nil {
-			// Held since the slots were reserved: give them up; run
-			// waits for the release before reserving again.
-			d.slots = nil
-			return batch[i:], errPaused
-		}
-		if d.cfg.PausedUntil != nil {
-			if until := d.cfg.PausedUntil(); until.After(d.cfg.Clock.Now()) {
-				// Give up the reserved slots; wait out the pause.
-				d.slots = nil
-				if err := d.cfg.Clock.Sleep(ctx, until.Sub(d.cfg.Clock.Now())); err != nil {
-					return batch[i:], err
-				}
-				return batch[i:], errPaused
-			}
-		}
-		d.cfg.Observer.Started(d.cfg.Clock.Now().Sub(due))
+		d.cfg.Observer.Started(late)
 		d.cfg.Start(dispatch, it, d.done)
 	}
 	return nil, nil
 }
 
 func (d *Drain[T]) done() { <-d.permits }
+
+// addSlots appends the slots of res, a reservation sent at sent and
+// answered at recv, to the slots in hand, each with its deadline.
+//
+// The store decided them at its own now (res.At), somewhere between sent
+// and recv; the slots are placed on its time line: At mapped to the local
+// clock by the offset of the fastest recent round trip (storeClock), so
+// that every slot starts where the store put it, whichever call brought it
+// and however long that call's answer took. Starts then keep their
+// theoretical times' order and spacing across calls and across instances
+// (up to the error of each instance's offset, the asymmetry of its fastest
+// round trip), and a store farther away than τ costs no exactness: a slot
+// answered after its deadline is given up like one overslept. A store that
+// does not tell At has its delays counted from the answer and its
+// theoretical times from the call, the deadline from the answer when that
+// came later (DESIGN.md: a window may then hold one start more).
+func (d *Drain[T]) addSlots(res bucket.Reservation, sent, recv time.Time) {
+	d.period = res.Period
+	slack := max(res.Period-1, 0) // under one period: see heldSlot
+	if d.cfg.MaxLate > 0 {
+		slack = min(slack, d.cfg.MaxLate)
+	}
+	dueFrom, theoFrom, known := recv, sent, !res.At.IsZero()
+	if known {
+		d.clk.add(sent, recv, res.At)
+		dueFrom = d.clk.local(sent, recv, res.At)
+		theoFrom = dueFrom
+	}
+	for j := range res.N {
+		delay := res.Delay(j)
+		due := dueFrom.Add(delay)
+		theo := theoFrom.Add(res.Latest(j))
+		if due.After(theo) {
+			// Only without At: the answer came after the slot's
+			// theoretical time, and the deadline counts from the answer
+			// so that every slot is not given up.
+			theo = due
+		}
+		d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack)})
+	}
+}
+
+// async reports whether top-ups are made ahead, on a goroutine of their
+// own, while the slots in hand start: when the store's answers take time
+// on the drain's clock. A call in line would hold every start due during
+// its round trip (a store 1 ms away made a burst-1 lane at 1,000/s give
+// up slots). A store that answers in no time on the drain's clock (in
+// process, on a virtual clock) is called in line.
+func (d *Drain[T]) async() bool { return d.clk.maxRTT() > 0 }
+
+// prefetch sends a top-up of Batch slots ahead when the slots in hand no
+// longer cover the items left of the batch (want) and half a batch more,
+// or twice the slowest recent round trip, so that its answer comes before
+// they run out; never more than MaxHeld slots in hand and under way.
+func (d *Drain[T]) prefetch(ctx context.Context, want int) {
+	if d.pending != nil || !d.async() || d.period <= 0 {
+		return
+	}
+	low := max(want+d.cfg.Batch/2, int(2*d.clk.maxRTT()/d.period)+1)
+	if len(d.slots) > low || len(d.slots)+d.cfg.Batch > MaxHeld(d.cfg.Batch) {
+		return
+	}
+	ch := make(chan reserved, 1)
+	d.pending, d.stale = ch, false
+	n := d.cfg.Batch
+	go func() {
+		sent := d.cfg.Clock.Now()
+		res, err := d.cfg.Pacer.Reserve(ctx, n)
+		ch <- reserved{res: res, sent: sent, recv: d.cfg.Clock.Now(), err: err}
+	}()
+}
+
+// collect takes the answer of the top-up under way, waiting for it when
+// wait is set, and adds its slots. A failed top-up is dropped: the drain
+// reserves in line once its slots run out, and reports the pacer down
+// there.
+func (d *Drain[T]) collect(wait bool) {
+	if d.pending == nil {
+		return
+	}
+	var r reserved
+	if wait {
+		r = <-d.pending
+	} else {
+		select {
+		case r = <-d.pending:
+		default:
+			return
+		}
+	}
+	d.pending = nil
+	if r.err != nil {
+		return
+	}
+	d.cfg.Observer.Reserved(r.res.N)
+	if d.stale {
+		// Reserved before a pause or hold: given up like the others.
+		return
+	}
+	d.addSlots(r.res, r.sent, r.recv)
+}
+
+// dropSlots gives up the slots in hand and those of a top-up under way.
+func (d *Drain[T]) dropSlots() {
+	d.slots = nil
+	d.stale = true
+}
+
+// storeClock maps the clock of the store that decides the slots onto the
+// drain's. Each answer with the store's reading At is a sample: the call
+// was sent at sent and answered at recv, so At was read somewhere in
+// between, and the store's clock is ahead of the local one by At − (sent +
+// rtt/2), give or take rtt/2 (the difference of the call's two legs). The
+// sample of the fastest round trip among the last clockSamples bounds the
+// offset the most tightly; queueing on a slow call does not widen it.
+//
+// Within that bound the clocks are believed: hosts kept in step by NTP
+// read the same time to far better than a round trip's asymmetry, and on
+// one host they are one clock. Only clocks that the round trips prove
+// apart are corrected, by the least the bound requires. So a fleet whose
+// clocks agree places every slot exactly where the store put it, and one
+// with a clock gone astray still places its slots within half its fastest
+// round trip of their place, never outside the call that brought them.
+// The zero value has no sample.
+type storeClock struct {
+	samples [clockSamples]offsetSample
+	n, next int
+}
+
+// clockSamples is how many recent answers storeClock keeps: about a
+// second of calls at 1,000 jobs/s, so a clock step is followed soon.
+const clockSamples = 64
+
+type offsetSample struct {
+	offset, rtt time.Duration
+}
+
+func (c *storeClock) add(sent, recv, at time.Time) {
+	rtt := recv.Sub(sent)
+	c.samples[c.next] = offsetSample{offset: at.Sub(sent.Add(rtt / 2)), rtt: rtt}
+	c.next = (c.next + 1) % clockSamples
+	c.n = min(c.n+1, clockSamples)
+}
+
+// local is the store's reading at, of a call sent at sent and answered at
+// recv, on the local clock: at less the offset (see storeClock), kept
+// within [sent, recv], where the store's now must lie whatever the clocks
+// say.
+func (c *storeClock) local(sent, recv, at time.Time) time.Time {
+	best := -1
+	for i := range c.n {
+		if best < 0 || c.samples[i].rtt < c.samples[best].rtt {
+			best = i
+		}
+	}
+	t := at
+	if best >= 0 {
+		// The offset lies in [est − rtt/2, est + rtt/2]: zero if it can,
+		// else the end nearest zero.
+		s := c.samples[best]
+		half := s.rtt / 2
+		t = at.Add(-min(max(0, s.offset-half), s.offset+half))
+	}
+	if t.Before(sent) {
+		return sent
+	}
+	if t.After(recv) {
+		return recv
+	}
+	return t
+}
+
+// maxRTT is the slowest round trip among the recent samples.
+func (c *storeClock) maxRTT() time.Duration {
+	var m time.Duration
+	for i := range c.n {
+		m = max(m, c.samples[i].rtt)
+	}
+	return m
+}
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
 // GiveBackAfter. t0 is the local time the answer's delays count from: the
