@@ -33,6 +33,14 @@
 // allows (a micro-batch: with a burst, a drain that woke late starts every
 // slot that passed, as the limit lets it).
 //
+// A store far away changes none of this: the slots of a reservation are
+// placed where the store put them on its own clock (bucket.Reservation.At,
+// mapped onto the drain's clock, see addSlots), not where its answer came,
+// so the starts of every instance keep their theoretical times' order and
+// spacing whatever each answer's return leg was; and once answers take
+// time, top-ups are sent ahead, on a goroutine of their own, so that no
+// start waits for a round trip.
+//
 // The package is pure: it knows nothing of NATS, Redis or HTTP. Those come in
 // through the small interfaces below.
 package leaky
@@ -559,15 +567,15 @@ func (d *Drain[T]) addSlots(res bucket.Reservation, sent, recv time.Time) {
 func (d *Drain[T]) async() bool { return d.clk.maxRTT() > 0 }
 
 // prefetch sends a top-up of Batch slots ahead when the slots in hand no
-// longer cover the items left of the batch (want) and half a batch more,
-// or twice the slowest recent round trip, so that its answer comes before
-// they run out; never more than MaxHeld slots in hand and under way.
+// longer cover the items left of the batch (want) and half a batch more
+// (the rule of the in-line top-up), or twice the slowest recent round trip
+// more, so that its answer comes before they run out; never more than
+// MaxHeld slots in hand and under way.
 func (d *Drain[T]) prefetch(ctx context.Context, want int) {
 	if d.pending != nil || !d.async() || d.period <= 0 {
 		return
 	}
-	low := max(want+d.cfg.Batch/2, int(2*d.clk.maxRTT()/d.period)+1)
-	if len(d.slots) > low || len(d.slots)+d.cfg.Batch > MaxHeld(d.cfg.Batch) {
+	if len(d.slots) >= want+max(d.cfg.Batch/2, int(2*d.clk.maxRTT()/d.period)) || len(d.slots)+d.cfg.Batch > MaxHeld(d.cfg.Batch) {
 		return
 	}
 	ch := make(chan reserved, 1)
