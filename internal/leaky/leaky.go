@@ -427,14 +427,15 @@ func (d *Drain[T]) fetch(ctx context.Context, ahead chan<- fetched[T], done chan
 // (their permits still held).
 func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, error) {
 	d.collect(false)
-	if d.async() && len(d.slots) == 0 && d.pending != nil {
+	if len(d.slots) == 0 && d.pending != nil {
 		d.collect(true)
 	}
 	inLine := len(batch)+d.cfg.Batch/2 > len(d.slots)
-	if d.async() {
+	if d.async() || d.pending != nil {
 		// Topped up ahead (prefetch, below) while the slots in hand
-		// start; in line only when none are left.
-		inLine = len(d.slots) == 0
+		// start; in line only when none are left, and never beside a
+		// top-up under way.
+		inLine = len(d.slots) == 0 && d.pending == nil
 	}
 	if inLine {
 		// Reserve a whole batch, not just what is held, and before the slots
