@@ -188,8 +188,9 @@ type Slot struct {
 type heldSlot struct {
 	Slot
 	// deadline is the latest start that keeps the lane's limit: less than a
-	// period after the slot's theoretical time (or after Due, if the
-	// store's answer came so late that Due is later).
+	// period after the slot's theoretical time (or after Due, for a store
+	// that does not tell its clock reading and answered so late that Due
+	// is later; see addSlots).
 	deadline time.Time
 }
 
@@ -522,14 +523,15 @@ func (d *Drain[T]) done() { <-d.permits }
 // answered at recv, to the slots in hand, each with its deadline.
 //
 // The store decided them at its own now (res.At), somewhere between sent
-// and recv; the slots are placed on its time line: At mapped to the local
-// clock by the offset of the fastest recent round trip (storeClock), so
-// that every slot starts where the store put it, whichever call brought it
-// and however long that call's answer took. Starts then keep their
-// theoretical times' order and spacing across calls and across instances
-// (up to the error of each instance's offset, the asymmetry of its fastest
-// round trip), and a store farther away than τ costs no exactness: a slot
-// answered after its deadline is given up like one overslept. A store that
+// and recv; the slots are placed on its time line: At mapped onto the
+// local clock (storeClock: the clocks as they read, unless the fastest
+// recent round trip proves them apart), so that every slot starts where
+// the store put it, whichever call brought it and however long that call's
+// answer took. Starts then keep their theoretical times' order and spacing
+// across calls and across instances (up to what the instances' clocks
+// disagree by within that bound), and a store farther away than τ costs no
+// exactness: a slot answered after its deadline is given up like one
+// overslept. A store that
 // does not tell At has its delays counted from the answer and its
 // theoretical times from the call, the deadline from the answer when that
 // came later (DESIGN.md: a window may then hold one start more).
@@ -699,9 +701,8 @@ func (c *storeClock) maxRTT() time.Duration {
 }
 
 // reserve calls the Pacer until it answers, ctx ends, or it has failed for
-// GiveBackAfter. t0 is the local time the answer's delays count from: the
-// moment the call returned, so latency only delays slots. sent is when the
-// answering call was made: the store's now lies between the two.
+// GiveBackAfter. t0 is when the answer came and sent when the answering
+// call was made: the store's now lies between the two (see addSlots).
 func (d *Drain[T]) reserve(ctx context.Context, n int) (res bucket.Reservation, sent, t0 time.Time, err error) {
 	var firstFail time.Time
 	for {
