@@ -186,7 +186,7 @@ func TestRemoteRedisKeepsG1Exact(t *testing.T) {
 			t.Run(fmt.Sprintf("%v each way/%v", each, l), func(t *testing.T) {
 				n := int(3 * l.Rate) // three seconds
 				best, paced := 0.0, 0.0
-				for try := 1; try <= 3 && best < 0.97*l.Rate; try++ {
+				for try := 1; try <= 3 && best < 0.97*l.Rate && !(raceEnabled && try > 1); try++ {
 					run := drainFar(t, addr, l, n)
 					span := run.starts[n-1].Sub(run.starts[0])
 					rate := float64(n-l.Burst) / span.Seconds()
@@ -202,6 +202,10 @@ func TestRemoteRedisKeepsG1Exact(t *testing.T) {
 					}
 				}
 				switch {
+				case raceEnabled:
+					// The race detector's instrumentation, not the pacer,
+					// bounds the rate here; G1 was still checked.
+					t.Logf("race detector on: rate %.0f jobs/s reported, not checked", best)
 				case best >= 0.97*l.Rate:
 				case paced >= 0.97*l.Rate && best >= 0.80*l.Rate:
 					t.Logf("best of three runs %.0f jobs/s; %.0f jobs/s counting the slots given up to stalls of the machine", best, paced)
