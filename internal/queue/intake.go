@@ -135,6 +135,10 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"
+	job.Wait = waitAddress(h.Get(HeaderWait))
+	if rev, err := strconv.ParseUint(h.Get(HeaderRecordRev), 10, 64); err == nil {
+		job.RecordRev = rev
+	}
 	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 && n <= maxAttempts {
 		job.Attempts = n
 	}
