@@ -92,6 +92,9 @@ type Lane struct {
 	// Observe only logs and counts the caller quota refusals of the lane's
 	// submissions.
 	Observe bool
+	// ResultsMaxWait is the lane's results.max_wait; zero: the lane keeps
+	// no job records (no results).
+	ResultsMaxWait time.Duration
 }
 
 // forKey is the lane's admission for a job of key.
@@ -157,6 +160,11 @@ type Config struct {
 	// History serves the lanes' throughput history (GET
 	// /v1/lanes/{lane}/history); nil: no such route.
 	History HistoryReader
+	// Records are the job records of the lanes with results (jobs.go),
+	// and Waiters this instance's callers waiting for their jobs; nil: no
+	// job routes, and a lane's results are not used.
+	Records JobRecords
+	Waiters Waiting
 	// Traces makes an intake span for each submission (trace.go); nil
 	// makes none (the submitter's trace context is stored all the same).
 	Traces trace.TracerProvider
@@ -219,6 +227,7 @@ func New(cfg Config) (*Handler, error) {
 	h.routeCallers()
 	h.routeKeys()
 	h.routeHistory()
+	h.routeJobs()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -425,6 +434,17 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	var sub submission
+	keeps := lane.ResultsMaxWait > 0 && h.cfg.Records != nil
+	if !keeps {
+		lane.ResultsMaxWait = 0
+	}
+	var err error
+	if sub.wait, err = parseWait(r, lane); err != nil {
+		rj.reject(err, "invalid_wait")
+		return
+	}
+	defer sub.done()
 	id := r.Header.Get("Idempotency-Key")
 	if id != "" {
 		if err := validKey(id); err != nil {
@@ -453,8 +473,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(refusal(ErrBadHeader, "Content-Type", "%s", why), "invalid_content_type")
 		return
 	}
-	tc, err := jobTrace(r)
-	if err != nil {
+	tc, err2 := jobTrace(r)
+	if err = err2; err != nil {
 		rj.reject(err, "invalid_trace_context")
 		return
 	}
@@ -486,6 +506,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
+	if keeps && h.openRecord(w, r, &rj, &job, &sub) {
+		return
+	}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Assignments != nil {
 		// The lane has room: the job starts at once if the drain gives it
@@ -498,6 +521,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	res, err := h.cfg.Publisher.Publish(r.Context(), job)
 	stored := time.Now()
 	if err != nil {
+		h.undoRecord(job, &sub)
 		switch err = storeRefusal(name, lane, err); {
 		case errors.Is(err, queue.ErrFull):
 			rj.reject(err, "storage_full")
@@ -551,6 +575,12 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 	} else {
 		setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
+	}
+	if keeps {
+		setLocation(w, name, id)
+		if sub.wait > 0 && h.awaitAnswer(w, r, job, &sub) {
+			return
+		}
 	}
 	w.WriteHeader(http.StatusAccepted)
 	buf := answerBufs.Get().(*[]byte)

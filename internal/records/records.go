@@ -35,12 +35,12 @@ import (
 var (
 	// ErrNotFound: no record of the job (never stored, not kept by this
 	// lane, or older than keep).
-	ErrNotFound = errors.New("records: no record of the job")
+	ErrNotFound = api.ErrJobNotFound
 	// ErrExists: a record of the job exists already (Create).
 	ErrExists = errors.New("records: the job has a record already")
 	// ErrStarted: the job started or settled; it can no longer be
 	// cancelled.
-	ErrStarted = errors.New("records: the job has started or settled")
+	ErrStarted = api.ErrJobStarted
 	// ErrNotStartable: the job was cancelled or expired: it must never be
 	// delivered.
 	ErrNotStartable = errors.New("records: the job was cancelled or expired")
@@ -59,6 +59,7 @@ func Key(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(
 
 // Store reads and writes the lanes' records.
 type Store struct {
+	nc  *nats.Conn
 	js  jetstream.JetStream
 	log *slog.Logger
 
@@ -75,7 +76,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}}, nil
+	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}}, nil
 }
 
 // LaneSpec is what the store needs of a lane.

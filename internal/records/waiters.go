@@ -158,17 +158,21 @@ func (w *Waiters) onRecord(m *nats.Msg) {
 	w.Tell(rec)
 }
 
-// Publish sends a settled record to the instance waiting at address (a
-// WaitAddress), whichever instance that is.
-func Publish(nc *nats.Conn, address string, rec api.JobRecord) error {
+// Settled sends a settled record to the instance waiting at address (a
+// WaitAddress), whichever instance that is; a failure is logged (the
+// waiting caller reads the record at its next poll).
+func (s *Store) Settled(address string, rec api.JobRecord) {
 	if WaitAddress(address) == "" {
-		return fmt.Errorf("records: %q is not a wait address", address)
+		s.log.Warn("wait address refused", "address", address)
+		return
 	}
 	b, err := encode(rec)
-	if err != nil {
-		return err
+	if err == nil {
+		err = s.nc.Publish(address, b)
 	}
-	return nc.Publish(address, b)
+	if err != nil {
+		s.log.Warn("telling a waiting caller failed", "lane", rec.Lane, "id", rec.ID, "err", err)
+	}
 }
 
 // Wait waits for the record of a job to settle: from the waiters' channel,
