@@ -1,0 +1,284 @@
+package service_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/servicetest"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// recordsTarget answers by the job's body: "fail-<n>" fails (500) its
+// first n attempts, "big" answers 100 bytes, anything else 201 with a JSON
+// echo and an X-Upstream-Id header.
+func recordsTarget(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var calls atomic.Int64
+	var mu sync.Mutex
+	tries := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		body := string(b)
+		mu.Lock()
+		tries[r.Header.Get("Idempotency-Key")]++
+		n := tries[r.Header.Get("Idempotency-Key")]
+		mu.Unlock()
+		var fails int
+		if _, err := fmt.Sscanf(body, "fail-%d", &fails); err == nil && n <= fails {
+			http.Error(w, "not yet", http.StatusInternalServerError)
+			return
+		}
+		if body == "big" {
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, strings.Repeat("x", 100))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Upstream-Id", "up-"+body)
+		w.Header().Set("X-Secret", "not kept")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"echo":%q}`, body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+func recordsConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
+	t.Helper()
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 50
+    burst: 5
+    max_inflight: 8
+    retry: {max_attempts: 4, backoff_base: 20ms, backoff_max: 50ms}
+    results: {keep: 1h, max_body: 32, max_wait: 20s, headers: [X-Upstream-Id]}
+    target: {http: {url: %q}}
+  - name: plain
+    rate: 50
+    burst: 5
+    target: {http: {url: %q}}
+`, natsURL, t.TempDir(), redisURL, target, target)
+	cfg, err := config.Parse("records.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+type jobCall struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func callJob(t *testing.T, method, url, idem, body string) jobCall {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewBufferString(body))
+	req.Header.Set("Content-Type", "text/plain")
+	if idem != "" {
+		req.Header.Set("Idempotency-Key", idem)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return jobCall{resp.StatusCode, resp.Header, b}
+}
+
+func getRecord(t *testing.T, addr, lane, id string) (int, api.JobRecord) {
+	t.Helper()
+	c := callJob(t, "GET", "http://"+addr+"/v1/lanes/"+lane+"/jobs/"+id, "", "")
+	var rec api.JobRecord
+	if c.code == http.StatusOK {
+		if err := json.Unmarshal(c.body, &rec); err != nil {
+			t.Fatalf("record %q: %v", c.body, err)
+		}
+	}
+	return c.code, rec
+}
+
+// TestJobRecordsAcrossTwoInstances: two instances share a lane with
+// results. Waited submissions on one are answered with the target's answer
+// while the other delivered part of them; GET answers on either; retries
+// are recorded as attempts; a body over max_body is cut and marked; an
+// Idempotency-Key finds the first job after the dedup window would have
+// let it through; bad input is refused naming its field.
+func TestJobRecordsAcrossTwoInstances(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
+	a := runWithRegistry(t, cfg, regA)
+	cfg.NATS.DataDir = t.TempDir()
+	b := runWithRegistry(t, cfg, regB)
+
+	// Waited submissions, all on a: every one is answered 200 with the
+	// target's answer, whichever instance delivered it.
+	const n = 30
+	var wg sync.WaitGroup
+	answers := make([]jobCall, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = callJob(t, "POST", "http://"+a.Addr()+"/v1/lanes/demo/jobs?wait=15s", fmt.Sprintf("w-%02d", i), fmt.Sprintf("p%02d", i))
+		}()
+	}
+	wg.Wait()
+	for i, c := range answers {
+		want := fmt.Sprintf(`{"echo":"p%02d"}`, i)
+		if c.code != http.StatusOK || string(c.body) != want || c.header.Get("Throttle-Target-Status") != "201" ||
+			c.header.Get("Throttle-Job-Id") != fmt.Sprintf("w-%02d", i) || c.header.Get("Content-Type") != "application/json" {
+			t.Fatalf("waited job %d: %d %v %q; want 200 %s with Throttle-Target-Status 201", i, c.code, c.header, c.body, want)
+		}
+	}
+	delivered := func(reg *prometheus.Registry) float64 {
+		v, _ := servicetest.Gather(t, reg).Sum("throttler_dispatches_total")
+		return v
+	}
+	if da, db := delivered(regA), delivered(regB); db == 0 || da+db < n {
+		t.Fatalf("a delivered %v, b %v: b must have delivered some of the jobs waited for on a", da, db)
+	}
+
+	// GET on either instance.
+	for _, addr := range []string{a.Addr(), b.Addr()} {
+		code, rec := getRecord(t, addr, "demo", "w-07")
+		if code != http.StatusOK || rec.State != api.StateDelivered || rec.Response == nil || rec.Response.Status != 201 ||
+			rec.Response.Body != `{"echo":"p07"}` || rec.Response.Headers["X-Upstream-Id"] != "up-p07" ||
+			rec.Response.Headers["X-Secret"] != "" || len(rec.Attempts) != 1 || rec.StoredAt == nil || rec.FinishedAt == nil {
+			t.Fatalf("GET on %s: %d %+v", addr, code, rec)
+		}
+	}
+
+	// Retries are recorded as attempts.
+	if c := callJob(t, "POST", "http://"+b.Addr()+"/v1/lanes/demo/jobs?wait=15s", "retried", "fail-2"); c.code != http.StatusOK {
+		t.Fatalf("retried job: %d %q", c.code, c.body)
+	}
+	_, rec := getRecord(t, a.Addr(), "demo", "retried")
+	if rec.State != api.StateDelivered || len(rec.Attempts) != 3 || rec.Attempts[0].Status != 500 || rec.Attempts[2].Status != 201 {
+		t.Fatalf("retried record: %+v", rec)
+	}
+
+	// A body over max_body is cut and marked.
+	c := callJob(t, "POST", "http://"+a.Addr()+"/v1/lanes/demo/jobs?wait=15s", "big", "big")
+	if c.code != http.StatusOK || len(c.body) != 32 || c.header.Get("Throttle-Body-Truncated") != "true" {
+		t.Fatalf("big answer: %d %v %d bytes", c.code, c.header, len(c.body))
+	}
+	if _, rec := getRecord(t, b.Addr(), "demo", "big"); !rec.Response.Truncated || len(rec.Response.Body) != 32 {
+		t.Fatalf("big record: %+v", rec.Response)
+	}
+
+	// The same Idempotency-Key again, on the other instance: the first
+	// job answers, nothing is delivered again.
+	before := calls.Load()
+	c = callJob(t, "POST", "http://"+b.Addr()+"/v1/lanes/demo/jobs", "w-03", "again")
+	var acc api.Accepted
+	_ = json.Unmarshal(c.body, &acc)
+	if c.code != http.StatusAccepted || acc.ID != "w-03" || acc.State != api.StateDelivered || !acc.Duplicate ||
+		c.header.Get("Location") != "/v1/lanes/demo/jobs/w-03" {
+		t.Fatalf("resubmission: %d %q %v", c.code, c.body, c.header)
+	}
+	if c := callJob(t, "POST", "http://"+b.Addr()+"/v1/lanes/demo/jobs?wait=1s", "w-04", "again"); c.code != http.StatusOK || string(c.body) != `{"echo":"p04"}` {
+		t.Fatalf("waited resubmission: %d %q", c.code, c.body)
+	}
+	if got := calls.Load(); got != before {
+		t.Fatalf("resubmissions reached the target %d times", got-before)
+	}
+
+	// Refusals name their field.
+	for _, s := range []struct {
+		method, path string
+		code         int
+		field        string
+	}{
+		{"POST", "/v1/lanes/demo/jobs?wait=21s", 400, "wait"},
+		{"POST", "/v1/lanes/demo/jobs?wait=soon", 400, "wait"},
+		{"POST", "/v1/lanes/plain/jobs?wait=1s", 400, "wait"},
+		{"GET", "/v1/lanes/demo/jobs/never-stored", 404, "id"},
+		{"GET", "/v1/lanes/plain/jobs/x", 404, "id"},
+		{"GET", "/v1/lanes/nope/jobs/x", 404, "lane"},
+		{"DELETE", "/v1/lanes/demo/jobs/w-01", 409, "id"},
+		{"DELETE", "/v1/lanes/demo/jobs/never-stored", 404, "id"},
+	} {
+		c := callJob(t, s.method, "http://"+a.Addr()+s.path, "", "x")
+		var p api.Problem
+		_ = json.Unmarshal(c.body, &p)
+		if c.code != s.code || p.Field != s.field || c.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s %s: %d field %q (%s), want %d naming %s", s.method, s.path, c.code, p.Field, c.header.Get("Content-Type"), s.code, s.field)
+		}
+	}
+}
+
+// TestCancelBeforeStartAndRestartKeepsRecord: a job of a paused lane is
+// queued; its record outlives a restart of the instance; cancelled, it is
+// never delivered once the lane runs again, while its neighbour is.
+func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	svc, stop := servicetest.Start(t, cfg, nil)
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"paused":true}`, nil); code != http.StatusOK {
+		t.Fatalf("pause: %d", code)
+	}
+	for _, id := range []string{"keep", "drop"} {
+		if c := callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", id, id); c.code != http.StatusAccepted {
+			t.Fatalf("submit %s: %d %q", id, c.code, c.body)
+		}
+	}
+	stop()
+	svc2 := service.New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	servicetest.Run(t, svc2)
+	for _, id := range []string{"keep", "drop"} {
+		if code, rec := getRecord(t, svc2.Addr(), "demo", id); code != http.StatusOK || rec.State != api.StateQueued {
+			t.Fatalf("after restart, %s: %d %+v", id, code, rec)
+		}
+	}
+	c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/drop", "", "")
+	var rec api.JobRecord
+	_ = json.Unmarshal(c.body, &rec)
+	if c.code != http.StatusOK || rec.State != api.StateCancelled {
+		t.Fatalf("cancel: %d %q", c.code, c.body)
+	}
+	if code := keyCall(t, "PATCH", svc2.Addr(), "/v1/lanes/demo", `{"paused":false}`, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	// A witness stored after the cancelled job: once it is delivered, the
+	// drain has met the cancelled job before it (FIFO) and dropped it.
+	if c := callJob(t, "POST", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs?wait=15s", "witness", "witness"); c.code != http.StatusOK {
+		t.Fatalf("witness: %d %q", c.code, c.body)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Fatalf("target called %d times, want 2 (keep and the witness; the cancelled job never)", got)
+	}
+	if _, rec := getRecord(t, svc2.Addr(), "demo", "drop"); rec.State != api.StateCancelled || len(rec.Attempts) != 0 {
+		t.Fatalf("cancelled record: %+v", rec)
+	}
+	if c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/keep", "", ""); c.code != http.StatusConflict {
+		t.Fatalf("cancel of a delivered job: %d, want 409", c.code)
+	}
+}
