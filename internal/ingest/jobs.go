@@ -58,11 +58,9 @@ const ProblemJobStarted = "urn:throttler:problem:job-started"
 // stored copy does not name this instance (a resubmission, a GET ?wait).
 const waitPoll = 250 * time.Millisecond
 
-// routeJobs adds the routes of job records.
+// routeJobs adds the routes of job records; without Records they answer
+// 404 for every job.
 func (h *Handler) routeJobs() {
-	if h.cfg.Records == nil {
-		return
-	}
 	// A key reads and cancels the jobs of the lanes it may submit to.
 	h.mux.HandleFunc("GET /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.getJob))
 	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.cancelJob))
@@ -80,7 +78,7 @@ func (h *Handler) jobOf(w http.ResponseWriter, r *http.Request) (name, id string
 		writeError(w, r, &Refusal{Err: ErrBadParam, Cause: err, Field: "id", Detail: "id: " + err.Error()})
 		return name, id, lane, false
 	}
-	if lane.ResultsMaxWait == 0 {
+	if lane.ResultsMaxWait == 0 || h.cfg.Records == nil {
 		writeError(w, r, &Refusal{Err: api.ErrJobNotFound, Field: "id", Detail: "lane " + name + " keeps no job records (no results in its config)"})
 		return name, id, lane, false
 	}
