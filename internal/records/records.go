@@ -127,6 +127,20 @@ func (s *Store) bucket(lane string) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
+// Usage says how many records a lane's bucket holds and their bytes in
+// JetStream (headers and framing included).
+func (s *Store) Usage(ctx context.Context, lane string) (records uint64, bytes uint64, err error) {
+	kv, err := s.bucket(lane)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: status %s: %w", ErrUnavailable, lane, err)
+	}
+	return st.Values(), st.Bytes(), nil
+}
+
 // Create stores a new record (create-if-absent) and returns its revision.
 // When the job has a record already it returns that record and ErrExists.
 func (s *Store) Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobRecord, error) {

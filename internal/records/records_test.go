@@ -12,7 +12,7 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-func newStore(t *testing.T, keep time.Duration) *records.Store {
+func newStore(t testing.TB, keep time.Duration) *records.Store {
 	t.Helper()
 	srv := testenv.StartNATS(t)
 	nc, _ := testenv.JetStream(t, srv.ClientURL())
