@@ -199,6 +199,8 @@ type laneOpts struct {
 	maxBytes int64 // the lane stream's max_bytes; 0: the default
 	// perKey makes the lane keyed with these per-key limits; nil: not keyed.
 	perKey *perKeyOpts
+	// results turns the lane's job records on (results: {keep: 1h}).
+	results bool
 }
 
 // perKeyOpts are a keyed lane's per_key limits.
@@ -241,6 +243,9 @@ func (o svcOpts) yaml() []byte {
 			q(name), strconv.FormatFloat(l.rate, 'g', -1, 64), l.burst, l.inflight, l.backlog)
 		if l.maxBytes > 0 {
 			fmt.Fprintf(&b, "    max_bytes: %d\n", l.maxBytes)
+		}
+		if l.results {
+			b.WriteString("    results: {keep: 1h, max_wait: 5m}\n")
 		}
 		if k := l.perKey; k != nil {
 			fmt.Fprintf(&b, "    per_key: {rate: %s, burst: %d}\n", strconv.FormatFloat(k.rate, 'g', -1, 64), k.burst)

@@ -165,6 +165,9 @@ type Config struct {
 	// job routes, and a lane's results are not used.
 	Records JobRecords
 	Waiters Waiting
+	// Stored finds the jobs of lanes with records that wait without one
+	// (ids made by intake); nil: such a job is 404 until it starts.
+	Stored StoredJobs
 	// Traces makes an intake span for each submission (trace.go); nil
 	// makes none (the submitter's trace context is stored all the same).
 	Traces trace.TracerProvider
@@ -184,6 +187,9 @@ type Handler struct {
 	usage   quota.Usage
 	// lanesSeen caches per-lane values of the submit path (*laneCache).
 	lanesSeen sync.Map
+	// idPrefix starts the ids this instance makes for the jobs of lanes
+	// with records (queue.SeqID).
+	idPrefix string
 }
 
 // New builds the handler.
@@ -194,7 +200,8 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
+	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller),
+		idPrefix: nuid.Next()[:queue.IDPrefixLen-1] + "."}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -446,7 +453,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	defer sub.done()
 	id := r.Header.Get("Idempotency-Key")
-	if id != "" {
+	given := id != ""
+	if given {
 		if err := validKey(id); err != nil {
 			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: "Idempotency-Key", Detail: err.Error()}, "invalid_idempotency_key")
 			return
@@ -506,7 +514,15 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
-	if keeps && h.openRecord(w, r, &rj, &job, &sub) {
+	// A job without an Idempotency-Key on a lane with records gets an id
+	// that says where it is stored (queue.SeqID): it is found by that id
+	// while it waits, and no record is written for it at intake. It waits
+	// for its slot under the id made above.
+	seqID := keeps && !given && sub.wait == 0
+	if seqID {
+		job.ID, job.IDPrefix, job.NotifyID = "", h.idPrefix, id
+	}
+	if keeps && !seqID && h.openRecord(w, r, &rj, &job, &sub) {
 		return
 	}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
@@ -532,6 +548,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		}
 		return
+	}
+	if seqID {
+		id = queue.SeqID(h.idPrefix, res.Seq)
+		job.ID = id
 	}
 	out := api.Accepted{ID: id, Lane: name, State: api.StateQueued}
 	switch {

@@ -23,9 +23,18 @@ type JobRecords interface {
 	Undo(ctx context.Context, lane, id string, rev uint64) error
 	Get(ctx context.Context, lane, id string) (api.JobRecord, uint64, error)
 	Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error)
+	// CancelStored cancels a job found in its lane's stream without a
+	// record (a SeqID id).
+	CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error)
 	// Wait waits for a job to settle: from ch (nil: none), else by
 	// reading its record every poll.
 	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool)
+}
+
+// StoredJobs finds a job that waits in its lane's stream by its SeqID id
+// (queue.Queue.Lookup): such a job has no record until it starts.
+type StoredJobs interface {
+	Lookup(ctx context.Context, lane, id string) (queue.Job, time.Time, error)
 }
 
 // Waiting holds this instance's callers that wait for their jobs
@@ -38,6 +47,7 @@ type Waiting interface {
 var (
 	_ JobRecords = (*records.Store)(nil)
 	_ Waiting    = (*records.Waiters)(nil)
+	_ StoredJobs = (*queue.Queue)(nil)
 )
 
 // Headers of a waited answer.
@@ -97,7 +107,7 @@ func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	rec, _, err := h.cfg.Records.Get(r.Context(), name, id)
+	rec, err := h.readRecord(r.Context(), name, id)
 	if err != nil {
 		writeError(w, r, recordRefusal(err, id))
 		return
@@ -120,6 +130,11 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
+	if errors.Is(err, api.ErrJobNotFound) {
+		if job, stored, ok := h.stored(r.Context(), name, id); ok {
+			rec, err = h.cfg.Records.CancelStored(r.Context(), name, id, job.Key, stored.UTC(), time.Now().UTC())
+		}
+	}
 	if err != nil {
 		if errors.Is(err, api.ErrJobStarted) {
 			err = &Refusal{Err: api.ErrJobStarted, Field: "id", Detail: "job " + id + " is " + string(rec.State) + ": only a scheduled or queued job can be cancelled"}
@@ -129,6 +144,31 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	h.cfg.Logger.Info("job cancelled", "caller", callerOf(r), "lane", name, "id", id)
 	writeJSON(w, http.StatusOK, rec)
+}
+
+// readRecord reads a job's record; a job without one that waits in its
+// lane's stream (a SeqID id) is queued.
+func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecord, error) {
+	rec, _, err := h.cfg.Records.Get(ctx, lane, id)
+	if errors.Is(err, api.ErrJobNotFound) {
+		if job, stored, ok := h.stored(ctx, lane, id); ok {
+			at := stored.UTC()
+			return api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: job.Key, State: api.StateQueued,
+				StoredAt: &at, Attempts: []api.JobAttempt{}}, nil
+		}
+		// Settled and gone from the stream since the first read.
+		rec, _, err = h.cfg.Records.Get(ctx, lane, id)
+	}
+	return rec, err
+}
+
+// stored finds a job without a record in its lane's stream.
+func (h *Handler) stored(ctx context.Context, lane, id string) (queue.Job, time.Time, bool) {
+	if h.cfg.Stored == nil {
+		return queue.Job{}, time.Time{}, false
+	}
+	job, at, err := h.cfg.Stored.Lookup(ctx, lane, id)
+	return job, at, err == nil
 }
 
 // recordRefusal names the job of a record store's refusal.

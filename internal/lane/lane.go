@@ -353,7 +353,11 @@ func pushedBack(res dispatch.Result) bool {
 // gave it (its intake answers "admitted" only for a free one, due at once).
 func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
 	if j := msg.Job(); j.Notify != "" && l.d.Hub != nil && msg.FirstDelivery() {
-		l.d.Hub.Tell(j.Notify, j.Lane, j.ID, s.Due.Sub(l.d.Clock.Now()), s.Free)
+		name := j.ID
+		if j.NotifyID != "" {
+			name = j.NotifyID
+		}
+		l.d.Hub.Tell(j.Notify, j.Lane, name, s.Due.Sub(l.d.Clock.Now()), s.Free)
 	}
 }
 

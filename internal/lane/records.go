@@ -20,7 +20,7 @@ import (
 // end after it, and tells a waiting caller of a settled job.
 type Records interface {
 	EnsureLane(ctx context.Context, spec records.LaneSpec) error
-	Start(ctx context.Context, lane, id, key string, hint uint64, stored, now time.Time) (records.Claim, error)
+	Start(ctx context.Context, a records.Attempt) (records.Claim, error)
 	Finish(ctx context.Context, c records.Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error)
 	// Settled hands a settled record to the caller waiting at address
 	// (records.WaitAddress), on whichever instance it waits.
@@ -51,7 +51,8 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg) (records.Claim, bool)
 	job := msg.Job()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
-	c, err := l.d.Records.Start(ctx, l.cfg.Name, job.ID, job.Key, job.RecordRev, msg.EnqueuedAt(), l.d.Clock.Now())
+	c, err := l.d.Records.Start(ctx, records.Attempt{Lane: l.cfg.Name, ID: job.ID, Key: job.Key, Hint: job.RecordRev,
+		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now()})
 	switch {
 	case err == nil:
 		return c, true

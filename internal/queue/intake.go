@@ -127,11 +127,17 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	if ValidJobID(job.ID) != nil {
 		job.ID = h.Get(jetstream.MsgIDHeader)
 	}
+	if p := h.Get(HeaderIDPrefix); trusted && ValidJobID(job.ID) != nil && ValidIDPrefix(p) == nil {
+		job.ID = SeqID(p, seq)
+	}
 	if ValidJobID(job.ID) != nil {
 		job.ID = lane + "-" + strconv.FormatUint(seq, 10)
 	}
 	if !trusted {
 		return job
+	}
+	if n := h.Get(HeaderNotifyID); ValidJobID(n) == nil {
+		job.NotifyID = n
 	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"

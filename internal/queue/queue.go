@@ -61,6 +61,15 @@ const (
 	// stored the job: the drain's claim tries it first. Set only by the
 	// throttler.
 	HeaderRecordRev = "Throttler-Record-Rev"
+	// HeaderIDPrefix makes a job's id its prefix and its stream sequence
+	// (SeqID), for a job stored without an id of its own: such a job is
+	// found by its id in its lane's stream (Lookup) without a record.
+	// Set only by the throttler.
+	HeaderIDPrefix = "Throttler-Id-Prefix"
+	// HeaderNotifyID is the name the instance that took the job waits for
+	// its slot under (Hub.Expect), when the id is not known before the job
+	// is stored (HeaderIDPrefix). Set only by the throttler.
+	HeaderNotifyID = "Throttler-Notify-Id"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -167,6 +176,12 @@ type Job struct {
 	// Wait is where a caller waits for the job's settled record
 	// (records.WaitSubject); empty for none.
 	Wait string
+	// IDPrefix, on a job stored with an empty ID, makes its id
+	// SeqID(IDPrefix, seq) once stored.
+	IDPrefix string
+	// NotifyID names the job to the Hub when its id is not known before it
+	// is stored (IDPrefix); empty: the id.
+	NotifyID string
 	// RecordRev is the revision of the job's record when it was stored;
 	// zero for none or unknown.
 	RecordRev uint64
@@ -537,7 +552,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 13
+const jobHeaders = 14
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -572,6 +587,12 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.Wait != "" {
 		add(HeaderWait, job.Wait)
+	}
+	if job.ID == "" && job.IDPrefix != "" {
+		add(HeaderIDPrefix, job.IDPrefix)
+	}
+	if job.NotifyID != "" {
+		add(HeaderNotifyID, job.NotifyID)
 	}
 	if job.RecordRev != 0 {
 		add(HeaderRecordRev, strconv.FormatUint(job.RecordRev, 10))

@@ -25,7 +25,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := s.Start(ctx, "demo", id, "", rev, now, now)
+		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: now, Now: now})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -320,32 +320,44 @@ type Claim struct {
 	Rev    uint64
 }
 
+// Attempt is the attempt Start claims a record for.
+type Attempt struct {
+	Lane, ID, Key string
+	// Hint is the revision intake created the record at (0: unknown):
+	// with it the common case is one write, no read.
+	Hint uint64
+	// Fresh: no record is expected (a job stored without one, before its
+	// first attempt): the claim tries to create it first, one write.
+	Fresh bool
+	// Stored is the job's first store time, for a record intake did not
+	// write; Now the attempt's start.
+	Stored, Now time.Time
+}
+
 // Start claims a job's record for an attempt: queued, scheduled or
 // retrying (or in_flight again after a crash, or settled again for a
-// delivery JetStream makes once more) become in_flight. A cancelled or
-// expired job answers ErrNotStartable: it must not be delivered. hint is
-// the revision intake created the record at (0: unknown); with it the
-// common case is one write, no read. stored is the job's first store time,
-// for a record intake did not write (a job published on NATS).
-func (s *Store) Start(ctx context.Context, lane, id, key string, hint uint64, stored, now time.Time) (Claim, error) {
-	if hint != 0 {
-		rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.StateInFlight,
-			StoredAt: &stored, StartedAt: &now, Attempts: []api.JobAttempt{}}
-		if rev, ok, err := s.update(ctx, rec, hint); err != nil {
+// delivery JetStream makes once more) become in_flight, and a job without a
+// record gets one. A cancelled or expired job answers ErrNotStartable: it
+// must not be delivered.
+func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
+	if a.Hint != 0 || a.Fresh {
+		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}}
+		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
 			return Claim{}, err
 		} else if ok {
 			return Claim{Record: rec, Rev: rev}, nil
 		}
 	}
-	rec, rev, err := s.change(ctx, lane, id, func(rec *api.JobRecord, found bool) error {
+	rec, rev, err := s.change(ctx, a.Lane, a.ID, func(rec *api.JobRecord, found bool) error {
 		if rec.State == api.StateCancelled || rec.State == api.StateExpired {
 			return ErrNotStartable
 		}
 		if !found {
-			rec.Key, rec.StoredAt = key, &stored
+			rec.Key, rec.StoredAt = a.Key, &a.Stored
 		}
 		if rec.StartedAt == nil {
-			rec.StartedAt = &now
+			rec.StartedAt = &a.Now
 		}
 		if rec.Attempts == nil {
 			rec.Attempts = []api.JobAttempt{}
@@ -357,6 +369,21 @@ func (s *Store) Start(ctx context.Context, lane, id, key string, hint uint64, st
 		return Claim{}, err
 	}
 	return Claim{Record: rec, Rev: rev}, nil
+}
+
+// CancelStored cancels a job that waits in its lane's stream without a
+// record (stored with a SeqID id): it creates the record as cancelled,
+// which the drain's claim (a create as well) then finds. When the job has
+// a record by now, it is Cancel.
+func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error) {
+	rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.StateCancelled,
+		StoredAt: &stored, FinishedAt: &now, Attempts: []api.JobAttempt{}}
+	if _, ok, err := s.update(ctx, rec, 0); err != nil {
+		return api.JobRecord{}, err
+	} else if ok {
+		return rec, nil
+	}
+	return s.Cancel(ctx, lane, id, now)
 }
 
 // Finish writes the end of an attempt: fn sets the state (retrying,

@@ -3,6 +3,7 @@ package records_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -79,7 +80,7 @@ func TestCancelRacesStart(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			_, err := s.Start(ctx, "demo", id, "", rev, time.Now(), time.Now())
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
 			st = err == nil
 			if err != nil && !errors.Is(err, records.ErrNotStartable) {
 				t.Errorf("start %s: %v", id, err)
@@ -107,6 +108,37 @@ func TestCancelRacesStart(t *testing.T) {
 	t.Logf("%d pairs: %d cancelled, %d started", pairs, cancelled, started)
 }
 
+// TestCancelStoredRacesFreshStart: a job stored without a record (an id
+// intake made) is cancelled while the drain claims it: both create the
+// record, and exactly one wins.
+func TestCancelStoredRacesFreshStart(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for i := range 100 {
+		id := "abcdefghijk." + strconv.Itoa(i+1)
+		var c, st bool
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := s.CancelStored(ctx, "demo", id, "", time.Now(), time.Now())
+			c = err == nil
+			if err != nil && !errors.Is(err, records.ErrStarted) {
+				t.Errorf("cancel %s: %v", id, err)
+			}
+		})
+		wg.Go(func() {
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: time.Now(), Now: time.Now()})
+			st = err == nil
+			if err != nil && !errors.Is(err, records.ErrNotStartable) {
+				t.Errorf("start %s: %v", id, err)
+			}
+		})
+		wg.Wait()
+		if c == st {
+			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+		}
+	}
+}
+
 // TestStartAfterSettleAndCancelAfterStart steps one job through its states.
 func TestStartAfterSettleAndCancelAfterStart(t *testing.T) {
 	s := newStore(t, time.Hour)
@@ -116,7 +148,7 @@ func TestStartAfterSettleAndCancelAfterStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Start(ctx, "demo", "j", "", rev, t0, t0.Add(time.Second))
+	c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "j", Hint: rev, Stored: t0, Now: t0.Add(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +172,7 @@ func TestStartAfterSettleAndCancelAfterStart(t *testing.T) {
 	if _, err := s.Mark(ctx, "demo", "later", api.StateExpired, "expired", t0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Start(ctx, "demo", "later", "", 0, t0, t0); !errors.Is(err, records.ErrNotStartable) {
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "later", Fresh: true, Stored: t0, Now: t0}); !errors.Is(err, records.ErrNotStartable) {
 		t.Fatalf("start of an expired job: %v, want ErrNotStartable", err)
 	}
 }

@@ -250,19 +250,29 @@ func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
 			t.Fatalf("submit %s: %d %q", id, c.code, c.body)
 		}
 	}
+	// A job without an Idempotency-Key has no record until it starts: it
+	// is found in the lane's stream by the id intake made.
+	c := callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs", "", "anon")
+	var acc api.Accepted
+	if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted || c.header.Get("Location") != "/v1/lanes/demo/jobs/"+acc.ID {
+		t.Fatalf("submit without a key: %d %q %v", c.code, c.body, c.header)
+	}
+	anon := acc.ID
 	stop()
 	svc2 := service.New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	servicetest.Run(t, svc2)
-	for _, id := range []string{"keep", "drop"} {
-		if code, rec := getRecord(t, svc2.Addr(), "demo", id); code != http.StatusOK || rec.State != api.StateQueued {
+	for _, id := range []string{"keep", "drop", anon} {
+		if code, rec := getRecord(t, svc2.Addr(), "demo", id); code != http.StatusOK || rec.State != api.StateQueued || rec.StoredAt == nil {
 			t.Fatalf("after restart, %s: %d %+v", id, code, rec)
 		}
 	}
-	c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/drop", "", "")
-	var rec api.JobRecord
-	_ = json.Unmarshal(c.body, &rec)
-	if c.code != http.StatusOK || rec.State != api.StateCancelled {
-		t.Fatalf("cancel: %d %q", c.code, c.body)
+	for _, id := range []string{"drop", anon} {
+		c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/"+id, "", "")
+		var rec api.JobRecord
+		_ = json.Unmarshal(c.body, &rec)
+		if c.code != http.StatusOK || rec.State != api.StateCancelled {
+			t.Fatalf("cancel %s: %d %q", id, c.code, c.body)
+		}
 	}
 	if code := keyCall(t, "PATCH", svc2.Addr(), "/v1/lanes/demo", `{"paused":false}`, nil); code != http.StatusOK {
 		t.Fatalf("resume: %d", code)
@@ -273,11 +283,20 @@ func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
 		t.Fatalf("witness: %d %q", c.code, c.body)
 	}
 	if got := calls.Load(); got != 2 {
-		t.Fatalf("target called %d times, want 2 (keep and the witness; the cancelled job never)", got)
+		t.Fatalf("target called %d times, want 2 (keep and the witness; the cancelled jobs never)", got)
 	}
-	if _, rec := getRecord(t, svc2.Addr(), "demo", "drop"); rec.State != api.StateCancelled || len(rec.Attempts) != 0 {
-		t.Fatalf("cancelled record: %+v", rec)
+	for _, id := range []string{"drop", anon} {
+		if _, rec := getRecord(t, svc2.Addr(), "demo", id); rec.State != api.StateCancelled || len(rec.Attempts) != 0 {
+			t.Fatalf("cancelled record of %s: %+v", id, rec)
+		}
 	}
+	// Once delivered, a job without a key has its record too.
+	c = callJob(t, "POST", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs", "", "anon2")
+	_ = json.Unmarshal(c.body, &acc)
+	testenv.Eventually(t, 15*time.Second, "the keyless job delivered", func() bool {
+		_, rec := getRecord(t, svc2.Addr(), "demo", acc.ID)
+		return rec.State == api.StateDelivered && rec.Response != nil && rec.Response.Body == `{"echo":"anon2"}`
+	})
 	if c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/keep", "", ""); c.code != http.StatusConflict {
 		t.Fatalf("cancel of a delivered job: %d, want 409", c.code)
 	}

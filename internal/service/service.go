@@ -253,6 +253,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Traces:                   s.traces,
 		Records:                  recs,
 		Waiters:                  waiters,
+		Stored:                   q,
 	})
 	if err != nil {
 		return err
