@@ -211,6 +211,9 @@ type perKeyOpts struct {
 
 // svcOpts describes a generated service configuration.
 type svcOpts struct {
+	// conns raises http.max_connections and max_connections_per_ip to it
+	// (0: the defaults).
+	conns      int
 	dataDir    string
 	natsURL    string // empty: embedded server in dataDir
 	natsListen string // the embedded server's client address; empty: none
@@ -236,6 +239,9 @@ func (o svcOpts) yaml() []byte {
 		fmt.Fprintf(&b, "  replicas: %d\n", o.replicas)
 	}
 	fmt.Fprintf(&b, "redis:\n  url: %s\n", q(o.redisURL))
+	if o.conns > 0 {
+		fmt.Fprintf(&b, "http:\n  max_connections: %d\n  max_connections_per_ip: %d\n", o.conns, o.conns)
+	}
 	b.WriteString("dispatch:\n  allow_networks: [\"127.0.0.0/8\", \"::1/128\"]\nlog:\n  level: warn\nlanes:\n")
 	for _, name := range slices.Sorted(maps.Keys(o.lanes)) {
 		l := o.lanes[name]

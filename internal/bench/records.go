@@ -50,7 +50,7 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	withRec.results = true
 	fast := laneOpts{rate: 1000, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
 	quick := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
-	cfg, err := e.serviceConfig(svcOpts{dataDir: e.dir("records"), target: sk.URL,
+	cfg, err := e.serviceConfig(svcOpts{conns: 2048, dataDir: e.dir("records"), target: sk.URL,
 		lanes: map[string]laneOpts{on: withRec, off: slow, get: fast, waited: quick, held: withRec}})
 	if err != nil {
 		return nil, err
