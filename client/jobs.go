@@ -11,7 +11,7 @@ import (
 
 // Get reads a job's record (GET /v1/lanes/{lane}/jobs/{id}) on a lane that
 // keeps results: its state, attempts and, once settled, the target's
-// answer. An unknown id is an *Error with Status 404.
+// answer. An unknown id is an *Error with StatusCode 404 (ErrNotFound).
 func (c *Client) Get(ctx context.Context, lane, id string) (*api.JobRecord, error) {
 	return c.getJob(ctx, lane, id, nil)
 }
@@ -56,7 +56,7 @@ func (c *Client) getJob(ctx context.Context, lane, id string, q url.Values) (*ap
 
 // Cancel cancels a job that has not started (DELETE
 // /v1/lanes/{lane}/jobs/{id}): its record, state cancelled; it is never
-// delivered. A job that started or settled is an *Error with Status 409.
+// delivered. A job that started or settled is an *Error with StatusCode 409.
 func (c *Client) Cancel(ctx context.Context, lane, id string) (*api.JobRecord, error) {
 	var out api.JobRecord
 	if _, err := c.do(ctx, request{method: http.MethodDelete, path: []string{"v1", "lanes", lane, "jobs", id}}, &out); err != nil {
