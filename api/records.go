@@ -84,3 +84,9 @@ type JobResponse struct {
 	// Truncated: the body was longer than results.max_body and was cut.
 	Truncated bool `json:"truncated,omitempty"`
 }
+
+// JobList is GET /v1/lanes/{lane}/jobs: a lane's most recently changed
+// records, newest first.
+type JobList struct {
+	Jobs []JobRecord `json:"jobs"`
+}

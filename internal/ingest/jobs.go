@@ -23,6 +23,7 @@ type JobRecords interface {
 	Undo(ctx context.Context, lane, id string, rev uint64) error
 	Get(ctx context.Context, lane, id string) (api.JobRecord, uint64, error)
 	Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error)
+	Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error)
 	// CancelStored cancels a job found in its lane's stream without a
 	// record (a SeqID id).
 	CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error)
@@ -72,6 +73,7 @@ const waitPoll = 250 * time.Millisecond
 // 404 for every job.
 func (h *Handler) routeJobs() {
 	// A key reads and cancels the jobs of the lanes it may submit to.
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.listJobs))
 	h.mux.HandleFunc("GET /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.getJob))
 	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.cancelJob))
 }
@@ -93,6 +95,50 @@ func (h *Handler) jobOf(w http.ResponseWriter, r *http.Request) (name, id string
 		return name, id, lane, false
 	}
 	return name, id, lane, true
+}
+
+// Bounds of GET /v1/lanes/{lane}/jobs.
+const (
+	defaultJobList = 50
+	maxJobList     = 200
+)
+
+// listJobs answers a lane's most recently changed records, newest first;
+// ?state= keeps one state, ?limit= (1 to 200, default 50) bounds them.
+func (h *Handler) listJobs(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("lane")
+	lane, ok := h.cfg.Lanes.Lane(name)
+	if !ok {
+		writeError(w, r, refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(name)))
+		return
+	}
+	q := r.URL.Query()
+	state := api.JobState(q.Get("state"))
+	switch state {
+	case "", api.StateScheduled, api.StateQueued, api.StateInFlight, api.StateRetrying, api.StateDelivered, api.StateDead, api.StateCancelled, api.StateExpired:
+	default:
+		writeError(w, r, refusal(ErrBadParam, "state", "state must be one of scheduled, queued, in_flight, retrying, delivered, dead, cancelled, expired; got %q", clip(string(state))))
+		return
+	}
+	limit := defaultJobList
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxJobList {
+			writeError(w, r, refusal(ErrBadParam, "limit", "limit must be 1 to %d, got %q", maxJobList, clip(v)))
+			return
+		}
+		limit = n
+	}
+	if lane.ResultsMaxWait == 0 || h.cfg.Records == nil {
+		writeJSON(w, http.StatusOK, api.JobList{Jobs: []api.JobRecord{}})
+		return
+	}
+	recs, err := h.cfg.Records.Recent(r.Context(), name, state, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.JobList{Jobs: recs})
 }
 
 // getJob answers a job's record; ?wait=30s holds the request until the job

@@ -627,7 +627,7 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 		Name: l.cfg.Name, Rate: conf, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(), Target: describeTarget(l.cfg.Target),
 		Adaptive: l.aimd != nil, Utilization: utilization(starts, span, conf),
-		Recent429: uint64(limited), Recent429Seconds: windowSeconds,
+		Recent429: uint64(limited), Recent429Seconds: windowSeconds, Results: l.keepsRecords(),
 	}
 	if q := l.cfg.Quota; q != nil {
 		st.Quota = &api.Quota{Limit: q.Limit, Per: q.Per.D().String(), Burst: q.Burst}

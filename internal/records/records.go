@@ -141,6 +141,46 @@ func (s *Store) Usage(ctx context.Context, lane string) (records uint64, bytes u
 	return st.Values(), st.Bytes(), nil
 }
 
+// maxScan bounds the records Recent reads for one answer.
+const maxScan = 2000
+
+// Recent lists a lane's most recently changed records, newest first: at
+// most limit, of state when it is not empty, among the last maxScan
+// changes. It reads the bucket's stream backwards by sequence (a record's
+// older revisions are gone: History is 1).
+func (s *Store) Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error) {
+	if _, err := s.bucket(lane); err != nil {
+		return nil, err
+	}
+	st, err := s.js.Stream(ctx, "KV_"+BucketName(lane))
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream of %s: %w", ErrUnavailable, lane, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream of %s: %w", ErrUnavailable, lane, err)
+	}
+	out := []api.JobRecord{}
+	for seq, n := info.State.LastSeq, 0; seq >= max(info.State.FirstSeq, 1) && seq > 0 && n < maxScan && len(out) < limit; seq, n = seq-1, n+1 {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("%w: %s seq %d: %w", ErrUnavailable, lane, seq, err)
+		}
+		if m.Header.Get("KV-Operation") != "" {
+			continue // a delete or purge marker
+		}
+		rec, err := decode(m.Data)
+		if err != nil || (state != "" && rec.State != state) {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
 // Create stores a new record (create-if-absent) and returns its revision.
 // When the job has a record already it returns that record and ErrExists.
 func (s *Store) Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobRecord, error) {

@@ -208,6 +208,18 @@ func TestJobRecordsAcrossTwoInstances(t *testing.T) {
 		t.Fatalf("resubmissions reached the target %d times", got-before)
 	}
 
+	// The lane's recent records, by state, on the other instance.
+	lc := callJob(t, "GET", "http://"+b.Addr()+"/v1/lanes/demo/jobs?state=delivered&limit=5", "", "")
+	var list api.JobList
+	if err := json.Unmarshal(lc.body, &list); err != nil || lc.code != http.StatusOK || len(list.Jobs) != 5 {
+		t.Fatalf("list: %d %q", lc.code, lc.body)
+	}
+	for _, j := range list.Jobs {
+		if j.State != api.StateDelivered || j.Lane != "demo" {
+			t.Fatalf("listed %+v", j)
+		}
+	}
+
 	// Refusals name their field.
 	for _, s := range []struct {
 		method, path string
@@ -220,6 +232,8 @@ func TestJobRecordsAcrossTwoInstances(t *testing.T) {
 		{"GET", "/v1/lanes/demo/jobs/never-stored", 404, "id"},
 		{"GET", "/v1/lanes/plain/jobs/x", 404, "id"},
 		{"GET", "/v1/lanes/nope/jobs/x", 404, "lane"},
+		{"GET", "/v1/lanes/demo/jobs?state=done", 400, "state"},
+		{"GET", "/v1/lanes/demo/jobs?limit=0", 400, "limit"},
 		{"DELETE", "/v1/lanes/demo/jobs/w-01", 409, "id"},
 		{"DELETE", "/v1/lanes/demo/jobs/never-stored", 404, "id"},
 	} {
