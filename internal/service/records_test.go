@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/servicetest"
@@ -313,5 +314,99 @@ func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
 	})
 	if c := callJob(t, "DELETE", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs/keep", "", ""); c.code != http.StatusConflict {
 		t.Fatalf("cancel of a delivered job: %d, want 409", c.code)
+	}
+}
+
+// TestCancelRacesStartEndToEnd: jobs are cancelled as they are submitted
+// to a lane that starts them at once, with and without an
+// Idempotency-Key: every job is either cancelled (200) and never reaches
+// the target, or refused (409) and delivered once; never both.
+func TestCancelRacesStartEndToEnd(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	got := map[string]int{}
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		got[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+	}))
+	t.Cleanup(target.Close)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	rate, err := bucket.ParseRate("200/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Lanes[0].Rate, cfg.Lanes[0].Burst = rate, 50
+	svc := runWithRegistry(t, cfg, prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+
+	const n = 160
+	cancelled := make([]bool, n)
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				idem := ""
+				if i%2 == 0 {
+					idem = fmt.Sprintf("race-%03d", i)
+				}
+				c := callJob(t, "POST", base, idem, "x")
+				var acc api.Accepted
+				if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted {
+					t.Errorf("submit %d: %d %q", i, c.code, c.body)
+					return
+				}
+				ids[i] = acc.ID
+				d := callJob(t, "DELETE", base+"/"+acc.ID, "", "")
+				switch d.code {
+				case http.StatusOK:
+					cancelled[i] = true
+				case http.StatusConflict:
+				default:
+					t.Errorf("cancel %s: %d %q", acc.ID, d.code, d.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	nCancelled := 0
+	for i, id := range ids {
+		if cancelled[i] {
+			nCancelled++
+			continue
+		}
+		testenv.Eventually(t, 20*time.Second, id+" delivered", func() bool {
+			_, rec := getRecord(t, svc.Addr(), "demo", id)
+			return rec.State == api.StateDelivered
+		})
+	}
+	// A witness after them all: once it is delivered, the drain has met
+	// every cancelled job before it.
+	if c := callJob(t, "POST", base+"?wait=15s", "witness", "x"); c.code != http.StatusOK {
+		t.Fatalf("witness: %d", c.code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, id := range ids {
+		switch {
+		case cancelled[i] && got[id] != 0:
+			t.Errorf("%s was cancelled and delivered %d times", id, got[id])
+		case !cancelled[i] && got[id] != 1:
+			t.Errorf("%s was refused a cancel and delivered %d times, want once", id, got[id])
+		}
+		if _, rec := getRecord(t, svc.Addr(), "demo", id); cancelled[i] != (rec.State == api.StateCancelled) {
+			t.Errorf("%s: cancel answered %v, record %s", id, cancelled[i], rec.State)
+		}
+	}
+	t.Logf("%d jobs: %d cancelled before their start, %d started first", n, nCancelled, n-nCancelled)
+	if nCancelled == 0 || nCancelled == n {
+		t.Logf("no race in this run: every cancel came %s its start", map[bool]string{true: "before", false: "after"}[nCancelled == n])
 	}
 }
