@@ -287,9 +287,7 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 		s.ch, s.release = ch, release
 		job.Wait = h.cfg.Waiters.Address()
 	}
-	now := time.Now().UTC()
-	rev, old, err := h.cfg.Records.Create(r.Context(), api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
-		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}})
+	rev, old, err := h.createRecord(r.Context(), *job)
 	switch {
 	case errors.Is(err, records.ErrExists):
 		h.laneCache(job.Lane).submitted("duplicate").Inc()
@@ -316,6 +314,13 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 	s.rev = rev
 	job.RecordRev = rev
 	return false
+}
+
+// createRecord creates a job's record, queued, before the job is stored.
+func (h *Handler) createRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
+	now := time.Now().UTC()
+	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
+		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}})
 }
 
 // undoRecord removes the record of a job that could not be stored.

@@ -209,6 +209,41 @@ func TestJobRecordsAcrossTwoInstances(t *testing.T) {
 		t.Fatalf("resubmissions reached the target %d times", got-before)
 	}
 
+	// A batch's items get their records at intake too: found at once,
+	// and their keys last as long as the records.
+	batch := func(addr string) api.BatchAccepted {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs:batch",
+			strings.NewReader(`[{"idempotency_key":"b-1","payload":"p1"},{"idempotency_key":"b-2","payload":"p2"}]`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := pollClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out api.BatchAccepted
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Accepted != 2 {
+			t.Fatalf("batch: %d %+v %v", resp.StatusCode, out, err)
+		}
+		return out
+	}
+	if first := batch(a.Addr()); first.Results[0].Duplicate || first.Results[1].Duplicate {
+		t.Fatalf("first batch: %+v", first)
+	}
+	if code, rec := getRecord(t, b.Addr(), "demo", "b-2"); code != http.StatusOK || rec.StoredAt == nil {
+		t.Fatalf("a batch item's record: %d %+v", code, rec)
+	}
+	testenv.Eventually(t, 15*time.Second, "the batch delivered", func() bool {
+		_, r1 := getRecord(t, a.Addr(), "demo", "b-1")
+		_, r2 := getRecord(t, a.Addr(), "demo", "b-2")
+		return r1.State == api.StateDelivered && r2.State == api.StateDelivered
+	})
+	again := batch(b.Addr())
+	for _, r := range again.Results {
+		if !r.Duplicate || r.State != api.StateDelivered {
+			t.Fatalf("the batch again: %+v; want duplicates of delivered jobs", again)
+		}
+	}
+
 	// The lane's recent records, by state, on the other instance.
 	lc := callJob(t, "GET", "http://"+b.Addr()+"/v1/lanes/demo/jobs?state=delivered&limit=5", "", "")
 	var list api.JobList
