@@ -187,6 +187,9 @@ type Handler struct {
 	usage   quota.Usage
 	// lanesSeen caches per-lane values of the submit path (*laneCache).
 	lanesSeen sync.Map
+	// stopping is closed by StopIntake; stopOnce closes it once.
+	stopping chan struct{}
+	stopOnce sync.Once
 	// idPrefix starts the ids this instance makes for the jobs of lanes
 	// with records (queue.SeqID).
 	idPrefix string
@@ -201,7 +204,7 @@ func New(cfg Config) (*Handler, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller),
-		idPrefix: nuid.Next()[:queue.IDPrefixLen-1] + "."}
+		idPrefix: nuid.Next()[:queue.IDPrefixLen-1] + ".", stopping: make(chan struct{})}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -260,8 +263,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// StopIntake makes every later submission answer 503 (shutdown begins).
-func (h *Handler) StopIntake() { h.draining.Store(true) }
+// StopIntake makes every later submission answer 503 (shutdown begins),
+// and ends the waits of requests held for their jobs' answers (?wait=):
+// they answer what they have (202 and Location), so that a stopping
+// instance is not held up to results.max_wait.
+func (h *Handler) StopIntake() {
+	h.draining.Store(true)
+	h.stopOnce.Do(func() { close(h.stopping) })
+}
 
 const maxContentType = queue.MaxContentType
 

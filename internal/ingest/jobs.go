@@ -159,7 +159,7 @@ func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait > 0 && !rec.State.Settled() {
-		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		ctx, cancel := h.waitContext(r.Context(), wait)
 		defer cancel()
 		if got, settled := h.cfg.Records.Wait(ctx, nil, name, id, waitPoll); settled || got.ID != "" {
 			rec = got
@@ -293,7 +293,7 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 		h.laneCache(job.Lane).submitted("duplicate").Inc()
 		setLocation(w, old.Lane, old.ID)
 		if s.wait > 0 && !old.State.Settled() {
-			ctx, cancel := context.WithTimeout(r.Context(), s.wait)
+			ctx, cancel := h.waitContext(r.Context(), s.wait)
 			defer cancel()
 			if got, settled := h.cfg.Records.Wait(ctx, s.ch, old.Lane, old.ID, waitPoll); settled {
 				old = got
@@ -339,7 +339,7 @@ func (h *Handler) undoRecord(job queue.Job, s *submission) {
 // it (true), or answers nothing when the wait runs out (false: the usual
 // 202 follows).
 func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.Job, s *submission) bool {
-	ctx, cancel := context.WithTimeout(r.Context(), s.wait)
+	ctx, cancel := h.waitContext(r.Context(), s.wait)
 	defer cancel()
 	rec, settled := h.cfg.Records.Wait(ctx, s.ch, job.Lane, job.ID, waitPoll)
 	if !settled {
@@ -347,6 +347,20 @@ func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.
 	}
 	writeAnswer(w, rec)
 	return true
+}
+
+// waitContext bounds a held request's wait by d and by the instance
+// stopping (StopIntake).
+func (h *Handler) waitContext(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, d)
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // setLocation points at a job's record.

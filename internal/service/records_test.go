@@ -308,7 +308,21 @@ func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
 		t.Fatalf("submit without a key: %d %q %v", c.code, c.body, c.header)
 	}
 	anon := acc.ID
+	// A request waiting for its job's answer when the instance stops is
+	// answered at once with the usual 202, not held until its wait ends.
+	waited := make(chan jobCall, 1)
+	go func() {
+		waited <- callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs?wait=20s", "held", "held")
+	}()
+	testenv.Eventually(t, 10*time.Second, "the held job's record", func() bool {
+		code, _ := getRecord(t, svc.Addr(), "demo", "held")
+		return code == http.StatusOK
+	})
+	stopped := time.Now()
 	stop()
+	if w := <-waited; w.code != http.StatusAccepted || w.header.Get("Location") != "/v1/lanes/demo/jobs/held" || time.Since(stopped) > 10*time.Second {
+		t.Fatalf("a waiting request at stop: %d %v after %v", w.code, w.header, time.Since(stopped))
+	}
 	svc2 := service.New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	servicetest.Run(t, svc2)
 	for _, id := range []string{"keep", "drop", anon} {
@@ -332,8 +346,12 @@ func TestCancelBeforeStartAndRestartKeepsRecord(t *testing.T) {
 	if c := callJob(t, "POST", "http://"+svc2.Addr()+"/v1/lanes/demo/jobs?wait=15s", "witness", "witness"); c.code != http.StatusOK {
 		t.Fatalf("witness: %d %q", c.code, c.body)
 	}
-	if got := calls.Load(); got != 2 {
-		t.Fatalf("target called %d times, want 2 (keep and the witness; the cancelled jobs never)", got)
+	testenv.Eventually(t, 15*time.Second, "the held job delivered", func() bool {
+		_, rec := getRecord(t, svc2.Addr(), "demo", "held")
+		return rec.State == api.StateDelivered
+	})
+	if got := calls.Load(); got != 3 {
+		t.Fatalf("target called %d times, want 3 (keep, held and the witness; the cancelled jobs never)", got)
 	}
 	for _, id := range []string{"drop", anon} {
 		if _, rec := getRecord(t, svc2.Addr(), "demo", id); rec.State != api.StateCancelled || len(rec.Attempts) != 0 {
