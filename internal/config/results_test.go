@@ -17,7 +17,9 @@ func TestResults(t *testing.T) {
 	if err != nil || cfg.Lanes[0].Results != nil {
 		t.Fatalf("without results: %+v, %v; want records off", cfg.Lanes[0].Results, err)
 	}
-	withResults := func(r string) string { return strings.Replace(good, "    burst: 10\n", "    burst: 10\n    results: "+r+"\n", 1) }
+	withResults := func(r string) string {
+		return strings.Replace(good, "    burst: 10\n", "    burst: 10\n    results: "+r+"\n", 1)
+	}
 	cfg, err = config.Parse("t.yaml", []byte(withResults("{}")), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
