@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -96,7 +97,7 @@ func docBlocks(t *testing.T, path string, allTagged bool) []docBlock {
 // recipe that a test below runs.
 func TestRecipesAreAllTested(t *testing.T) {
 	t.Parallel()
-	tested := []string{"nats", "crm", "webhooks"}
+	tested := []string{"nats", "crm", "webhooks", "answers"}
 	for _, b := range docBlocks(t, "docs/RECIPES.md", true) {
 		if !slices.Contains(tested, b.name) {
 			t.Errorf("docs/RECIPES.md:%d: recipe %q has no test", b.line, b.name)
@@ -506,6 +507,42 @@ func TestRecipeQuota(t *testing.T) {
 		l := oneLane(t, r.run("lanes"))
 		return l.EffectiveRate > 0 && l.EffectiveRate <= l.Rate/2+1e-9
 	})
+}
+
+// TestRecipeAnswers: recipe 4's waited calls answer the API's answers, at
+// the lane's rate; the record answers afterwards; a resubmission calls the
+// API no more.
+func TestRecipeAnswers(t *testing.T) {
+	t.Parallel()
+	r := newRecipe(t, "docs/RECIPES.md", "answers")
+	r.save("geo.yaml")
+	r.save("geo.go")
+	r.start("api", "geo listening")
+	r.start("serve", `"throttler ready"`)
+
+	out := r.run("ask")
+	for i := 1; i <= 3; i++ {
+		for _, want := range []string{"Throttle-Job-Id: addr-" + strconv.Itoa(i), fmt.Sprintf(`{"address":"%d Champ de Mars, Paris"`, i)} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("the waited answers lack %q:\n%s", want, out)
+			}
+		}
+	}
+	if n := strings.Count(out, "HTTP/1.1 200 OK"); n != 3 || strings.Count(out, "Throttle-Target-Status: 200") != 3 {
+		t.Fatalf("%d answers 200; want 3 with Throttle-Target-Status 200:\n%s", n, out)
+	}
+	var rec api.JobRecord
+	if err := json.Unmarshal([]byte(r.run("get")), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != api.StateDelivered || rec.Response == nil || rec.Response.Headers["X-Request-Id"] != "geo-addr-1" ||
+		!strings.Contains(rec.Response.Body, "1 Champ de Mars") || len(rec.Attempts) != 1 {
+		t.Fatalf("record %+v", rec)
+	}
+	again := r.bash(r.subst.Replace(`curl -s -X POST -H "Idempotency-Key: addr-1" -d x localhost:8080/v1/lanes/geo/jobs`), "again", 10*time.Second)
+	if !strings.Contains(again, `"state":"delivered"`) || !strings.Contains(again, `"duplicate":true`) {
+		t.Fatalf("resubmission: %s", again)
+	}
 }
 
 // TestRecipeQuotaSendsAuthorization: the lane of recipe 2 sends the

@@ -44,6 +44,8 @@ type LaneStatus struct {
 	// quota; Rate and Burst were derived from it.
 	Quota  *Quota `json:"quota,omitempty"`
 	Target string `json:"target"`
+	// Results: the lane keeps job records (GET /v1/lanes/{lane}/jobs).
+	Results bool `json:"results,omitempty"`
 	// Keyed is the per-key part of a keyed lane (per_key); absent on
 	// others.
 	Keyed *KeyedStatus `json:"keyed,omitempty"`

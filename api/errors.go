@@ -15,4 +15,10 @@ var (
 	// ErrNotKeyed: a per-key operation on a lane without per_key; answered
 	// 404 naming the lane.
 	ErrNotKeyed = errors.New("the lane is not keyed (no per_key)")
+	// ErrJobNotFound: no record of a job (never stored, on a lane without
+	// results, or older than its lane's results.keep); answered 404.
+	ErrJobNotFound = errors.New("no record of the job")
+	// ErrJobStarted: a job that started or settled cannot be cancelled;
+	// answered 409.
+	ErrJobStarted = errors.New("the job has started or settled")
 )

@@ -34,6 +34,9 @@ type serverOptions struct {
 	keys map[string][]string
 	// slowBacklog is the max_backlog of lane "slow" (rate 2/s, burst 1).
 	slowBacklog int64
+	// records adds lanes that keep job records: answers (50/s) and hourly
+	// (1/h, burst 1).
+	records bool
 }
 
 func sha(s string) string {
@@ -79,6 +82,12 @@ func startServer(opts serverOptions, logs io.Writer) (*server, error) {
 		{Name: "demo", Rate: rate("50/s"), Burst: 10, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20, Target: target(ok.URL)},
 		{Name: "failing", Rate: rate("200/s"), Burst: 10, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20, Target: target(refuse.URL)},
 		{Name: "slow", Rate: rate("2/s"), Burst: 1, MaxInflight: 1, MaxBacklog: opts.slowBacklog, MaxBody: 1 << 20, Target: target(ok.URL)},
+	}
+	if opts.records {
+		cfg.Lanes = append(cfg.Lanes, config.Lane{Name: "answers", Rate: rate("50/s"), Burst: 10, MaxInflight: 16, MaxBacklog: 100000, MaxBody: 1 << 20, Target: target(ok.URL),
+			Results: &config.Results{}},
+			config.Lane{Name: "hourly", Rate: rate("1/h"), Burst: 1, MaxInflight: 1, MaxBacklog: 100000, MaxBody: 1 << 20, Target: target(ok.URL),
+				Results: &config.Results{}})
 	}
 	for i := range cfg.Lanes {
 		// JetStream reserves each stream's max_bytes from the free disk:

@@ -77,6 +77,7 @@ const usage = `usage:
   throttler lane pause|resume LANE  hold a lane on every instance (jobs queue), or release it
   throttler dead ls|show|replay|purge LANE [SEQ]
   throttler keys LANE [KEY]         the keys of a keyed lane
+  throttler job LANE ID [--wait]    a job's record (lanes with results); job cancel LANE ID cancels it
   throttler health [--url URL]      exit 0 when the server at URL (default
                                     http://127.0.0.1:8080/readyz) is ready: a container health check
   throttler version                 print the version
@@ -106,6 +107,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdDead(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, args[1:], getenv, stdout, stderr)
+	case "job":
+		return cmdJob(ctx, args[1:], getenv, stdout, stderr)
 	case "health":
 		return cmdHealth(ctx, args[1:], stdout, stderr)
 	case "version":

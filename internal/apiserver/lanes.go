@@ -1,6 +1,8 @@
 package apiserver
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"fmt"
@@ -73,6 +75,10 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	}
 	c := d.cfg[name]
 	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
+	if r := c.Results; r != nil {
+		// A lane that keeps results always has a wait bound above zero.
+		il.ResultsMaxWait = max(r.MaxWait.D(), time.Nanosecond)
+	}
 	if f, ok := d.keyFns[name]; ok {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}

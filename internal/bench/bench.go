@@ -65,10 +65,11 @@ const (
 	Peers     = "peers"
 	Lanes     = "lanes"
 	Keyed     = "keyed"
+	Records   = "records"
 )
 
 // Scenarios lists every scenario id in the order they run.
-var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers, Lanes, Keyed}
+var Scenarios = []string{Ingest, Admission, Drain, Pacing, Latency, RSS, Peers, Lanes, Keyed, Records}
 
 // Config configures a Run. The zero value runs every scenario in full mode
 // with embedded NATS and a redis-server of its own (when one is on PATH).
@@ -217,6 +218,7 @@ var scenarioFuncs = map[string]scenario{
 	Peers:     runPeers,
 	Lanes:     runLanes,
 	Keyed:     runKeyed,
+	Records:   runRecords,
 }
 
 // Run runs the selected scenarios one after the other and returns their

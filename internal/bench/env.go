@@ -199,6 +199,8 @@ type laneOpts struct {
 	maxBytes int64 // the lane stream's max_bytes; 0: the default
 	// perKey makes the lane keyed with these per-key limits; nil: not keyed.
 	perKey *perKeyOpts
+	// results turns the lane's job records on (results: {keep: 1h}).
+	results bool
 }
 
 // perKeyOpts are a keyed lane's per_key limits.
@@ -209,6 +211,9 @@ type perKeyOpts struct {
 
 // svcOpts describes a generated service configuration.
 type svcOpts struct {
+	// conns raises http.max_connections and max_connections_per_ip to it
+	// (0: the defaults).
+	conns      int
 	dataDir    string
 	natsURL    string // empty: embedded server in dataDir
 	natsListen string // the embedded server's client address; empty: none
@@ -234,6 +239,9 @@ func (o svcOpts) yaml() []byte {
 		fmt.Fprintf(&b, "  replicas: %d\n", o.replicas)
 	}
 	fmt.Fprintf(&b, "redis:\n  url: %s\n", q(o.redisURL))
+	if o.conns > 0 {
+		fmt.Fprintf(&b, "http:\n  max_connections: %d\n  max_connections_per_ip: %d\n", o.conns, o.conns)
+	}
 	b.WriteString("dispatch:\n  allow_networks: [\"127.0.0.0/8\", \"::1/128\"]\nlog:\n  level: warn\nlanes:\n")
 	for _, name := range slices.Sorted(maps.Keys(o.lanes)) {
 		l := o.lanes[name]
@@ -241,6 +249,9 @@ func (o svcOpts) yaml() []byte {
 			q(name), strconv.FormatFloat(l.rate, 'g', -1, 64), l.burst, l.inflight, l.backlog)
 		if l.maxBytes > 0 {
 			fmt.Fprintf(&b, "    max_bytes: %d\n", l.maxBytes)
+		}
+		if l.results {
+			b.WriteString("    results: {keep: 1h, max_wait: 5m}\n")
 		}
 		if k := l.perKey; k != nil {
 			fmt.Fprintf(&b, "    per_key: {rate: %s, burst: %d}\n", strconv.FormatFloat(k.rate, 'g', -1, 64), k.burst)

@@ -239,6 +239,8 @@ type Lane struct {
 	// Observe computes, logs and counts the caller quota refusals of the
 	// lane's submissions without enforcing them.
 	Observe bool `yaml:"observe"`
+	// Results keeps a record of each job (results.go); nil keeps none.
+	Results *Results `yaml:"results"`
 }
 
 // PerKey is every key's default limit on a keyed lane.

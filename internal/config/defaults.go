@@ -113,6 +113,9 @@ func (l *Lane) applyDefaults() {
 	if l.Cost == 0 {
 		l.Cost = 1
 	}
+	if l.Results != nil {
+		l.Results.applyDefaults()
+	}
 	if l.Retry.MaxAttempts == 0 {
 		l.Retry.MaxAttempts = DefaultMaxAttempts
 	}

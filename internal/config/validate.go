@@ -329,6 +329,11 @@ func (l *Lane) validate(p string) error {
 	case l.Cost < 1 || l.Cost > MaxCost:
 		return fail("cost", "must be between 1 and %d tokens per job, got %d", MaxCost, l.Cost)
 	}
+	if r := l.Results; r != nil {
+		if err := r.validate(fail); err != nil {
+			return err
+		}
+	}
 	switch {
 	case l.MaxWait < 0:
 		return fail("max_wait", "must not be negative")

@@ -75,6 +75,9 @@ type Result struct {
 	Unstarted bool
 	// Took is how long the delivery took.
 	Took time.Duration
+	// Response is what the target answered, when the target keeps it
+	// (HTTPConfig.Capture); nil otherwise.
+	Response *Response
 }
 
 // Target delivers jobs. Implementations are safe for concurrent use and

@@ -78,6 +78,9 @@ type HTTPConfig struct {
 	// connections, at least 256, so that a lane at its bound never closes
 	// a connection only to open another for the next job. 0 means 256.
 	MaxInflight int
+	// Capture, when set, keeps part of each answer in Result.Response (a
+	// lane with results).
+	Capture *Capture
 }
 
 // reservedHeader reports whether a static header may not be configured:
@@ -183,6 +186,8 @@ type HTTP struct {
 	// not per job (url.Parse was the largest cost of a delivery after
 	// the round trip itself).
 	tmpl *http.Request
+	// capture is nil unless the lane keeps results.
+	capture *Capture
 }
 
 // NewHTTP validates cfg and returns an HTTP target. guard checks every
@@ -203,6 +208,7 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		headers:  make(http.Header, len(cfg.Headers)+1),
 		signer:   cfg.Signing,
 		clock:    clock.Real,
+		capture:  cfg.Capture,
 	}
 	if h.method == "" {
 		h.method = DefaultHTTPMethod
@@ -282,11 +288,17 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	if err != nil {
 		return h.transportError(ctx, err)
 	}
+	var kept *Response
+	if h.capture != nil {
+		kept = h.capture.capture(resp)
+	}
 	// Drain a bounded amount so that the connection goes back to the pool;
 	// a larger body is dropped with its connection.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	_ = resp.Body.Close()
-	return h.classify(resp)
+	res := h.classify(resp)
+	res.Response = kept
+	return res
 }
 
 // request is what http.NewRequestWithContext(ctx, h.method, h.url,

@@ -18,6 +18,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // Batch intake: POST /v1/lanes/{lane}/jobs:batch takes a JSON array of
@@ -379,6 +380,8 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			}
 		}
 	}
+	keeps := lane.ResultsMaxWait > 0 && h.cfg.Records != nil
+	var recorded []int // items answered from an earlier job's record
 	var (
 		toStore = make([]queue.Job, 0, len(fresh))
 		stored  = make([]struct{ i, k int }, 0, len(fresh)) // batch index and decision index of toStore[j]
@@ -396,6 +399,21 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 		last = decs[k]
 		job := jobs[i].job
+		if keeps {
+			// A lane with records: the item's record first
+			// (create-if-absent), as a single submission's.
+			rev, first, err := h.createRecord(ctx, job)
+			switch {
+			case errors.Is(err, records.ErrExists):
+				results[i] = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: first.State, Duplicate: true}
+				recorded = append(recorded, i)
+				continue
+			case err != nil:
+				fail(i, err, "records_unavailable")
+				continue
+			}
+			job.RecordRev = rev
+		}
 		if decs[k].Room && h.cfg.Assignments != nil {
 			wait, cancel := h.cfg.Assignments.Expect(name, job.ID)
 			defer cancel()
@@ -457,6 +475,9 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	for j, st := range stored {
 		i, pub, dec := st.i, pubs[j], decs[st.k]
 		if err := pub.Err; err != nil {
+			if keeps {
+				h.undoRecord(toStore[j], &submission{rev: toStore[j].RecordRev})
+			}
 			switch err = storeRefusal(name, lane, err); {
 			case errors.Is(err, queue.ErrFull):
 				fail(i, err, "storage_full")
@@ -516,6 +537,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 		results[i] = res
 	}
+	counts["duplicate"] += len(recorded)
 	for state, n := range counts {
 		h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Add(float64(n))
 	}

@@ -92,6 +92,9 @@ type Lane struct {
 	// Observe only logs and counts the caller quota refusals of the lane's
 	// submissions.
 	Observe bool
+	// ResultsMaxWait is the lane's results.max_wait; zero: the lane keeps
+	// no job records (no results).
+	ResultsMaxWait time.Duration
 }
 
 // forKey is the lane's admission for a job of key.
@@ -157,6 +160,14 @@ type Config struct {
 	// History serves the lanes' throughput history (GET
 	// /v1/lanes/{lane}/history); nil: no such route.
 	History HistoryReader
+	// Records are the job records of the lanes with results (jobs.go),
+	// and Waiters this instance's callers waiting for their jobs; nil: no
+	// job routes, and a lane's results are not used.
+	Records JobRecords
+	Waiters Waiting
+	// Stored finds the jobs of lanes with records that wait without one
+	// (ids made by intake); nil: such a job is 404 until it starts.
+	Stored StoredJobs
 	// Traces makes an intake span for each submission (trace.go); nil
 	// makes none (the submitter's trace context is stored all the same).
 	Traces trace.TracerProvider
@@ -176,6 +187,12 @@ type Handler struct {
 	usage   quota.Usage
 	// lanesSeen caches per-lane values of the submit path (*laneCache).
 	lanesSeen sync.Map
+	// stopping is closed by StopIntake; stopOnce closes it once.
+	stopping chan struct{}
+	stopOnce sync.Once
+	// idPrefix starts the ids this instance makes for the jobs of lanes
+	// with records (queue.SeqID).
+	idPrefix string
 }
 
 // New builds the handler.
@@ -186,7 +203,8 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller)}
+	h := &Handler{cfg: cfg, mux: newRouter(cfg.Metrics.HTTP), answers: newAnswers(answerMemory), bodies: newBudget(cfg.MaxBodyInflight, cfg.MaxBodyInflightPerCaller),
+		idPrefix: nuid.Next()[:queue.IDPrefixLen-1] + ".", stopping: make(chan struct{})}
 	if len(cfg.Auth.Keys) > 0 {
 		h.keys.Store(&keySet{keys: append([]Key(nil), cfg.Auth.Keys...)})
 	}
@@ -219,6 +237,7 @@ func New(cfg Config) (*Handler, error) {
 	h.routeCallers()
 	h.routeKeys()
 	h.routeHistory()
+	h.routeJobs()
 	if cfg.MetricsHandler != nil {
 		n := needRead
 		if cfg.Auth.PublicMetrics {
@@ -244,8 +263,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// StopIntake makes every later submission answer 503 (shutdown begins).
-func (h *Handler) StopIntake() { h.draining.Store(true) }
+// StopIntake makes every later submission answer 503 (shutdown begins),
+// and ends the waits of requests held for their jobs' answers (?wait=):
+// they answer what they have (202 and Location), so that a stopping
+// instance is not held up to results.max_wait.
+func (h *Handler) StopIntake() {
+	h.draining.Store(true)
+	h.stopOnce.Do(func() { close(h.stopping) })
+}
 
 const maxContentType = queue.MaxContentType
 
@@ -425,8 +450,20 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	var sub submission
+	keeps := lane.ResultsMaxWait > 0 && h.cfg.Records != nil
+	if !keeps {
+		lane.ResultsMaxWait = 0
+	}
+	var err error
+	if sub.wait, err = parseWait(r, lane); err != nil {
+		rj.reject(err, "invalid_wait")
+		return
+	}
+	defer sub.done()
 	id := r.Header.Get("Idempotency-Key")
-	if id != "" {
+	given := id != ""
+	if given {
 		if err := validKey(id); err != nil {
 			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: "Idempotency-Key", Detail: err.Error()}, "invalid_idempotency_key")
 			return
@@ -453,8 +490,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(refusal(ErrBadHeader, "Content-Type", "%s", why), "invalid_content_type")
 		return
 	}
-	tc, err := jobTrace(r)
-	if err != nil {
+	tc, err2 := jobTrace(r)
+	if err = err2; err != nil {
 		rj.reject(err, "invalid_trace_context")
 		return
 	}
@@ -486,6 +523,17 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
+	// A job without an Idempotency-Key on a lane with records gets an id
+	// that says where it is stored (queue.SeqID): it is found by that id
+	// while it waits, and no record is written for it at intake. It waits
+	// for its slot under the id made above.
+	seqID := keeps && !given && sub.wait == 0
+	if seqID {
+		job.ID, job.IDPrefix, job.NotifyID = "", h.idPrefix, id
+	}
+	if keeps && !seqID && h.openRecord(w, r, &rj, &job, &sub) {
+		return
+	}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Assignments != nil {
 		// The lane has room: the job starts at once if the drain gives it
@@ -498,6 +546,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	res, err := h.cfg.Publisher.Publish(r.Context(), job)
 	stored := time.Now()
 	if err != nil {
+		h.undoRecord(job, &sub)
 		switch err = storeRefusal(name, lane, err); {
 		case errors.Is(err, queue.ErrFull):
 			rj.reject(err, "storage_full")
@@ -508,6 +557,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
 		}
 		return
+	}
+	if seqID {
+		id = queue.SeqID(h.idPrefix, res.Seq)
+		job.ID = id
 	}
 	out := api.Accepted{ID: id, Lane: name, State: api.StateQueued}
 	switch {
@@ -551,6 +604,12 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 	} else {
 		setRateHeadersQuoted(w.Header(), lc.quoted, dec, true)
+	}
+	if keeps {
+		setLocation(w, name, id)
+		if sub.wait > 0 && h.awaitAnswer(w, r, job, &sub) {
+			return
+		}
 	}
 	w.WriteHeader(http.StatusAccepted)
 	buf := answerBufs.Get().(*[]byte)

@@ -10,6 +10,7 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // Every refusal the API answers is an error, and problemFor turns an error
@@ -77,6 +78,10 @@ var problemRows = []struct {
 	{ErrNotKeyed, ProblemNotFound, http.StatusNotFound, "lane", 0},
 	{queue.ErrNotFound, ProblemNotFound, http.StatusNotFound, "seq", 0},
 	{ErrNotFound, ProblemNotFound, http.StatusNotFound, "", 0},
+	// Job records (jobs.go).
+	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},
+	{api.ErrJobStarted, ProblemJobStarted, http.StatusConflict, "id", 0},
+	{records.ErrTooManyWaiters, ProblemOverloaded, http.StatusServiceUnavailable, "wait", time.Second},
 	// The admission decision's refusal (a *admission.RejectError names
 	// its field and when to retry) and the queue's.
 	{admission.ErrBacklogFull, ProblemBacklogFull, http.StatusTooManyRequests, "max_backlog", 0},

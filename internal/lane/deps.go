@@ -56,6 +56,9 @@ type Deps struct {
 	// Workers are the worker users of each pull-mode lane by lane name
 	// (config.NATS.WorkersOf); a lane with none answers any worker inbox.
 	Workers map[string][]string
+	// Records keeps the job records of the lanes with results; nil keeps
+	// none (a lane's results are then refused at New).
+	Records Records
 	// HistoryEvery is the interval of the lane's throughput samples
 	// (history.go); zero: DefaultHistoryEvery.
 	HistoryEvery time.Duration

@@ -35,6 +35,7 @@ import (
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // The queue's consumer is the drain's source, its messages the drain's
@@ -117,6 +118,9 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 	if h := cfg.Target.Handler; h != "" && d.Handlers[h] == nil {
 		return nil, fmt.Errorf("target.handler: no handler %q is registered (service.Handle)", h)
 	}
+	if cfg.Results != nil && d.Records == nil {
+		return nil, errors.New("results: this instance keeps no job records (lane.Deps.Records is nil)")
+	}
 	var err error
 	if l.target, l.closeTgt, err = l.openTarget(ctx); err != nil {
 		return nil, err
@@ -153,6 +157,9 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	l.rateGauge.Set(lim.Rate)
 	l.hot = newHotMetrics(m, name)
 	m.PausedSeconds.WithLabelValues(name).Set(0)
+	if err := l.ensureRecords(ctx); err != nil {
+		return fmt.Errorf("results: %w", err)
+	}
 	sub, err := l.d.Bus.Subscribe(ControlSubject(name), l.onControl)
 	if err != nil {
 		return fmt.Errorf("control subscription: %w", err)
@@ -294,6 +301,13 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
 		}
+		var claim records.Claim
+		if l.keepsRecords() {
+			var ok bool
+			if claim, ok = l.claim(dctx, msg); !ok {
+				return
+			}
+		}
 		tr := l.traceStart(dctx, msg, job, intake)
 		res := l.target.Deliver(tr.ctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
@@ -318,6 +332,12 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 		}
 		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: dctx.Err() != nil},
 			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
+		if l.keepsRecords() {
+			// Before the ack: a crash in between delivers the job again,
+			// and the record follows; never a settled job whose record
+			// still says in_flight.
+			l.record(dctx, msg, claim, res, act)
+		}
 		l.apply(dctx, msg, res, act)
 	}()
 }
@@ -333,7 +353,11 @@ func pushedBack(res dispatch.Result) bool {
 // gave it (its intake answers "admitted" only for a free one, due at once).
 func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
 	if j := msg.Job(); j.Notify != "" && l.d.Hub != nil && msg.FirstDelivery() {
-		l.d.Hub.Tell(j.Notify, j.Lane, j.ID, s.Due.Sub(l.d.Clock.Now()), s.Free)
+		name := j.ID
+		if j.NotifyID != "" {
+			name = j.NotifyID
+		}
+		l.d.Hub.Tell(j.Notify, j.Lane, name, s.Due.Sub(l.d.Clock.Now()), s.Free)
 	}
 }
 
@@ -603,7 +627,7 @@ func (l *Lane) Status(ctx context.Context) api.LaneStatus {
 		Name: l.cfg.Name, Rate: conf, EffectiveRate: lim.Rate, Burst: lim.Burst, MaxInflight: l.cfg.MaxInflight,
 		MaxBacklog: l.cfg.MaxBacklog, Delivered: l.delivered.Load(), Target: describeTarget(l.cfg.Target),
 		Adaptive: l.aimd != nil, Utilization: utilization(starts, span, conf),
-		Recent429: uint64(limited), Recent429Seconds: windowSeconds,
+		Recent429: uint64(limited), Recent429Seconds: windowSeconds, Results: l.keepsRecords(),
 	}
 	if q := l.cfg.Quota; q != nil {
 		st.Quota = &api.Quota{Limit: q.Limit, Per: q.Per.D().String(), Burst: q.Burst}

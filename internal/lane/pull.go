@@ -20,7 +20,11 @@ import (
 // the drain's source) or any other through dispatch.Open.
 func (l *Lane) openTarget(ctx context.Context) (dispatch.Target, func(), error) {
 	if !l.cfg.Target.Pull() {
-		return l.d.Targets.Open(ctx, targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers))
+		tc := targetConfig(l.cfg.Target, l.cfg.MaxInflight, l.d.Handlers)
+		if r := l.cfg.Results; r != nil && tc.HTTP != nil {
+			tc.HTTP.Capture = &dispatch.Capture{MaxBody: int64(r.MaxBody), Headers: r.Headers}
+		}
+		return l.d.Targets.Open(ctx, tc)
 	}
 	n := l.cfg.Target.NATS
 	name := l.cfg.Name

@@ -200,7 +200,7 @@ func TestBufferedConnWriteErrorSticks(t *testing.T) {
 func TestJobMsgHeaderKeys(t *testing.T) {
 	now := time.Now()
 	job := Job{ID: "id-1", MsgID: "id-1#2", Lane: "demo", Key: "k", ContentType: "text/plain", Payload: []byte("x"),
-		Outside: true, Notify: "throttler.notify.i1", Attempts: 3, NotBefore: now, EnqueuedAt: now,
+		Outside: true, Notify: "throttler.notify.i1", Wait: "throttler.records.i1", NotifyID: "n-1", RecordRev: 42, Attempts: 3, NotBefore: now, EnqueuedAt: now,
 		Trace: tracectx.Context{Parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", State: "rojo=1", Baggage: "k=v"}}
 	msg := jobMsg(job)
 	want := nats.Header{}
@@ -264,13 +264,15 @@ func TestJobMsgHeaderCount(t *testing.T) {
 	}
 	// The message, its subject, the map, the shared values, two numbers
 	// formatted, and one in the map: the header arrays stay on the stack.
-	// Every field set makes 11 headers: a map of more than 8 entries
-	// spills from one group into a table (two more allocations).
-	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 9 {
-		t.Errorf("jobMsg allocates %v times, want at most 9", n)
+	// Every field set makes 14 headers: a map of more than 8 entries
+	// spills from one group into a table (two more allocations), and the
+	// record's revision is a third number formatted.
+	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 10 {
+		t.Errorf("jobMsg allocates %v times, want at most 10", n)
 	}
-	// Without trace context (8 headers) the bound is the former one.
-	job.Trace = tracectx.Context{}
+	// Without trace context and a record (8 headers) the bound is the
+	// former one: a lane without results pays nothing for them.
+	job.Trace, job.Wait, job.RecordRev, job.NotifyID = tracectx.Context{}, "", 0, ""
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 7 {
 		t.Errorf("jobMsg without trace context allocates %v times, want at most 7", n)
 	}

@@ -127,14 +127,24 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	if ValidJobID(job.ID) != nil {
 		job.ID = h.Get(jetstream.MsgIDHeader)
 	}
+	if p := h.Get(HeaderIDPrefix); trusted && ValidJobID(job.ID) != nil && ValidIDPrefix(p) == nil {
+		job.ID = SeqID(p, seq)
+	}
 	if ValidJobID(job.ID) != nil {
 		job.ID = lane + "-" + strconv.FormatUint(seq, 10)
 	}
 	if !trusted {
 		return job
 	}
+	if n := h.Get(HeaderNotifyID); ValidJobID(n) == nil {
+		job.NotifyID = n
+	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"
+	job.Wait = waitAddress(h.Get(HeaderWait))
+	if rev, err := strconv.ParseUint(h.Get(HeaderRecordRev), 10, 64); err == nil {
+		job.RecordRev = rev
+	}
 	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 && n <= maxAttempts {
 		job.Attempts = n
 	}

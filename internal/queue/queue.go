@@ -54,6 +54,22 @@ const (
 	// HeaderEnqueuedAt holds when a retry's job was first stored, in Unix
 	// ms: its end-to-end time counts from there.
 	HeaderEnqueuedAt = "Throttler-Enqueued-At"
+	// HeaderWait names where a caller waits for the job's settled record
+	// (records.WaitSubject). Set only by the throttler.
+	HeaderWait = "Throttler-Wait"
+	// HeaderRecordRev is the revision of the job's record when intake
+	// stored the job: the drain's claim tries it first. Set only by the
+	// throttler.
+	HeaderRecordRev = "Throttler-Record-Rev"
+	// HeaderIDPrefix makes a job's id its prefix and its stream sequence
+	// (SeqID), for a job stored without an id of its own: such a job is
+	// found by its id in its lane's stream (Lookup) without a record.
+	// Set only by the throttler.
+	HeaderIDPrefix = "Throttler-Id-Prefix"
+	// HeaderNotifyID is the name the instance that took the job waits for
+	// its slot under (Hub.Expect), when the id is not known before the job
+	// is stored (HeaderIDPrefix). Set only by the throttler.
+	HeaderNotifyID = "Throttler-Notify-Id"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -157,6 +173,18 @@ type Job struct {
 	// Trace is the submitter's W3C trace context (traceparent,
 	// tracestate, baggage), kept through retries and replays.
 	Trace tracectx.Context
+	// Wait is where a caller waits for the job's settled record
+	// (records.WaitSubject); empty for none.
+	Wait string
+	// IDPrefix, on a job stored with an empty ID, makes its id
+	// SeqID(IDPrefix, seq) once stored.
+	IDPrefix string
+	// NotifyID names the job to the Hub when its id is not known before it
+	// is stored (IDPrefix); empty: the id.
+	NotifyID string
+	// RecordRev is the revision of the job's record when it was stored;
+	// zero for none or unknown.
+	RecordRev uint64
 	// TraceErr says why the trace headers of a job published on a public
 	// subject were dropped (malformed or over their bounds); nil
 	// otherwise. Not stored.
@@ -404,6 +432,21 @@ func notifyAddress(v string) string {
 	return v
 }
 
+// WaitPrefix starts the subject on which an instance hears the settled
+// records of the jobs its callers wait for (records.WaitPrefix, which the
+// records package checks against this one).
+const WaitPrefix = "throttler.records."
+
+// waitAddress keeps a Throttler-Wait value only when it is a wait subject,
+// as notifyAddress does for Throttler-Notify.
+func waitAddress(v string) string {
+	id, ok := strings.CutPrefix(v, WaitPrefix)
+	if !ok || notifyAddress(NotifyPrefix+id) == "" {
+		return ""
+	}
+	return v
+}
+
 // New returns a Queue on the connection nc. It starts nothing.
 func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	// An asynchronous publish (PublishBatch) whose acknowledgement never
@@ -509,7 +552,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 11
+const jobHeaders = 14
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -541,6 +584,18 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.Notify != "" {
 		add(HeaderNotify, job.Notify)
+	}
+	if job.Wait != "" {
+		add(HeaderWait, job.Wait)
+	}
+	if job.ID == "" && job.IDPrefix != "" {
+		add(HeaderIDPrefix, job.IDPrefix)
+	}
+	if job.NotifyID != "" {
+		add(HeaderNotifyID, job.NotifyID)
+	}
+	if job.RecordRev != 0 {
+		add(HeaderRecordRev, strconv.FormatUint(job.RecordRev, 10))
 	}
 	if job.Attempts > 0 {
 		add(HeaderAttempts, strconv.Itoa(job.Attempts))

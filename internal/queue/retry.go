@@ -96,7 +96,8 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	defer m.c.settle(m)
 	job := m.job
-	job.Notify = ""
+	job.Notify, job.NotifyID = "", ""
+	job.RecordRev = 0 // the record changed since; the claim reads it
 	job.Attempts++
 	job.NotBefore = time.Now().Add(delay)
 	job.MsgID = m.retryMsgID()

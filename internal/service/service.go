@@ -40,6 +40,7 @@ import (
 	"github.com/throttler/throttler/internal/leaky"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // Service is one throttler instance. Create it with New and call Run once.
@@ -189,6 +190,17 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, hub.Close)
+	recs, err := records.New(nc, s.log)
+	if err != nil {
+		return err
+	}
+	// One subscription for every caller of this instance that waits for
+	// its job's answer (?wait=), made before any job is taken.
+	waiters := records.NewWaiters(nc, claim.ID(), 0, s.log)
+	if err := waiters.Listen(); err != nil {
+		return err
+	}
+	closers = append(closers, waiters.Close)
 	limits, err := q.EnsureLimits(ctx, s.cfg.NATS.Replicas)
 	if err != nil {
 		return err
@@ -197,7 +209,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Limits: limits,
 		Bus:    nc, Targets: lane.NATSTargets{Conn: nc, Pull: nb.Pull, Guard: dispatch.NewGuard(s.allowNetworks())}, Queue: q, Store: store, Pair: pair, Claims: st.claims, Slow: st.slow, Leases: st.leases, Handlers: s.handlers,
 		Metrics: m, Logger: s.log, DedupWindow: s.cfg.NATS.DedupWindow.D(),
-		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub,
+		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Records: recs,
 		Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
 		Traces:  s.traces, HistoryEvery: s.historyEvery,
 	}
@@ -239,6 +251,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		MaxBatchBytes:            s.cfg.HTTP.BatchBytes(),
 		Ready:                    nb.Ready,
 		Traces:                   s.traces,
+		Records:                  recs,
+		Waiters:                  waiters,
+		Stored:                   q,
 	})
 	if err != nil {
 		return err

@@ -160,3 +160,87 @@ func TestPageRendersLaneKinds(t *testing.T) {
 		t.Fatalf("the page logged errors: %v", problems)
 	}
 }
+
+// TestPageListsRecentJobs: a lane that keeps job records shows its recent
+// jobs by state in its detail row, and a click on a job id opens its
+// record (as text). It fails when chromium is missing.
+func TestPageListsRecentJobs(t *testing.T) {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("this test needs Debian's chromium, which is not installed (%v): apt-get install -y chromium (.ci/run installs it)", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ui/", Handler())
+	mux.HandleFunc("GET /v1/whoami", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"anonymous":true,"admin":true,"read":true,"submit":true}`))
+	})
+	mux.HandleFunc("GET /v1/lanes", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"lanes":[{"name":"geo","rate":2,"effective_rate":2,"burst":1,"max_inflight":4,"max_backlog":1000,
+		 "target":"POST http://127.0.0.1:9000/geocode","results":true,"backlog":1,"waiting":1,"in_flight":0,"delivered":2,"dead":0,
+		 "retrying":0,"paused":false,"adaptive":false,"utilization":0.5,"recent_429":0,"recent_429_seconds":60}]}`))
+	})
+	mux.HandleFunc("GET /v1/lanes/{lane}/history", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"lane":"geo","interval_seconds":5,"samples":[]}`))
+	})
+	mux.HandleFunc("GET /v1/lanes/geo/jobs", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"jobs":[
+		 {"v":1,"id":"addr-3","lane":"geo","state":"queued","stored_at":"2026-01-01T00:00:02Z","attempts":[]},
+		 {"v":1,"id":"addr-2","lane":"geo","state":"delivered","finished_at":"2026-01-01T00:00:01Z","attempts":[{"at":"2026-01-01T00:00:01Z","status":200,"duration_ms":1}]},
+		 {"v":1,"id":"<b>addr-1</b>","lane":"geo","state":"in_flight","attempts":[{"at":"2026-01-01T00:00:00Z","error":"timeout","duration_ms":10000}]}]}`))
+	})
+	mux.HandleFunc("GET /v1/lanes/geo/jobs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"v":1,"id":%q,"lane":"geo","state":"delivered","attempts":[],"response":{"status":200,"body":"<script>x</script>"}}`, r.PathValue("id"))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	profile := t.TempDir()
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromedp.ExecPath(bin),
+		chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
+		chromedp.NoFirstRun, chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(profile), chromedp.WindowSize(1366, 768))
+	defer cancelAlloc()
+	bctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	ctx, cancel := context.WithTimeout(bctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr.detail[data-lane="geo"] .jobs h3`))); err != nil {
+		t.Fatalf("the page did not show the lane's jobs: %v", err)
+	}
+	type jobsView struct {
+		Title  string   `json:"title"`
+		IDs    []string `json:"ids"`
+		States []string `json:"states"`
+		Last   []string `json:"last"`
+		Bold   int      `json:"bold"`
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[jobsView](`(() => {
+	  const d = document.querySelector('tr.detail[data-lane="geo"] .jobs');
+	  return {
+	    title: d.querySelector("h3").textContent,
+	    ids: Array.from(d.querySelectorAll("tr.job button.open-job")).map((b) => b.textContent),
+	    states: Array.from(d.querySelectorAll("tr.job")).map((r) => r.dataset.state),
+	    last: Array.from(d.querySelectorAll("tr.job")).map((r) => r.children[3].textContent),
+	    bold: d.querySelectorAll("b").length,
+	  };
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Title != "Recent jobs (last 3): 1 queued · 1 delivered · 1 in flight" || strings.Join(got.IDs, ",") != "addr-3,addr-2,<b>addr-1</b>" ||
+		strings.Join(got.States, ",") != "queued,delivered,in_flight" || strings.Join(got.Last, ",") != "—,HTTP 200,timeout" || got.Bold != 0 {
+		t.Fatalf("jobs shown: %+v", got)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.open-job[data-id="addr-2"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr.detail[data-lane="geo"] pre.record`))); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('tr.detail[data-lane="geo"] pre.record').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rec, `"id": "addr-2"`) || !strings.Contains(rec, `<script>x</script>`) {
+		t.Fatalf("opened record: %q", rec)
+	}
+}

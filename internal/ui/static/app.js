@@ -12,6 +12,8 @@
   const HIDDEN_EVERY = 10000; // ms between polls while the tab is hidden
   const DEAD_PAGE = 10; // dead letters listed per lane
   const TOP_KEYS = 5; // busiest keys shown per keyed lane
+  const JOBS_PAGE = 50; // recent job records read per lane with results
+  const JOBS_SHOWN = 10; // of which listed
 
   const $ = (id) => document.getElementById(id);
   let who = null; // GET /v1/whoami
@@ -138,9 +140,10 @@
       if (r.status !== 200) throw new Error("GET /v1/lanes: " + problem(r));
       const lanes = r.body.lanes || [];
       const dead = await Promise.all(lanes.map((l) => l.dead > 0 ? deadLetters(l.name) : Promise.resolve(null)));
+      const jobs = await Promise.all(lanes.map((l) => l.results ? recentJobs(l.name) : Promise.resolve(null)));
       await Promise.all(lanes.map((l) => history(l.name)));
       if (!running) return;
-      render(lanes, dead);
+      render(lanes, dead, jobs);
       gen++;
       const u = $("updated");
       u.dataset.gen = String(gen);
@@ -170,6 +173,13 @@
       const every = Math.max(1000, 1000 * (+r.body.interval_seconds || 5));
       histories.set(lane, { at: Date.now(), every, body: r.body });
     } catch (_) { /* kept: the last answer */ }
+  }
+
+  // recentJobs reads a lane's most recently changed job records.
+  async function recentJobs(lane) {
+    const r = await call("GET", "lanes/" + encodeURIComponent(lane) + "/jobs?limit=" + JOBS_PAGE);
+    if (r.status !== 200) return { error: problem(r) };
+    return r.body;
   }
 
   async function deadLetters(lane) {
@@ -231,7 +241,7 @@
 
   // Rendering: one main row and one detail row (busiest keys, dead letters)
   // per lane, updated in place so that buttons stay under the pointer.
-  function render(lanes, dead) {
+  function render(lanes, dead, jobs) {
     $("lanes").hidden = lanes.length === 0;
     $("empty").hidden = lanes.length !== 0;
     const seen = new Set();
@@ -247,7 +257,7 @@
         rows.set(l.name, r);
       }
       $("rows").append(r.main, r.detail); // keeps the API's order
-      fillRow(r, l, dead[i]);
+      fillRow(r, l, dead[i], jobs[i]);
     });
     for (const [name, r] of rows) {
       if (!seen.has(name)) { r.main.remove(); r.detail.remove(); rows.delete(name); }
@@ -290,7 +300,7 @@
 
   function text(node, s) { if (node.textContent !== s) node.textContent = s; }
 
-  function fillRow(r, l, dead) {
+  function fillRow(r, l, dead, jobs) {
     const c = r.c;
     text(c.name.querySelector(".target"), l.target || "");
     c.name.querySelector(".target").title = l.target || "";
@@ -350,6 +360,7 @@
 
     fillHistory(c, histories.get(l.name), l.rate || 0);
     fillDetail(r, l, dead);
+    fillJobs(r, l, jobs);
   }
 
   // spark makes a lane's throughput chart: the backlog as a shaded area (scaled
@@ -401,10 +412,11 @@
     const listed = Array.isArray(l.keys) ? l.keys : keyed && Array.isArray(keyed.keys) ? keyed.keys : [];
     const keys = listed.filter((k) => k && typeof k === "object");
     const hasDead = l.dead > 0 && dead;
-    r.detail.hidden = !keyed && keys.length === 0 && !hasDead;
+    r.detail.hidden = !keyed && keys.length === 0 && !hasDead && !l.results;
     if (!r.detailParts) {
-      r.detailParts = { keys: el("div", { class: "keys" }), dead: el("div", { class: "dead" }) };
-      td.append(r.detailParts.keys, r.detailParts.dead);
+      r.detailParts = { keys: el("div", { class: "keys" }), dead: el("div", { class: "dead" }),
+        jobs: el("div", { class: "jobs", hidden: true }), record: el("pre", { class: "record", hidden: true }) };
+      td.append(r.detailParts.keys, r.detailParts.dead, r.detailParts.jobs, r.detailParts.record);
     }
     const p = r.detailParts;
 
@@ -473,6 +485,42 @@
     for (const [seq, tr] of r.deadRows) {
       if (!keep.has(seq)) { tr.remove(); r.deadRows.delete(seq); }
     }
+  }
+
+  // fillJobs lists a lane's recent job records (a lane with results): how
+  // many of them are in each state, the newest few, and one opened in full.
+  function fillJobs(r, l, jobs) {
+    const p = r.detailParts;
+    if (!p) return;
+    p.jobs.hidden = !l.results || !jobs;
+    if (p.jobs.hidden) { p.record.hidden = true; return; }
+    if (jobs.error) { p.jobs.replaceChildren(el("p", { class: "hot" }, "Jobs: " + jobs.error)); return; }
+    const list = Array.isArray(jobs.jobs) ? jobs.jobs : [];
+    const byState = new Map();
+    for (const j of list) byState.set(j.state, (byState.get(j.state) || 0) + 1);
+    const counts = [...byState].map(([st, n]) => num(n) + " " + String(st).replace("_", " ")).join(" · ");
+    const body = el("tbody");
+    for (const j of list.slice(0, JOBS_SHOWN)) {
+      const last = Array.isArray(j.attempts) && j.attempts.length ? j.attempts[j.attempts.length - 1] : null;
+      const open = el("button", { type: "button", class: "open-job", "data-id": j.id }, String(j.id));
+      open.addEventListener("click", () => openJob(p.record, l.name, j.id));
+      body.append(el("tr", { class: "job", "data-state": j.state },
+        el("td", {}, open), el("td", {}, String(j.state)),
+        el("td", { class: "num" }, String(Array.isArray(j.attempts) ? j.attempts.length : 0)),
+        el("td", {}, last ? (last.status ? "HTTP " + last.status : String(last.error || "")) : "—"),
+        el("td", { class: "since", title: j.finished_at || j.stored_at || "" }, ago(j.finished_at || j.stored_at))));
+    }
+    p.jobs.replaceChildren(
+      el("h3", {}, "Recent jobs" + (list.length ? " (last " + list.length + "): " + counts : ": none yet")),
+      list.length ? el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "Job id"), el("th", {}, "State"),
+        el("th", { class: "num" }, "Attempts"), el("th", {}, "Last answer"), el("th", {}, "Changed"))), body) : "");
+  }
+
+  // openJob shows one job's record, as the API answers it (as text).
+  async function openJob(pre, lane, id) {
+    const r = await call("GET", "lanes/" + encodeURIComponent(lane) + "/jobs/" + encodeURIComponent(id));
+    pre.hidden = false;
+    pre.textContent = r.status === 200 ? JSON.stringify(r.body, null, 2) : "Job " + id + ": " + problem(r);
   }
 
   function replayAllButton(lane) {

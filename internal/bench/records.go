@@ -1,0 +1,394 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
+)
+
+// runRecords: what job records (lanes[].results) cost and how fast their
+// answers come, all on one service with a lane keeping records and one
+// keeping none:
+//
+//   - intake: accepted jobs/s at 64 connections, records on vs off
+//     (interleaved rounds, best of each);
+//   - drain: jobs/s of a backlog submitted over HTTP, records on vs off;
+//   - GET of a job while the lane takes and drains 1,000 jobs/s: p99;
+//   - a waited submission's answer after the target answered: p50;
+//   - the process's RSS with 1,000 callers waiting at once;
+//   - the bytes JetStream holds per record.
+func runRecords(ctx context.Context, e *env) ([]Result, error) {
+	sk, err := startSink()
+	if err != nil {
+		return nil, err
+	}
+	defer sk.close()
+	tg, err := startStampTarget()
+	if err != nil {
+		return nil, err
+	}
+	defer tg.close()
+	on, off := e.lane("recon"), e.lane("recoff")
+	get, waited, held := e.lane("recget"), e.lane("recwait"), e.lane("recheld")
+	slow := laneOpts{rate: 1, burst: 1, inflight: drainInflight, backlog: 100_000_000}
+	withRec := slow
+	withRec.results = true
+	fast := laneOpts{rate: 1000, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
+	quick := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
+	cfg, err := e.serviceConfig(svcOpts{conns: 2048, dataDir: e.dir("records"), target: sk.URL,
+		lanes: map[string]laneOpts{on: withRec, off: slow, get: fast, waited: quick, held: withRec}})
+	if err != nil {
+		return nil, err
+	}
+	for i := range cfg.Lanes {
+		if cfg.Lanes[i].Name == waited {
+			cfg.Lanes[i].Target.HTTP.URL = tg.url
+		}
+	}
+	svc, err := e.startService(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer svc.stop()
+	base := "http://" + svc.svc.Addr() + "/v1/lanes/"
+	client := newClient(ingestConns)
+	defer client.CloseIdleConnections()
+	var rows []Result
+
+	// Intake, records on vs off.
+	best, err := e.interleave(ctx, ingestConns, 2_000_000, []side{
+		{name: "records on", op: func(ctx context.Context, _, _ int) error {
+			_, err := post(ctx, client, base+on+"/jobs", ingestPayload, 202)
+			return err
+		}},
+		{name: "records off", op: func(ctx context.Context, _, _ int) error {
+			_, err := post(ctx, client, base+off+"/jobs", ingestPayload, 202)
+			return err
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	o, r := best[0], best[1]
+	rows = append(rows, Result{ID: Records, Scenario: fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s, records on (vs off)", ingestConns),
+		Ours: fmt.Sprintf("%s (%s)", fmtRate(o.Rate()), fmtLat(o.Lat)), Reference: fmt.Sprintf("%s (%s)", fmtRate(r.Rate()), fmtLat(r.Lat)),
+		Ratio: fmtRatio(o.Rate(), r.Rate()), Goal: "≥ 0.90×", Verdict: verdict(o.Rate() >= 0.9*r.Rate()), Note: cpuNote(o, r, 1)})
+
+	// Drain, records on vs off: each lane's backlog (the jobs intake
+	// just took) drains at the highest rate, one lane after the other.
+	n := 20_000
+	if e.cfg.Smoke {
+		n = 500
+	}
+	drained := map[string]float64{}
+	for _, lane := range []string{off, on} {
+		depth := o.OK
+		if lane == off {
+			depth = r.OK
+		}
+		m := min(n, depth)
+		sk.reset(m)
+		if _, err := patch(ctx, client, base+lane, fmt.Sprintf(`{"rate":"%d/s","burst":1}`, bucket.MaxRate)); err != nil {
+			return rows, err
+		}
+		werr := sk.wait(ctx, m, 10*time.Second+2*e.dur+time.Duration(m)*time.Millisecond, e.prog, "records drain "+lane)
+		if _, err := patch(ctx, client, base+lane, `{"paused":true}`); err != nil {
+			return rows, err
+		}
+		if werr != nil {
+			return rows, werr
+		}
+		arrivals, _ := sk.snapshot()
+		drained[lane] = pacingOf(arrivals[:m], 0).Achieved
+	}
+	rows = append(rows, Result{ID: Records, Scenario: "drain, 1 lane → sink: jobs/s, records on (vs off)",
+		Ours: fmtRate(drained[on]), Reference: fmtRate(drained[off]), Ratio: fmtRatio(drained[on], drained[off]),
+		Goal: "≥ 0.85×", Verdict: verdict(drained[on] >= 0.85*drained[off]),
+		Note: fmt.Sprintf("the first %s jobs of each backlog, max_inflight %d", fmtInt(int64(n)), drainInflight)})
+
+	// GET p99 while the lane takes and drains 1,000 jobs/s.
+	jobs := int(e.dur.Seconds() * 1000)
+	var submitted atomic.Int64
+	var mu sync.Mutex
+	var gets []time.Duration
+	gctx, stopGets := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; gctx.Err() == nil; i += 4 {
+				k := submitted.Load()
+				if k == 0 {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				id := "g-" + strconv.FormatInt(int64(i)%k, 10)
+				t0 := time.Now()
+				if _, err := getOK(gctx, client, base+get+"/jobs/"+id); err != nil {
+					continue
+				}
+				mu.Lock()
+				gets = append(gets, time.Since(t0))
+				mu.Unlock()
+				time.Sleep(4 * time.Millisecond) // about 1,000 GETs/s in all
+			}
+		})
+	}
+	failed, ferr := openLoop(ctx, 1000, jobs, ingestConns, 2*e.dur+10*time.Second, e.prog, "records GET load", func(ctx context.Context, i int) error {
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+get+"/jobs", bytes.NewReader(ingestPayload))
+		req.Header.Set("Idempotency-Key", "g-"+strconv.Itoa(i))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		submitted.Store(max(submitted.Load(), int64(i)))
+		return nil
+	})
+	stopGets()
+	wg.Wait()
+	gl := summarise(gets)
+	rows = append(rows, Result{ID: Records, Scenario: "GET /v1/lanes/{lane}/jobs/{id} while the lane takes and drains 1,000 jobs/s: p99",
+		Ours: fmtDur(gl.P99), Reference: "—", Ratio: "—", Goal: "≤ 5 ms", Verdict: verdict(gl.N > 0 && gl.P99 <= 5*time.Millisecond),
+		Note: fmt.Sprintf("%s GETs (p50 %s); %d of %d submissions failed (%v)", fmtInt(int64(gl.N)), fmtDur(gl.P50), failed, jobs, ferr)})
+
+	// A waited job's answer after the target's answer.
+	waits := 500
+	if e.cfg.Smoke {
+		waits = 50
+	}
+	var after []time.Duration
+	for i := range waits {
+		id := "w-" + strconv.Itoa(i)
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+waited+"/jobs?wait=10s", bytes.NewReader(ingestPayload))
+		req.Header.Set("Idempotency-Key", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			return rows, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := time.Now()
+		if resp.StatusCode != http.StatusOK {
+			return rows, fmt.Errorf("bench: records: waited job %s answered %d", id, resp.StatusCode)
+		}
+		if at, ok := tg.answered(id); ok {
+			after = append(after, got.Sub(at))
+		}
+	}
+	wl := summarise(after)
+	rows = append(rows, Result{ID: Records, Scenario: "POST …/jobs?wait=: the caller's answer after the target's answer: p50",
+		Ours: fmtDur(wl.P50), Reference: "—", Ratio: "—", Goal: "≤ 3 ms", Verdict: verdict(wl.N > 0 && wl.P50 <= 3*time.Millisecond),
+		Note: fmt.Sprintf("%d waited jobs one after the other (p99 %s)", wl.N, fmtDur(wl.P99))})
+
+	// RSS with 1,000 callers waiting at once on a held lane.
+	if _, err := patch(ctx, client, base+held, `{"paused":true}`); err != nil {
+		return rows, err
+	}
+	before, merr := readStatus(os.Getpid())
+	wctx, stopWaiting := context.WithCancel(ctx)
+	waitClient := newClient(1000)
+	var answered atomic.Int64
+	var ww sync.WaitGroup
+	for i := range 1000 {
+		ww.Go(func() {
+			req, _ := http.NewRequestWithContext(wctx, "POST", base+held+"/jobs?wait=5m", bytes.NewReader(ingestPayload))
+			req.Header.Set("Idempotency-Key", "h-"+strconv.Itoa(i))
+			if resp, err := waitClient.Do(req); err == nil {
+				answered.Add(1)
+				resp.Body.Close()
+			}
+		})
+	}
+	herr := waitUntil(ctx, 30*time.Second, func() bool {
+		st, err := streamMsgs(svc, queue.StreamName(held))
+		return err == nil && st >= 1000
+	})
+	time.Sleep(500 * time.Millisecond) // the last requests reach their wait
+	during, derr := readStatus(os.Getpid())
+	stopWaiting()
+	ww.Wait()
+	waitClient.CloseIdleConnections()
+	row := Result{ID: Records, Scenario: "1,000 callers waiting at once (?wait=) on one instance: RSS", Reference: "—", Ratio: "—", Goal: "in the table", Verdict: NoGoal}
+	switch {
+	case merr != nil || derr != nil:
+		row.Verdict, row.Note = Skipped, fmt.Sprintf("cannot read process memory: %v %v", merr, derr)
+	case herr != nil:
+		row.Verdict, row.Note = Failed, herr.Error()
+	default:
+		row.Ours = fmt.Sprintf("+%s (%s in all)", fmtMB(during.rss-before.rss), fmtMB(during.rss))
+		row.Note = fmt.Sprintf("the bench process (service, embedded NATS, 1,000 client connections) before and while they wait; %d answered early", answered.Load())
+	}
+	rows = append(rows, row)
+
+	// Bytes per record in JetStream (settled records of the GET lane).
+	msgs, byts, err := bucketUsage(svc, get)
+	brow := Result{ID: Records, Scenario: "storage per job record (JetStream bytes / records)", Reference: "—", Ratio: "—", Goal: "in the table", Verdict: NoGoal}
+	if err != nil || msgs == 0 {
+		brow.Verdict, brow.Note = Failed, fmt.Sprintf("%d records: %v", msgs, err)
+	} else {
+		brow.Ours = fmt.Sprintf("%d B", byts/msgs)
+		brow.Note = fmt.Sprintf("%s records of a %d-byte payload's job with its 200 answer (no body)", fmtInt(int64(msgs)), len(ingestPayload))
+	}
+	return append(rows, brow), nil
+}
+
+// patch sends a PATCH with a JSON body and wants 200.
+func patch(ctx context.Context, c *http.Client, url, body string) ([]byte, error) {
+	req, _ := http.NewRequestWithContext(ctx, "PATCH", url, bytes.NewBufferString(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("bench: PATCH %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return b, fmt.Errorf("bench: PATCH %s %s: %d %s", url, body, resp.StatusCode, b)
+	}
+	return b, nil
+}
+
+// getOK GETs url and wants 200.
+func getOK(ctx context.Context, c *http.Client, url string) ([]byte, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return b, fmt.Errorf("GET %s: %d", url, resp.StatusCode)
+	}
+	return b, nil
+}
+
+func waitUntil(ctx context.Context, within time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: records: not within %v", within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// jsOf connects to the service's JetStream (embedded) for a look.
+func jsOf(r *running) (*nats.Conn, jetstream.JetStream, error) {
+	srv := r.svc.EmbeddedNATS()
+	if srv == nil {
+		return nil, nil, fmt.Errorf("bench: records: needs the embedded server")
+	}
+	nc, err := queue.ConnectEmbedded(srv, nats.Name("throttler-bench"))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+func streamMsgs(r *running, stream string) (uint64, error) {
+	nc, js, err := jsOf(r)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
+}
+
+func bucketUsage(r *running, lane string) (msgs, bytes uint64, err error) {
+	nc, js, err := jsOf(r)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, records.BucketName(lane))
+	if err != nil {
+		return 0, 0, err
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return st.Values(), st.Bytes(), nil
+}
+
+// stampTarget answers 200 {"ok":true} and remembers when it answered each
+// job (by Idempotency-Key).
+type stampTarget struct {
+	url string
+	srv *http.Server
+	mu  sync.Mutex
+	at  map[string]time.Time
+}
+
+func startStampTarget() (*stampTarget, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("bench: target: %w", err)
+	}
+	t := &stampTarget{url: "http://" + ln.Addr().String() + "/answer", at: map[string]time.Time{}}
+	t.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		t.mu.Lock()
+		t.at[r.Header.Get("Idempotency-Key")] = time.Now()
+		t.mu.Unlock()
+	})}
+	go func() { _ = t.srv.Serve(ln) }()
+	return t, nil
+}
+
+func (t *stampTarget) answered(id string) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.at[id]
+	return at, ok
+}
+
+func (t *stampTarget) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = t.srv.Shutdown(ctx)
+}

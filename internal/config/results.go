@@ -1,0 +1,91 @@
+package config
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Results keeps a record of each job of a lane (its state, attempts and
+// the target's answer) and with it an Idempotency-Key that lasts as long as
+// the record. nil (no results key in the file): no records; the lane's
+// jobs are de-duplicated within nats.dedup_window only.
+type Results struct {
+	// Keep is how long a record is kept after its job was stored; an
+	// Idempotency-Key is honoured as long. Zero means DefaultResultsKeep.
+	Keep Duration `yaml:"keep"`
+	// MaxBody is how much of the target's answer a record keeps; a longer
+	// body is cut and marked. Zero means DefaultResultsMaxBody.
+	MaxBody ByteSize `yaml:"max_body"`
+	// MaxWait bounds ?wait= on a submission. Zero means
+	// DefaultResultsMaxWait.
+	MaxWait Duration `yaml:"max_wait"`
+	// Headers are the target's answer headers a record keeps (besides
+	// Content-Type).
+	Headers []string `yaml:"headers"`
+}
+
+// Defaults of a lane's results.
+const (
+	DefaultResultsKeep    = 24 * time.Hour
+	DefaultResultsMaxBody = 64 << 10
+	DefaultResultsMaxWait = 60 * time.Second
+	// MaxResultsBody bounds results.max_body: a record is one JetStream
+	// message, and a waiting caller's answer is read from it.
+	MaxResultsBody = 1 << 20
+	// MaxResultsWait bounds results.max_wait: a held request holds a
+	// connection.
+	MaxResultsWait = 15 * time.Minute
+	// MaxResultsHeaders bounds results.headers.
+	MaxResultsHeaders = 32
+)
+
+func (r *Results) applyDefaults() {
+	if r.Keep == 0 {
+		r.Keep = Duration(DefaultResultsKeep)
+	}
+	if r.MaxBody == 0 {
+		r.MaxBody = DefaultResultsMaxBody
+	}
+	if r.MaxWait == 0 {
+		r.MaxWait = Duration(DefaultResultsMaxWait)
+	}
+	for i, h := range r.Headers {
+		r.Headers[i] = http.CanonicalHeaderKey(strings.TrimSpace(h))
+	}
+}
+
+// validate checks a lane's results; fail names the field under results.
+func (r *Results) validate(fail func(field, format string, args ...any) error) error {
+	switch {
+	case r.Keep < Duration(time.Second) || r.Keep > Duration(366*24*time.Hour):
+		return fail("results.keep", "must be between 1s and 366 days, got %v", r.Keep.D())
+	case r.MaxBody < 0 || r.MaxBody > MaxResultsBody:
+		return fail("results.max_body", "must be between 0 and 1MiB, got %d", r.MaxBody)
+	case r.MaxWait < 0 || r.MaxWait > Duration(MaxResultsWait):
+		return fail("results.max_wait", "must be between 0 and %v, got %v", MaxResultsWait, r.MaxWait.D())
+	case len(r.Headers) > MaxResultsHeaders:
+		return fail("results.headers", "lists %d headers; at most %d are allowed", len(r.Headers), MaxResultsHeaders)
+	}
+	for i, h := range r.Headers {
+		if !validToken(h) {
+			return fail(fmt.Sprintf("results.headers[%d]", i), "%q is not a header name", h)
+		}
+	}
+	return nil
+}
+
+// validToken reports an RFC 9110 token (a header name).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,53 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/internal/config"
+)
+
+// TestResults: a lane's results are off without the key, on with the
+// defaults for "results: {}", and every bad value is refused naming the
+// file and the field.
+func TestResults(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte(good), func(string) string { return "" })
+	if err != nil || cfg.Lanes[0].Results != nil {
+		t.Fatalf("without results: %+v, %v; want records off", cfg.Lanes[0].Results, err)
+	}
+	withResults := func(r string) string {
+		return strings.Replace(good, "    burst: 10\n", "    burst: 10\n    results: "+r+"\n", 1)
+	}
+	cfg, err = config.Parse("t.yaml", []byte(withResults("{}")), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Lanes[0].Results; r == nil || r.Keep.D() != 24*time.Hour || r.MaxBody != 64<<10 || r.MaxWait.D() != time.Minute {
+		t.Fatalf("results: {} gave %+v; want keep 24h, max_body 64KiB, max_wait 60s", r)
+	}
+	cfg, err = config.Parse("t.yaml", []byte(withResults("{keep: 1h, max_body: 1KiB, max_wait: 30s, headers: [x-request-id]}")), func(string) string { return "" })
+	if r := cfg.Lanes[0].Results; err != nil || r.Keep.D() != time.Hour || r.MaxBody != 1024 || r.Headers[0] != "X-Request-Id" {
+		t.Fatalf("results: %+v, %v", r, err)
+	}
+	for _, s := range []struct{ results, field string }{
+		{"{keep: 500ms}", "lanes[0].results.keep"},
+		{"{keep: 400d}", "lanes[0].results.keep"},
+		{"{max_body: 2MiB}", "lanes[0].results.max_body"},
+		{"{max_wait: 16m}", "lanes[0].results.max_wait"},
+		{"{max_wait: -1s}", "lanes[0].results.max_wait"},
+		{`{headers: ["a b"]}`, "lanes[0].results.headers[0]"},
+	} {
+		_, err := config.Parse("t.yaml", []byte(withResults(s.results)), func(string) string { return "" })
+		var ce *config.Error
+		if !errors.As(err, &ce) || ce.File != "t.yaml" || !strings.HasPrefix(ce.Field, s.field) {
+			t.Errorf("results: %s: %v; want an error naming t.yaml and %s", s.results, err, s.field)
+		}
+	}
+	// An unknown key is refused like any other: the file, its line, the key.
+	if _, err := config.Parse("t.yaml", []byte(withResults("{colour: 1}")), func(string) string { return "" }); err == nil ||
+		!strings.Contains(err.Error(), "t.yaml") || !strings.Contains(err.Error(), "colour") {
+		t.Errorf("results: {colour: 1}: %v; want it refused naming the file and the key", err)
+	}
+}

@@ -1,0 +1,403 @@
+package ingest
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
+)
+
+// JobRecords are the job records of the lanes with results
+// (records.Store): intake creates a job's record before it stores the job
+// (create-if-absent: an Idempotency-Key lasts as long as the record), and
+// GET and DELETE of a job read and cancel it.
+type JobRecords interface {
+	Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobRecord, error)
+	Undo(ctx context.Context, lane, id string, rev uint64) error
+	Get(ctx context.Context, lane, id string) (api.JobRecord, uint64, error)
+	Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error)
+	Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error)
+	// CancelStored cancels a job found in its lane's stream without a
+	// record (a SeqID id).
+	CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error)
+	// Wait waits for a job to settle: from ch (nil: none), else by
+	// reading its record every poll.
+	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool)
+}
+
+// StoredJobs finds a job that waits in its lane's stream by its SeqID id
+// (queue.Queue.Lookup): such a job has no record until it starts.
+type StoredJobs interface {
+	Lookup(ctx context.Context, lane, id string) (queue.Job, time.Time, error)
+}
+
+// Waiting holds this instance's callers that wait for their jobs
+// (records.Waiters).
+type Waiting interface {
+	Address() string
+	Expect(lane, id string) (<-chan api.JobRecord, func(), error)
+}
+
+var (
+	_ JobRecords = (*records.Store)(nil)
+	_ Waiting    = (*records.Waiters)(nil)
+	_ StoredJobs = (*queue.Queue)(nil)
+)
+
+// Headers of a waited answer.
+const (
+	HeaderTargetStatus = "Throttle-Target-Status"
+	HeaderJobID        = "Throttle-Job-Id"
+	// HeaderJobState says the state of the job a waited answer is about.
+	HeaderJobState = "Throttle-Job-State"
+	// HeaderBodyTruncated: the target's body was longer than the lane's
+	// results.max_body and was cut.
+	HeaderBodyTruncated = "Throttle-Body-Truncated"
+)
+
+// ProblemJobStarted: a cancel came after the job started or settled.
+const ProblemJobStarted = "urn:throttler:problem:job-started"
+
+// waitPoll is how often a waiting request reads the record of a job whose
+// stored copy does not name this instance (a resubmission, a GET ?wait).
+const waitPoll = 250 * time.Millisecond
+
+// routeJobs adds the routes of job records; without Records they answer
+// 404 for every job.
+func (h *Handler) routeJobs() {
+	// A key reads and cancels the jobs of the lanes it may submit to.
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/jobs", h.authorize(needSubmit, h.listJobs))
+	h.mux.HandleFunc("GET /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.getJob))
+	h.mux.HandleFunc("DELETE /v1/lanes/{lane}/jobs/{id}", h.authorize(needSubmit, h.cancelJob))
+}
+
+// jobOf reads the {lane} and {id} of a job route; ok is false after a
+// refusal was written.
+func (h *Handler) jobOf(w http.ResponseWriter, r *http.Request) (name, id string, lane Lane, ok bool) {
+	name, id = r.PathValue("lane"), r.PathValue("id")
+	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
+		writeError(w, r, refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(name)))
+		return name, id, lane, false
+	}
+	if err := queue.ValidJobID(id); err != nil {
+		writeError(w, r, &Refusal{Err: ErrBadParam, Cause: err, Field: "id", Detail: "id: " + err.Error()})
+		return name, id, lane, false
+	}
+	if lane.ResultsMaxWait == 0 || h.cfg.Records == nil {
+		writeError(w, r, &Refusal{Err: api.ErrJobNotFound, Field: "id", Detail: "lane " + name + " keeps no job records (no results in its config)"})
+		return name, id, lane, false
+	}
+	return name, id, lane, true
+}
+
+// Bounds of GET /v1/lanes/{lane}/jobs.
+const (
+	defaultJobList = 50
+	maxJobList     = 200
+)
+
+// listJobs answers a lane's most recently changed records, newest first;
+// ?state= keeps one state, ?limit= (1 to 200, default 50) bounds them.
+func (h *Handler) listJobs(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("lane")
+	lane, ok := h.cfg.Lanes.Lane(name)
+	if !ok {
+		writeError(w, r, refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(name)))
+		return
+	}
+	q := r.URL.Query()
+	state := api.JobState(q.Get("state"))
+	switch state {
+	case "", api.StateScheduled, api.StateQueued, api.StateInFlight, api.StateRetrying, api.StateDelivered, api.StateDead, api.StateCancelled, api.StateExpired:
+	default:
+		writeError(w, r, refusal(ErrBadParam, "state", "state must be one of scheduled, queued, in_flight, retrying, delivered, dead, cancelled, expired; got %q", clip(string(state))))
+		return
+	}
+	limit := defaultJobList
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxJobList {
+			writeError(w, r, refusal(ErrBadParam, "limit", "limit must be 1 to %d, got %q", maxJobList, clip(v)))
+			return
+		}
+		limit = n
+	}
+	if lane.ResultsMaxWait == 0 || h.cfg.Records == nil {
+		writeJSON(w, http.StatusOK, api.JobList{Jobs: []api.JobRecord{}})
+		return
+	}
+	recs, err := h.cfg.Records.Recent(r.Context(), name, state, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.JobList{Jobs: recs})
+}
+
+// getJob answers a job's record; ?wait=30s holds the request until the job
+// settles (at most the lane's results.max_wait).
+func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
+	name, id, lane, ok := h.jobOf(w, r)
+	if !ok {
+		return
+	}
+	wait, err := parseWait(r, lane)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	rec, err := h.readRecord(r.Context(), name, id)
+	if err != nil {
+		writeError(w, r, recordRefusal(err, id))
+		return
+	}
+	if wait > 0 && !rec.State.Settled() {
+		ctx, cancel := h.waitContext(r.Context(), wait)
+		defer cancel()
+		if got, settled := h.cfg.Records.Wait(ctx, nil, name, id, waitPoll); settled || got.ID != "" {
+			rec = got
+		}
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// cancelJob cancels a job that has not started: 200 with its record, state
+// cancelled; 409 once it started or settled.
+func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
+	name, id, _, ok := h.jobOf(w, r)
+	if !ok {
+		return
+	}
+	rec, err := h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
+	if errors.Is(err, api.ErrJobNotFound) {
+		if job, stored, ok := h.stored(r.Context(), name, id); ok {
+			rec, err = h.cfg.Records.CancelStored(r.Context(), name, id, job.Key, stored.UTC(), time.Now().UTC())
+		}
+	}
+	if err != nil {
+		if errors.Is(err, api.ErrJobStarted) {
+			err = &Refusal{Err: api.ErrJobStarted, Field: "id", Detail: "job " + id + " is " + string(rec.State) + ": only a scheduled or queued job can be cancelled"}
+		}
+		writeError(w, r, recordRefusal(err, id))
+		return
+	}
+	h.cfg.Logger.Info("job cancelled", "caller", callerOf(r), "lane", name, "id", id)
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// readRecord reads a job's record; a job without one that waits in its
+// lane's stream (a SeqID id) is queued.
+func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecord, error) {
+	rec, _, err := h.cfg.Records.Get(ctx, lane, id)
+	if errors.Is(err, api.ErrJobNotFound) {
+		if job, stored, ok := h.stored(ctx, lane, id); ok {
+			at := stored.UTC()
+			return api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: job.Key, State: api.StateQueued,
+				StoredAt: &at, Attempts: []api.JobAttempt{}}, nil
+		}
+		// Settled and gone from the stream since the first read.
+		rec, _, err = h.cfg.Records.Get(ctx, lane, id)
+	}
+	return rec, err
+}
+
+// stored finds a job without a record in its lane's stream.
+func (h *Handler) stored(ctx context.Context, lane, id string) (queue.Job, time.Time, bool) {
+	if h.cfg.Stored == nil {
+		return queue.Job{}, time.Time{}, false
+	}
+	job, at, err := h.cfg.Stored.Lookup(ctx, lane, id)
+	return job, at, err == nil
+}
+
+// recordRefusal names the job of a record store's refusal.
+func recordRefusal(err error, id string) error {
+	if errors.Is(err, api.ErrJobNotFound) {
+		var rf *Refusal
+		if !errors.As(err, &rf) {
+			return &Refusal{Err: api.ErrJobNotFound, Cause: err, Field: "id", Detail: "no record of job " + clip(id) + ": never stored, or older than the lane's results.keep"}
+		}
+	}
+	return err
+}
+
+// parseWait reads ?wait= (a Go duration, "30s"): 0 when absent; a value
+// that does not parse, is negative, or exceeds the lane's results.max_wait
+// (or a lane without results) is refused naming wait.
+func parseWait(r *http.Request, lane Lane) (time.Duration, error) {
+	q := r.URL.Query()
+	if !q.Has("wait") {
+		return 0, nil
+	}
+	v := q.Get("wait")
+	if lane.ResultsMaxWait == 0 {
+		return 0, refusal(ErrBadParam, "wait", "the lane keeps no job records (no results in its config): it cannot wait for an answer")
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		if n, nerr := strconv.ParseFloat(v, 64); nerr == nil {
+			d, err = time.Duration(n*float64(time.Second)), nil
+		}
+	}
+	switch {
+	case err != nil:
+		return 0, &Refusal{Err: ErrBadParam, Cause: err, Field: "wait", Detail: "wait must be a duration such as 30s, got " + strconv.Quote(clip(v))}
+	case d < 0:
+		return 0, refusal(ErrBadParam, "wait", "wait must not be negative, got %s", clip(v))
+	case d > lane.ResultsMaxWait:
+		return 0, refusal(ErrBadParam, "wait", "wait is %v; the lane's results.max_wait is %v", d, lane.ResultsMaxWait)
+	}
+	return d, nil
+}
+
+// submission is what a submission to a lane with results carries between
+// its steps: the record's revision and the wait.
+type submission struct {
+	rev     uint64
+	wait    time.Duration
+	ch      <-chan api.JobRecord
+	release func()
+}
+
+// done releases the submission's waiter.
+func (s *submission) done() {
+	if s.release != nil {
+		s.release()
+	}
+}
+
+// openRecord registers the caller's wait and creates the job's record
+// before the job is stored. When the job has a record already (its
+// Idempotency-Key was used within results.keep) it answers the first
+// job: its state, or with a wait its answer, and handled is true.
+func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecter, job *queue.Job, s *submission) (handled bool) {
+	if s.wait > 0 {
+		ch, release, err := h.cfg.Waiters.Expect(job.Lane, job.ID)
+		if err != nil {
+			rj.reject(err, "too_many_waiters")
+			return true
+		}
+		s.ch, s.release = ch, release
+		job.Wait = h.cfg.Waiters.Address()
+	}
+	rev, old, err := h.createRecord(r.Context(), *job)
+	switch {
+	case errors.Is(err, records.ErrExists):
+		h.laneCache(job.Lane).submitted("duplicate").Inc()
+		setLocation(w, old.Lane, old.ID)
+		if s.wait > 0 && !old.State.Settled() {
+			ctx, cancel := h.waitContext(r.Context(), s.wait)
+			defer cancel()
+			if got, settled := h.cfg.Records.Wait(ctx, s.ch, old.Lane, old.ID, waitPoll); settled {
+				old = got
+			}
+		}
+		if s.wait > 0 && old.State.Settled() {
+			writeAnswer(w, old)
+			return true
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write(appendAccepted(nil, api.Accepted{ID: old.ID, Lane: old.Lane, State: old.State, Duplicate: true}))
+		return true
+	case err != nil:
+		rj.reject(err, "records_unavailable")
+		return true
+	}
+	s.rev = rev
+	job.RecordRev = rev
+	return false
+}
+
+// createRecord creates a job's record, queued, before the job is stored.
+func (h *Handler) createRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
+	now := time.Now().UTC()
+	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
+		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}})
+}
+
+// undoRecord removes the record of a job that could not be stored.
+func (h *Handler) undoRecord(job queue.Job, s *submission) {
+	if s.rev == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := h.cfg.Records.Undo(ctx, job.Lane, job.ID, s.rev); err != nil {
+		h.cfg.Logger.Warn("removing the record of a job not stored failed; a resubmission finds it", "lane", job.Lane, "id", job.ID, "err", err)
+	}
+}
+
+// awaitAnswer holds a waited submission until its job settles and answers
+// it (true), or answers nothing when the wait runs out (false: the usual
+// 202 follows).
+func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.Job, s *submission) bool {
+	ctx, cancel := h.waitContext(r.Context(), s.wait)
+	defer cancel()
+	rec, settled := h.cfg.Records.Wait(ctx, s.ch, job.Lane, job.ID, waitPoll)
+	if !settled {
+		return false
+	}
+	writeAnswer(w, rec)
+	return true
+}
+
+// waitContext bounds a held request's wait by d and by the instance
+// stopping (StopIntake).
+func (h *Handler) waitContext(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, d)
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// setLocation points at a job's record.
+func setLocation(w http.ResponseWriter, lane, id string) {
+	w.Header().Set("Location", "/v1/lanes/"+url.PathEscape(lane)+"/jobs/"+url.PathEscape(id))
+}
+
+// writeAnswer answers a waited submission of a settled job: 200 with the
+// target's body and content type, its status in Throttle-Target-Status;
+// for a job settled without an answer (cancelled, expired, dead after
+// transport errors) 200 with its record. The target's body is served
+// sandboxed: it is the target's, not this server's.
+func writeAnswer(w http.ResponseWriter, rec api.JobRecord) {
+	hd := w.Header()
+	hd.Set(HeaderJobID, rec.ID)
+	hd.Set(HeaderJobState, string(rec.State))
+	resp := rec.Response
+	if resp == nil {
+		writeJSON(w, http.StatusOK, rec)
+		return
+	}
+	body := []byte(resp.Body)
+	if resp.BodyBase64 != "" {
+		body, _ = base64.StdEncoding.DecodeString(resp.BodyBase64)
+	}
+	ct := resp.Headers["Content-Type"]
+	if ct == "" || contentTypeError(ct) != "" {
+		ct = "application/octet-stream"
+	}
+	hd.Set("Content-Type", ct)
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Content-Security-Policy", "sandbox")
+	hd.Set(HeaderTargetStatus, strconv.Itoa(resp.Status))
+	if resp.Truncated {
+		hd.Set(HeaderBodyTruncated, "true")
+	}
+	hd.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}

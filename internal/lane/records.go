@@ -1,0 +1,151 @@
+package lane
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net"
+	"os"
+	"time"
+	"unicode/utf8"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
+)
+
+// Records keeps the job records of the lanes with results (records.Store):
+// the drain claims a job's record before its attempt, writes the attempt's
+// end after it, and tells a waiting caller of a settled job.
+type Records interface {
+	EnsureLane(ctx context.Context, spec records.LaneSpec) error
+	Start(ctx context.Context, a records.Attempt) (records.Claim, error)
+	Finish(ctx context.Context, c records.Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error)
+	// Settled hands a settled record to the caller waiting at address
+	// (records.WaitAddress), on whichever instance it waits.
+	Settled(address string, rec api.JobRecord)
+}
+
+var _ Records = (*records.Store)(nil)
+
+// ensureRecords creates the lane's records bucket when the lane keeps
+// results.
+func (l *Lane) ensureRecords(ctx context.Context) error {
+	r := l.cfg.Results
+	if r == nil || l.d.Records == nil {
+		return nil
+	}
+	return l.d.Records.EnsureLane(ctx, records.LaneSpec{Name: l.cfg.Name, Keep: r.Keep.D(),
+		MaxRecord: int32(2*int64(r.MaxBody) + 64<<10), Replicas: l.d.Replicas})
+}
+
+// keepsRecords reports whether the lane keeps job records.
+func (l *Lane) keepsRecords() bool { return l.cfg.Results != nil && l.d.Records != nil }
+
+// claim claims msg's record for the attempt about to start. ok is false
+// when the job must not start: it was cancelled or expired (then it has
+// been acked and is gone), or the record could not be read (then it waits
+// in place and comes again).
+func (l *Lane) claim(dctx context.Context, msg *queue.Msg) (records.Claim, bool) {
+	job := msg.Job()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
+	defer cancel()
+	c, err := l.d.Records.Start(ctx, records.Attempt{Lane: l.cfg.Name, ID: job.ID, Key: job.Key, Hint: job.RecordRev,
+		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now()})
+	switch {
+	case err == nil:
+		return c, true
+	case errors.Is(err, records.ErrNotStartable):
+		l.log.Info("job cancelled or expired before it started; not delivered", "id", job.ID)
+		if err := msg.AckSync(ctx); err != nil {
+			l.log.Warn("ack of a cancelled job failed; it comes again and is dropped again", "id", job.ID, "err", err)
+		}
+		l.settledKeyed(dctx, msg)
+		return records.Claim{}, false
+	default:
+		// Whether the job was cancelled is unknown: it must not start.
+		l.log.Warn("job record unavailable; the job waits and comes again", "id", job.ID, "err", err)
+		_ = msg.Wait(time.Second)
+		return records.Claim{}, false
+	}
+}
+
+// record writes the end of an attempt into the claimed record, then tells
+// the waiting caller of a settled job. A failure is logged: the job's
+// delivery stands whatever its record says.
+func (l *Lane) record(dctx context.Context, msg *queue.Msg, c records.Claim, res dispatch.Result, act Action) {
+	now := l.d.Clock.Now()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
+	defer cancel()
+	rec, err := l.d.Records.Finish(ctx, c, func(rec *api.JobRecord) {
+		if act.Kind != Release {
+			rec.Attempts = append(rec.Attempts, attemptOf(now, res))
+		}
+		switch act.Kind {
+		case Ack:
+			rec.State = api.StateDelivered
+		case Dead:
+			rec.State, rec.Reason = api.StateDead, act.Reason
+		case Retry, Wait:
+			rec.State = api.StateRetrying
+		case Release:
+			rec.State = api.StateQueued
+		}
+		if rec.State.Settled() {
+			rec.FinishedAt = &now
+			rec.Response = responseOf(res.Response)
+		}
+	})
+	if err != nil {
+		l.log.Warn("writing the job's record failed", "id", msg.Job().ID, "err", err)
+		return
+	}
+	if w := msg.Job().Wait; w != "" && rec.State.Settled() {
+		l.d.Records.Settled(w, rec)
+	}
+}
+
+// attemptOf is one attempt as a record keeps it.
+func attemptOf(at time.Time, res dispatch.Result) api.JobAttempt {
+	a := api.JobAttempt{At: at.Add(-res.Took).UTC(), Status: res.Status, DurationMillis: float64(res.Took.Microseconds()) / 1000}
+	if res.Status == 0 && res.Err != nil {
+		a.Error = errorClass(res.Err)
+	}
+	return a
+}
+
+// errorClass classifies an attempt that got no answer.
+func errorClass(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, dispatch.ErrForbiddenAddress):
+		return "forbidden_address"
+	case errors.Is(err, dispatch.ErrRedirected):
+		return "redirected"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.As(err, &ne):
+		return "connection"
+	}
+	return "error"
+}
+
+// responseOf is the kept answer as a record holds it.
+func responseOf(r *dispatch.Response) *api.JobResponse {
+	if r == nil {
+		return nil
+	}
+	out := &api.JobResponse{Status: r.Status, Truncated: r.Truncated}
+	if len(r.Header) > 0 {
+		out.Headers = r.Header
+	}
+	if utf8.Valid(r.Body) {
+		out.Body = string(r.Body)
+	} else {
+		out.BodyBase64 = base64.StdEncoding.EncodeToString(r.Body)
+	}
+	return out
+}

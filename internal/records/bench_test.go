@@ -1,0 +1,67 @@
+package records_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/records"
+)
+
+// BenchmarkLifecycle: one job's record from intake to delivered (create,
+// claim with the intake revision, finish with a 200 and a small body), as
+// intake and the drain write it; reports the bytes JetStream holds per
+// record.
+func BenchmarkLifecycle(b *testing.B) {
+	s := newStore(b, time.Hour)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		id := "bench-" + strconv.Itoa(i)
+		now := time.Now().UTC()
+		rev, _, err := s.Create(ctx, api.JobRecord{ID: id, Lane: "demo", State: api.StateQueued, StoredAt: &now})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: now, Now: now})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+			r.State, r.FinishedAt = api.StateDelivered, &now
+			r.Attempts = append(r.Attempts, api.JobAttempt{At: now, Status: 200, DurationMillis: 1.5})
+			r.Response = &api.JobResponse{Status: 200, Headers: map[string]string{"Content-Type": "application/json"}, Body: `{"ok":true}`}
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(bytesPerRecord(b, s), "B/record")
+}
+
+// BenchmarkGet: reading a settled job's record.
+func BenchmarkGet(b *testing.B) {
+	s := newStore(b, time.Hour)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	if _, _, err := s.Create(ctx, api.JobRecord{ID: "j", Lane: "demo", State: api.StateDelivered, StoredAt: &now,
+		Response: &api.JobResponse{Status: 200, Body: `{"ok":true}`}}); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, _, err := s.Get(ctx, "demo", "j"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func bytesPerRecord(b *testing.B, s *records.Store) float64 {
+	b.Helper()
+	n, bytes, err := s.Usage(context.Background(), "demo")
+	if err != nil || n == 0 {
+		b.Fatalf("usage: %d records, %v", n, err)
+	}
+	return float64(bytes) / float64(n)
+}

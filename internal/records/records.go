@@ -1,0 +1,477 @@
+// Package records keeps a record of each job of a lane that keeps results
+// (config results): its state, its attempts and the target's answer, in a
+// JetStream key-value bucket per lane, THROTTLE_RECORDS_<lane>, whose TTL is
+// the lane's results.keep. Every instance reads and writes the same bucket,
+// so any instance answers for any job.
+//
+// A record changes only by compare-and-set on its revision: intake creates
+// it (create-if-absent, which also makes an Idempotency-Key last as long as
+// the record), the drain claims it before an attempt starts (queued →
+// in_flight) and settles it after, and a cancel moves it from queued to
+// cancelled. The claim and the cancel are one compare-and-set on the same
+// revision: one of them fails, so a job is never both cancelled and
+// delivered.
+//
+// A Store is safe for concurrent use; New starts nothing.
+package records
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/api"
+)
+
+// Errors of a Store.
+var (
+	// ErrNotFound: no record of the job (never stored, not kept by this
+	// lane, or older than keep).
+	ErrNotFound = api.ErrJobNotFound
+	// ErrExists: a record of the job exists already (Create).
+	ErrExists = errors.New("records: the job has a record already")
+	// ErrStarted: the job started or settled; it can no longer be
+	// cancelled.
+	ErrStarted = api.ErrJobStarted
+	// ErrNotStartable: the job was cancelled or expired: it must never be
+	// delivered.
+	ErrNotStartable = errors.New("records: the job was cancelled or expired")
+	// ErrUnavailable: JetStream did not answer; the state is unknown.
+	ErrUnavailable = errors.New("records: JetStream unavailable")
+	// ErrNoLane: the lane keeps no records.
+	ErrNoLane = errors.New("records: the lane keeps no records")
+)
+
+// BucketName is the key-value bucket of a lane's records.
+func BucketName(lane string) string { return "THROTTLE_RECORDS_" + lane }
+
+// Key is the bucket key of a job id: ids are any visible ASCII, keys a
+// narrower set, so the id is base64url-encoded.
+func Key(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
+
+// Store reads and writes the lanes' records.
+type Store struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *slog.Logger
+
+	mu    sync.RWMutex
+	lanes map[string]jetstream.KeyValue
+}
+
+// New returns a Store on nc; it starts nothing.
+func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("records: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}}, nil
+}
+
+// LaneSpec is what the store needs of a lane.
+type LaneSpec struct {
+	Name string
+	// Keep is how long a record lives after its last change.
+	Keep time.Duration
+	// MaxRecord bounds one record in bytes (the response body and the
+	// rest).
+	MaxRecord int32
+	// Replicas for a clustered JetStream; 0 means 1.
+	Replicas int
+}
+
+// EnsureLane creates or updates the bucket of a lane's records.
+func (s *Store) EnsureLane(ctx context.Context, spec LaneSpec) error {
+	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:       BucketName(spec.Name),
+		Description:  "job records of lane " + spec.Name,
+		History:      1,
+		TTL:          spec.Keep,
+		MaxValueSize: spec.MaxRecord,
+		Storage:      jetstream.FileStorage,
+		Replicas:     max(spec.Replicas, 1),
+	})
+	if err != nil {
+		return fmt.Errorf("%w: bucket %s: %w", ErrUnavailable, BucketName(spec.Name), err)
+	}
+	s.mu.Lock()
+	s.lanes[spec.Name] = kv
+	s.mu.Unlock()
+	return nil
+}
+
+// Keeps reports whether lane keeps records.
+func (s *Store) Keeps(lane string) bool {
+	_, err := s.bucket(lane)
+	return err == nil
+}
+
+func (s *Store) bucket(lane string) (jetstream.KeyValue, error) {
+	s.mu.RLock()
+	kv, ok := s.lanes[lane]
+	s.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoLane, lane)
+	}
+	return kv, nil
+}
+
+// Usage says how many records a lane's bucket holds and their bytes in
+// JetStream (headers and framing included).
+func (s *Store) Usage(ctx context.Context, lane string) (records uint64, bytes uint64, err error) {
+	kv, err := s.bucket(lane)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: status %s: %w", ErrUnavailable, lane, err)
+	}
+	return st.Values(), st.Bytes(), nil
+}
+
+// maxScan bounds the records Recent reads for one answer.
+const maxScan = 2000
+
+// Recent lists a lane's most recently changed records, newest first: at
+// most limit, of state when it is not empty, among the last maxScan
+// changes. It reads the bucket's stream backwards by sequence (a record's
+// older revisions are gone: History is 1).
+func (s *Store) Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error) {
+	if _, err := s.bucket(lane); err != nil {
+		return nil, err
+	}
+	st, err := s.js.Stream(ctx, "KV_"+BucketName(lane))
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream of %s: %w", ErrUnavailable, lane, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream of %s: %w", ErrUnavailable, lane, err)
+	}
+	out := []api.JobRecord{}
+	for seq, n := info.State.LastSeq, 0; seq >= max(info.State.FirstSeq, 1) && seq > 0 && n < maxScan && len(out) < limit; seq, n = seq-1, n+1 {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("%w: %s seq %d: %w", ErrUnavailable, lane, seq, err)
+		}
+		if m.Header.Get("KV-Operation") != "" {
+			continue // a delete or purge marker
+		}
+		rec, err := decode(m.Data)
+		if err != nil || (state != "" && rec.State != state) {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// Create stores a new record (create-if-absent) and returns its revision.
+// When the job has a record already it returns that record and ErrExists.
+func (s *Store) Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobRecord, error) {
+	kv, err := s.bucket(rec.Lane)
+	if err != nil {
+		return 0, api.JobRecord{}, err
+	}
+	b, err := encode(rec)
+	if err != nil {
+		return 0, api.JobRecord{}, err
+	}
+	rev, err := kv.Create(ctx, Key(rec.ID), b)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		old, _, gerr := s.Get(ctx, rec.Lane, rec.ID)
+		if gerr != nil {
+			return 0, api.JobRecord{}, gerr
+		}
+		return 0, old, ErrExists
+	}
+	if err != nil {
+		return 0, api.JobRecord{}, fmt.Errorf("%w: create %s/%s: %w", ErrUnavailable, rec.Lane, rec.ID, err)
+	}
+	return rev, rec, nil
+}
+
+// Undo removes a record Create made when its job could not be stored
+// (nothing half-written), unless it changed since.
+func (s *Store) Undo(ctx context.Context, lane, id string, rev uint64) error {
+	kv, err := s.bucket(lane)
+	if err != nil {
+		return err
+	}
+	if err := kv.Purge(ctx, Key(id), jetstream.LastRevision(rev)); err != nil {
+		return fmt.Errorf("%w: undo %s/%s: %w", ErrUnavailable, lane, id, err)
+	}
+	return nil
+}
+
+// Get reads a job's record and its revision.
+func (s *Store) Get(ctx context.Context, lane, id string) (api.JobRecord, uint64, error) {
+	kv, err := s.bucket(lane)
+	if err != nil {
+		return api.JobRecord{}, 0, err
+	}
+	e, err := kv.Get(ctx, Key(id))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return api.JobRecord{}, 0, ErrNotFound
+	case err != nil:
+		return api.JobRecord{}, 0, fmt.Errorf("%w: get %s/%s: %w", ErrUnavailable, lane, id, err)
+	}
+	rec, err := decode(e.Value())
+	if err != nil {
+		return api.JobRecord{}, 0, fmt.Errorf("records: %s/%s: %w", lane, id, err)
+	}
+	return rec, e.Revision(), nil
+}
+
+// update writes rec over revision rev; ok is false when the record changed
+// since (another writer won).
+func (s *Store) update(ctx context.Context, rec api.JobRecord, rev uint64) (newRev uint64, ok bool, err error) {
+	kv, err := s.bucket(rec.Lane)
+	if err != nil {
+		return 0, false, err
+	}
+	b, err := encode(rec)
+	if err != nil {
+		return 0, false, err
+	}
+	if rev == 0 {
+		newRev, err = kv.Create(ctx, Key(rec.ID), b)
+	} else {
+		newRev, err = kv.Update(ctx, Key(rec.ID), b, rev)
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) || isWrongLast(err) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: update %s/%s: %w", ErrUnavailable, rec.Lane, rec.ID, err)
+	}
+	return newRev, true, nil
+}
+
+// isWrongLast reports JetStream's refusal of a compare-and-set.
+func isWrongLast(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// maxTries bounds the compare-and-set loops; each failed try means another
+// writer changed the record in between.
+const maxTries = 8
+
+// change applies fn to the job's record by compare-and-set until it holds,
+// reading the record again after a lost race. fn returns an error to stop
+// (nothing is written). A missing record is passed as the zero record with
+// found false; fn may create it.
+func (s *Store) change(ctx context.Context, lane, id string, fn func(rec *api.JobRecord, found bool) error) (api.JobRecord, uint64, error) {
+	for range maxTries {
+		rec, rev, err := s.Get(ctx, lane, id)
+		found := err == nil
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return api.JobRecord{}, 0, err
+		}
+		if !found {
+			rec = api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane}
+		}
+		if err := fn(&rec, found); err != nil {
+			return rec, rev, err
+		}
+		newRev, ok, err := s.update(ctx, rec, rev)
+		if err != nil {
+			return api.JobRecord{}, 0, err
+		}
+		if ok {
+			return rec, newRev, nil
+		}
+	}
+	return api.JobRecord{}, 0, fmt.Errorf("%w: %s/%s changed %d times in a row", ErrUnavailable, lane, id, maxTries)
+}
+
+// Cancel moves a job that has not started (scheduled or queued) to
+// cancelled: the drain's claim then fails and the job is never delivered.
+// A job that started or settled answers ErrStarted with its record; one
+// without a record ErrNotFound. A cancelled job answers its record again.
+func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error) {
+	rec, _, err := s.change(ctx, lane, id, func(rec *api.JobRecord, found bool) error {
+		switch {
+		case !found:
+			return ErrNotFound
+		case rec.State == api.StateCancelled:
+			return errSame
+		case rec.State != api.StateQueued && rec.State != api.StateScheduled:
+			return ErrStarted
+		}
+		rec.State = api.StateCancelled
+		rec.FinishedAt = &now
+		return nil
+	})
+	if errors.Is(err, errSame) {
+		err = nil
+	}
+	return rec, err
+}
+
+// errSame stops a change that is already made.
+var errSame = errors.New("records: no change")
+
+// Mark records a state the scheduler decides: scheduled (a delayed job
+// stored, not yet in its lane's pacing) or expired (not started before its
+// expiry; never delivered). Marking expired is a compare-and-set like a
+// cancel: it fails with ErrStarted once the job started, so a job is never
+// both expired and delivered. reason goes into the record.
+func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, reason string, now time.Time) (api.JobRecord, error) {
+	if state != api.StateScheduled && state != api.StateExpired {
+		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled or expired, not %s", state)
+	}
+	rec, _, err := s.change(ctx, lane, id, func(rec *api.JobRecord, found bool) error {
+		if found && rec.State != api.StateQueued && rec.State != api.StateScheduled {
+			return ErrStarted
+		}
+		if !found {
+			rec.StoredAt = &now
+		}
+		rec.State, rec.Reason = state, reason
+		if state == api.StateExpired {
+			rec.FinishedAt = &now
+		}
+		return nil
+	})
+	return rec, err
+}
+
+// Claim is a job's record held by the attempt that claimed it.
+type Claim struct {
+	Record api.JobRecord
+	Rev    uint64
+}
+
+// Attempt is the attempt Start claims a record for.
+type Attempt struct {
+	Lane, ID, Key string
+	// Hint is the revision intake created the record at (0: unknown):
+	// with it the common case is one write, no read.
+	Hint uint64
+	// Fresh: no record is expected (a job stored without one, before its
+	// first attempt): the claim tries to create it first, one write.
+	Fresh bool
+	// Stored is the job's first store time, for a record intake did not
+	// write; Now the attempt's start.
+	Stored, Now time.Time
+}
+
+// Start claims a job's record for an attempt: queued, scheduled or
+// retrying (or in_flight again after a crash, or settled again for a
+// delivery JetStream makes once more) become in_flight, and a job without a
+// record gets one. A cancelled or expired job answers ErrNotStartable: it
+// must not be delivered.
+func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
+	if a.Hint != 0 || a.Fresh {
+		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}}
+		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
+			return Claim{}, err
+		} else if ok {
+			return Claim{Record: rec, Rev: rev}, nil
+		}
+	}
+	rec, rev, err := s.change(ctx, a.Lane, a.ID, func(rec *api.JobRecord, found bool) error {
+		if rec.State == api.StateCancelled || rec.State == api.StateExpired {
+			return ErrNotStartable
+		}
+		if !found {
+			rec.Key, rec.StoredAt = a.Key, &a.Stored
+		}
+		if rec.StartedAt == nil {
+			rec.StartedAt = &a.Now
+		}
+		if rec.Attempts == nil {
+			rec.Attempts = []api.JobAttempt{}
+		}
+		rec.State, rec.FinishedAt, rec.Response, rec.Reason = api.StateInFlight, nil, nil, ""
+		return nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{Record: rec, Rev: rev}, nil
+}
+
+// CancelStored cancels a job that waits in its lane's stream without a
+// record (stored with a SeqID id): it creates the record as cancelled,
+// which the drain's claim (a create as well) then finds. When the job has
+// a record by now, it is Cancel.
+func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error) {
+	rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.StateCancelled,
+		StoredAt: &stored, FinishedAt: &now, Attempts: []api.JobAttempt{}}
+	if _, ok, err := s.update(ctx, rec, 0); err != nil {
+		return api.JobRecord{}, err
+	} else if ok {
+		return rec, nil
+	}
+	return s.Cancel(ctx, lane, id, now)
+}
+
+// Finish writes the end of an attempt: fn sets the state (retrying,
+// delivered, dead, or queued again for a job handed back unstarted) and
+// appends the attempt. The claim's revision is tried first; after a lost
+// race (a duplicate delivery) the record is read again.
+func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error) {
+	rec := c.Record
+	fn(&rec)
+	if _, ok, err := s.update(ctx, rec, c.Rev); err != nil {
+		return api.JobRecord{}, err
+	} else if ok {
+		return rec, nil
+	}
+	rec, _, err := s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
+		fn(r)
+		return nil
+	})
+	return rec, err
+}
+
+// maxRecordSize bounds a record read back: the largest results.max_body,
+// base64-encoded, and room for the rest.
+const maxRecordSize = 2 << 20
+
+func encode(rec api.JobRecord) ([]byte, error) {
+	rec.V = api.JobRecordVersion
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("records: encode %s/%s: %w", rec.Lane, rec.ID, err)
+	}
+	return b, nil
+}
+
+// Decode reads a record in the wire format (a record published to a
+// waiting instance, or read from the bucket).
+func Decode(b []byte) (api.JobRecord, error) { return decode(b) }
+
+func decode(b []byte) (api.JobRecord, error) {
+	if len(b) > maxRecordSize {
+		return api.JobRecord{}, fmt.Errorf("record of %d bytes is over %d", len(b), maxRecordSize)
+	}
+	var rec api.JobRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return api.JobRecord{}, fmt.Errorf("record: %w", err)
+	}
+	if rec.V != api.JobRecordVersion {
+		return api.JobRecord{}, fmt.Errorf("record version %d, want %d", rec.V, api.JobRecordVersion)
+	}
+	return rec, nil
+}

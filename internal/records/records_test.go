@@ -1,0 +1,216 @@
+package records_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/records"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+func newStore(t testing.TB, keep time.Duration) *records.Store {
+	t.Helper()
+	srv := testenv.StartNATS(t)
+	nc, _ := testenv.JetStream(t, srv.ClientURL())
+	s, err := records.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsureLane(context.Background(), records.LaneSpec{Name: "demo", Keep: keep, MaxRecord: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func queued(id string) api.JobRecord {
+	now := time.Now().UTC()
+	return api.JobRecord{ID: id, Lane: "demo", State: api.StateQueued, StoredAt: &now}
+}
+
+// TestCreateIfAbsent: a second create of the same id finds the first
+// record (an Idempotency-Key that lasts as long as the record), whatever
+// the id's characters.
+func TestCreateIfAbsent(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for _, id := range []string{"order-1", "a.b*c>d/e", "~!#"} {
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil || rev == 0 {
+			t.Fatalf("%s: create: rev %d, %v", id, rev, err)
+		}
+		_, old, err := s.Create(ctx, queued(id))
+		if !errors.Is(err, records.ErrExists) || old.ID != id || old.State != api.StateQueued {
+			t.Fatalf("%s: second create: %+v, %v; want ErrExists with the first record", id, old, err)
+		}
+	}
+	if _, _, err := s.Get(ctx, "demo", "never"); !errors.Is(err, records.ErrNotFound) {
+		t.Fatalf("unknown id: %v, want ErrNotFound", err)
+	}
+}
+
+// TestCancelRacesStart: a cancel and a claim of the same queued job race
+// from many goroutines; exactly one wins each pair, never both.
+func TestCancelRacesStart(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	const pairs = 200
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	cancelled, started := 0, 0
+	for i := range pairs {
+		id := "job-" + string(rune('a'+i%26)) + time.Now().Format("150405.000000000")
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c, st bool
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, err := s.Cancel(ctx, "demo", id, time.Now())
+			c = err == nil
+			if err != nil && !errors.Is(err, records.ErrStarted) {
+				t.Errorf("cancel %s: %v", id, err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
+			st = err == nil
+			if err != nil && !errors.Is(err, records.ErrNotStartable) {
+				t.Errorf("start %s: %v", id, err)
+			}
+		}()
+		wg.Wait()
+		if c == st {
+			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+		}
+		rec, _, err := s.Get(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]api.JobState{true: api.StateCancelled, false: api.StateInFlight}[c]; rec.State != want {
+			t.Fatalf("%s: state %s, want %s", id, rec.State, want)
+		}
+		mu.Lock()
+		if c {
+			cancelled++
+		} else {
+			started++
+		}
+		mu.Unlock()
+	}
+	t.Logf("%d pairs: %d cancelled, %d started", pairs, cancelled, started)
+}
+
+// TestCancelStoredRacesFreshStart: a job stored without a record (an id
+// intake made) is cancelled while the drain claims it: both create the
+// record, and exactly one wins.
+func TestCancelStoredRacesFreshStart(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for i := range 100 {
+		id := "abcdefghijk." + strconv.Itoa(i+1)
+		var c, st bool
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := s.CancelStored(ctx, "demo", id, "", time.Now(), time.Now())
+			c = err == nil
+			if err != nil && !errors.Is(err, records.ErrStarted) {
+				t.Errorf("cancel %s: %v", id, err)
+			}
+		})
+		wg.Go(func() {
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: time.Now(), Now: time.Now()})
+			st = err == nil
+			if err != nil && !errors.Is(err, records.ErrNotStartable) {
+				t.Errorf("start %s: %v", id, err)
+			}
+		})
+		wg.Wait()
+		if c == st {
+			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+		}
+	}
+}
+
+// TestStartAfterSettleAndCancelAfterStart steps one job through its states.
+func TestStartAfterSettleAndCancelAfterStart(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rev, _, err := s.Create(ctx, queued("j"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "j", Hint: rev, Stored: t0, Now: t0.Add(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(ctx, "demo", "j", t0); !errors.Is(err, records.ErrStarted) {
+		t.Fatalf("cancel of a started job: %v, want ErrStarted", err)
+	}
+	rec, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+		r.State = api.StateDelivered
+		r.Attempts = append(r.Attempts, api.JobAttempt{At: t0, Status: 200})
+	})
+	if err != nil || rec.State != api.StateDelivered || len(rec.Attempts) != 1 {
+		t.Fatalf("finish: %+v, %v", rec, err)
+	}
+	if _, err := s.Mark(ctx, "demo", "j", api.StateExpired, "expired", t0); !errors.Is(err, records.ErrStarted) {
+		t.Fatalf("expiry of a delivered job: %v, want ErrStarted", err)
+	}
+	// A scheduled job expires; its claim then fails.
+	if _, err := s.Mark(ctx, "demo", "later", api.StateScheduled, "", t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Mark(ctx, "demo", "later", api.StateExpired, "expired", t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "later", Fresh: true, Stored: t0, Now: t0}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("start of an expired job: %v, want ErrNotStartable", err)
+	}
+}
+
+// TestRecordsGoneAfterKeep: a record outlives nothing past its lane's keep.
+func TestRecordsGoneAfterKeep(t *testing.T) {
+	s := newStore(t, time.Second)
+	ctx := context.Background()
+	if _, _, err := s.Create(ctx, queued("short")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "demo", "short"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the record is gone after keep", func() bool {
+		_, _, err := s.Get(ctx, "demo", "short")
+		return errors.Is(err, records.ErrNotFound)
+	})
+	// Gone means the key is free again.
+	if _, _, err := s.Create(ctx, queued("short")); err != nil {
+		t.Fatalf("create after keep: %v", err)
+	}
+}
+
+// TestWaitAddress: only a wait subject is ever published to.
+func TestWaitAddress(t *testing.T) {
+	for _, s := range []struct {
+		in   string
+		want bool
+	}{
+		{records.WaitSubject("inst-1"), true},
+		{"throttler.records.", false},
+		{"throttler.records.a.b", false},
+		{"_INBOX.x", false},
+		{"throttler.records.a>", false},
+	} {
+		if got := records.WaitAddress(s.in) != ""; got != s.want {
+			t.Errorf("WaitAddress(%q) kept %v, want %v", s.in, got, s.want)
+		}
+	}
+}
