@@ -22,6 +22,8 @@ type Msg struct {
 	// origin names the stream the message was read from, for the msg ids
 	// of its copies (copy.go).
 	origin string
+	// maxAge is the lane's max_age (Expiry); 0: none.
+	maxAge time.Duration
 }
 
 // acker answers for one fetched message: a JetStream consumer's message, or
@@ -171,15 +173,37 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
 	c.q.fetched(c.lane, meta.Sequence.Stream)
-	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal {
-		if ls, err := c.q.lane(c.lane); err == nil {
-			if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
-				_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
-				cancel()
-				return nil
-			}
+	ls, lerr := c.q.lane(c.lane)
+	if lerr == nil {
+		msg.maxAge = ls.spec.MaxAge
+	}
+	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal && lerr == nil {
+		applyPublicSchedule(&msg.job, m.Headers(), meta.Timestamp, ls.spec.MaxDelay)
+		if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+			_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
+			cancel()
+			return nil
 		}
+		if !msg.job.NotBefore.IsZero() && time.Until(msg.job.NotBefore) > notBeforeSlack {
+			// Its publisher asked for a delay: it waits in the retry
+			// stream, holding no place of the lane's max_inflight.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+			err := c.q.schedulePublic(ctx, msg)
+			cancel()
+			if err != nil && !errors.Is(err, ErrAckUnconfirmed) {
+				c.q.log.Warn("storing a delayed public job failed; trying again", "lane", c.lane, "seq", msg.Seq(), "err", err)
+				_ = m.NakWithDelay(time.Second)
+			}
+			return nil
+		}
+		msg.job.NotBefore = time.Time{}
+	}
+	if msg.Expired(time.Now()) {
+		// It waited in the lane past its expiry: dead-lettered before
+		// it takes a slot.
+		c.q.expireFetched(msg)
+		return nil
 	}
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,

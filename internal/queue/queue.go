@@ -130,6 +130,12 @@ type LaneSpec struct {
 	// Ordered: a keyed lane whose keys retry a failing job in place
 	// (per_key.ordered); their attempts are kept in TriesBucket.
 	Ordered bool
+	// MaxAge dead-letters a job not started this long after it entered
+	// the lane (schedule.go); 0: never.
+	MaxAge time.Duration
+	// MaxDelay bounds the delay a publisher may ask for on the lane's
+	// public subject; 0: DefaultMaxDelay.
+	MaxDelay time.Duration
 }
 
 // Job is one unit of work as stored on the queue.
@@ -147,8 +153,12 @@ type Job struct {
 	Outside bool
 	// Attempts is how many delivery attempts already failed.
 	Attempts int
-	// NotBefore delays a retry; zero for none.
+	// NotBefore delays a retry, or a delayed job (schedule.go); zero for
+	// none.
 	NotBefore time.Time
+	// Expires is when the job, if not started, is dead-lettered as
+	// expired (schedule.go); zero for never.
+	Expires time.Time
 	// EnqueuedAt is when the job was first stored: a fetched job's own
 	// store time, or for a retry its first copy's. Zero on a new job.
 	EnqueuedAt time.Time
@@ -161,6 +171,10 @@ type Job struct {
 	// subject were dropped (malformed or over their bounds); nil
 	// otherwise. Not stored.
 	TraceErr error
+	// ScheduleErr says why the schedule headers of a job published on a
+	// public subject cannot be used (the job is poison); nil otherwise.
+	// Not stored.
+	ScheduleErr error
 }
 
 // PubResult is JetStream's answer to a publish.
@@ -184,6 +198,8 @@ type Queue struct {
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64
+	// hook hears delayed and expiring jobs (schedule.go).
+	hook scheduleHook
 }
 
 type laneState struct {
@@ -509,7 +525,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 11
+const jobHeaders = 12
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -547,6 +563,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if !job.NotBefore.IsZero() {
 		add(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
+	}
+	if !job.Expires.IsZero() {
+		add(headerExpiresAt, strconv.FormatInt(job.Expires.UnixMilli(), 10))
 	}
 	if !job.EnqueuedAt.IsZero() {
 		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))
