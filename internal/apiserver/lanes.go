@@ -72,7 +72,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 		return ingest.Lane{}, false
 	}
 	c := d.cfg[name]
-	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
+	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), MaxDelay: c.MaxDelay.D(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
 	if f, ok := d.keyFns[name]; ok {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}

@@ -163,6 +163,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		Name: name, MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight, Prefetch: batch,
 		AckWait: l.cfg.AckWait.D(), MaxBody: int64(l.cfg.MaxBody), MaxBytes: int64(l.cfg.MaxBytes),
 		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
+		MaxAge: l.cfg.MaxAge.D(), MaxDelay: l.cfg.MaxDelay.D(),
 	}
 	if l.cfg.PerKey != nil {
 		spec.Ordered = l.cfg.PerKey.Ordered
@@ -281,6 +282,13 @@ func (l *Lane) isStopping() bool {
 // bounded by the dispatch context dctx, and settles the message by the
 // outcome.
 func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
+	if msg.Expired(l.d.Clock.Now()) {
+		// Not started by its expiry: dead-lettered instead. The check is
+		// here, on the one goroutine that holds the job and right before
+		// its delivery, so nothing can start it after it expired.
+		go l.expire(dctx, msg, done)
+		return
+	}
 	inflight := l.hot.inflight
 	inflight.Inc()
 	l.started(msg)
