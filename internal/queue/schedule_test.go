@@ -81,7 +81,7 @@ type hookLog struct {
 	events []string
 }
 
-func (h *hookLog) add(s string) { h.mu.Lock(); h.events = append(h.events, s); h.mu.Unlock() }
+func (h *hookLog) add(s string)                           { h.mu.Lock(); h.events = append(h.events, s); h.mu.Unlock() }
 func (h *hookLog) Scheduled(lane, id string, _ time.Time) { h.add("scheduled " + lane + " " + id) }
 func (h *hookLog) Entered(lane, id string)                { h.add("entered " + lane + " " + id) }
 func (h *hookLog) Expired(lane, id string)                { h.add("expired " + lane + " " + id) }
