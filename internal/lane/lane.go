@@ -250,6 +250,7 @@ func (l *Lane) Run(ctx, dispatch context.Context) {
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
+	helpers.Go(func() { l.d.Queue.ShareReadAhead(ctx, l.cfg.Name, l.consumer) })
 	_ = l.drain.RunWith(ctx, dispatch)
 	l.stopPulls()
 	l.consumer.Close()
@@ -340,6 +341,7 @@ func pushedBack(res dispatch.Result) bool {
 // assigned tells the instance that took msg over HTTP the slot the drain
 // gave it (its intake answers "admitted" only for a free one, due at once).
 func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
+	msg.Slotted() // no longer read ahead: its slot is in the bucket's state
 	if j := msg.Job(); j.Notify != "" && l.d.Hub != nil && msg.FirstDelivery() {
 		l.d.Hub.Tell(j.Notify, j.Lane, j.ID, s.Due.Sub(l.d.Clock.Now()), s.Free)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,6 +25,9 @@ type Msg struct {
 	origin string
 	// maxAge is the lane's max_age (Expiry); 0: none.
 	maxAge time.Duration
+	// ra is the job's state in its consumer's read-ahead count
+	// (readahead.go).
+	ra atomic.Int32
 }
 
 // acker answers for one fetched message: a JetStream consumer's message, or
@@ -97,6 +101,9 @@ type Consumer struct {
 
 	mu          sync.Mutex
 	outstanding map[*Msg]time.Time // fetched, not yet settled → last touched
+	// unslotted counts the jobs fetched and not yet given a slot or
+	// settled (readahead.go).
+	unslotted atomic.Int64
 }
 
 // Consumer returns the reader of lane's jobs.
@@ -105,8 +112,12 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
-		outstanding: map[*Msg]time.Time{}}, nil
+	c := &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+		outstanding: map[*Msg]time.Time{}}
+	ls.mu.Lock()
+	ls.local = c
+	ls.mu.Unlock()
+	return c, nil
 }
 
 // Next blocks until at least one job is available (or ctx ends), then
@@ -214,10 +225,12 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	c.mu.Lock()
 	c.outstanding[msg] = time.Now()
 	c.mu.Unlock()
+	c.counted(msg)
 	return msg
 }
 
 func (c *Consumer) settle(m *Msg) {
+	m.Slotted()
 	c.mu.Lock()
 	delete(c.outstanding, m)
 	c.mu.Unlock()

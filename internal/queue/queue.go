@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/throttler/throttler/api"
@@ -200,6 +201,8 @@ type Queue struct {
 	deadEpoch int64
 	// hook hears delayed and expiring jobs (schedule.go).
 	hook scheduleHook
+	// id tells this Queue's read-ahead counts from other instances'.
+	id string
 }
 
 type laneState struct {
@@ -247,6 +250,10 @@ type laneState struct {
 	lastFetched uint64
 	delivered   uint64
 	deliveredAt time.Time
+	// local is this instance's consumer of the lane, others the other
+	// instances' read-ahead counts by id (readahead.go).
+	local  *Consumer
+	others map[string]readAheadCount
 }
 
 // fetched records that this instance fetched the lane's job at seq.
@@ -261,7 +268,8 @@ func (q *Queue) fetched(lane string, seq uint64) {
 }
 
 // Ahead counts the lane's jobs stored before seq that no drain has fetched
-// yet: they start before the job at seq. It reads the consumer's position
+// yet, or has fetched and not yet given a slot (readahead.go): they start
+// before the job at seq. It reads the consumer's position
 // from JetStream at most every maxAge (0: now), and uses this instance's own
 // fetches in between, so it can only count too many, by what other
 // instances fetched since.
@@ -304,10 +312,12 @@ func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge 
 	ls.mu.Lock()
 	pos := max(ls.lastFetched, ls.delivered)
 	ls.mu.Unlock()
-	if seq <= pos+1 {
+	if seq <= pos {
 		return 0, infoErr
 	}
-	return int64(seq - pos - 1), infoErr
+	// Past the position: the jobs not fetched yet, and those the drains
+	// fetched and have not given a slot (readahead.go).
+	return int64(seq-pos-1) + ls.readAheadOf(time.Now()), infoErr
 }
 
 // subjectCount is a keyed lane's count of one key's stored jobs, read at
@@ -431,7 +441,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}}, nil
+	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}, id: nuid.Next()}, nil
 }
 
 // EnsureLane creates or updates the lane's stream and consumer to match spec.
