@@ -169,4 +169,3 @@ func (c *Consumer) counted(m *Msg) {
 	m.ra.Store(msgUnslotted)
 	c.unslotted.Add(1)
 }
-
