@@ -105,7 +105,8 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 	}
 }
 
-// TestExpiredJobsDeadLetteredNeverDelivered: a lane at 0.5/s (burst 1)
+// TestExpiredJobsDeadLetteredNeverDelivered: a lane (or, keyed, a key) at
+// 0.5/s (burst 1)
 // with max_age 3s takes five jobs at once: the first starts at once and
 // the second about 2 s later, within max_age; the others' turns come 4, 6
 // and 8 s after they were stored, past it: each is a dead letter with the
@@ -113,40 +114,58 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 // Throttle-Expires (1 s ahead) passes while it waits behind them.
 //
 // Outcomes with a margin of a second each side of max_age (the period is
-// 2 s), in the parallel phase.
+// 2 s; on the keyed lane 2 s of 4), in the parallel phase.
 func TestExpiredJobsDeadLetteredNeverDelivered(t *testing.T) {
-	t.Parallel()
-	rec := newRecorder(t)
-	cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 0.5, 1)
-	cfg.Lanes[0].MaxAge = config.Duration(3 * time.Second)
-	svc, _ := start(t, cfg)
-	for i := range 5 {
-		if code, _ := submitWith(t, svc.Addr(), fmt.Sprintf("e-%d", i), nil); code != http.StatusAccepted {
-			t.Fatalf("job %d: status %d", i, code)
-		}
-	}
-	expires := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
-	if code, _ := submitWith(t, svc.Addr(), "x-0", map[string]string{"Throttle-Expires": expires}); code != http.StatusAccepted {
-		t.Fatalf("job x-0: status %d", code)
-	}
-	want := map[string]bool{"e-2": true, "e-3": true, "e-4": true, "x-0": true}
-	waitFor(t, 20*time.Second, "four expired dead letters", func() bool { return len(deadList(t, svc.Addr())) >= len(want) })
-	waitSettled(t, svc.Addr())
-	for _, d := range deadList(t, svc.Addr()) {
-		if !want[d.ID] || d.Reason != queue.ReasonExpired {
-			t.Errorf("dead letter %s with reason %q, want one of %v with reason %q", d.ID, d.Reason, want, queue.ReasonExpired)
-		}
-		delete(want, d.ID)
-	}
-	if len(want) != 0 {
-		t.Errorf("not dead-lettered: %v", want)
-	}
-	var got []string
-	for _, a := range rec.snapshot() {
-		got = append(got, a.id)
-	}
-	if fmt.Sprint(got) != "[e-0 e-1]" {
-		t.Fatalf("the target received %v, want [e-0 e-1]: an expired job was delivered", got)
+	for _, keyed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder(t)
+			var cfg config.Config
+			hdr := map[string]string{}
+			if keyed {
+				// The key's pace binds (0.25/s, max_age 6 s: margins of
+				// 2 s, as a keyed start may come later after its slot),
+				// under a lane-wide cap that does not.
+				cfg = keyedConfig(t, rec.srv.URL+"/hook", 100, 10, 0.25, 1)
+				cfg.Lanes[0].MaxAge = config.Duration(6 * time.Second)
+				hdr["Throttle-Key"] = "k"
+			} else {
+				cfg = testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 0.5, 1)
+				cfg.Lanes[0].MaxAge = config.Duration(3 * time.Second)
+			}
+			svc, _ := start(t, cfg)
+			for i := range 5 {
+				if code, _ := submitWith(t, svc.Addr(), fmt.Sprintf("e-%d", i), hdr); code != http.StatusAccepted {
+					t.Fatalf("job %d: status %d", i, code)
+				}
+			}
+			xh := map[string]string{"Throttle-Expires": time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)}
+			for k, v := range hdr {
+				xh[k] = v
+			}
+			if code, _ := submitWith(t, svc.Addr(), "x-0", xh); code != http.StatusAccepted {
+				t.Fatalf("job x-0: status %d", code)
+			}
+			want := map[string]bool{"e-2": true, "e-3": true, "e-4": true, "x-0": true}
+			waitFor(t, 40*time.Second, "four expired dead letters", func() bool { return len(deadList(t, svc.Addr())) >= len(want) })
+			waitSettled(t, svc.Addr())
+			for _, d := range deadList(t, svc.Addr()) {
+				if !want[d.ID] || d.Reason != queue.ReasonExpired {
+					t.Errorf("dead letter %s with reason %q, want one of %v with reason %q", d.ID, d.Reason, want, queue.ReasonExpired)
+				}
+				delete(want, d.ID)
+			}
+			if len(want) != 0 {
+				t.Errorf("not dead-lettered: %v", want)
+			}
+			var got []string
+			for _, a := range rec.snapshot() {
+				got = append(got, a.id)
+			}
+			if fmt.Sprint(got) != "[e-0 e-1]" {
+				t.Fatalf("the target received %v, want [e-0 e-1]: an expired job was delivered", got)
+			}
+		})
 	}
 }
 
