@@ -37,11 +37,13 @@ func burstOver(t *testing.T, addrs []string, prefix string, n int) []answered {
 }
 
 // TestQueuedETACountsReadAhead: the README's burst (100 jobs at once, 20/s,
-// burst 10) on one instance (each pacer) and on three sharing NATS and
-// Redis: every queued answer's eta_ms is compared with the moment the
-// target saw that job, and at least 95 % of them are within ±20 % or
-// ±100 ms (issue #28's promise), with the jobs the drains have read ahead
-// and not yet given a slot counted. A wrong estimate misses for a run of
+// burst 10) on three instances sharing NATS and Redis, the jobs sent to
+// each in turn: every queued answer's eta_ms is compared with the moment
+// the target saw that job, and at least 95 % of them are within ±20 % or
+// ±100 ms (issue #28's promise), with the jobs every drain has read ahead
+// and not yet given a slot counted (each instance hears the others'
+// counts). On one instance, each pacer: TestQueuedETAIsHonest, with the
+// same tolerance. A wrong estimate misses for a run of
 // jobs (each one read ahead costs a period, 50 ms); a lone delivery
 // stalled by a loaded machine misses alone, within the 5 % left.
 func TestQueuedETACountsReadAhead(t *testing.T) {
@@ -49,7 +51,7 @@ func TestQueuedETACountsReadAhead(t *testing.T) {
 		name      string
 		pacer     string
 		instances int
-	}{{"memory-1", "memory", 1}, {"redis-1", "redis", 1}, {"redis-3", "redis", 3}} {
+	}{{"redis-3", "redis", 3}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := newRecorder(t)
 			var natsURL, redisURL string
