@@ -116,8 +116,9 @@ func (e *ScheduleError) Header() string {
 // delay is a Go duration ("90s", "1h30m") or whole seconds ("90"); a
 // not-before and an expiry are RFC 3339 times. A not-before in the past is
 // now. It refuses a negative delay or one over maxDelay (a not-before
-// likewise), both a delay and a not-before, an expiry not after now, and an
-// expiry not after the not-before (the job could never start).
+// likewise), both a delay and a not-before, and an expiry not after now.
+// An expiry before the not-before is taken: the job expires while it
+// waits, and is dead-lettered then, never delivered.
 func ParseSchedule(w When, now time.Time, maxDelay time.Duration) (Schedule, error) {
 	var s Schedule
 	bad := func(field, format string, args ...any) (Schedule, error) {
@@ -165,9 +166,6 @@ func ParseSchedule(w When, now time.Time, maxDelay time.Duration) (Schedule, err
 		}
 		if !t.After(now) {
 			return bad("expires", "%s is not in the future", w.Expires)
-		}
-		if !s.NotBefore.IsZero() && !t.After(s.NotBefore) {
-			return bad("expires", "%s is not after the job's earliest start (%s)", w.Expires, s.NotBefore.UTC().Format(time.RFC3339Nano))
 		}
 		s.Expires = t
 	}

@@ -53,8 +53,8 @@ func TestParseSchedule(t *testing.T) {
 		{name: "expires not RFC 3339", w: queue.When{Expires: "1767366245"}, field: "expires"},
 		{name: "expires after the delay", w: queue.When{Delay: "10s", Expires: rfc(t0.Add(11 * time.Second))},
 			notBefore: t0.Add(10 * time.Second), expires: t0.Add(11 * time.Second)},
-		{name: "expires at the delay's end", w: queue.When{Delay: "10s", Expires: rfc(t0.Add(10 * time.Second))}, field: "expires"},
-		{name: "expires before not-before", w: queue.When{NotBefore: rfc(t0.Add(time.Hour)), Expires: rfc(t0.Add(time.Minute))}, field: "expires"},
+		{name: "expires before not-before: expires while it waits", w: queue.When{NotBefore: rfc(t0.Add(time.Hour)), Expires: rfc(t0.Add(time.Minute))},
+			notBefore: t0.Add(time.Hour), expires: t0.Add(time.Minute)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, err := queue.ParseSchedule(tt.w, t0, maxDelay)

@@ -56,7 +56,8 @@ func submitWith(t *testing.T, addr, id string, hdr map[string]string) (int, acce
 // Throttle-Delay: 2s is answered "scheduled" with the delay as its eta_ms,
 // outlives a restart of the only instance before it is due, and reaches
 // the target once, no earlier than its delay; a job without a delay
-// submitted after it is delivered first. On a plain lane and on a keyed
+// submitted after it is delivered first, and one whose Throttle-Expires
+// comes before its delay ends is dead-lettered ("expired") while it waits. On a plain lane and on a keyed
 // one (the delayed job keeps its key).
 //
 // Outcomes with a margin: the delay is checked from below only (a stall
@@ -86,6 +87,14 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 			if code, a := submitWith(t, svc.Addr(), "d-now", now); code != http.StatusAccepted || a.State == "scheduled" {
 				t.Fatalf("job without delay: status %d %+v", code, a)
 			}
+			// Delayed past its own expiry: it expires while it waits.
+			stale := map[string]string{"Throttle-Expires": time.Now().Add(1500 * time.Millisecond).UTC().Format(time.RFC3339Nano)}
+			for k, v := range hdr {
+				stale[k] = v
+			}
+			if code, a := submitWith(t, svc.Addr(), "d-stale", stale); code != http.StatusAccepted || a.State != "scheduled" {
+				t.Fatalf("job delayed past its expiry: status %d %+v", code, a)
+			}
 			waitFor(t, 10*time.Second, "the job without delay delivered", func() bool { return len(arrivalsOfID(rec, "d-now")) == 1 })
 			if got := arrivalsOfID(rec, "d-late"); len(got) != 0 {
 				t.Fatalf("the delayed job arrived %v after its submission", got[0].at.Sub(sent))
@@ -100,6 +109,11 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 			}
 			if len(got) != 1 {
 				t.Fatalf("the delayed job arrived %d times, want once", len(got))
+			}
+			waitFor(t, 10*time.Second, "the stale job a dead letter", func() bool { return len(deadList(t, svc2.Addr())) > 0 })
+			dead := deadList(t, svc2.Addr())
+			if len(dead) != 1 || dead[0].ID != "d-stale" || dead[0].Reason != queue.ReasonExpired || len(arrivalsOfID(rec, "d-stale")) != 0 {
+				t.Fatalf("dead letters %+v, want d-stale expired while it waited, never delivered", dead)
 			}
 		})
 	}
