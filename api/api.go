@@ -7,7 +7,8 @@ package api
 import "time"
 
 // JobState is the state of a job in an Accepted answer (and a batch
-// item's): StateAdmitted or StateQueued. It is a string on the wire.
+// item's): StateAdmitted, StateQueued or StateScheduled. It is a string on
+// the wire.
 type JobState string
 
 // Job states in an Accepted answer.
@@ -16,6 +17,10 @@ const (
 	StateAdmitted JobState = "admitted"
 	// StateQueued: the job waits its turn; ETAMillis estimates the wait.
 	StateQueued JobState = "queued"
+	// StateScheduled: the job asked for a delay (Throttle-Delay,
+	// Throttle-Not-Before); it is stored and enters its lane's queue when
+	// due. ETAMillis counts the delay.
+	StateScheduled JobState = "scheduled"
 )
 
 // Accepted is the 202 body of a job submission: the job is stored durably.

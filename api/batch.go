@@ -25,6 +25,12 @@ type BatchItem struct {
 	// tracestate and baggage headers of a single submission; an item
 	// without one takes the batch request's headers.
 	Trace *Trace `json:"trace,omitempty"`
+	// Delay, NotBefore and Expires are the job's schedule, as the
+	// Throttle-Delay, Throttle-Not-Before and Throttle-Expires headers of
+	// a single submission.
+	Delay     string `json:"delay,omitempty"`
+	NotBefore string `json:"not_before,omitempty"`
+	Expires   string `json:"expires,omitempty"`
 }
 
 // Trace is a job's W3C trace context (https://www.w3.org/TR/trace-context/,

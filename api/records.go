@@ -2,12 +2,9 @@ package api
 
 import "time"
 
-// Job states of a record (GET /v1/lanes/{lane}/jobs/{id}). StateQueued is
-// shared with the Accepted answer.
+// Job states of a record (GET /v1/lanes/{lane}/jobs/{id}). StateQueued and
+// StateScheduled are shared with the Accepted answer.
 const (
-	// StateScheduled: the job is stored and waits for its not-before time
-	// before it enters its lane's pacing.
-	StateScheduled JobState = "scheduled"
 	// StateInFlight: an attempt is running.
 	StateInFlight JobState = "in_flight"
 	// StateRetrying: an attempt failed; the job waits for its next one.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/throttler/throttler/api"
 )
@@ -29,11 +30,22 @@ type SubmitOptions struct {
 	// ContentType is stored with the job and sent to the target
 	// (default application/octet-stream).
 	ContentType string
+	// Delay holds the job back: it is stored at once (api.StateScheduled)
+	// and enters its lane's queue this long after the server took it
+	// (Throttle-Delay). Zero: no delay.
+	Delay time.Duration
+	// NotBefore, instead of Delay, is the earliest time the job enters its
+	// lane's queue (Throttle-Not-Before). Zero: none.
+	NotBefore time.Time
+	// Expires is when the job, if not started, is dead-lettered with the
+	// reason "expired" instead (Throttle-Expires). Zero: never.
+	Expires time.Time
 }
 
 // Submit stores one job in lane. The answer says whether it started at
-// once (api.StateAdmitted) or waits (api.StateQueued, with an estimated
-// wait); Duplicate is set when the idempotency key was already stored.
+// once (api.StateAdmitted), waits (api.StateQueued, with an estimated
+// wait) or was delayed (api.StateScheduled); Duplicate is set when the
+// idempotency key was already stored.
 func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *SubmitOptions) (*api.Accepted, error) {
 	var o SubmitOptions
 	if opts != nil {
@@ -55,6 +67,15 @@ func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *
 		ct = "application/octet-stream"
 	}
 	h.Set("Content-Type", ct)
+	if o.Delay != 0 {
+		h.Set("Throttle-Delay", o.Delay.String())
+	}
+	if !o.NotBefore.IsZero() {
+		h.Set("Throttle-Not-Before", o.NotBefore.UTC().Format(time.RFC3339Nano))
+	}
+	if !o.Expires.IsZero() {
+		h.Set("Throttle-Expires", o.Expires.UTC().Format(time.RFC3339Nano))
+	}
 	if payload == nil {
 		payload = []byte{}
 	}

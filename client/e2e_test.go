@@ -290,6 +290,31 @@ func TestBatchAgainstServer(t *testing.T) {
 	}
 }
 
+// TestDelayAgainstServer: SubmitOptions.Delay and Expires reach the server
+// as Throttle-Delay and Throttle-Expires: the job is answered scheduled,
+// with its delay as the estimated wait, and is delivered; a delay
+// over the lane's max_delay is refused as invalid, naming the header.
+func TestDelayAgainstServer(t *testing.T) {
+	t.Parallel()
+	s := start(t, serverOptions{})
+	c := newClient(t, s.URL)
+	ctx := context.Background()
+	a, err := c.Submit(ctx, "demo", []byte("later"), &client.SubmitOptions{Delay: 1500 * time.Millisecond, Expires: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != api.StateScheduled || a.ETAMillis < 1400 || a.ETAMillis > 1500 {
+		t.Fatalf("answer %+v, want scheduled with eta_ms ≈ 1500", a)
+	}
+	// When it arrives is the service's tests' (TestDelayedJobSurvivesRestartAndStartsWhenDue).
+	eventually(t, 10*time.Second, "the delayed job delivered", func() bool { return s.delivered.Load() == 1 })
+	_, err = c.Submit(ctx, "demo", nil, &client.SubmitOptions{Delay: 24 * 366 * time.Hour})
+	var e *client.Error
+	if !errors.As(err, &e) || e.StatusCode != 400 || e.Problem.Field != "Throttle-Delay" || !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("a delay over max_delay: %v", err)
+	}
+}
+
 // mustScan reads one number from s by format.
 func mustScan(t *testing.T, s, format string, n *int) int {
 	t.Helper()

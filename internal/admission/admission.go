@@ -79,12 +79,18 @@ type Decision struct {
 
 // ETA estimates the wait of a job with ahead jobs queued before it: the
 // wait for the lane's (and key's) next free slot, then one step per job
-// ahead. It assumes the rate is what holds the jobs back (not max_inflight,
-// a pause, or on a keyed lane other keys sharing a binding lane cap).
+// ahead. While the bucket has room (a drain has not yet taken it: it
+// lags, or it has not fetched the jobs ahead), the jobs ahead take its
+// Remaining tokens first, and only those past them wait a step each. It
+// assumes the rate is what holds the jobs back (not max_inflight, a pause,
+// or on a keyed lane other keys sharing a binding lane cap).
 func (d Decision) ETA(ahead int64) time.Duration {
 	step := d.Step
 	if step <= 0 {
 		step = d.Limit.Period()
+	}
+	if d.Room && d.Remaining > 0 {
+		return waitFor(max(ahead-int64(d.Remaining)+1, 0), step)
 	}
 	return d.SlotWait + waitFor(ahead, step)
 }

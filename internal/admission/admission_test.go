@@ -50,6 +50,11 @@ func TestDecide(t *testing.T) {
 			t.Fatalf("idle lane: %+v %v", d, err)
 		}
 	}
+	// With room for 10, the 9 jobs ahead take 9 of them and this one the
+	// tenth: at once; with 10 ahead it waits a period, with 12 three.
+	if d, _ := a.Decide(ctx, lane, ""); d.ETA(9) != 0 || d.ETA(10) != 50*time.Millisecond || d.ETA(12) != 150*time.Millisecond {
+		t.Fatalf("idle lane: ETA(9) %v, ETA(10) %v, ETA(12) %v, want 0, 50ms, 150ms", d.ETA(9), d.ETA(10), d.ETA(12))
+	}
 	// The drain reserves the burst: no room, the next free slot 50 ms away;
 	// a job with 3 ahead waits 3 periods more.
 	if _, err := store.Reserve(ctx, bucket.Key{Lane: "demo"}, lane.Limit, 10); err != nil {

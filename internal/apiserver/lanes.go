@@ -74,7 +74,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 		return ingest.Lane{}, false
 	}
 	c := d.cfg[name]
-	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
+	il := ingest.Lane{Admission: l.Admission(), MaxBody: l.MaxBody(), MaxDelay: c.MaxDelay.D(), AdmitWait: l.AdmitWait(), Cost: c.Cost, Observe: c.Observe}
 	if r := c.Results; r != nil {
 		// A lane that keeps results always has a wait bound above zero.
 		il.ResultsMaxWait = max(r.MaxWait.D(), time.Nanosecond)

@@ -212,6 +212,13 @@ type Lane struct {
 	MaxBacklog int64 `yaml:"max_backlog"`
 	// MaxWait refuses (429) jobs whose estimated wait is longer; 0: no bound.
 	MaxWait Duration `yaml:"max_wait"`
+	// MaxAge dead-letters (reason "expired") a job not started this long
+	// after it entered the lane (for a delayed job: after it was due); 0:
+	// jobs wait as long as it takes.
+	MaxAge Duration `yaml:"max_age"`
+	// MaxDelay bounds the delay a job may ask for (Throttle-Delay,
+	// Throttle-Not-Before); zero means queue.DefaultMaxDelay (30 days).
+	MaxDelay Duration `yaml:"max_delay"`
 	// MaxBytes bounds the lane's stream on disk; a full stream answers 503.
 	MaxBytes ByteSize `yaml:"max_bytes"`
 	// MaxBody is the largest accepted payload in bytes.

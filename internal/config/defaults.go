@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/queue"
 )
 
 // applyDefaults fills an enabled block's unset fields.
@@ -109,6 +110,9 @@ func (l *Lane) applyDefaults() {
 	}
 	if l.AdmitWait == 0 {
 		l.AdmitWait = Duration(DefaultAdmitWait)
+	}
+	if l.MaxDelay == 0 {
+		l.MaxDelay = Duration(queue.DefaultMaxDelay)
 	}
 	if l.Cost == 0 {
 		l.Cost = 1

@@ -13,6 +13,7 @@ import (
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/queue"
 )
 
 // workerUser is what a worker's user name may be: it is also a token of
@@ -337,6 +338,10 @@ func (l *Lane) validate(p string) error {
 	switch {
 	case l.MaxWait < 0:
 		return fail("max_wait", "must not be negative")
+	case l.MaxAge < 0:
+		return fail("max_age", "must not be negative")
+	case l.MaxDelay < 0 || l.MaxDelay > Duration(queue.MaxDelayLimit):
+		return fail("max_delay", "must be between 0 and %v, got %v", queue.MaxDelayLimit, l.MaxDelay.D())
 	case l.MaxBytes < 1<<20:
 		return fail("max_bytes", "must be at least 1MiB, got %d", l.MaxBytes)
 	case l.Retry.MaxAttempts < 1:

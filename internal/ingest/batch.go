@@ -50,6 +50,9 @@ type batchJob struct {
 	// batch, or -1: a repeated id is answered as a duplicate of its first
 	// item and not published again.
 	first int
+	// when is the item's delay, not_before and expires, read into the
+	// job's NotBefore and Expires by batchSchedules.
+	when queue.When
 }
 
 func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
@@ -92,6 +95,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := batchTrace(r, jobs); err != nil {
 		rj.reject(err, "invalid_trace_context")
+		return
+	}
+	if rf := batchSchedules(jobs, lane, time.Now()); rf != nil {
+		rj.reject(rf, "invalid_schedule")
 		return
 	}
 	// The batch costs its caller the lane's cost per item, before
@@ -171,7 +178,7 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 		if rf != nil {
 			return nil, rf
 		}
-		jobs[i] = batchJob{job: job, first: -1}
+		jobs[i] = batchJob{job: job, first: -1, when: itemWhen(items[i])}
 		if f, ok := seen[job.ID]; ok {
 			jobs[i].first = f
 		} else {
@@ -221,7 +228,7 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 		if rf != nil {
 			return nil, rf
 		}
-		bj := batchJob{job: job, first: -1}
+		bj := batchJob{job: job, first: -1, when: itemWhen(it)}
 		if f, ok := seen[job.ID]; ok {
 			bj.first = f
 		} else {
@@ -344,8 +351,13 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 	// The items that are new in this batch, decided as if they came one
 	// after the other. (Keyed lanes decide per key.)
 	fresh := make([]int, 0, len(jobs))
+	var delayed []int // new items that asked for a delay: not decided now
 	for i, bj := range jobs {
-		if bj.first < 0 {
+		switch {
+		case bj.first >= 0:
+		case !bj.job.NotBefore.IsZero():
+			delayed = append(delayed, i)
+		default:
 			fresh = append(fresh, i)
 		}
 	}
@@ -387,6 +399,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		stored  = make([]struct{ i, k int }, 0, len(fresh)) // batch index and decision index of toStore[j]
 		waits   = map[int]func(context.Context, time.Duration) (queue.Told, bool){}
 		last    admission.Decision
+		decided bool
 	)
 	for k, i := range fresh {
 		if err := errs[k]; err != nil {
@@ -397,7 +410,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			}
 			continue
 		}
-		last = decs[k]
+		last, decided = decs[k], true
 		job := jobs[i].job
 		if keeps {
 			// A lane with records: the item's record first
@@ -523,6 +536,9 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 		results[i] = out
 	}
+	for _, i := range delayed {
+		h.storeDelayedItem(ctx, name, lane, jobs[i].job, &results[i], counts, func(err error, reason string) { fail(i, err, reason) })
+	}
 	// A repeated id within the batch: the answer of its first item, as a
 	// duplicate (or the same refusal).
 	for i, bj := range jobs {
@@ -549,7 +565,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			answer.Failed++
 		}
 	}
-	if answer.Accepted > 0 {
+	if answer.Accepted > 0 && decided {
 		last.Remaining = max(last.Remaining-1, 0)
 		setRateHeaders(w.Header(), r, name, last)
 	}

@@ -83,6 +83,9 @@ type Lane struct {
 	// settled (they are still stored, but no longer ahead of a new job).
 	KeyStarted func(ctx context.Context, key string) (int, error)
 	MaxBody    int64
+	// MaxDelay bounds the delay a job may ask for (max_delay); 0:
+	// queue.DefaultMaxDelay.
+	MaxDelay time.Duration
 	// AdmitWait bounds the wait to hear the slot of a job whose lane has
 	// room (config admit_wait).
 	AdmitWait time.Duration
@@ -124,6 +127,9 @@ type Ready func(ctx context.Context) error
 type Config struct {
 	Admitter  Admitter
 	Publisher Publisher
+	// Scheduler stores delayed jobs (Throttle-Delay, Throttle-Not-Before);
+	// nil refuses them.
+	Scheduler Scheduler
 	// Assignments, when set, tell intake which jobs start at once;
 	// without them every job is answered "queued".
 	Assignments Assignments
@@ -495,6 +501,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(err, "invalid_trace_context")
 		return
 	}
+	sched, rf := scheduleOf(submissionWhen(r), lane, time.Now(), nil)
+	if rf != nil {
+		rj.reject(rf, "invalid_schedule")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
@@ -505,6 +516,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	defer h.bodies.give(reserved)
 	if isJSON(ct) && !utf8.Valid(body) {
 		rj.reject(refusal(ErrBadBody, "", "the body is sent as JSON (Content-Type %s) and is not valid UTF-8", ct), "bad_body")
+		return
+	}
+	if !sched.NotBefore.IsZero() {
+		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
+			NotBefore: sched.NotBefore, Expires: sched.Expires}, &rj)
 		return
 	}
 	var dec admission.Decision
@@ -522,7 +538,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires}
 	// A job without an Idempotency-Key on a lane with records gets an id
 	// that says where it is stored (queue.SeqID): it is found by that id
 	// while it waits, and no record is written for it at intake. It waits

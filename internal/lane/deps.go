@@ -87,6 +87,9 @@ type Streams interface {
 	OnPoison(lane string, f func())
 	RunIntake(ctx context.Context, lane string, log *slog.Logger)
 	MoveRetries(ctx context.Context, lane string, log *slog.Logger)
+	// ShareReadAhead shares the lane's jobs fetched and not yet given a
+	// slot with the other instances, for their queued answers' eta_ms.
+	ShareReadAhead(ctx context.Context, lane string, c *queue.Consumer)
 }
 
 // Counts are what a lane's status (and a keyed pull-mode lane) reads of

@@ -170,6 +170,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		Name: name, MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight, Prefetch: batch,
 		AckWait: l.cfg.AckWait.D(), MaxBody: int64(l.cfg.MaxBody), MaxBytes: int64(l.cfg.MaxBytes),
 		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
+		MaxAge: l.cfg.MaxAge.D(), MaxDelay: l.cfg.MaxDelay.D(),
 	}
 	if l.cfg.PerKey != nil {
 		spec.Ordered = l.cfg.PerKey.Ordered
@@ -256,6 +257,7 @@ func (l *Lane) Run(ctx, dispatch context.Context) {
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.consumer.KeepAlive(keepCtx) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
+	helpers.Go(func() { l.d.Queue.ShareReadAhead(ctx, l.cfg.Name, l.consumer) })
 	_ = l.drain.RunWith(ctx, dispatch)
 	l.stopPulls()
 	l.consumer.Close()
@@ -288,6 +290,13 @@ func (l *Lane) isStopping() bool {
 // bounded by the dispatch context dctx, and settles the message by the
 // outcome.
 func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
+	if msg.Expired(l.d.Clock.Now()) {
+		// Not started by its expiry: dead-lettered instead. The check is
+		// here, on the one goroutine that holds the job and right before
+		// its delivery, so nothing can start it after it expired.
+		go l.expire(dctx, msg, done)
+		return
+	}
 	inflight := l.hot.inflight
 	inflight.Inc()
 	l.started(msg)
@@ -352,6 +361,7 @@ func pushedBack(res dispatch.Result) bool {
 // assigned tells the instance that took msg over HTTP the slot the drain
 // gave it (its intake answers "admitted" only for a free one, due at once).
 func (l *Lane) assigned(msg *queue.Msg, s leaky.Slot) {
+	msg.Slotted() // no longer read ahead: its slot is in the bucket's state
 	if j := msg.Job(); j.Notify != "" && l.d.Hub != nil && msg.FirstDelivery() {
 		name := j.ID
 		if j.NotifyID != "" {

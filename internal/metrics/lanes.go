@@ -18,11 +18,11 @@ var (
 	// submittedAs are the (state, source) pairs of Submitted: HTTP intake
 	// answers admitted, queued or duplicate; a job published on NATS is
 	// counted as queued when the drain first meets it.
-	submittedAs = [][2]string{{"admitted", "http"}, {"queued", "http"}, {"duplicate", "http"}, {"queued", "nats"}}
+	submittedAs = [][2]string{{"admitted", "http"}, {"queued", "http"}, {"duplicate", "http"}, {"scheduled", "http"}, {"queued", "nats"}}
 	// rejectReasons are the reasons of Rejected (ingest's refusals).
 	rejectReasons = []string{
 		"shutting_down", "unknown_lane", "invalid_idempotency_key", "invalid_content_type",
-		"missing_throttle_key", "invalid_throttle_key", "invalid_trace_context",
+		"missing_throttle_key", "invalid_throttle_key", "invalid_trace_context", "invalid_schedule",
 		"body_too_large", "body_inflight_full", "body_inflight_caller_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
 		"invalid_wait", "too_many_waiters", "records_unavailable",

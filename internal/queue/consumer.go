@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,11 @@ type Msg struct {
 	// origin names the stream the message was read from, for the msg ids
 	// of its copies (copy.go).
 	origin string
+	// maxAge is the lane's max_age (Expiry); 0: none.
+	maxAge time.Duration
+	// ra is the job's state in its consumer's read-ahead count
+	// (readahead.go).
+	ra atomic.Int32
 }
 
 // acker answers for one fetched message: a JetStream consumer's message, or
@@ -95,6 +101,9 @@ type Consumer struct {
 
 	mu          sync.Mutex
 	outstanding map[*Msg]time.Time // fetched, not yet settled → last touched
+	// unslotted counts the jobs fetched and not yet given a slot or
+	// settled (readahead.go).
+	unslotted atomic.Int64
 }
 
 // Consumer returns the reader of lane's jobs.
@@ -103,8 +112,12 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
-		outstanding: map[*Msg]time.Time{}}, nil
+	c := &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
+		outstanding: map[*Msg]time.Time{}}
+	ls.mu.Lock()
+	ls.local = c
+	ls.mu.Unlock()
+	return c, nil
 }
 
 // Next blocks until at least one job is available (or ctx ends), then
@@ -171,15 +184,37 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
 	c.q.fetched(c.lane, meta.Sequence.Stream)
-	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal {
-		if ls, err := c.q.lane(c.lane); err == nil {
-			if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
-				_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
-				cancel()
-				return nil
-			}
+	ls, lerr := c.q.lane(c.lane)
+	if lerr == nil {
+		msg.maxAge = ls.spec.MaxAge
+	}
+	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal && lerr == nil {
+		applyPublicSchedule(&msg.job, m.Headers(), meta.Timestamp, ls.spec.MaxDelay)
+		if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+			_ = c.q.deadPoison(ctx, msg, ls.spec, reason, m.Subject())
+			cancel()
+			return nil
 		}
+		if !msg.job.NotBefore.IsZero() && time.Until(msg.job.NotBefore) > notBeforeSlack {
+			// Its publisher asked for a delay: it waits in the retry
+			// stream, holding no place of the lane's max_inflight.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)
+			err := c.q.schedulePublic(ctx, msg)
+			cancel()
+			if err != nil && !errors.Is(err, ErrAckUnconfirmed) {
+				c.q.log.Warn("storing a delayed public job failed; trying again", "lane", c.lane, "seq", msg.Seq(), "err", err)
+				_ = m.NakWithDelay(time.Second)
+			}
+			return nil
+		}
+		msg.job.NotBefore = time.Time{}
+	}
+	if msg.Expired(time.Now()) {
+		// It waited in the lane past its expiry: dead-lettered before
+		// it takes a slot.
+		c.q.expireFetched(msg)
+		return nil
 	}
 	if wait := time.Until(msg.job.NotBefore); wait > notBeforeSlack {
 		// A retry that is not due yet: back to the queue until it is,
@@ -190,10 +225,12 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	c.mu.Lock()
 	c.outstanding[msg] = time.Now()
 	c.mu.Unlock()
+	c.counted(msg)
 	return msg
 }
 
 func (c *Consumer) settle(m *Msg) {
+	m.Slotted()
 	c.mu.Lock()
 	delete(c.outstanding, m)
 	c.mu.Unlock()

@@ -200,7 +200,7 @@ func TestBufferedConnWriteErrorSticks(t *testing.T) {
 func TestJobMsgHeaderKeys(t *testing.T) {
 	now := time.Now()
 	job := Job{ID: "id-1", MsgID: "id-1#2", Lane: "demo", Key: "k", ContentType: "text/plain", Payload: []byte("x"),
-		Outside: true, Notify: "throttler.notify.i1", Wait: "throttler.records.i1", NotifyID: "n-1", RecordRev: 42, Attempts: 3, NotBefore: now, EnqueuedAt: now,
+		Outside: true, Notify: "throttler.notify.i1", Wait: "throttler.records.i1", NotifyID: "n-1", RecordRev: 42, Attempts: 3, NotBefore: now, EnqueuedAt: now, Expires: now,
 		Trace: tracectx.Context{Parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", State: "rojo=1", Baggage: "k=v"}}
 	msg := jobMsg(job)
 	want := nats.Header{}
@@ -219,10 +219,12 @@ func TestJobMsgHeaderKeys(t *testing.T) {
 	got := decodeJob("demo", msg.Header, msg.Data, "k", 7, true, now)
 	got.Payload, job.Payload = nil, nil
 	job.MsgID = "" // not carried back
-	if !got.NotBefore.Equal(job.NotBefore.Truncate(time.Millisecond)) || !got.EnqueuedAt.Equal(job.EnqueuedAt.Truncate(time.Millisecond)) {
-		t.Errorf("times: %v %v, want %v", got.NotBefore, got.EnqueuedAt, now)
+	if !got.NotBefore.Equal(job.NotBefore.Truncate(time.Millisecond)) || !got.EnqueuedAt.Equal(job.EnqueuedAt.Truncate(time.Millisecond)) ||
+		!got.Expires.Equal(job.Expires.Truncate(time.Millisecond)) {
+		t.Errorf("times: %v %v %v, want %v", got.NotBefore, got.EnqueuedAt, got.Expires, now)
 	}
 	got.NotBefore, got.EnqueuedAt, job.NotBefore, job.EnqueuedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	got.Expires, job.Expires = time.Time{}, time.Time{}
 	if fmt.Sprint(got) != fmt.Sprint(job) {
 		t.Errorf("decoded %+v, want %+v", got, job)
 	}
@@ -262,19 +264,20 @@ func TestJobMsgHeaderCount(t *testing.T) {
 	if n := len(jobMsg(job).Header); n > jobHeaders {
 		t.Fatalf("a job with every field set has %d headers; raise jobHeaders to %d", n, n)
 	}
-	// The message, its subject, the map, the shared values, two numbers
-	// formatted, and one in the map: the header arrays stay on the stack.
-	// Every field set makes 14 headers: a map of more than 8 entries
-	// spills from one group into a table (two more allocations), and the
-	// record's revision is a third number formatted.
-	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 10 {
-		t.Errorf("jobMsg allocates %v times, want at most 10", n)
+	// The message, its subject, the map, the shared values, the numbers
+	// formatted (the record's revision, attempts, not-before, expiry and
+	// first-store time: a fresh job over HTTP has none of the last four),
+	// and one in the map: the header arrays stay on the stack. Every field
+	// set makes 15 headers: a map of more than 8 entries spills from one
+	// group into a table (two more allocations).
+	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 11 {
+		t.Errorf("jobMsg allocates %v times, want at most 11", n)
 	}
-	// Without trace context and a record (8 headers) the bound is the
+	// Without trace context and a record (9 headers) the bound is the
 	// former one: a lane without results pays nothing for them.
 	job.Trace, job.Wait, job.RecordRev, job.NotifyID = tracectx.Context{}, "", 0, ""
-	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 7 {
-		t.Errorf("jobMsg without trace context allocates %v times, want at most 7", n)
+	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 8 {
+		t.Errorf("jobMsg without trace context and a record allocates %v times, want at most 8", n)
 	}
 }
 

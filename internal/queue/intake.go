@@ -52,9 +52,9 @@ const (
 	MaxContentType = 1024
 	// maxAttempts bounds a believed attempt count.
 	maxAttempts = 1_000_000
-	// maxNotBefore bounds how far ahead a believed retry time may be; the
-	// longest backoff is far shorter.
-	maxNotBefore = 7 * 24 * time.Hour
+	// maxNotBefore bounds how far ahead a believed retry or delay time
+	// may be: a delayed job's is at most its lane's max_delay.
+	maxNotBefore = MaxDelayLimit
 	// maxClockAhead bounds how far ahead of this instance's clock a
 	// believed first-store time may be (another instance's clock).
 	maxClockAhead = time.Minute
@@ -152,6 +152,9 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 		if nb := time.UnixMilli(ms); nb.Sub(now) <= maxNotBefore {
 			job.NotBefore = nb
 		}
+	}
+	if ms, err := strconv.ParseInt(h.Get(headerExpiresAt), 10, 64); err == nil && ms > 0 {
+		job.Expires = time.UnixMilli(ms)
 	}
 	if ms, err := strconv.ParseInt(h.Get(HeaderEnqueuedAt), 10, 64); err == nil && ms > 0 {
 		if at := time.UnixMilli(ms); !at.After(now.Add(maxClockAhead)) {

@@ -220,6 +220,7 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	_, key, _ := subjectKey(lane, raw.Subject)
 	job := decodeJob(lane, raw.Header, raw.Data, key, seq, false, time.Now())
 	job.EnqueuedAt = raw.Time
+	applyPublicSchedule(&job, raw.Header, raw.Time, ls.spec.MaxDelay)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
 	if reason := poisonReason(ls.spec, job, true); reason != "" {
@@ -234,7 +235,17 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	}
 	msgID(&job, seq)
 	job.Outside = true // counted as NATS intake when it starts
-	if from == ls.in {
+	if !job.NotBefore.IsZero() && time.Until(job.NotBefore) > notBeforeSlack {
+		// Its publisher asked for a delay: it waits in the retry stream
+		// (schedule.go), under this move's msg id, until due.
+		job.EnqueuedAt = time.Time{}
+		if _, err := q.storeScheduled(pctx, job); err != nil {
+			return err
+		}
+		if h := q.hook.get(); h != nil {
+			h.Scheduled(lane, job.ID, job.NotBefore)
+		}
+	} else if job.NotBefore = (time.Time{}); from == ls.in {
 		ack, err := q.publish(pctx, InternalSubject(lane, key), jobMsg(job))
 		if err != nil {
 			return err

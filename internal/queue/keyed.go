@@ -229,7 +229,7 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 		job.EnqueuedAt = raw.Time
 	}
 	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: raw.Sequence}, NumDelivered: 1, Timestamp: raw.Time, Stream: r.ls.stream.CachedInfo().Config.Name}
-	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c, origin: r.c.origin}, nil
+	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c, origin: r.c.origin, maxAge: r.ls.spec.MaxAge}, nil
 }
 
 // Release hands msgs back unstarted: each is again its key's next job.

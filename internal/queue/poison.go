@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -17,6 +18,8 @@ import (
 //   - a key the key rules refuse (ValidKey): the key is passed to the target
 //     as Throttle-Key, and a byte such as 0x7f makes that header invalid;
 //   - on a keyed lane, no key at all (published on throttle.<lane>);
+//   - a Throttle-Delay, Throttle-Not-Before or Throttle-Expires that
+//     cannot be used (ParseSchedule, counted from when the job was stored);
 //   - a payload over the lane's max_body: the stream leaves HeaderRoom for
 //     the publisher's headers, so such a payload is stored, but a copy of it
 //     with the throttler's own headers (a retry, a move onto its key) may
@@ -40,6 +43,10 @@ func poisonReason(spec LaneSpec, job Job, keyed bool) string {
 		return "no Throttle-Key: a keyed lane's jobs are published on throttle." + spec.Name + ".<key>"
 	case job.Key != "" && kerr != nil:
 		return "invalid Throttle-Key: " + kerr.Error()
+	}
+	var se *ScheduleError
+	if errors.As(job.ScheduleErr, &se) {
+		return "invalid " + se.Header() + ": " + se.Msg
 	}
 	if mb := spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
 		return fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/throttler/throttler/api"
@@ -146,6 +147,12 @@ type LaneSpec struct {
 	// Ordered: a keyed lane whose keys retry a failing job in place
 	// (per_key.ordered); their attempts are kept in TriesBucket.
 	Ordered bool
+	// MaxAge dead-letters a job not started this long after it entered
+	// the lane (schedule.go); 0: never.
+	MaxAge time.Duration
+	// MaxDelay bounds the delay a publisher may ask for on the lane's
+	// public subject; 0: DefaultMaxDelay.
+	MaxDelay time.Duration
 }
 
 // Job is one unit of work as stored on the queue.
@@ -163,8 +170,12 @@ type Job struct {
 	Outside bool
 	// Attempts is how many delivery attempts already failed.
 	Attempts int
-	// NotBefore delays a retry; zero for none.
+	// NotBefore delays a retry, or a delayed job (schedule.go); zero for
+	// none.
 	NotBefore time.Time
+	// Expires is when the job, if not started, is dead-lettered as
+	// expired (schedule.go); zero for never.
+	Expires time.Time
 	// EnqueuedAt is when the job was first stored: a fetched job's own
 	// store time, or for a retry its first copy's. Zero on a new job.
 	EnqueuedAt time.Time
@@ -189,6 +200,10 @@ type Job struct {
 	// subject were dropped (malformed or over their bounds); nil
 	// otherwise. Not stored.
 	TraceErr error
+	// ScheduleErr says why the schedule headers of a job published on a
+	// public subject cannot be used (the job is poison); nil otherwise.
+	// Not stored.
+	ScheduleErr error
 }
 
 // PubResult is JetStream's answer to a publish.
@@ -212,6 +227,10 @@ type Queue struct {
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64
+	// hook hears delayed and expiring jobs (schedule.go).
+	hook scheduleHook
+	// id tells this Queue's read-ahead counts from other instances'.
+	id string
 }
 
 type laneState struct {
@@ -259,6 +278,10 @@ type laneState struct {
 	lastFetched uint64
 	delivered   uint64
 	deliveredAt time.Time
+	// local is this instance's consumer of the lane, others the other
+	// instances' read-ahead counts by id (readahead.go).
+	local  *Consumer
+	others map[string]readAheadCount
 }
 
 // fetched records that this instance fetched the lane's job at seq.
@@ -273,7 +296,8 @@ func (q *Queue) fetched(lane string, seq uint64) {
 }
 
 // Ahead counts the lane's jobs stored before seq that no drain has fetched
-// yet: they start before the job at seq. It reads the consumer's position
+// yet, or has fetched and not yet given a slot (readahead.go): they start
+// before the job at seq. It reads the consumer's position
 // from JetStream at most every maxAge (0: now), and uses this instance's own
 // fetches in between, so it can only count too many, by what other
 // instances fetched since.
@@ -316,10 +340,12 @@ func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge 
 	ls.mu.Lock()
 	pos := max(ls.lastFetched, ls.delivered)
 	ls.mu.Unlock()
-	if seq <= pos+1 {
+	if seq <= pos {
 		return 0, infoErr
 	}
-	return int64(seq - pos - 1), infoErr
+	// Past the position: the jobs not fetched yet, and those the drains
+	// fetched and have not given a slot (readahead.go).
+	return int64(seq-pos-1) + ls.readAheadOf(time.Now()), infoErr
 }
 
 // subjectCount is a keyed lane's count of one key's stored jobs, read at
@@ -458,7 +484,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}}, nil
+	return &Queue{nc: nc, js: js, log: logger, lanes: map[string]*laneState{}, id: nuid.Next()}, nil
 }
 
 // EnsureLane creates or updates the lane's stream and consumer to match spec.
@@ -552,7 +578,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 14
+const jobHeaders = 15
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -602,6 +628,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if !job.NotBefore.IsZero() {
 		add(HeaderNotBefore, strconv.FormatInt(job.NotBefore.UnixMilli(), 10))
+	}
+	if !job.Expires.IsZero() {
+		add(headerExpiresAt, strconv.FormatInt(job.Expires.UnixMilli(), 10))
 	}
 	if !job.EnqueuedAt.IsZero() {
 		add(HeaderEnqueuedAt, strconv.FormatInt(job.EnqueuedAt.UnixMilli(), 10))

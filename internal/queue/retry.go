@@ -98,6 +98,7 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	job := m.job
 	job.Notify, job.NotifyID = "", ""
 	job.RecordRev = 0 // the record changed since; the claim reads it
+	job.Expires = time.Time{} // it started: no longer expires
 	job.Attempts++
 	job.NotBefore = time.Now().Add(delay)
 	job.MsgID = m.retryMsgID()
@@ -154,8 +155,18 @@ func (q *Queue) moveOne(ctx context.Context, lane string, m jetstream.Msg, log *
 		_ = m.Term()
 		return
 	}
-	job := decodeJob(lane, m.Headers(), m.Data(), m.Headers().Get(HeaderKey), meta.Sequence.Stream, true, time.Now())
-	if wait := time.Until(job.NotBefore); wait > notBeforeSlack {
+	now := time.Now()
+	job := decodeJob(lane, m.Headers(), m.Data(), m.Headers().Get(HeaderKey), meta.Sequence.Stream, true, now)
+	if !job.Expires.IsZero() && !now.Before(job.Expires) {
+		// A delayed job whose expiry came first: never enters the lane.
+		q.expireWaiting(ctx, job, m, meta)
+		return
+	}
+	wake := job.NotBefore
+	if !job.Expires.IsZero() && job.Expires.Before(wake) {
+		wake = job.Expires
+	}
+	if wait := wake.Sub(now); wait > notBeforeSlack {
 		_ = m.NakWithDelay(wait)
 		return
 	}
@@ -169,6 +180,10 @@ func (q *Queue) moveOne(ctx context.Context, lane string, m jetstream.Msg, log *
 		return
 	}
 	_ = m.Ack()
+	if h := q.hook.get(); h != nil && job.Attempts == 0 {
+		// A delayed job (a retry has failed attempts).
+		h.Entered(lane, job.ID)
+	}
 }
 
 // RetriesWaiting counts the lane's retries not yet due.

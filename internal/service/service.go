@@ -239,7 +239,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	httpAPI, err := ingest.New(ingest.Config{
 		Callers:  web.Callers(apiserver.CallersConfig{Redis: st.pipe, Lanes: st.store, Metrics: m, LaneNames: laneNames}),
-		Admitter: adm, Publisher: q, Assignments: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes, History: lanes,
+		Admitter: adm, Publisher: q, Scheduler: q, Assignments: hub, Lanes: lanes, Metrics: m, DeadLetters: q, Keys: lanes, Pauser: lanes, History: lanes,
 		// OpenMetrics for a scraper that asks for it (Accept), else text.
 		MetricsHandler:  promhttp.HandlerFor(metrics.Exposed(s.reg), promhttp.HandlerOpts{Registry: s.reg, EnableOpenMetrics: true}),
 		Logger:          s.log.With("component", "ingest"),

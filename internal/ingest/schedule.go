@@ -1,0 +1,157 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/queue"
+)
+
+// Delay and expiry of a submitted job (queue/schedule.go): the headers
+// Throttle-Delay or Throttle-Not-Before, and Throttle-Expires; a batch
+// item's delay or not_before, and expires. A delayed job is stored at once
+// ("scheduled", its eta_ms the delay) and enters its lane's queue when due,
+// without an admission decision now: the lane's bucket and backlog are
+// those of the moment it enters.
+
+// Scheduler stores a delayed job to enter its lane when due.
+type Scheduler interface {
+	Schedule(ctx context.Context, job queue.Job) (queue.PubResult, error)
+}
+
+// submissionWhen is what a submission's headers ask of its job's start.
+func submissionWhen(r *http.Request) queue.When {
+	return queue.When{
+		Delay:     r.Header.Get(queue.HeaderThrottleDelay),
+		NotBefore: r.Header.Get(queue.HeaderThrottleNotBefore),
+		Expires:   r.Header.Get(queue.HeaderThrottleExpires),
+	}
+}
+
+// scheduleOf reads w for lane at now; a refusal names the field at fault:
+// the header of a single submission (field nil), or what field makes of
+// a batch item's member ("delay", "not_before", "expires").
+func scheduleOf(w queue.When, lane Lane, now time.Time, field func(string) string) (queue.Schedule, *Refusal) {
+	if w.IsZero() {
+		return queue.Schedule{}, nil
+	}
+	s, err := queue.ParseSchedule(w, now, lane.maxDelay())
+	var se *queue.ScheduleError
+	if errors.As(err, &se) {
+		if field == nil {
+			return s, &Refusal{Err: ErrBadHeader, Cause: err, Field: se.Header(), Detail: se.Header() + ": " + se.Msg}
+		}
+		return s, &Refusal{Err: ErrBadBody, Cause: err, Field: field(se.Field), Detail: se.Error()}
+	}
+	return s, nil
+}
+
+// maxDelay is the lane's max_delay, or the default.
+func (l Lane) maxDelay() time.Duration {
+	if l.MaxDelay <= 0 {
+		return queue.DefaultMaxDelay
+	}
+	return l.MaxDelay
+}
+
+// submitScheduled stores job, delayed until job.NotBefore, and answers
+// "scheduled" with the delay as its eta_ms.
+func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter) {
+	if h.cfg.Scheduler == nil {
+		rj.reject(&Refusal{Err: ErrBadHeader, Field: queue.HeaderThrottleDelay, Detail: "this server does not take delayed jobs"}, "invalid_schedule")
+		return
+	}
+	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
+	if err != nil {
+		switch err = storeRefusal(name, lane, err); {
+		case errors.Is(err, queue.ErrFull):
+			rj.reject(err, "storage_full")
+		case errors.Is(err, queue.ErrBacklogFull):
+			rj.reject(err, "backlog_full")
+		default:
+			rj.reject(err, "queue_unavailable")
+			h.cfg.Logger.Warn("storing a delayed job failed", "lane", name, "err", err)
+		}
+		return
+	}
+	out := api.Accepted{ID: job.ID, Lane: name, State: api.StateScheduled, Duplicate: res.Duplicate,
+		ETAMillis: max(time.Until(job.NotBefore), 0).Milliseconds()}
+	state := string(out.State)
+	if res.Duplicate {
+		state = "duplicate"
+	} else {
+		h.answers.put(name, job.ID, out.State)
+	}
+	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
+	// The lane's bucket as it is now, for the rate-limit headers; the job
+	// takes nothing from it until it enters the lane.
+	if dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, job.Key); err == nil {
+		setRateHeaders(w.Header(), r, name, dec)
+	}
+	w.Header().Set("Content-Type", jsonContentType)
+	w.WriteHeader(http.StatusAccepted)
+	buf := answerBufs.Get().(*[]byte)
+	*buf = appendAccepted((*buf)[:0], out)
+	_, _ = w.Write(*buf)
+	if cap(*buf) <= 4<<10 {
+		answerBufs.Put(buf)
+	}
+}
+
+// itemField is the JSON pointer of member of batch item i.
+func itemField(i int) func(string) string {
+	return func(member string) string { return "/" + strconv.Itoa(i) + "/" + member }
+}
+
+// itemWhen is a batch item's schedule.
+func itemWhen(it api.BatchItem) queue.When {
+	return queue.When{Delay: it.Delay, NotBefore: it.NotBefore, Expires: it.Expires}
+}
+
+// batchSchedules reads every item's schedule into its job; the first item
+// whose schedule cannot be used refuses the batch, naming its member.
+func batchSchedules(jobs []batchJob, lane Lane, now time.Time) *Refusal {
+	for i := range jobs {
+		s, rf := scheduleOf(jobs[i].when, lane, now, itemField(i))
+		if rf != nil {
+			rf.Detail = "item " + strconv.Itoa(i) + ": " + rf.Detail
+			return rf
+		}
+		jobs[i].job.NotBefore, jobs[i].job.Expires = s.NotBefore, s.Expires
+	}
+	return nil
+}
+
+// storeDelayedItem stores a batch item that asked for a delay, answering it
+// in out (or through fail), and counts its state.
+func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, job queue.Job, out *api.BatchResult, counts map[string]int, fail func(error, string)) {
+	if h.cfg.Scheduler == nil {
+		fail(&Refusal{Err: ErrBadBody, Field: "delay", Detail: "this server does not take delayed jobs"}, "invalid_schedule")
+		return
+	}
+	res, err := h.cfg.Scheduler.Schedule(ctx, job)
+	if err != nil {
+		switch err = storeRefusal(name, lane, err); {
+		case errors.Is(err, queue.ErrFull):
+			fail(err, "storage_full")
+		case errors.Is(err, queue.ErrBacklogFull):
+			fail(err, "backlog_full")
+		default:
+			fail(err, "queue_unavailable")
+			h.cfg.Logger.Warn("storing a delayed job failed", "lane", name, "err", err)
+		}
+		return
+	}
+	*out = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: api.StateScheduled, Duplicate: res.Duplicate,
+		ETAMillis: max(time.Until(job.NotBefore), 0).Milliseconds()}
+	if res.Duplicate {
+		counts["duplicate"]++
+		return
+	}
+	h.answers.put(name, job.ID, out.State)
+	counts[string(out.State)]++
+}
