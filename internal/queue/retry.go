@@ -97,7 +97,7 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	defer m.c.settle(m)
 	job := m.job
 	job.Notify, job.NotifyID = "", ""
-	job.RecordRev = 0 // the record changed since; the claim reads it
+	job.RecordRev = 0         // the record changed since; the claim reads it
 	job.Expires = time.Time{} // it started: no longer expires
 	job.Attempts++
 	job.NotBefore = time.Now().Add(delay)
