@@ -537,7 +537,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		results[i] = out
 	}
 	for _, i := range delayed {
-		h.storeDelayedItem(ctx, name, lane, jobs[i].job, &results[i], counts, func(err error, reason string) { fail(i, err, reason) })
+		h.storeDelayedItem(ctx, name, lane, jobs[i].job, &results[i], counts, func(err error, reason string) { fail(i, err, reason) }, keeps)
 	}
 	// A repeated id within the batch: the answer of its first item, as a
 	// duplicate (or the same refusal).

@@ -520,7 +520,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sched.NotBefore.IsZero() {
 		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
-			NotBefore: sched.NotBefore, Expires: sched.Expires}, &rj)
+			NotBefore: sched.NotBefore, Expires: sched.Expires}, &rj, keeps)
 		return
 	}
 	var dec admission.Decision

@@ -9,6 +9,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // Delay and expiry of a submitted job (queue/schedule.go): the headers
@@ -60,13 +61,35 @@ func (l Lane) maxDelay() time.Duration {
 
 // submitScheduled stores job, delayed until job.NotBefore, and answers
 // "scheduled" with the delay as its eta_ms.
-func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter) {
+//
+// On a lane that keeps results its record is created first, scheduled:
+// GET finds it, DELETE cancels it (the drain's claim then refuses it when it
+// comes due), and an Idempotency-Key lasts as long as the record.
+func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter, keeps bool) {
 	if h.cfg.Scheduler == nil {
 		rj.reject(&Refusal{Err: ErrBadHeader, Field: queue.HeaderThrottleDelay, Detail: "this server does not take delayed jobs"}, "invalid_schedule")
 		return
 	}
+	var rec submission
+	if keeps {
+		rev, old, err := h.scheduledRecord(r.Context(), job)
+		switch {
+		case errors.Is(err, records.ErrExists):
+			h.laneCache(name).submitted("duplicate").Inc()
+			setLocation(w, old.Lane, old.ID)
+			w.Header().Set("Content-Type", jsonContentType)
+			w.WriteHeader(http.StatusAccepted)
+			_, _ = w.Write(appendAccepted(nil, api.Accepted{ID: old.ID, Lane: old.Lane, State: old.State, Duplicate: true}))
+			return
+		case err != nil:
+			rj.reject(err, "records_unavailable")
+			return
+		}
+		rec.rev, job.RecordRev = rev, rev
+	}
 	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
 	if err != nil {
+		h.undoRecord(job, &rec)
 		switch err = storeRefusal(name, lane, err); {
 		case errors.Is(err, queue.ErrFull):
 			rj.reject(err, "storage_full")
@@ -128,13 +151,28 @@ func batchSchedules(jobs []batchJob, lane Lane, now time.Time) *Refusal {
 
 // storeDelayedItem stores a batch item that asked for a delay, answering it
 // in out (or through fail), and counts its state.
-func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, job queue.Job, out *api.BatchResult, counts map[string]int, fail func(error, string)) {
+func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, job queue.Job, out *api.BatchResult, counts map[string]int, fail func(error, string), keeps bool) {
 	if h.cfg.Scheduler == nil {
 		fail(&Refusal{Err: ErrBadBody, Field: "delay", Detail: "this server does not take delayed jobs"}, "invalid_schedule")
 		return
 	}
+	var rec submission
+	if keeps {
+		rev, old, err := h.scheduledRecord(ctx, job)
+		switch {
+		case errors.Is(err, records.ErrExists):
+			*out = api.BatchResult{Status: http.StatusAccepted, ID: old.ID, State: old.State, Duplicate: true}
+			counts["duplicate"]++
+			return
+		case err != nil:
+			fail(err, "records_unavailable")
+			return
+		}
+		rec.rev, job.RecordRev = rev, rev
+	}
 	res, err := h.cfg.Scheduler.Schedule(ctx, job)
 	if err != nil {
+		h.undoRecord(job, &rec)
 		switch err = storeRefusal(name, lane, err); {
 		case errors.Is(err, queue.ErrFull):
 			fail(err, "storage_full")
@@ -154,4 +192,13 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 	}
 	h.answers.put(name, job.ID, out.State)
 	counts[string(out.State)]++
+}
+
+// scheduledRecord creates the record of a delayed job, scheduled, before
+// the job is stored (create-if-absent: records.ErrExists answers the job
+// an earlier submission of its Idempotency-Key made).
+func (h *Handler) scheduledRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
+	now := time.Now().UTC()
+	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
+		State: api.StateScheduled, StoredAt: &now, Attempts: []api.JobAttempt{}})
 }

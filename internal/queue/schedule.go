@@ -216,9 +216,10 @@ func laneMaxDelay(d time.Duration) time.Duration {
 }
 
 // ScheduleHook hears the moments of a delayed or expiring job, for the
-// job records that keep its states. Its methods must be cheap and must not
-// block; they may be called from any instance's goroutines, and a moment
-// may be heard twice (at least once) after a crash.
+// job records that keep its states. Its methods are called after the
+// job's own store, on the goroutine that made it, and must be bounded (one
+// write at most); they may be called from any instance's goroutines, and
+// a moment may be heard twice (at least once) after a crash.
 type ScheduleHook interface {
 	// Scheduled: the job is stored and waits until due.
 	Scheduled(lane, id string, due time.Time)

@@ -330,17 +330,24 @@ func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api
 var errSame = errors.New("records: no change")
 
 // Mark records a state the scheduler decides: scheduled (a delayed job
-// stored, not yet in its lane's pacing) or expired (not started before its
+// stored, not yet in its lane's pacing), queued (a delayed job that
+// entered its lane; only from scheduled) or expired (not started before its
 // expiry; never delivered). Marking expired is a compare-and-set like a
 // cancel: it fails with ErrStarted once the job started, so a job is never
 // both expired and delivered. reason goes into the record.
 func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, reason string, now time.Time) (api.JobRecord, error) {
-	if state != api.StateScheduled && state != api.StateExpired {
-		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled or expired, not %s", state)
+	if state != api.StateScheduled && state != api.StateExpired && state != api.StateQueued {
+		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled, queued or expired, not %s", state)
 	}
 	rec, _, err := s.change(ctx, lane, id, func(rec *api.JobRecord, found bool) error {
+		if found && rec.State == state {
+			return errSame
+		}
 		if found && rec.State != api.StateQueued && rec.State != api.StateScheduled {
 			return ErrStarted
+		}
+		if state == api.StateQueued && (!found || rec.State != api.StateScheduled) {
+			return errSame
 		}
 		if !found {
 			rec.StoredAt = &now
@@ -351,6 +358,9 @@ func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, r
 		}
 		return nil
 	})
+	if errors.Is(err, errSame) {
+		err = nil
+	}
 	return rec, err
 }
 

@@ -194,6 +194,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// Delayed and expiring jobs move their records too.
+	q.SetScheduleHook(records.NewHook(recs, s.log))
 	// One subscription for every caller of this instance that waits for
 	// its job's answer (?wait=), made before any job is taken.
 	waiters := records.NewWaiters(nc, claim.ID(), 0, s.log)

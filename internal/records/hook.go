@@ -1,0 +1,56 @@
+package records
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/throttler/throttler/api"
+)
+
+// Hook keeps the records of delayed and expiring jobs: it is the queue's
+// ScheduleHook (queue.SetScheduleHook). A delayed job is scheduled until it
+// enters its lane (then queued); a job dead-lettered at its expiry is
+// expired. Lanes without results are skipped. Each moment is one write,
+// made on the caller's goroutine with a bound: the queue calls it after
+// the job's own store, so a failure only leaves the record a state behind
+// (logged); the job itself is never lost or started by it.
+type Hook struct {
+	s   *Store
+	log *slog.Logger
+	now func() time.Time
+}
+
+// NewHook returns the hook writing to s.
+func NewHook(s *Store, logger *slog.Logger) *Hook {
+	return &Hook{s: s, log: logger, now: time.Now}
+}
+
+// hookTimeout bounds one write of the hook.
+const hookTimeout = 2 * time.Second
+
+func (h *Hook) mark(lane, id string, state api.JobState, reason string) {
+	if !h.s.Keeps(lane) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
+	defer cancel()
+	_, err := h.s.Mark(ctx, lane, id, state, reason, h.now().UTC())
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrStarted):
+		// Cancelled, or started already: the record's state stands.
+	default:
+		h.log.Warn("writing a job's record failed", "lane", lane, "id", id, "state", state, "err", err)
+	}
+}
+
+// Scheduled records a delayed job stored.
+func (h *Hook) Scheduled(lane, id string, _ time.Time) { h.mark(lane, id, api.StateScheduled, "") }
+
+// Entered records a delayed job that entered its lane.
+func (h *Hook) Entered(lane, id string) { h.mark(lane, id, api.StateQueued, "") }
+
+// Expired records a job dead-lettered at its expiry.
+func (h *Hook) Expired(lane, id string) { h.mark(lane, id, api.StateExpired, "expired") }

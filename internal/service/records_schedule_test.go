@@ -1,0 +1,98 @@
+package service_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/servicetest"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// TestRecordsOfDelayedAndExpiringJobs: on a lane that keeps results, a
+// delayed job has a record at once (scheduled) and then delivered; a
+// delayed job cancelled while it waits is never delivered when it comes
+// due; a job not started by its expiry is recorded expired, never
+// delivered; a resubmission of a delayed job's Idempotency-Key answers the
+// first job.
+func TestRecordsOfDelayedAndExpiringJobs(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	svc, _ := servicetest.Start(t, cfg, nil)
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+
+	submit := func(id string, header, value string) api.Accepted {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base, nil)
+		req.Header.Set("Content-Type", "text/plain")
+		req.Header.Set("Idempotency-Key", id)
+		req.Header.Set(header, value)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var acc api.Accepted
+		if err := json.NewDecoder(resp.Body).Decode(&acc); err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submit %s: %d %v", id, resp.StatusCode, err)
+		}
+		return acc
+	}
+	if acc := submit("later", "Throttle-Delay", "2s"); acc.State != api.StateScheduled {
+		t.Fatalf("delayed job answered %+v, want scheduled", acc)
+	}
+	if acc := submit("dropped", "Throttle-Delay", "2s"); acc.State != api.StateScheduled {
+		t.Fatalf("delayed job answered %+v, want scheduled", acc)
+	}
+	// A witness due after the job cancelled below: once it is delivered,
+	// the cancelled job has come due and been dropped.
+	submit("witness", "Throttle-Delay", "2500ms")
+	for _, id := range []string{"later", "dropped"} {
+		if code, rec := getRecord(t, svc.Addr(), "demo", id); code != http.StatusOK || rec.State != api.StateScheduled {
+			t.Fatalf("record of %s right after submission: %d %+v", id, code, rec)
+		}
+	}
+	if acc := submit("later", "Throttle-Delay", "1s"); !acc.Duplicate || acc.ID != "later" || acc.State != api.StateScheduled {
+		t.Fatalf("resubmission of a delayed job: %+v, want the first one, duplicate", acc)
+	}
+	c := callJob(t, "DELETE", base+"/dropped", "", "")
+	var rec api.JobRecord
+	if err := json.Unmarshal(c.body, &rec); err != nil || c.code != http.StatusOK || rec.State != api.StateCancelled {
+		t.Fatalf("cancel of a scheduled job: %d %q", c.code, c.body)
+	}
+	// Expires before the lane can start it: the lane is held.
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"paused":true}`, nil); code != http.StatusOK {
+		t.Fatalf("pause: %d", code)
+	}
+	expires := time.Now().Add(time.Second)
+	if acc := submit("stale", "Throttle-Expires", expires.UTC().Format(time.RFC3339Nano)); acc.State != api.StateQueued {
+		t.Fatalf("expiring job answered %+v, want queued", acc)
+	}
+	time.Sleep(time.Until(expires)) // the property is the expiry's time passing
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"paused":false}`, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	testenv.Eventually(t, 20*time.Second, "the delayed job delivered and the stale one expired", func() bool {
+		_, later := getRecord(t, svc.Addr(), "demo", "later")
+		_, stale := getRecord(t, svc.Addr(), "demo", "stale")
+		return later.State == api.StateDelivered && stale.State == api.StateExpired
+	})
+	testenv.Eventually(t, 20*time.Second, "the witness delivered", func() bool {
+		_, w := getRecord(t, svc.Addr(), "demo", "witness")
+		return w.State == api.StateDelivered
+	})
+	if _, rec := getRecord(t, svc.Addr(), "demo", "dropped"); rec.State != api.StateCancelled || len(rec.Attempts) != 0 {
+		t.Fatalf("the cancelled delayed job: %+v", rec)
+	}
+	if _, rec := getRecord(t, svc.Addr(), "demo", "stale"); rec.FinishedAt == nil || len(rec.Attempts) != 0 || rec.Reason != "expired" {
+		t.Fatalf("the expired job's record: %+v", rec)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Fatalf("target called %d times, want 2 (the delayed job and the witness; never the cancelled or the expired one)", got)
+	}
+}
