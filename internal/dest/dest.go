@@ -198,10 +198,10 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Detail }
 // Rules are a lane's checked lists. The zero value is not usable: make
 // them with New. Rules are immutable and safe for concurrent use.
 type Rules struct {
-	base    *url.URL
-	method  string
-	methods []string
-	forward map[string]bool
+	base     *url.URL
+	method   string
+	methods  []string
+	forward  map[string]bool
 	prefixes []prefix
 }
 
