@@ -222,6 +222,13 @@ type DeadLetter struct {
 	DeadAt      time.Time `json:"dead_at"`
 	ContentType string    `json:"content_type,omitempty"`
 	Size        int       `json:"size"`
+	// Method, Path and URL are what the job asked for (Throttle-Method,
+	// Throttle-Path, Throttle-URL); Headers names the headers it forwards
+	// (Throttle-Forward-<Name>). Their values are never shown.
+	Method  string   `json:"method,omitempty"`
+	Path    string   `json:"path,omitempty"`
+	URL     string   `json:"url,omitempty"`
+	Headers []string `json:"headers,omitempty"`
 	// Payload is the job's body (base64 in JSON); only GET of one dead
 	// letter carries it.
 	Payload []byte `json:"payload,omitempty"`

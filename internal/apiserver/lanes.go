@@ -8,6 +8,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/lane"
 )
@@ -22,6 +23,8 @@ type Lanes struct {
 	// keyFns are the keyed lanes' key lookups, made once per lane rather
 	// than per request.
 	keyFns map[string]keyFns
+	// dest are the HTTP lanes' destination lists (package dest).
+	dest map[string]*dest.Rules
 }
 
 var (
@@ -48,7 +51,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -56,6 +59,11 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	d.cfg[lc.Name] = lc
 	d.byName[lc.Name] = l
 	d.order = append(d.order, l)
+	if h := lc.Target.HTTP; h != nil {
+		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
+			d.dest[lc.Name] = r
+		}
+	}
 	if lc.PerKey != nil {
 		// Made once: a method value is a new closure each time.
 		d.keyFns[lc.Name] = keyFns{limit: l.KeyLimit, started: l.KeyStarted}
@@ -76,6 +84,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	if f, ok := d.keyFns[name]; ok {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
+	il.Dest = d.dest[name]
 	return il, true
 }
 

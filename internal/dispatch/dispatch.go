@@ -12,6 +12,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/tracectx"
 )
 
@@ -30,6 +31,10 @@ type Job struct {
 	// Trace is the W3C trace context the target receives (traceparent,
 	// tracestate, baggage headers); the zero value sends none.
 	Trace tracectx.Context
+	// Dest is where the job asks to go within an HTTP lane's target
+	// (method, path or URL, forwarded headers); the zero value goes to
+	// the target as configured. Other targets ignore it.
+	Dest dest.Request
 }
 
 // Verdict is the class of a delivery's outcome.

@@ -32,6 +32,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
@@ -92,6 +93,9 @@ type Lane struct {
 	// Observe only logs and counts the caller quota refusals of the lane's
 	// submissions.
 	Observe bool
+	// Dest checks where a job asks to go (dest.go); nil for a lane whose
+	// target is not HTTP, which refuses any such request.
+	Dest *dest.Rules
 }
 
 // forKey is the lane's admission for a job of key.
@@ -458,6 +462,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(err, "invalid_trace_context")
 		return
 	}
+	jd, err := jobDest(r, lane)
+	if err != nil {
+		rj.reject(err, "invalid_destination")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
@@ -485,7 +494,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Dest: jd}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
 	if dec.Room && h.cfg.Assignments != nil {
 		// The lane has room: the job starts at once if the drain gives it

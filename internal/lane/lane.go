@@ -135,7 +135,7 @@ func targetConfig(t config.Target, maxInflight int, handlers map[string]dispatch
 		h := t.HTTP
 		return dispatch.TargetConfig{SigningSecrets: h.SigningSecrets, HTTP: &dispatch.HTTPConfig{
 			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
-			MaxInflight: maxInflight}}
+			Methods: h.Methods, ForwardHeaders: h.ForwardHeaders, JobURLs: h.JobURLs, MaxInflight: maxInflight}}
 	case t.NATS != nil:
 		return dispatch.TargetConfig{NATS: &dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream}}
 	case t.Handler != "":
@@ -297,7 +297,7 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 		tr := l.traceStart(dctx, msg, job, intake)
 		res := l.target.Deliver(tr.ctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
-			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out,
+			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out, Dest: job.Dest,
 		})
 		tr.end(res, l.d.Clock.Now())
 		l.hot.dispatchSeconds.Observe(res.Took.Seconds())

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/tracectx"
 )
 
@@ -157,6 +158,9 @@ type Job struct {
 	// Trace is the submitter's W3C trace context (traceparent,
 	// tracestate, baggage), kept through retries and replays.
 	Trace tracectx.Context
+	// Dest is where the job asks to go (package dest); checked at intake
+	// and again by the HTTP target.
+	Dest dest.Request
 	// TraceErr says why the trace headers of a job published on a public
 	// subject were dropped (malformed or over their bounds); nil
 	// otherwise. Not stored.
@@ -562,6 +566,7 @@ func jobMsg(job Job) *nats.Msg {
 			add(headerBaggage, t.Baggage)
 		}
 	}
+	addDest(job.Dest, add)
 	n := len(keys)
 	h := make(nats.Header, n)
 	shared := make([]string, n)
