@@ -177,6 +177,12 @@ type KeyStatus struct {
 	// counts them there.
 	Active   bool `json:"active"`
 	InFlight int  `json:"in_flight"`
+	// URL is where the key's jobs go (its override); Headers names the
+	// headers sent with them (values are not shown); SigningSecretSet
+	// says the key signs with its own secret (never shown).
+	URL              string   `json:"url,omitempty"`
+	Headers          []string `json:"headers,omitempty"`
+	SigningSecretSet bool     `json:"signing_secret_set,omitempty"`
 }
 
 // Whoami is the body of GET /v1/whoami: who the caller's key is and what

@@ -139,7 +139,8 @@ func (d *Lanes) SetKey(ctx context.Context, name, key string, c ingest.KeyChange
 // keyChange turns the API's change of a key into the lane's (a rate in
 // jobs per second).
 func keyChange(c ingest.KeyChange) lane.KeyChange {
-	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
+	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset,
+		URL: c.URL, Headers: c.Headers, SigningSecret: c.SigningSecret}
 	if c.Rate != nil {
 		r := c.Rate.PerSecond()
 		lc.Rate = &r

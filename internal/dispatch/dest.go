@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 
 	"github.com/throttler/throttler/internal/dest"
 )
@@ -21,6 +22,20 @@ import (
 // ErrDestRefused is the error of a job whose own destination the lane's
 // lists refuse; the wrapped *dest.Error names the header, never a value.
 var ErrDestRefused = errors.New("dispatch: the job's destination is not allowed")
+
+// KeyTarget is where one key of a keyed HTTP lane sends its jobs: its URL
+// (checked against the lane's job_urls when it was set), the headers sent
+// with each job (a job's own forwarded headers win), and its own signer,
+// which replaces the lane's. Err, when set, is why the key's stored target
+// is no longer allowed by the lane's lists: its jobs are Dead
+// (ErrDestRefused) rather than sent to the lane's URL, a receiver that is
+// not theirs. A KeyTarget is immutable.
+type KeyTarget struct {
+	URL    *url.URL
+	Header http.Header
+	Signer *Signer
+	Err    error
+}
 
 // rules are the lane's lists, checked.
 func (c HTTPConfig) rules() (*dest.Rules, error) {
@@ -42,10 +57,21 @@ func fieldName(key string) string {
 	return key
 }
 
-// route points req where job asks to go and returns the method and the
-// URL for errors; a refused destination comes back as a Dead Result.
+// route points req where job (and its key) asks to go and returns the
+// method and the URL for errors; a refused destination comes back as a
+// Dead Result.
 func (h *HTTP) route(req *http.Request, job Job) (method, logURL string, res Result) {
-	to, err := h.rules.Resolve(job.Dest, nil)
+	var keyURL *url.URL
+	if kt := job.KeyTarget; kt != nil {
+		if kt.Err != nil {
+			return h.method, h.logURL, Result{Verdict: Dead, Err: fmt.Errorf("%w: key %s: %w", ErrDestRefused, job.Key, kt.Err)}
+		}
+		keyURL = kt.URL
+		for k, v := range kt.Header {
+			req.Header[k] = v
+		}
+	}
+	to, err := h.rules.Resolve(job.Dest, keyURL)
 	if err != nil {
 		return h.method, h.logURL, Result{Verdict: Dead, Err: fmt.Errorf("%w: %w", ErrDestRefused, err)}
 	}

@@ -35,6 +35,10 @@ type Job struct {
 	// (method, path or URL, forwarded headers); the zero value goes to
 	// the target as configured. Other targets ignore it.
 	Dest dest.Request
+	// KeyTarget, on a keyed lane, is where the job's key sends its jobs
+	// (its override's URL, headers and signing secret); nil: the lane's
+	// target as configured.
+	KeyTarget *KeyTarget
 }
 
 // Verdict is the class of a delivery's outcome.

@@ -277,7 +277,11 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	req := h.request(ctx, job.Payload)
 	req.Header = h.headers.Clone()
 	method, logURL := h.method, h.logURL
-	if !job.Dest.IsZero() {
+	signer := h.signer
+	if job.KeyTarget != nil && job.KeyTarget.Signer != nil {
+		signer = job.KeyTarget.Signer
+	}
+	if !job.Dest.IsZero() || job.KeyTarget != nil {
 		var res Result
 		if method, logURL, res = h.route(req, job); res.Err != nil {
 			return res
@@ -296,7 +300,7 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 		req.Header.Set(HeaderThrottleKey, job.Key)
 	}
 	setTraceHTTP(req.Header, job.Trace)
-	for k, v := range h.signer.Sign(job.ID, job.Payload) {
+	for k, v := range signer.Sign(job.ID, job.Payload) {
 		req.Header[k] = v
 	}
 

@@ -328,3 +328,191 @@ func TestJobDestinationsEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestThousandReceiversEachWithItsURL (real clock): 1,000 receivers on one
+// keyed lane, each given its own URL, header and rate (1, 2 or 3/s, burst
+// 1) by PATCH …/keys/{key}: every job reaches its own receiver exactly
+// once, in submit order per receiver, and no receiver gets two jobs closer
+// than its period (less 30 ms of HTTP jitter: a key paced at another key's
+// rate, or at the lane's, would be far off). One receiver signs with its
+// own secret, which GET never shows.
+func TestThousandReceiversEachWithItsURL(t *testing.T) {
+	a := newAPITarget(t)
+	var sigMu sync.Mutex
+	signed := map[string]bool{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Webhook-Signature") != "" {
+			sigMu.Lock()
+			signed[r.Header.Get("Idempotency-Key")] = true
+			sigMu.Unlock()
+		}
+		a.srv.Config.Handler.ServeHTTP(w, r)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	// The lane-wide cap never binds (1,000 first jobs fit its burst): a
+	// key's start delayed by the lane's slot would come less than a period
+	// before its next, which the keyed pacer counts from the key's slot.
+	cfg := keyedConfig(t, srv.URL+"/api/", 5000, 1000, 1, 1)
+	h := cfg.Lanes[0].Target.HTTP
+	h.ForwardHeaders = []string{"X-Api-Key"}
+	h.JobURLs = []string{srv.URL + "/r/"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := start(t, cfg)
+	addr := svc.Addr()
+	const receivers, per = 1000, 3
+	key := func(i int) string { return fmt.Sprintf("k%04d", i) }
+	rate := func(i int) float64 { return float64(1 + i%3) }
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	for i := range receivers {
+		body := fmt.Sprintf(`{"url":%q,"headers":{"X-Api-Key":"key-%s"},"rate":"%v/s"}`, srv.URL+"/r/"+key(i), key(i), rate(i))
+		if i == 0 {
+			body = body[:len(body)-1] + `,"signing_secret":"` + secret + `"}`
+		}
+		var st api.KeyStatus
+		if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo/keys/"+key(i), body, &st); code != http.StatusOK {
+			t.Fatalf("PATCH %s: %d", key(i), code)
+		}
+		if st.URL != srv.URL+"/r/"+key(i) || st.Rate != rate(i) || strings.Join(st.Headers, ",") != "X-Api-Key" || st.SigningSecretSet != (i == 0) {
+			t.Fatalf("PATCH %s answered %+v", key(i), st)
+		}
+	}
+	resp, err := pollClient.Get("http://" + addr + "/v1/lanes/demo/keys/" + key(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	_ = resp.Write(&b)
+	resp.Body.Close()
+	if !strings.Contains(b.String(), `"signing_secret_set":true`) || strings.Contains(b.String(), "whsec_") || strings.Contains(b.String(), "key-k0000") {
+		t.Errorf("GET of a key shows a secret or header value, or not that one is set: %s", b.String())
+	}
+	// Refusals of a key's target: 400 naming the member; nothing stored.
+	for body, field := range map[string]string{
+		`{"url":"` + srv.URL + `/elsewhere/x"}`:   "url",
+		`{"url":"` + srv.URL + `/r/../api/"}`:     "url",
+		`{"headers":{"Authorization":"x"}}`:       "headers/Authorization",
+		`{"headers":{"Host":"evil"}}`:             "headers/Host",
+		`{"signing_secret":"not-a-whsec-secret"}`: "signing_secret",
+	} {
+		var p api.Problem
+		req, _ := http.NewRequest("PATCH", "http://"+addr+"/v1/lanes/demo/keys/"+key(1), strings.NewReader(body))
+		resp, err := pollClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || p.Field != field || strings.Contains(p.Detail, "not-a-whsec") {
+			t.Errorf("PATCH %s: %d %+v, want a 400 naming %s", body, resp.StatusCode, p, field)
+		}
+	}
+
+	// per jobs per receiver, in batches of 1,000 items: job j of each
+	// receiver before job j+1. Stalls count from here: the deliveries'.
+	stalls := startStallMeter(t)
+	for j := range per {
+		var items []string
+		for i := range receivers {
+			items = append(items, fmt.Sprintf(`{"idempotency_key":"%s-%d","throttle_key":"%s","payload":%d}`, key(i), j, key(i), j))
+		}
+		if code, body, _ := postTrace(t, addr, "/v1/lanes/demo/jobs:batch", "["+strings.Join(items, ",")+"]", map[string]string{"Content-Type": "application/json"}); code != http.StatusAccepted {
+			t.Fatalf("batch %d: %d %.300s", j, code, body)
+		}
+	}
+	waitFor(t, 60*time.Second, "every job delivered", func() bool { return len(a.snapshot()) >= receivers*per })
+	waitSettled(t, addr)
+	got := a.snapshot()
+	if len(got) != receivers*per {
+		t.Fatalf("%d deliveries, want %d", len(got), receivers*per)
+	}
+	byKey := map[string][]apiCall{}
+	seen := map[string]bool{}
+	for _, c := range got {
+		if seen[c.id] {
+			t.Fatalf("job %s delivered twice", c.id)
+		}
+		seen[c.id] = true
+		k := c.id[:5]
+		if c.path != "/r/"+k || c.apiKey != "key-"+k {
+			t.Fatalf("job %s went to %s with X-Api-Key %q, not its receiver's URL and header", c.id, c.path, c.apiKey)
+		}
+		byKey[k] = append(byKey[k], c)
+	}
+	// An arrival trails its start by the HTTP hop (20 ms) and by the
+	// stalls of this process, which holds the throttler and the 1,000
+	// receivers: three times the worst stall measured (the fleet tests'
+	// stall meter, same reasoning). A key paced at another rate is 167 ms
+	// or more off; one paced at the lane's rate, a whole period.
+	jitter := 20*time.Millisecond + 3*stalls.worstStall()
+	for i := range receivers {
+		cs := byKey[key(i)]
+		period := time.Duration(float64(time.Second) / rate(i))
+		for j, c := range cs {
+			if want := fmt.Sprintf("%s-%d", key(i), j); c.id != want {
+				t.Fatalf("receiver %s: arrival %d is %s, want %s (FIFO per receiver)", key(i), j, c.id, want)
+			}
+			if j > 0 {
+				if gap := c.at.Sub(cs[j-1].at); gap < period-jitter {
+					t.Fatalf("receiver %s (%v/s): arrivals %d and %d %v apart, under its period %v less the jitter %v", key(i), rate(i), j-1, j, gap, period, jitter)
+				}
+			}
+		}
+	}
+	sigMu.Lock()
+	defer sigMu.Unlock()
+	for id := range signed {
+		if !strings.HasPrefix(id, key(0)+"-") {
+			t.Errorf("job %s was signed: only %s has a secret", id, key(0))
+		}
+	}
+	if len(signed) != per {
+		t.Errorf("%d of %s's jobs signed, want %d", len(signed), key(0), per)
+	}
+}
+
+// stallMeter measures how late this test process gets to run: a goroutine
+// that sleeps 5 ms at a time records the worst oversleep (as in
+// internal/fleet). When the process is held off the CPU, arrivals at a
+// target in it wait too, and come closer together than their starts.
+type stallMeter struct {
+	mu    sync.Mutex
+	worst time.Duration
+}
+
+// startStallMeter measures until t ends, then logs the worst stall.
+func startStallMeter(t *testing.T) *stallMeter {
+	m := &stallMeter{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			before := time.Now()
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			late := time.Since(before) - 5*time.Millisecond
+			m.mu.Lock()
+			m.worst = max(m.worst, late)
+			m.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		t.Logf("worst stall of the test process while the test ran: %v", m.worstStall().Round(time.Millisecond))
+	})
+	return m
+}
+
+// worstStall is the longest stall seen so far.
+func (m *stallMeter) worstStall() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.worst
+}
