@@ -174,3 +174,100 @@ func postDest(ctx context.Context, c *http.Client, url string, body []byte, i in
 	}
 	return nil
 }
+
+// keyedURLs stores 10,000 receivers' own URLs (200 with --smoke) on a
+// keyed lane of a throttler process, by PATCH …/keys/{key} with a url, a
+// header and a rate each, and reports what one receiver costs: the
+// process's RSS growth and the THROTTLER_LIMITS bucket's bytes in
+// JetStream, per receiver.
+func (e *env) keyedURLs(ctx context.Context, sk *sink) (Result, error) {
+	n := 10_000
+	if e.cfg.Smoke {
+		n = 200
+	}
+	name := fmt.Sprintf("keyed lane, %s receivers' URLs stored (PATCH …/keys/{key}: url, 1 header, rate): RSS and KV bytes per receiver", fmtInt(int64(n)))
+	lane := e.lane("keyurls")
+	lo := laneOpts{rate: 1000, burst: 1, inflight: 64, backlog: 1000, perKey: &perKeyOpts{rate: 1, burst: 1},
+		jobURLs: []string{sk.URL + "/r/"}, forward: []string{"X-Api-Key"}}
+	k, err := e.startKeyedEnv(ctx, "keyurls", "", sk, lane, lo)
+	if err != nil {
+		return Result{}, err
+	}
+	defer k.close()
+	c, err := e.startChild(ctx, k.dir, k.opts)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.stop()
+	client := newClient(16)
+	defer client.CloseIdleConnections()
+	patch := func(body string, i int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPatch, "http://"+c.listen+"/v1/lanes/"+lane+"/keys/"+keyName(i), strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("bench: PATCH key %d: status %d: %s", i, resp.StatusCode, b)
+		}
+		return nil
+	}
+	before, err := readStatus(c.pid())
+	if err != nil {
+		return Result{}, err
+	}
+	// 16 at a time: PATCHes are admin calls, each a KV put.
+	work := make(chan int)
+	errc := make(chan error, 16)
+	for range 16 {
+		go func() {
+			var first error
+			for i := range work {
+				if first == nil {
+					first = patch(fmt.Sprintf(`{"url":%q,"headers":{"X-Api-Key":"key-%06d-0123456789abcdef"},"rate":"2/s"}`, sk.URL+"/r/"+keyName(i), i), i)
+				}
+			}
+			errc <- first
+		}()
+	}
+	start := time.Now()
+	for i := range n {
+		if i%500 == 0 {
+			e.prog.set("PATCH receivers' URLs", i, n)
+		}
+		work <- i
+	}
+	close(work)
+	for range 16 {
+		if err := <-errc; err != nil {
+			return Result{}, c.fail(err)
+		}
+	}
+	took := time.Since(start)
+	after, err := readStatus(c.pid())
+	if err != nil {
+		return Result{}, err
+	}
+	st, err := k.js.Stream(ctx, "KV_"+queue.LimitsBucket)
+	if err != nil {
+		return Result{}, fmt.Errorf("bench: limits bucket: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("bench: limits bucket: %w", err)
+	}
+	rssPer := float64(after.rss-before.rss) / float64(n)
+	kvPer := float64(info.State.Bytes) / float64(n)
+	return Result{
+		ID: Keyed, Scenario: name,
+		Ours:      fmt.Sprintf("RSS +%.0f B per receiver (%s → %s) · KV %.0f B per receiver (%s msgs, %s bytes)", rssPer, fmtMB(before.rss), fmtMB(after.rss), kvPer, fmtInt(int64(info.State.Msgs)), fmtInt(int64(info.State.Bytes))),
+		Reference: "—", Ratio: "—", Goal: "—", Verdict: NoGoal,
+		Note: fmt.Sprintf("one throttler process, memory pacer, no job queued; the RSS growth includes the Go heap's headroom; %s PATCHes in %s (16 at a time)", fmtInt(int64(n)), fmtDur(took)),
+	}, nil
+}

@@ -199,6 +199,8 @@ type laneOpts struct {
 	maxBytes int64 // the lane stream's max_bytes; 0: the default
 	// perKey makes the lane keyed with these per-key limits; nil: not keyed.
 	perKey *perKeyOpts
+	// jobURLs and forward are the target's job_urls and forward_headers.
+	jobURLs, forward []string
 }
 
 // perKeyOpts are a keyed lane's per_key limits.
@@ -246,6 +248,18 @@ func (o svcOpts) yaml() []byte {
 			fmt.Fprintf(&b, "    per_key: {rate: %s, burst: %d}\n", strconv.FormatFloat(k.rate, 'g', -1, 64), k.burst)
 		}
 		fmt.Fprintf(&b, "    target:\n      http:\n        url: %s\n        timeout: 10s\n", q(o.target))
+		for _, list := range []struct {
+			key  string
+			vals []string
+		}{{"job_urls", l.jobURLs}, {"forward_headers", l.forward}} {
+			if len(list.vals) > 0 {
+				quoted := make([]string, len(list.vals))
+				for i, v := range list.vals {
+					quoted[i] = q(v)
+				}
+				fmt.Fprintf(&b, "        %s: [%s]\n", list.key, strings.Join(quoted, ", "))
+			}
+		}
 	}
 	return []byte(b.String())
 }
