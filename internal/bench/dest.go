@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,7 +71,10 @@ func (e *env) drainDest(ctx context.Context, sk *sink, n int) (Result, error) {
 	}); err != nil {
 		return Result{}, err
 	}
-	drain := func(lane string) (float64, error) {
+	// drain returns the lane's rate and this process's CPU time per job
+	// (the service, its NATS server and the sink): on a shared machine the
+	// rate moves with the neighbours' load, the CPU per job much less.
+	drain := func(lane string) (float64, time.Duration, error) {
 		c := cfg
 		c.Lanes = nil
 		for _, l := range cfg.Lanes {
@@ -79,32 +83,45 @@ func (e *env) drainDest(ctx context.Context, sk *sink, n int) (Result, error) {
 			}
 		}
 		sk.reset(n)
+		cpu0, cerr := cpuTime(os.Getpid())
 		svc, err := e.startService(ctx, c)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		werr := sk.wait(ctx, n, 2*e.dur+time.Duration(n)*time.Millisecond, e.prog, "drain "+lane)
+		cpu1, err := cpuTime(os.Getpid())
 		svc.stop()
 		if werr != nil {
-			return 0, werr
+			return 0, 0, werr
+		}
+		var perJob time.Duration
+		if cerr == nil && err == nil {
+			perJob = (cpu1 - cpu0) / time.Duration(n)
 		}
 		arrivals, _ := sk.snapshot()
-		return pacingOf(arrivals, 0).Achieved, nil
+		return pacingOf(arrivals, 0).Achieved, perJob, nil
 	}
 	var plainRate, destRate float64
+	var plainCPU, destCPU []time.Duration
 	var runs []string
 	for i, lane := range order {
-		r, err := drain(lane)
+		r, cpu, err := drain(lane)
 		if err != nil {
 			return Result{}, err
 		}
 		if i%2 == 1 {
 			destRate = max(destRate, r)
-			runs = append(runs, "with "+fmtRate(r))
+			destCPU = append(destCPU, cpu)
+			runs = append(runs, "with "+fmtRate(r)+" ("+fmtCPU(cpu)+" CPU/job)")
 		} else {
 			plainRate = max(plainRate, r)
-			runs = append(runs, "plain "+fmtRate(r))
+			plainCPU = append(plainCPU, cpu)
+			runs = append(runs, "plain "+fmtRate(r)+" ("+fmtCPU(cpu)+" CPU/job)")
 		}
+	}
+	cpuNote := ""
+	if p, d := medianDuration(plainCPU), medianDuration(destCPU); p > 0 && d > 0 {
+		cpuNote = fmt.Sprintf("; CPU per job (median): plain %s, with %s, a CPU-bound ratio of %.2f×", fmtCPU(p), fmtCPU(d), float64(p)/float64(d))
 	}
 	return Result{
 		ID: Drain, Scenario: "drain, 1 lane → sink: jobs/s, each job with Throttle-Path + 2 Throttle-Forward headers (vs plain jobs)",
@@ -114,7 +131,7 @@ func (e *env) drainDest(ctx context.Context, sk *sink, n int) (Result, error) {
 		Goal:      "≥ 0.90×",
 		Verdict:   verdict(destRate >= 0.9*plainRate),
 		Note: "both lanes list GET and forward X-Api-Key and Accept; the jobs are published on the lane's subject, so the path and headers are checked " +
-			"against the lane's lists at each delivery and the request goes to <base>/items/<i>?page=2; runs in order: " + strings.Join(runs, ", "),
+			"against the lane's lists at each delivery and the request goes to <base>/items/<i>?page=2; runs in order: " + strings.Join(runs, ", ") + cpuNote,
 	}, nil
 }
 

@@ -252,12 +252,6 @@ func New(cfg Config) (*Rules, error) {
 	return r, nil
 }
 
-// HasJobURLs reports whether the lane lists job_urls.
-func (r *Rules) HasJobURLs() bool { return len(r.prefixes) > 0 }
-
-// Forwards reports whether the lane forwards the header name.
-func (r *Rules) Forwards(name string) bool { return r.forward[http.CanonicalHeaderKey(name)] }
-
 func parsePrefix(s string) (prefix, error) {
 	u, err := parseJobURL(s)
 	if err != nil {
@@ -405,7 +399,7 @@ func (r *Rules) Resolve(req Request, keyURL *url.URL) (Resolved, error) {
 		out.URL = keyURL
 	}
 	if len(req.Headers) > 0 {
-		h, err := r.headers(HeaderPrefixField, req.Headers)
+		h, err := r.headers(ForwardPrefix, req.Headers)
 		if err != nil {
 			return out, err
 		}
@@ -413,9 +407,6 @@ func (r *Rules) Resolve(req Request, keyURL *url.URL) (Resolved, error) {
 	}
 	return out, nil
 }
-
-// HeaderPrefixField marks that a header's field is ForwardPrefix+name.
-const HeaderPrefixField = ForwardPrefix
 
 // headers checks forwarded headers; field+name names one at fault.
 func (r *Rules) headers(field string, hs map[string]string) (http.Header, error) {
