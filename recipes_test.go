@@ -97,7 +97,7 @@ func docBlocks(t *testing.T, path string, allTagged bool) []docBlock {
 // recipe that a test below runs.
 func TestRecipesAreAllTested(t *testing.T) {
 	t.Parallel()
-	tested := []string{"nats", "crm", "webhooks", "answers"}
+	tested := []string{"nats", "crm", "webhooks", "answers", "api", "receivers"}
 	for _, b := range docBlocks(t, "docs/RECIPES.md", true) {
 		if !slices.Contains(tested, b.name) {
 			t.Errorf("docs/RECIPES.md:%d: recipe %q has no test", b.line, b.name)
@@ -582,6 +582,74 @@ func TestRecipeQuotaSendsAuthorization(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the job did not reach the target")
+	}
+}
+
+// TestRecipeAPIEndpoints runs recipe 4: one lane in front of an API, three
+// calls to three endpoints with their methods, and the refusals.
+func TestRecipeAPIEndpoints(t *testing.T) {
+	t.Parallel()
+	r := newRecipe(t, "docs/RECIPES.md", "api")
+	r.save("api.yaml")
+	sink := r.start("sink", `"sink listening"`)
+	r.start("serve", `"throttler ready"`)
+	as := answers(t, r.run("submit"))
+	if len(as) != 3 {
+		t.Fatalf("answers %+v, want 3", as)
+	}
+	want := []string{`"method":"GET","path":"/api/repos/acme/widgets"`, `"method":"POST","path":"/api/repos/acme/widgets/issues"`,
+		`"method":"DELETE","path":"/api/repos/acme/widgets/issues/7/lock"`}
+	testenv.Eventually(t, 30*time.Second, "three calls at the sink", func() bool {
+		for _, w := range want {
+			if len(sink.out.matching(w)) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	out := r.run("refused")
+	for _, field := range []string{`"field":"Throttle-Path"`, `"field":"Throttle-Forward-Authorization"`} {
+		if !strings.Contains(out, field) || !strings.Contains(out, `"status":400`) {
+			t.Errorf("refused: want a 400 naming %s:\n%s", field, out)
+		}
+	}
+	if n := len(sink.out.matching("job received")); n != 3 {
+		t.Errorf("%d jobs at the sink, want the 3 accepted only", n)
+	}
+}
+
+// TestRecipeReceivers runs recipe 5: two receivers of one keyed lane, each
+// with its own URL and rate, set with the CLI.
+func TestRecipeReceivers(t *testing.T) {
+	t.Parallel()
+	r := newRecipe(t, "docs/RECIPES.md", "receivers")
+	r.save("receivers.yaml")
+	sink := r.start("sink", `"sink listening"`)
+	r.start("serve", `"throttler ready"`)
+	out := r.run("keys")
+	for _, w := range []string{"acme target: url=http://127.0.0.1:" + strconv.Itoa(r.port("9000")) + "/hooks/acme headers=- signing_secret_set=false",
+		"signing_secret_set=true"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("keys: want %q in:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "whsec_") {
+		t.Errorf("keys printed the signing secret:\n%s", out)
+	}
+	if as := answers(t, r.run("submit")); len(as) != 8 {
+		t.Fatalf("answers %+v, want 8", as)
+	}
+	testenv.Eventually(t, 30*time.Second, "4 events at each receiver", func() bool {
+		return len(sink.out.matching(`"path":"/hooks/acme"`)) == 4 && len(sink.out.matching(`"path":"/hooks/globex"`)) == 4
+	})
+	// At 2/s, globex's four are at least 1.5 s apart end to end (a
+	// receiver paced at acme's 5/s would take 0.6 s).
+	g := sink.out.matching(`"path":"/hooks/globex"`)
+	if span := g[3].at.Sub(g[0].at); span < 1400*time.Millisecond {
+		t.Errorf("globex's 4 events within %v, want about 1.5 s at its 2/s", span)
+	}
+	if n := len(sink.out.matching(`"path":"/unset"`)); n != 0 {
+		t.Errorf("%d events went to the lane's own URL, not their receivers'", n)
 	}
 }
 

@@ -184,6 +184,12 @@ type KeyStatus struct {
 	// counts them there.
 	Active   bool `json:"active"`
 	InFlight int  `json:"in_flight"`
+	// URL is where the key's jobs go (its override); Headers names the
+	// headers sent with them (values are not shown); SigningSecretSet
+	// says the key signs with its own secret (never shown).
+	URL              string   `json:"url,omitempty"`
+	Headers          []string `json:"headers,omitempty"`
+	SigningSecretSet bool     `json:"signing_secret_set,omitempty"`
 }
 
 // Whoami is the body of GET /v1/whoami: who the caller's key is and what
@@ -229,6 +235,13 @@ type DeadLetter struct {
 	DeadAt      time.Time `json:"dead_at"`
 	ContentType string    `json:"content_type,omitempty"`
 	Size        int       `json:"size"`
+	// Method, Path and URL are what the job asked for (Throttle-Method,
+	// Throttle-Path, Throttle-URL); Headers names the headers it forwards
+	// (Throttle-Forward-<Name>). Their values are never shown.
+	Method  string   `json:"method,omitempty"`
+	Path    string   `json:"path,omitempty"`
+	URL     string   `json:"url,omitempty"`
+	Headers []string `json:"headers,omitempty"`
 	// Payload is the job's body (base64 in JSON); only GET of one dead
 	// letter carries it.
 	Payload []byte `json:"payload,omitempty"`

@@ -31,6 +31,14 @@ type BatchItem struct {
 	Delay     string `json:"delay,omitempty"`
 	NotBefore string `json:"not_before,omitempty"`
 	Expires   string `json:"expires,omitempty"`
+	// Method, Path and URL say where the job goes within its HTTP lane's
+	// target, as the Throttle-Method, Throttle-Path and Throttle-URL
+	// headers of a single submission; Headers are the headers it
+	// forwards, as its Throttle-Forward-<Name> headers (name: value).
+	Method  string            `json:"method,omitempty"`
+	Path    string            `json:"path,omitempty"`
+	URL     string            `json:"url,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // Trace is a job's W3C trace context (https://www.w3.org/TR/trace-context/,

@@ -40,6 +40,16 @@ type SubmitOptions struct {
 	// Expires is when the job, if not started, is dead-lettered with the
 	// reason "expired" instead (Throttle-Expires). Zero: never.
 	Expires time.Time
+	// Method, Path and URL say where the job goes within its HTTP lane's
+	// target (Throttle-Method, Throttle-Path, Throttle-URL headers): a
+	// method of target.http.methods, a path under target.http.url, a
+	// URL under target.http.job_urls. Empty: the lane's.
+	Method string
+	Path   string
+	URL    string
+	// Forward are headers the target receives (Throttle-Forward-<Name>),
+	// names the lane lists in target.http.forward_headers.
+	Forward map[string]string
 }
 
 // Submit stores one job in lane. The answer says whether it started at
@@ -61,6 +71,14 @@ func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *
 	}
 	if o.ThrottleKey != "" {
 		h.Set("Throttle-Key", o.ThrottleKey)
+	}
+	for name, v := range map[string]string{"Throttle-Method": o.Method, "Throttle-Path": o.Path, "Throttle-URL": o.URL} {
+		if v != "" {
+			h.Set(name, v)
+		}
+	}
+	for name, v := range o.Forward {
+		h.Set("Throttle-Forward-"+name, v)
 	}
 	ct := o.ContentType
 	if ct == "" {
@@ -279,6 +297,13 @@ type KeyChange struct {
 	MaxInflight *int     `json:"max_inflight,omitempty"`
 	Weight      *float64 `json:"weight,omitempty"`
 	Paused      *bool    `json:"paused,omitempty"`
+	// URL, Headers and SigningSecret give the key its own target on an
+	// HTTP lane: a URL under target.http.job_urls, headers the lane
+	// forwards, a Standard Webhooks secret (whsec_…, write-only). An
+	// empty URL or secret, or an empty non-nil map, drops one; nil keeps.
+	URL           *string           `json:"url,omitempty"`
+	Headers       map[string]string `json:"headers"`
+	SigningSecret *string           `json:"signing_secret,omitempty"`
 	// Reset drops the key's override: it follows the lane's per_key
 	// values again.
 	Reset bool `json:"reset,omitempty"`

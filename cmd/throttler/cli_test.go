@@ -65,7 +65,7 @@ lanes:
     rate: 50/s
     burst: 5
     per_key: {rate: 5/s, burst: 2}
-    target: {http: {url: %s, timeout: 5s}}
+    target: {http: {url: %s, timeout: 5s, forward_headers: [X-Api-Key], job_urls: ["https://hooks.example.com/r/"]}}
 `, addr, filepath.Join(dir, "data"), hash("ops-secret"), hash("viewer-secret"), ok.URL, refuse.URL, ok.URL)
 	path := filepath.Join(dir, "throttler.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
@@ -201,6 +201,21 @@ func TestCLIAgainstServer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, env, "keys", "set", "hooks", "cust-1", "--pause")
 	want(t, "keys set with a read key", code, out, errOut, 4, "", "403")
+	// A key's own target: URL, header and secret; the secret and the
+	// header's value are never printed.
+	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-2", "--url", "https://hooks.example.com/r/cust-2", "--header", "X-Api-Key=hdr-value",
+		"--signing-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	want(t, "keys set --url --header --signing-secret", code, out, errOut, 0, "cust-2 target: url=https://hooks.example.com/r/cust-2 headers=X-Api-Key signing_secret_set=true", "")
+	if strings.Contains(out, "hdr-value") || strings.Contains(out, "whsec_") {
+		t.Errorf("keys set printed a header value or the secret:\n%s", out)
+	}
+	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-2", "--url", "https://hooks.example.com/elsewhere")
+	want(t, "keys set --url outside job_urls", code, out, errOut, 2, "", "(field url)")
+	code, out, errOut = cli(t, ops, "keys", "set", "hooks", "cust-2", "--url", "", "--header=", "--signing-secret", "")
+	want(t, "keys set dropping the key's target", code, out, errOut, 0, "cust-2", "")
+	if strings.Contains(out, "target:") {
+		t.Errorf("keys set did not drop the key's target:\n%s", out)
+	}
 
 	// Dead letters: 30 jobs to the failing lane.
 	c, err := client.New(url, client.WithAPIKey("ops-secret"))

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/throttler/throttler/api"
@@ -15,6 +16,7 @@ const keysUsage = `usage:
   throttler keys LANE                       a keyed lane: per-key limits, active and paused keys
   throttler keys LANE KEY                   one key: limits, overrides, state
   throttler keys set LANE KEY [--rate 5/s] [--burst 2] [--max-inflight 4] [--weight 2] [--pause|--resume] [--reset]
+                       [--url URL] [--header NAME=VALUE]... [--signing-secret whsec_…]
   (global flags: --server, --key, --json, --timeout)
 `
 
@@ -34,6 +36,10 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 		pause := fs.Bool("pause", false, "pause the key")
 		resume := fs.Bool("resume", false, "resume the key")
 		reset := fs.Bool("reset", false, "drop the key's override (back to the lane's per_key values)")
+		keyURL := fs.String("url", "", `the key's own URL, under the lane's target.http.job_urls ("" drops it)`)
+		var headers headerFlags
+		fs.Var(&headers, "header", "NAME=VALUE sent with the key's jobs (repeat; a name the lane forwards); --header= drops them")
+		secret := fs.String("signing-secret", "", `the key's own Standard Webhooks secret, whsec_… ("" drops it; never shown)`)
 		pos, err := e.parse(fs, args[1:])
 		if err != nil {
 			return err
@@ -57,6 +63,15 @@ func cmdKeys(ctx context.Context, args []string, getenv func(string) string, std
 			case "pause", "resume":
 			case "reset":
 				ch.Reset = *reset
+			case "url":
+				ch.URL = keyURL
+			case "header":
+				ch.Headers = headers.m
+				if ch.Headers == nil {
+					ch.Headers = map[string]string{}
+				}
+			case "signing-secret":
+				ch.SigningSecret = secret
 			default:
 				n-- // a global flag
 			}
@@ -153,4 +168,40 @@ func printKeys(w io.Writer, keys []api.KeyStatus) {
 			fmtFloat(k.Weight), k.Overridden, state)
 	}
 	tw.Flush()
+	// A key's own target, when it has one: its URL, the names of its
+	// headers (values are never shown) and whether it has its own secret.
+	for _, k := range keys {
+		if k.URL == "" && len(k.Headers) == 0 && !k.SigningSecretSet {
+			continue
+		}
+		fmt.Fprintf(w, "%s target: url=%s headers=%s signing_secret_set=%v\n", k.Key, orDash(k.URL), orDash(strings.Join(k.Headers, ",")), k.SigningSecretSet)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// headerFlags collects --header NAME=VALUE flags; an empty one (--header=)
+// asks for no headers.
+type headerFlags struct{ m map[string]string }
+
+func (h *headerFlags) String() string { return "" }
+
+func (h *headerFlags) Set(v string) error {
+	if v == "" {
+		return nil
+	}
+	name, value, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("%q is not NAME=VALUE", v)
+	}
+	if h.m == nil {
+		h.m = map[string]string{}
+	}
+	h.m[name] = value
+	return nil
 }

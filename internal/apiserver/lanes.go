@@ -10,6 +10,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/ingest"
 	"github.com/throttler/throttler/internal/lane"
 )
@@ -24,6 +25,8 @@ type Lanes struct {
 	// keyFns are the keyed lanes' key lookups, made once per lane rather
 	// than per request.
 	keyFns map[string]keyFns
+	// dest are the HTTP lanes' destination lists (package dest).
+	dest map[string]*dest.Rules
 }
 
 var (
@@ -50,7 +53,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -58,6 +61,11 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	d.cfg[lc.Name] = lc
 	d.byName[lc.Name] = l
 	d.order = append(d.order, l)
+	if h := lc.Target.HTTP; h != nil {
+		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
+			d.dest[lc.Name] = r
+		}
+	}
 	if lc.PerKey != nil {
 		// Made once: a method value is a new closure each time.
 		d.keyFns[lc.Name] = keyFns{limit: l.KeyLimit, started: l.KeyStarted}
@@ -82,6 +90,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	if f, ok := d.keyFns[name]; ok {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
+	il.Dest = d.dest[name]
 	return il, true
 }
 
@@ -136,7 +145,8 @@ func (d *Lanes) SetKey(ctx context.Context, name, key string, c ingest.KeyChange
 // keyChange turns the API's change of a key into the lane's (a rate in
 // jobs per second).
 func keyChange(c ingest.KeyChange) lane.KeyChange {
-	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset}
+	lc := lane.KeyChange{MaxInflight: c.MaxInflight, Weight: c.Weight, Paused: c.Paused, Burst: c.Burst, Reset: c.Reset,
+		URL: c.URL, Headers: c.Headers, SigningSecret: c.SigningSecret}
 	if c.Rate != nil {
 		r := c.Rate.PerSecond()
 		lc.Rate = &r

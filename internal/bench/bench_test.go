@@ -287,7 +287,7 @@ func TestIngestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wants := []string{"no-op handler", "js.Publish + Nats-Msg-Id", "js.Publish ×64", "handler that stores them with js.PublishAsync", "js.PublishAsync, windows"}
+	wants := []string{"no-op handler", "js.Publish + Nats-Msg-Id", "js.Publish ×64", "2 Throttle-Forward headers (vs without)", "handler that stores them with js.PublishAsync", "js.PublishAsync, windows"}
 	if len(rows) != len(wants) {
 		t.Fatalf("%d ingest rows, want %d: %+v", len(rows), len(wants), rows)
 	}

@@ -50,6 +50,10 @@ func runDrain(ctx context.Context, e *env) ([]Result, error) {
 		}
 		rows = append(rows, row)
 	}
+	if row, err = e.drainDest(ctx, sk, n); err != nil {
+		return rows, err
+	}
+	rows = append(rows, row)
 
 	url, skip, err := e.redis()
 	if err != nil {

@@ -201,6 +201,8 @@ type laneOpts struct {
 	perKey *perKeyOpts
 	// results turns the lane's job records on (results: {keep: 1h}).
 	results bool
+	// jobURLs and forward are the target's job_urls and forward_headers.
+	jobURLs, forward []string
 }
 
 // perKeyOpts are a keyed lane's per_key limits.
@@ -257,6 +259,18 @@ func (o svcOpts) yaml() []byte {
 			fmt.Fprintf(&b, "    per_key: {rate: %s, burst: %d}\n", strconv.FormatFloat(k.rate, 'g', -1, 64), k.burst)
 		}
 		fmt.Fprintf(&b, "    target:\n      http:\n        url: %s\n        timeout: 10s\n", q(o.target))
+		for _, list := range []struct {
+			key  string
+			vals []string
+		}{{"job_urls", l.jobURLs}, {"forward_headers", l.forward}} {
+			if len(list.vals) > 0 {
+				quoted := make([]string, len(list.vals))
+				for i, v := range list.vals {
+					quoted[i] = q(v)
+				}
+				fmt.Fprintf(&b, "        %s: [%s]\n", list.key, strings.Join(quoted, ", "))
+			}
+		}
 	}
 	return []byte(b.String())
 }

@@ -57,6 +57,7 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	withDest(&cfg, ours)
 	svc, err := e.startService(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -111,12 +112,15 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 			_, err := js.Publish(ctx, subject, ingestPayload, jetstream.WithMsgID(prefix+"p"+strconv.FormatInt(seq.Add(1), 10)))
 			return err
 		}},
+		{name: "http with destination headers", op: func(ctx context.Context, _, i int) error {
+			return postDest(ctx, client, url, ingestPayload, i)
+		}},
 	}
 	best, err := e.interleave(ctx, ingestConns, 2_000_000, sides)
 	if err != nil {
 		return nil, err
 	}
-	o, floor, durable, direct := best[0], best[1], best[2], best[3]
+	o, floor, durable, direct, withHeaders := best[0], best[1], best[2], best[3], best[4]
 	lat := func(r loadResult) string { return fmt.Sprintf("%s (%s)", fmtRate(r.Rate()), fmtLat(r.Lat)) }
 	row := func(scenario string, r loadResult, goal string) Result {
 		res := Result{ID: Ingest, Scenario: scenario, Ours: lat(o), Reference: lat(r), Ratio: fmtRatio(o.Rate(), r.Rate()),
@@ -135,6 +139,12 @@ func runIngest(ctx context.Context, e *env) ([]Result, error) {
 		row(fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s (vs a handler storing each body with js.Publish + Nats-Msg-Id)", ingestConns), durable, "—"),
 		row(fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s (vs js.Publish ×%d, no HTTP)", ingestConns, ingestConns), direct, "—"),
 	}
+	destRow := Result{ID: Ingest,
+		Scenario: fmt.Sprintf("HTTP ingest @%d conns: accepted jobs/s with Throttle-Method, Throttle-Path and 2 Throttle-Forward headers (vs without)", ingestConns),
+		Ours:     lat(withHeaders), Reference: lat(o), Ratio: fmtRatio(withHeaders.Rate(), o.Rate()),
+		Goal: "≥ 0.95×", Verdict: verdict(withHeaders.Rate() >= 0.95*o.Rate()),
+		Note: "the same lane and client; each job's method, path and headers are checked against the lane's lists and stored with it; " + cpuNote(withHeaders, o, 1)}
+	rows = append(rows, destRow)
 	batchRows, err := e.batchIngest(ctx, client, "http://"+svc.svc.Addr()+"/v1/lanes/"+ours+"/jobs:batch", rs, js, subject, prefix, &seq)
 	return append(rows, batchRows...), err
 }

@@ -141,6 +141,13 @@ func runKeyed(ctx context.Context, e *env) ([]Result, error) {
 					"the key choice alone is BenchmarkSchedChoose (internal/keyed)",
 			})
 		}
+		if p.redis == "" {
+			row, err := e.keyedURLs(ctx, sk)
+			if err != nil {
+				return rows, err
+			}
+			rows = append(rows, row)
+		}
 		row, err := e.keyedCold(ctx, sk, p.redis, hot, coldName(p.name))
 		if err != nil {
 			return rows, err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/leaky"
 	"go.yaml.in/yaml/v3"
 )
@@ -351,10 +352,24 @@ type HTTPTarget struct {
 	// RetryOther4xx retries 4xx answers other than 408/425/429 instead of
 	// dead-lettering them.
 	RetryOther4xx bool `yaml:"retry_other_4xx"`
+	// Methods are the methods a job may ask for (Throttle-Method);
+	// Method is always allowed and is the default.
+	Methods []string `yaml:"methods"`
+	// ForwardHeaders are the headers a job may send to the target
+	// (Throttle-Forward-<Name>); dest.CheckForwardName says which never.
+	ForwardHeaders []string `yaml:"forward_headers"`
+	// JobURLs are the prefixes a job's whole URL (Throttle-URL) must be
+	// under; empty: jobs cannot name a URL.
+	JobURLs []string `yaml:"job_urls"`
 	// SigningSecrets turn on Standard Webhooks signatures; several secrets
 	// sign with each (rotation). Form: whsec_ followed by the standard
 	// base64 of 24 to 64 random bytes (dispatch.ParseSigningSecret).
 	SigningSecrets []string `yaml:"signing_secrets"`
+}
+
+// DestConfig is the target's lists as package dest takes them.
+func (h HTTPTarget) DestConfig() dest.Config {
+	return dest.Config{URL: h.URL, Method: h.Method, Methods: h.Methods, ForwardHeaders: h.ForwardHeaders, JobURLs: h.JobURLs}
 }
 
 // Duration is a time.Duration written as "10s" or "1m30s" in YAML.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -441,7 +442,15 @@ func (l *Lane) validate(p string) error {
 			return fail(fmt.Sprintf("target.http.signing_secrets[%d]", i), "%v", err)
 		}
 	}
-	hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx}
+	if _, err := dest.New(h.DestConfig()); err != nil {
+		var fe *dest.FieldError
+		if errors.As(err, &fe) {
+			return fail("target.http."+fe.Field, "%s", fe.Detail)
+		}
+		return fail("target.http", "%v", err)
+	}
+	hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
+		Methods: h.Methods, ForwardHeaders: h.ForwardHeaders, JobURLs: h.JobURLs}
 	if err := hc.Validate(); err != nil {
 		return fail("target.http", "%v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/tracectx"
 )
 
@@ -30,6 +31,14 @@ type Job struct {
 	// Trace is the W3C trace context the target receives (traceparent,
 	// tracestate, baggage headers); the zero value sends none.
 	Trace tracectx.Context
+	// Dest is where the job asks to go within an HTTP lane's target
+	// (method, path or URL, forwarded headers); the zero value goes to
+	// the target as configured. Other targets ignore it.
+	Dest dest.Request
+	// KeyTarget, on a keyed lane, is where the job's key sends its jobs
+	// (its override's URL, headers and signing secret); nil: the lane's
+	// target as configured.
+	KeyTarget *KeyTarget
 }
 
 // Verdict is the class of a delivery's outcome.

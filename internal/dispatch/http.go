@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/clock"
+	"github.com/throttler/throttler/internal/dest"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -73,6 +74,13 @@ type HTTPConfig struct {
 	// Signing, when set, signs each request with Standard Webhooks
 	// headers.
 	Signing *Signer
+	// Methods, ForwardHeaders and JobURLs are the lane's lists a job's
+	// own destination is checked against (target.http.methods,
+	// forward_headers, job_urls: package dest). Empty lists allow the
+	// configured method alone, no forwarded header and no job URL.
+	Methods        []string
+	ForwardHeaders []string
+	JobURLs        []string
 	// MaxInflight is how many deliveries may run at once (the lane's
 	// max_inflight): the target keeps that many idle keep-alive
 	// connections, at least 256, so that a lane at its bound never closes
@@ -154,6 +162,9 @@ func (c HTTPConfig) Validate() error {
 	if err := CheckStaticHeaders(c.Headers); err != nil {
 		return fmt.Errorf("dispatch: http: Headers: %w", err)
 	}
+	if _, err := c.rules(); err != nil {
+		return fmt.Errorf("dispatch: http: %w", err)
+	}
 	return nil
 }
 
@@ -182,6 +193,8 @@ type HTTP struct {
 	transport *http.Transport
 	client    *http.Client
 	clock     clock.Clock // reads Retry-After dates against Now
+	// rules check a job's own destination (dest.go).
+	rules *dest.Rules
 	// tmpl is the request every delivery copies: the URL is parsed once,
 	// not per job (url.Parse was the largest cost of a delivery after
 	// the round trip itself).
@@ -199,7 +212,9 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		return nil, err
 	}
 	u, _ := url.Parse(cfg.URL) // validated above
+	rules, _ := cfg.rules()    // validated above
 	h := &HTTP{
+		rules:    rules,
 		url:      cfg.URL,
 		logURL:   redactURL(u),
 		method:   cfg.Method,
@@ -267,6 +282,17 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	defer cancel()
 	req := h.request(ctx, job.Payload)
 	req.Header = h.headers.Clone()
+	method, logURL := h.method, h.logURL
+	signer := h.signer
+	if job.KeyTarget != nil && job.KeyTarget.Signer != nil {
+		signer = job.KeyTarget.Signer
+	}
+	if !job.Dest.IsZero() || job.KeyTarget != nil {
+		var res Result
+		if method, logURL, res = h.route(req, job); res.Err != nil {
+			return res
+		}
+	}
 	switch {
 	case job.ContentType != "":
 		req.Header.Set("Content-Type", job.ContentType)
@@ -280,13 +306,13 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 		req.Header.Set(HeaderThrottleKey, job.Key)
 	}
 	setTraceHTTP(req.Header, job.Trace)
-	for k, v := range h.signer.Sign(job.ID, job.Payload) {
+	for k, v := range signer.Sign(job.ID, job.Payload) {
 		req.Header[k] = v
 	}
 
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return h.transportError(ctx, err)
+		return h.transportError(ctx, method, logURL, err)
 	}
 	var kept *Response
 	if h.capture != nil {
@@ -296,7 +322,7 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	// a larger body is dropped with its connection.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	_ = resp.Body.Close()
-	res := h.classify(resp)
+	res := h.classify(resp, method, logURL)
 	res.Response = kept
 	return res
 }
@@ -318,22 +344,22 @@ func (h *HTTP) request(ctx context.Context, body []byte) *http.Request {
 }
 
 // transportError classifies a failed round trip.
-func (h *HTTP) transportError(ctx context.Context, err error) Result {
+func (h *HTTP) transportError(ctx context.Context, method, logURL string, err error) Result {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err // its message repeats the full URL, with any secrets
 	}
 	switch {
 	case errors.Is(err, ErrForbiddenAddress):
-		return Result{Verdict: Dead, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
+		return Result{Verdict: Dead, Err: fmt.Errorf("dispatch: %s %s: %w", method, logURL, err)}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: timed out (timeout %v): %w", h.method, h.logURL, h.timeout, err)}
+		return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: timed out (timeout %v): %w", method, logURL, h.timeout, err)}
 	}
-	return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)}
+	return Result{Verdict: Retry, Err: fmt.Errorf("dispatch: %s %s: %w", method, logURL, err)}
 }
 
 // classify turns a response into a Result.
-func (h *HTTP) classify(resp *http.Response) Result {
+func (h *HTTP) classify(resp *http.Response, method, logURL string) Result {
 	res := Result{Status: resp.StatusCode}
 	code := resp.StatusCode
 	switch {
@@ -345,7 +371,7 @@ func (h *HTTP) classify(resp *http.Response) Result {
 		if u, err := resp.Request.URL.Parse(loc); err == nil && loc != "" {
 			loc = redactURL(u)
 		}
-		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", h.method, h.logURL, ErrRedirected, resp.Status, loc)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, logURL, ErrRedirected, resp.Status, loc)
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
 		code == http.StatusTooManyRequests, code >= 500, code < 200:
 		res.Verdict = Retry
@@ -355,7 +381,7 @@ func (h *HTTP) classify(resp *http.Response) Result {
 		res.Verdict = Dead
 	}
 	if res.Verdict != Done && res.Err == nil {
-		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", h.method, h.logURL, ErrStatus, resp.Status)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", method, logURL, ErrStatus, resp.Status)
 	}
 	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.clock.Now())
 	if res.Verdict == Retry && res.RetryAfter == 0 {

@@ -32,6 +32,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
@@ -98,6 +99,9 @@ type Lane struct {
 	// ResultsMaxWait is the lane's results.max_wait; zero: the lane keeps
 	// no job records (no results).
 	ResultsMaxWait time.Duration
+	// Dest checks where a job asks to go (dest.go); nil for a lane whose
+	// target is not HTTP, which refuses any such request.
+	Dest *dest.Rules
 }
 
 // forKey is the lane's admission for a job of key.
@@ -506,6 +510,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(rf, "invalid_schedule")
 		return
 	}
+	jd, err := jobDest(r, lane)
+	if err != nil {
+		rj.reject(err, "invalid_destination")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
@@ -520,7 +529,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sched.NotBefore.IsZero() {
 		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
-			NotBefore: sched.NotBefore, Expires: sched.Expires}, &rj, keeps)
+			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd}, &rj, keeps)
 		return
 	}
 	var dec admission.Decision
@@ -538,7 +547,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires, Dest: jd}
 	// A job without an Idempotency-Key on a lane with records gets an id
 	// that says where it is stored (queue.SeqID): it is found by that id
 	// while it waits, and no record is written for it at intake. It waits

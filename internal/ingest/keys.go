@@ -8,6 +8,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/queue"
 )
 
@@ -32,7 +33,14 @@ type KeyChange struct {
 	MaxInflight *int         `json:"max_inflight"`
 	Weight      *float64     `json:"weight"`
 	Paused      *bool        `json:"paused"`
-	Reset       bool         `json:"reset"`
+	// URL, Headers and SigningSecret give the key its own target on an
+	// HTTP lane: a URL under target.http.job_urls, headers the lane
+	// forwards, a Standard Webhooks secret (write-only). "" or {} drops
+	// one.
+	URL           *string           `json:"url"`
+	Headers       map[string]string `json:"headers"`
+	SigningSecret *string           `json:"signing_secret"`
+	Reset         bool              `json:"reset"`
 }
 
 func (h *Handler) routeKeys() {
@@ -61,6 +69,12 @@ func keyRefusal(err error) error {
 	if errors.Is(err, bucket.ErrInvalidLimit) {
 		return err
 	}
+	var de *dest.Error
+	if errors.As(err, &de) {
+		// The key's url, headers or signing_secret, refused by the lane's
+		// lists: the body member at fault (its text holds no value).
+		return &Refusal{Err: ErrBadBody, Cause: err, Field: de.Field, Detail: de.Error()}
+	}
 	return refusalOf(err, "the change could not be stored: %v", err)
 }
 
@@ -83,11 +97,12 @@ func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) er
 		return err
 	}
 	var c KeyChange
-	if err := h.readSmall(w, r, &c, "a JSON object with rate, burst, max_inflight, weight, paused and/or reset"); err != nil {
+	if err := h.readSmall(w, r, &c, "a JSON object with rate, burst, max_inflight, weight, paused, url, headers, signing_secret and/or reset"); err != nil {
 		return err
 	}
-	if c.Rate == nil && c.Burst == nil && c.MaxInflight == nil && c.Weight == nil && c.Paused == nil && !c.Reset {
-		return refusal(ErrBadBody, "body", "nothing to change: give rate, burst, max_inflight, weight, paused or reset")
+	if c.Rate == nil && c.Burst == nil && c.MaxInflight == nil && c.Weight == nil && c.Paused == nil &&
+		c.URL == nil && c.Headers == nil && c.SigningSecret == nil && !c.Reset {
+		return refusal(ErrBadBody, "body", "nothing to change: give rate, burst, max_inflight, weight, paused, url, headers, signing_secret or reset")
 	}
 	old, _ := h.cfg.Keys.KeyStatus(r.Context(), lane, key)
 	st, err := h.cfg.Keys.SetKey(r.Context(), lane, key, c, callerOf(r))
@@ -96,7 +111,10 @@ func (h *Handler) setKey(w http.ResponseWriter, r *http.Request, lane string) er
 	}
 	h.audit(r, "key limit changed", "set_key", lane, "key", key,
 		"old", fmt.Sprintf("rate=%v burst=%d max_inflight=%d weight=%v paused=%v", old.Rate, old.Burst, old.MaxInflight, old.Weight, old.Paused),
-		"rate", st.Rate, "burst", st.Burst, "max_inflight", st.MaxInflight, "weight", st.Weight, "paused", st.Paused, "overridden", st.Overridden)
+		"rate", st.Rate, "burst", st.Burst, "max_inflight", st.MaxInflight, "weight", st.Weight, "paused", st.Paused, "overridden", st.Overridden,
+		// Where the key's jobs go: whether a URL and secret are set and
+		// the header names; values may hold credentials.
+		"url_set", st.URL != "", "headers", st.Headers, "signing_secret_set", st.SigningSecretSet)
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -74,6 +75,15 @@ var problemRows = []struct {
 	{bucket.ErrInvalidRate, ProblemBadBody, http.StatusBadRequest, "rate", 0},
 	{bucket.ErrInvalidLimit, ProblemBadBody, http.StatusBadRequest, "rate", 0},
 	{ErrBadHeader, ProblemBadHeader, http.StatusBadRequest, "", 0},
+	// Where a job asks to go, refused by the lane's lists (a *dest.Error
+	// names the header); a batch item's or a key's come as ErrBadBody.
+	{dest.ErrPathEscapes, ProblemBadHeader, http.StatusBadRequest, dest.HeaderPath, 0},
+	{dest.ErrBadPath, ProblemBadHeader, http.StatusBadRequest, dest.HeaderPath, 0},
+	{dest.ErrMethodNotAllowed, ProblemBadHeader, http.StatusBadRequest, dest.HeaderMethod, 0},
+	{dest.ErrHeaderNotAllowed, ProblemBadHeader, http.StatusBadRequest, "", 0},
+	{dest.ErrBadHeaderValue, ProblemBadHeader, http.StatusBadRequest, "", 0},
+	{dest.ErrURLNotAllowed, ProblemBadHeader, http.StatusBadRequest, dest.HeaderURL, 0},
+	{dest.ErrNotHTTP, ProblemBadHeader, http.StatusBadRequest, "", 0},
 	{ErrBadParam, ProblemBadQuery, http.StatusBadRequest, "", 0},
 	{ErrNotKeyed, ProblemNotFound, http.StatusNotFound, "lane", 0},
 	{queue.ErrNotFound, ProblemNotFound, http.StatusNotFound, "seq", 0},
@@ -152,6 +162,10 @@ func problemFor(err error) api.Problem {
 	var le *bucket.LimitError
 	if errors.As(err, &le) {
 		p.Field = le.Field
+	}
+	var de *dest.Error
+	if errors.As(err, &de) {
+		p.Field = de.Field
 	}
 	var rf *Refusal
 	if errors.As(err, &rf) {

@@ -31,6 +31,7 @@ import (
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/clock"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
@@ -76,6 +77,11 @@ type Lane struct {
 
 	overMu sync.Mutex
 	over   map[string]queue.KeyLimit // keyed lanes: per-key overrides
+	// keyTargets are the keys' own targets (url, headers, signing
+	// secret) made from their overrides; rules are an HTTP lane's lists
+	// (dest.go).
+	keyTargets map[string]*dispatch.KeyTarget
+	rules      *dest.Rules
 
 	hold hold // an operator's pause (hold.go)
 
@@ -104,6 +110,12 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 			MaxBurst: bucket.MaxBurst},
 	}
 	l.limit.Store(&lim)
+	if h := cfg.Target.HTTP; h != nil {
+		var err error
+		if l.rules, err = dest.New(h.DestConfig()); err != nil {
+			return nil, fmt.Errorf("target.http.%w", err)
+		}
+	}
 	if d.Traces != nil {
 		l.tracer = d.Traces.Tracer(TracerName)
 	}
@@ -139,7 +151,7 @@ func targetConfig(t config.Target, maxInflight int, handlers map[string]dispatch
 		h := t.HTTP
 		return dispatch.TargetConfig{SigningSecrets: h.SigningSecrets, HTTP: &dispatch.HTTPConfig{
 			URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
-			MaxInflight: maxInflight}}
+			Methods: h.Methods, ForwardHeaders: h.ForwardHeaders, JobURLs: h.JobURLs, MaxInflight: maxInflight}}
 	case t.NATS != nil:
 		return dispatch.TargetConfig{NATS: &dispatch.NATSConfig{Subject: t.NATS.Subject, Timeout: t.NATS.Timeout.D(), JetStream: t.NATS.JetStream}}
 	case t.Handler != "":
@@ -320,7 +332,7 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 		tr := l.traceStart(dctx, msg, job, intake)
 		res := l.target.Deliver(tr.ctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
-			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out,
+			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out, Dest: job.Dest, KeyTarget: l.keyTarget(job.Key),
 		})
 		tr.end(res, l.d.Clock.Now())
 		l.hot.dispatchSeconds.Observe(res.Took.Seconds())

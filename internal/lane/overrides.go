@@ -9,6 +9,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -30,6 +31,11 @@ type KeyChange struct {
 	MaxInflight *int
 	Weight      *float64
 	Paused      *bool
+	// URL, Headers and SigningSecret set the key's own target (dest.go);
+	// an empty URL or secret, or an empty map, drops it.
+	URL           *string
+	Headers       map[string]string
+	SigningSecret *string
 	// Reset drops the override first (the key goes back to per_key).
 	Reset bool
 }
@@ -95,6 +101,7 @@ func (l *Lane) applyKeyLimit(key string, v *queue.KeyLimit) {
 		}
 		l.over[key] = *v
 	}
+	l.setKeyTarget(key, v)
 	l.overMu.Unlock()
 	l.keyed.SetOpts(key, l.keyOpts(key))
 }
@@ -109,6 +116,10 @@ func (l *Lane) KeyStatus(key string) (api.KeyStatus, error) {
 	ks := l.keyed.Key(key)
 	st := api.KeyStatus{Lane: l.cfg.Name, Key: key, Rate: lim.Rate, Burst: lim.Burst, MaxInflight: o.MaxInflight,
 		Weight: o.Weight, EffectiveRate: l.keyed.KeyLimit(key, l.d.Clock.Now()).Rate, Paused: o.Paused, Overridden: overridden, Active: ks.Known, InFlight: ks.Inflight}
+	if v, ok := l.override(key); ok {
+		st.URL, st.SigningSecretSet = v.URL, v.SigningSecret != ""
+		st.Headers = dest.Request{Headers: v.Headers}.HeaderNames()
+	}
 	if ks.Paused.After(l.d.Clock.Now()) {
 		st.PausedUntil = ks.Paused.UTC().Format(time.RFC3339Nano)
 	}
@@ -142,6 +153,21 @@ func (l *Lane) SetKey(ctx context.Context, key string, c KeyChange, by string) (
 	}
 	if c.Paused != nil {
 		cur.Paused = *c.Paused
+	}
+	if c.URL != nil {
+		cur.URL = *c.URL
+	}
+	if c.Headers != nil {
+		cur.Headers = c.Headers
+		if len(c.Headers) == 0 {
+			cur.Headers = nil
+		}
+	}
+	if c.SigningSecret != nil {
+		cur.SigningSecret = *c.SigningSecret
+	}
+	if _, err := l.keyTargetOf(cur); err != nil {
+		return api.KeyStatus{}, err
 	}
 	lim := l.limitOf(cur)
 	if err := lim.Validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/tracectx"
 	"strconv"
 	"time"
@@ -105,6 +106,7 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	}
 	h.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	setTrace(h, job.Trace)
+	setDest(h, job.Dest)
 	// De-duplicate a repeat after a crash between store and ack.
 	h.Set(jetstream.MsgIDHeader, m.deadMsgID())
 	st, err := m.c.q.deadStream()
@@ -131,6 +133,11 @@ func deadFromRaw(raw *jetstream.RawStreamMsg) api.DeadLetter {
 	d.Attempts, _ = strconv.Atoi(h.Get(HeaderAttempts))
 	d.LastStatus, _ = strconv.Atoi(h.Get(HeaderLastStatus))
 	d.DeadAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderDeadAt))
+	if jd := decodeDest(h); !jd.IsZero() {
+		// Method, path, URL and the names of the forwarded headers; the
+		// values stay in the stream for a replay and are never shown.
+		d.Method, d.Path, d.URL, d.Headers = jd.Method, jd.Path, jd.URL, jd.HeaderNames()
+	}
 	return d
 }
 
@@ -174,28 +181,35 @@ func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadL
 	return d, err
 }
 
-// getDead is GetDead with the dead job's trace context.
-func (q *Queue) getDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, tracectx.Context, error) {
+// jobShape is what a replay keeps of a dead job besides its listing: its
+// trace context and where it goes, forwarded values included.
+type jobShape struct {
+	trace tracectx.Context
+	dest  dest.Request
+}
+
+// getDead is GetDead with the dead job's shape.
+func (q *Queue) getDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, jobShape, error) {
 	st, err := q.deadStream()
 	if err != nil {
-		return api.DeadLetter{}, tracectx.Context{}, err
+		return api.DeadLetter{}, jobShape{}, err
 	}
 	raw, err := st.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && raw.Subject != DeadSubject(lane)) {
-		return api.DeadLetter{}, tracectx.Context{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
+		return api.DeadLetter{}, jobShape{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
 	}
 	if err != nil {
-		return api.DeadLetter{}, tracectx.Context{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
+		return api.DeadLetter{}, jobShape{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
 	}
 	tc, _ := decodeTrace(raw.Header) // stored by the throttler: checked already
-	return deadFromRaw(raw), tc, nil
+	return deadFromRaw(raw), jobShape{trace: tc, dest: decodeDest(raw.Header)}, nil
 }
 
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
 // keeps its id.
 func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
-	d, tc, err := q.getDead(ctx, lane, seq)
+	d, shape, err := q.getDead(ctx, lane, seq)
 	if err != nil {
 		return d, err
 	}
@@ -203,7 +217,7 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	epoch := q.deadEpoch
 	q.mu.Unlock()
 	if err := q.republish(ctx, Job{
-		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: tc,
+		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: shape.trace, Dest: shape.dest,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
 		return d, err

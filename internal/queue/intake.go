@@ -121,6 +121,7 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 		job.ContentType = ct
 	}
 	job.Trace, job.TraceErr = decodeTrace(h)
+	job.Dest = decodeDest(h)
 	if trusted {
 		job.ID = h.Get(HeaderJobID)
 	}

@@ -44,14 +44,21 @@ type LanePause struct {
 // KeyLimit is one key's override on a keyed lane; a nil field keeps the
 // lane's per_key default.
 type KeyLimit struct {
-	V           int       `json:"v"`
-	Rate        *float64  `json:"rate,omitempty"`
-	Burst       *int      `json:"burst,omitempty"`
-	MaxInflight *int      `json:"max_inflight,omitempty"`
-	Weight      *float64  `json:"weight,omitempty"`
-	Paused      bool      `json:"paused,omitempty"`
-	By          string    `json:"by,omitempty"`
-	At          time.Time `json:"at"`
+	V           int      `json:"v"`
+	Rate        *float64 `json:"rate,omitempty"`
+	Burst       *int     `json:"burst,omitempty"`
+	MaxInflight *int     `json:"max_inflight,omitempty"`
+	Weight      *float64 `json:"weight,omitempty"`
+	Paused      bool     `json:"paused,omitempty"`
+	// URL, Headers and SigningSecret are where the key's jobs go on an
+	// HTTP lane (its receiver's URL under target.http.job_urls, headers
+	// it sends, and its Standard Webhooks secret); empty: the lane's. The
+	// secret is stored here, in JetStream, and never shown.
+	URL           string            `json:"url,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	SigningSecret string            `json:"signing_secret,omitempty"`
+	By            string            `json:"by,omitempty"`
+	At            time.Time         `json:"at"`
 }
 
 // limitsVersion is the entries' format.
@@ -111,7 +118,7 @@ func (l *Limits) PutKey(ctx context.Context, lane, key string, v KeyLimit) error
 }
 
 // maxLimitEntry bounds an entry read back.
-const maxLimitEntry = 4096
+const maxLimitEntry = 16 << 10 // a key's headers take up to 8 KiB
 
 // LimitsWatch are the calls Watch makes for one lane's entries.
 type LimitsWatch struct {

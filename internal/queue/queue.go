@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/tracectx"
 )
 
@@ -196,6 +197,9 @@ type Job struct {
 	// RecordRev is the revision of the job's record when it was stored;
 	// zero for none or unknown.
 	RecordRev uint64
+	// Dest is where the job asks to go (package dest); checked at intake
+	// and again by the HTTP target.
+	Dest dest.Request
 	// TraceErr says why the trace headers of a job published on a public
 	// subject were dropped (malformed or over their bounds); nil
 	// otherwise. Not stored.
@@ -646,6 +650,7 @@ func jobMsg(job Job) *nats.Msg {
 			add(headerBaggage, t.Baggage)
 		}
 	}
+	addDest(job.Dest, add)
 	n := len(keys)
 	h := make(nats.Header, n)
 	shared := make([]string, n)

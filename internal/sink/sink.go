@@ -66,7 +66,7 @@ func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inSec++
 	total := s.total
 	s.mu.Unlock()
-	s.cfg.Logger.Info("job received", "n", total, "id", r.Header.Get("Idempotency-Key"),
+	s.cfg.Logger.Info("job received", "n", total, "id", r.Header.Get("Idempotency-Key"), "method", r.Method, "path", r.URL.Path,
 		"bytes", n, "gap_ms", fmt.Sprintf("%.1f", float64(gap)/float64(time.Millisecond)))
 	w.WriteHeader(s.cfg.Status)
 }

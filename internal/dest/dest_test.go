@@ -1,0 +1,172 @@
+package dest_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/throttler/throttler/internal/dest"
+)
+
+func rules(t testing.TB) *dest.Rules {
+	t.Helper()
+	r, err := dest.New(dest.Config{
+		URL: "https://api.example.com/v1/", Method: "POST", Methods: []string{"GET", "DELETE"},
+		ForwardHeaders: []string{"x-api-key", "Accept"},
+		JobURLs:        []string{"https://api.example.com/v2/", "http://hooks.example.net:8080/in"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestResolvePath(t *testing.T) {
+	t.Parallel()
+	r := rules(t)
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{"repos/a/b", "https://api.example.com/v1/repos/a/b"},
+		{"/repos//a/./b/", "https://api.example.com/v1/repos/a/b"},
+		{"issues?state=open&q=a%20b", "https://api.example.com/v1/issues?state=open&q=a%20b"},
+		{"users/j%C3%BCrgen", "https://api.example.com/v1/users/j%C3%BCrgen"},
+		{"a:b@c", "https://api.example.com/v1/a:b@c"},
+		{"/", "https://api.example.com/v1"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			res, err := r.Resolve(dest.Request{Path: tc.path}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := res.URL.String(); got != tc.want {
+				t.Errorf("URL = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	r := rules(t)
+	for _, tc := range []struct {
+		name  string
+		req   dest.Request
+		field string
+		err   error
+	}{
+		{"dotdot", dest.Request{Path: "../admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"inner dotdot", dest.Request{Path: "a/../../admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"encoded dots", dest.Request{Path: "%2e%2e/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"upper encoded dots", dest.Request{Path: "%2E%2E/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"encoded slash", dest.Request{Path: "a%2F..%2Fadmin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"double encoding", dest.Request{Path: "%252e%252e/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"backslash", dest.Request{Path: `..\admin`}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"encoded backslash", dest.Request{Path: "%5c..%5cadmin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"NUL", dest.Request{Path: "a\x00b"}, dest.HeaderPath, dest.ErrBadPath},
+		{"encoded NUL", dest.Request{Path: "a%00b"}, dest.HeaderPath, dest.ErrBadPath},
+		{"fragment", dest.Request{Path: "a#b"}, dest.HeaderPath, dest.ErrBadPath},
+		{"space", dest.Request{Path: "a b"}, dest.HeaderPath, dest.ErrBadPath},
+		{"overlong dots", dest.Request{Path: "%c0%ae%c0%ae/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"bad escape", dest.Request{Path: "a%zz"}, dest.HeaderPath, dest.ErrBadPath},
+		{"query control", dest.Request{Path: "a?x=%0d%0aHost:evil"}, dest.HeaderPath, dest.ErrBadPath},
+		{"too long", dest.Request{Path: strings.Repeat("a", dest.MaxPath+1)}, dest.HeaderPath, dest.ErrBadPath},
+		{"method", dest.Request{Method: "PUT"}, dest.HeaderMethod, dest.ErrMethodNotAllowed},
+		{"method lower", dest.Request{Method: "get"}, dest.HeaderMethod, dest.ErrMethodNotAllowed},
+		{"header not listed", dest.Request{Headers: map[string]string{"Authorization": "x"}}, "Throttle-Forward-Authorization", dest.ErrHeaderNotAllowed},
+		{"header never", dest.Request{Headers: map[string]string{"Host": "x"}}, "Throttle-Forward-Host", dest.ErrHeaderNotAllowed},
+		{"header value", dest.Request{Headers: map[string]string{"X-Api-Key": "a\r\nb"}}, "Throttle-Forward-X-Api-Key", dest.ErrBadHeaderValue},
+		{"url outside", dest.Request{URL: "https://api.example.com/v3/x"}, dest.HeaderURL, dest.ErrURLNotAllowed},
+		{"url segment boundary", dest.Request{URL: "https://api.example.com/v2evil"}, dest.HeaderURL, dest.ErrURLNotAllowed},
+		{"url host suffix", dest.Request{URL: "https://api.example.com.evil.net/v2/"}, dest.HeaderURL, dest.ErrURLNotAllowed},
+		{"url userinfo", dest.Request{URL: "https://api.example.com@evil.net/v2/"}, dest.HeaderURL, dest.ErrBadPath},
+		{"url userinfo kept", dest.Request{URL: "https://u:p@api.example.com/v2/"}, dest.HeaderURL, dest.ErrBadPath},
+		{"url scheme", dest.Request{URL: "http://api.example.com/v2/x"}, dest.HeaderURL, dest.ErrURLNotAllowed},
+		{"url port", dest.Request{URL: "https://api.example.com:8443/v2/x"}, dest.HeaderURL, dest.ErrURLNotAllowed},
+		{"url dotdot", dest.Request{URL: "https://api.example.com/v2/../admin"}, dest.HeaderURL, dest.ErrPathEscapes},
+		{"url encoded dotdot", dest.Request{URL: "https://api.example.com/v2/%2e%2e/admin"}, dest.HeaderURL, dest.ErrPathEscapes},
+		{"url backslash", dest.Request{URL: `https://api.example.com\@evil.net/v2/`}, dest.HeaderURL, dest.ErrBadPath},
+		{"url fragment", dest.Request{URL: "https://api.example.com/v2/#x"}, dest.HeaderURL, dest.ErrBadPath},
+		{"url scheme file", dest.Request{URL: "file:///etc/passwd"}, dest.HeaderURL, dest.ErrBadPath},
+		{"url trailing dot host", dest.Request{URL: "https://api.example.com./v2/x"}, dest.HeaderURL, dest.ErrBadPath},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := r.Resolve(tc.req, nil)
+			var de *dest.Error
+			if !errors.As(err, &de) || !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want a *dest.Error with %v", err, tc.err)
+			}
+			if de.Field != tc.field {
+				t.Errorf("Field = %q, want %q", de.Field, tc.field)
+			}
+			if v, ok := tc.req.Headers["X-Api-Key"]; ok && strings.Contains(err.Error(), v) {
+				t.Errorf("the error %q holds the header's value", err)
+			}
+		})
+	}
+}
+
+func TestResolveURLAndHeaders(t *testing.T) {
+	t.Parallel()
+	r := rules(t)
+	for _, tc := range []struct{ in, want string }{
+		{"https://API.example.com:443/v2/hooks/1", "https://api.example.com:443/v2/hooks/1"},
+		{"https://api.example.com/v2", "https://api.example.com/v2"},
+		{"http://hooks.example.net:8080/in/a?x=1", "http://hooks.example.net:8080/in/a?x=1"},
+	} {
+		res, err := r.Resolve(dest.Request{URL: tc.in, Method: "DELETE", Headers: map[string]string{"x-api-key": "s3cret"}}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		if res.URL.String() != tc.want || res.Method != "DELETE" || res.Header.Get("X-Api-Key") != "s3cret" {
+			t.Errorf("%s: got %s %s %v", tc.in, res.Method, res.URL, res.Header)
+		}
+	}
+	// A path goes under the job's URL.
+	res, err := r.Resolve(dest.Request{URL: "https://api.example.com/v2/a", Path: "b?c=d"}, nil)
+	if err != nil || res.URL.String() != "https://api.example.com/v2/a/b?c=d" {
+		t.Errorf("URL and path: %v %v", res.URL, err)
+	}
+	// A key's URL replaces the base; a job's own URL wins over it.
+	key, _ := url.Parse("https://api.example.com/v2/key7")
+	if res, _ := r.Resolve(dest.Request{}, key); res.URL.String() != key.String() || res.Method != "POST" {
+		t.Errorf("key URL: %v %s", res.URL, res.Method)
+	}
+	if res, _ := r.Resolve(dest.Request{Path: "x"}, key); res.URL.String() != "https://api.example.com/v2/key7/x" {
+		t.Errorf("key URL and path: %v", res.URL)
+	}
+	if res, _ := r.Resolve(dest.Request{URL: "https://api.example.com/v2/own"}, key); res.URL.String() != "https://api.example.com/v2/own" {
+		t.Errorf("own URL over key URL: %v", res.URL)
+	}
+	// Nothing asked: the target as configured.
+	if res, err := r.Resolve(dest.Request{}, nil); err != nil || res.URL != nil || res.Header != nil || res.Method != "POST" {
+		t.Errorf("zero request: %+v %v", res, err)
+	}
+}
+
+func TestNewRefusesLists(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg   dest.Config
+		field string
+	}{
+		{dest.Config{URL: "https://a.example/", Methods: []string{"TRACE"}}, "methods[0]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"Accept", "Connection"}}, "forward_headers[1]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"Idempotency-Key"}}, "forward_headers[0]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"Webhook-Signature"}}, "forward_headers[0]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"Throttle-Key"}}, "forward_headers[0]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"Content-Length"}}, "forward_headers[0]"},
+		{dest.Config{URL: "https://a.example/", ForwardHeaders: []string{"bad name"}}, "forward_headers[0]"},
+		{dest.Config{URL: "https://a.example/", JobURLs: []string{"ftp://a.example/"}}, "job_urls[0]"},
+		{dest.Config{URL: "https://a.example/", JobURLs: []string{"https://u@a.example/"}}, "job_urls[0]"},
+		{dest.Config{URL: "https://a.example/", JobURLs: []string{"https://a.example/x?y=1"}}, "job_urls[0]"},
+		{dest.Config{URL: "https://a.example/", JobURLs: []string{"https://a.example/../x"}}, "job_urls[0]"},
+	} {
+		_, err := dest.New(tc.cfg)
+		var fe *dest.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%+v: err = %v, want one naming %s", tc.cfg, err, tc.field)
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package ingest
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
+)
+
+// Where a job goes, at HTTP intake (package dest): a single job says it
+// with Throttle-Method, Throttle-Path, Throttle-URL and
+// Throttle-Forward-<Name> headers, a batch item with its method, path, url
+// and headers members. Intake checks them against the lane's lists before
+// anything is stored; a refusal is a 400 naming the header (or the item's
+// JSON pointer) through the refusal table (its rows for dest's
+// sentinels), and its detail never holds a forwarded value.
+
+// jobDest reads and checks the destination headers of r for lane.
+func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
+	var d dest.Request
+	for _, f := range []struct {
+		name string
+		to   *string
+	}{{dest.HeaderMethod, &d.Method}, {dest.HeaderPath, &d.Path}, {dest.HeaderURL, &d.URL}} {
+		v := r.Header.Values(f.name)
+		switch {
+		case len(v) > 1:
+			return d, refusal(ErrBadHeader, f.name, "%s: %d headers; at most one is allowed", f.name, len(v))
+		case len(v) == 1 && v[0] == "":
+			return d, refusal(ErrBadHeader, f.name, "%s is empty", f.name)
+		case len(v) == 1:
+			*f.to = v[0]
+		}
+	}
+	for k, v := range r.Header {
+		name, ok := strings.CutPrefix(k, dest.ForwardPrefix)
+		if !ok {
+			continue
+		}
+		if len(v) > 1 {
+			return d, refusal(ErrBadHeader, k, "%s: %d headers; at most one is allowed", k, len(v))
+		}
+		if d.Headers == nil {
+			d.Headers = make(map[string]string)
+		}
+		d.Headers[name] = v[0]
+	}
+	if d.IsZero() {
+		return d, nil
+	}
+	if err := checkDest(lane, d); err != nil {
+		return d, destRefusal(err, "")
+	}
+	return d, nil
+}
+
+// checkDest checks d against lane's lists.
+func checkDest(lane Lane, d dest.Request) error {
+	if lane.Dest == nil {
+		field := dest.HeaderPath
+		switch {
+		case d.Method != "":
+			field = dest.HeaderMethod
+		case d.URL != "":
+			field = dest.HeaderURL
+		case d.Path == "":
+			field = dest.ForwardPrefix + d.HeaderNames()[0]
+		}
+		return &dest.Error{Field: field, Err: dest.ErrNotHTTP, Detail: "only a lane with an http target takes a job's method, path, URL or headers"}
+	}
+	return lane.Dest.Check(d)
+}
+
+// destRefusal is the refusal of a destination dest refused; item is the
+// JSON pointer of a batch item ("/3"), "" for a single job.
+func destRefusal(err error, item string) *Refusal {
+	rf := &Refusal{Err: ErrBadHeader, Cause: err, Detail: err.Error()}
+	var de *dest.Error
+	if !errors.As(err, &de) {
+		return rf
+	}
+	rf.Field = de.Field
+	if item != "" {
+		rf.Err = ErrBadBody
+		rf.Field = item + itemMember(de.Field)
+		rf.Detail = "item " + item[1:] + ": " + strings.TrimPrefix(err.Error(), de.Field+": ")
+	}
+	return rf
+}
+
+// itemMember is the batch item member that stands for a dest header.
+func itemMember(field string) string {
+	switch field {
+	case dest.HeaderMethod:
+		return "/method"
+	case dest.HeaderPath:
+		return "/path"
+	case dest.HeaderURL:
+		return "/url"
+	}
+	if name, ok := strings.CutPrefix(field, dest.ForwardPrefix); ok {
+		return "/headers/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
+	}
+	return ""
+}
+
+// itemDest is the destination of batch item it.
+func itemDest(it api.BatchItem) dest.Request {
+	return dest.Request{Method: it.Method, Path: it.Path, URL: it.URL, Headers: it.Headers}
+}
+
+// batchDest checks the destinations of a checked batch against lane.
+func batchDest(jobs []batchJob, lane Lane) *Refusal {
+	for i := range jobs {
+		d := jobs[i].job.Dest
+		if d.IsZero() {
+			continue
+		}
+		if err := checkDest(lane, d); err != nil {
+			return destRefusal(err, "/"+strconv.Itoa(i))
+		}
+	}
+	return nil
+}

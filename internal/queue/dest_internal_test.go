@@ -1,0 +1,37 @@
+package queue
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/throttler/throttler/internal/dest"
+)
+
+// TestDestRoundTrip: where a job goes survives its message (stored by the
+// throttler, and published from outside in any header case), and a header
+// sent twice becomes a value the target refuses instead of one of them.
+func TestDestRoundTrip(t *testing.T) {
+	t.Parallel()
+	d := dest.Request{Method: "GET", Path: "repos/a?x=1", URL: "https://api.example.com/v2/x",
+		Headers: map[string]string{"X-Api-Key": "k", "Accept": "application/json"}}
+	got := decodeJob("demo", jobMsg(Job{ID: "a", Lane: "demo", Dest: d}).Header, nil, "", 1, true, time.Now()).Dest
+	if got.Method != d.Method || got.Path != d.Path || got.URL != d.URL || !maps.Equal(got.Headers, d.Headers) {
+		t.Errorf("trusted round trip: got %+v, want %+v", got, d)
+	}
+	outside := nats.Header{"throttle-path": {"a/b"}, "THROTTLE-METHOD": {"GET"}, "throttle-forward-x-api-key": {"k"}}
+	got = decodeJob("demo", outside, nil, "", 1, false, time.Now()).Dest
+	if got.Path != "a/b" || got.Method != "GET" || got.Headers["X-Api-Key"] != "k" {
+		t.Errorf("outside job: got %+v", got)
+	}
+	twice := nats.Header{"Throttle-Path": {"a"}, "throttle-path": {"b"}, "Throttle-Url": {"x", "y"}}
+	got = decodeJob("demo", twice, nil, "", 1, false, time.Now()).Dest
+	if got.Path != refused || got.URL != refused {
+		t.Errorf("headers sent twice: got %+v, want both refused", got)
+	}
+	if got := decodeJob("demo", nats.Header{"Content-Type": {"text/plain"}}, nil, "", 1, false, time.Now()).Dest; !got.IsZero() {
+		t.Errorf("no destination headers: got %+v", got)
+	}
+}
