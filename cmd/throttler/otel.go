@@ -9,15 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // OpenTelemetry tracing, configured by the standard OTEL_* environment
@@ -29,9 +25,9 @@ import (
 // provider, exporter or span exists; jobs' W3C trace context still travels
 // from submitter to target.
 //
-// The exporter is OTLP over HTTP with binary protobuf (the smaller
-// dependency set; a collector takes it on port 4318); the gRPC protocol is
-// refused at start with the variable named.
+// The exporter (internal/tracing) is OTLP over HTTP with binary protobuf
+// (a collector takes it on port 4318); the gRPC protocol is refused at
+// start with the variable named.
 
 // tracingShutdownTimeout bounds the flush of the spans still buffered at a
 // stop.
@@ -50,9 +46,9 @@ type tracingConfig struct {
 	headers     map[string]string
 	timeout     time.Duration
 	gzip        bool
-	sampler     sdktrace.Sampler
+	sampler     tracing.Sampler
 	samplerName string
-	resource    []attribute.KeyValue
+	resource    []tracing.Attr
 }
 
 // firstEnv is the first of names set, and which it was.
@@ -149,14 +145,14 @@ func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, er
 		attrs["service.version"] = b.Version
 	}
 	for k, v := range attrs {
-		c.resource = append(c.resource, attribute.String(k, v))
+		c.resource = append(c.resource, tracing.String(k, v))
 	}
 	return c, nil
 }
 
 // readSampler reads OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; the
 // default follows the submitter's sampling decision (parentbased_always_on).
-func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
+func readSampler(getenv func(string) string) (tracing.Sampler, string, error) {
 	name := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER"))
 	if name == "" {
 		name = "parentbased_always_on"
@@ -166,26 +162,26 @@ func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
 		if a := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG")); a != "" {
 			r, err := strconv.ParseFloat(a, 64)
 			if err != nil || r < 0 || r > 1 {
-				return nil, "", envError("OTEL_TRACES_SAMPLER_ARG", "%q is not a ratio from 0 to 1", a)
+				return tracing.Sampler{}, "", envError("OTEL_TRACES_SAMPLER_ARG", "%q is not a ratio from 0 to 1", a)
 			}
 			ratio = r
 		}
 	}
 	switch name {
 	case "always_on":
-		return sdktrace.AlwaysSample(), name, nil
+		return tracing.Sampler{Ratio: 1}, name, nil
 	case "always_off":
-		return sdktrace.NeverSample(), name, nil
+		return tracing.Sampler{}, name, nil
 	case "traceidratio":
-		return sdktrace.TraceIDRatioBased(ratio), name, nil
+		return tracing.Sampler{Ratio: ratio}, name, nil
 	case "parentbased_always_on":
-		return sdktrace.ParentBased(sdktrace.AlwaysSample()), name, nil
+		return tracing.Sampler{Ratio: 1, FollowParent: true}, name, nil
 	case "parentbased_always_off":
-		return sdktrace.ParentBased(sdktrace.NeverSample()), name, nil
+		return tracing.Sampler{FollowParent: true}, name, nil
 	case "parentbased_traceidratio":
-		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), name, nil
+		return tracing.Sampler{Ratio: ratio, FollowParent: true}, name, nil
 	}
-	return nil, "", envError("OTEL_TRACES_SAMPLER", "%q is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio", name)
+	return tracing.Sampler{}, "", envError("OTEL_TRACES_SAMPLER", "%q is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio", name)
 }
 
 // parseKeyValues reads the OTEL list form "k1=v1,k2=v2", values
@@ -210,45 +206,36 @@ func parseKeyValues(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// openTracing builds the tracer provider the OTEL_* variables ask for; nil
-// (and a shutdown that does nothing) when tracing is off. The provider
-// starts nothing until a span ends; shutdown flushes what is buffered,
-// bounded by tracingShutdownTimeout.
-func openTracing(ctx context.Context, getenv func(string) string, b metrics.Build, logger *slog.Logger) (trace.TracerProvider, func(), error) {
+// openTracing builds the tracer the OTEL_* variables ask for and starts
+// its exports; nil (and a stop that does nothing) when tracing is off.
+// stop ends the exports and flushes what is left, bounded by
+// tracingShutdownTimeout: call it after the last delivery.
+func openTracing(getenv func(string) string, b metrics.Build, logger *slog.Logger, reg prometheus.Registerer) (tr *tracing.Tracer, stop func(), err error) {
 	c, err := readTracing(getenv, b)
 	if err != nil || !c.on {
 		return nil, func() {}, err
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(c.endpoint)}
-	if len(c.headers) > 0 {
-		opts = append(opts, otlptracehttp.WithHeaders(c.headers))
-	}
-	if c.timeout > 0 {
-		opts = append(opts, otlptracehttp.WithTimeout(c.timeout))
-	}
-	if c.gzip {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
-	} else {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.NoCompression))
-	}
-	exp, err := otlptracehttp.New(ctx, opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("opentelemetry: OTLP exporter: %w", err)
-	}
 	log := logger.With("component", "otel")
-	// The SDK reports export failures through OpenTelemetry's one error
-	// handler: main owns the process, so it routes them into the log.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("opentelemetry", "err", err) }))
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithSampler(c.sampler),
-		sdktrace.WithResource(resource.NewSchemaless(c.resource...)),
-	)
+	tr, err = tracing.New(tracing.Config{
+		Endpoint: c.endpoint, Headers: c.headers, Timeout: c.timeout, Gzip: c.gzip,
+		Sampler: c.sampler, Resource: c.resource, Logger: log, Registry: reg,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opentelemetry: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = tr.Run(ctx)
+	}()
 	log.Info("tracing on: spans are exported over OTLP/HTTP", "endpoint", config.RedactURL(c.endpoint), "sampler", c.samplerName)
-	return tp, func() {
+	return tr, func() {
+		cancel()
+		<-done
 		sctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
+		if err := tr.Flush(sctx); err != nil {
 			log.Warn("flushing the last spans failed", "err", err)
 		}
 	}, nil

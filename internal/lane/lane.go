@@ -24,7 +24,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
@@ -64,10 +63,9 @@ type Lane struct {
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
-	hot       hotMetrics   // the per-job series, looked up once
-	starts    startWindow  // for the utilization gauge
-	limited   startWindow  // the target's 429 answers, for the status
-	tracer    trace.Tracer // nil with tracing off
+	hot       hotMetrics  // the per-job series, looked up once
+	starts    startWindow // for the utilization gauge
+	limited   startWindow // the target's 429 answers, for the status
 	// startsTotal counts the lane's starts on this instance; hist holds
 	// its samples (history.go).
 	startsTotal atomic.Uint64
@@ -103,9 +101,6 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 			MaxBurst: bucket.MaxBurst},
 	}
 	l.limit.Store(&lim)
-	if d.Traces != nil {
-		l.tracer = d.Traces.Tracer(TracerName)
-	}
 	if q := cfg.Quota; q != nil {
 		l.log.Info("lane limit derived from its target's quota", "quota_limit", q.Limit, "quota_per", q.Per.D().String(),
 			"rate", cfg.Rate.String(), "rate_per_second", lim.Rate, "burst", lim.Burst)
@@ -294,8 +289,8 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
 		}
-		tr := l.traceStart(dctx, msg, job, intake)
-		res := l.target.Deliver(tr.ctx, dispatch.Job{
+		tr := l.traceStart(msg, job, intake)
+		res := l.target.Deliver(dctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
 			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out,
 		})
