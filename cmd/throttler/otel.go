@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +49,10 @@ type tracingConfig struct {
 	endpoint    string // the full URL spans are posted to
 	headers     map[string]string
 	timeout     time.Duration
+	tls         *tls.Config // nil: the system's roots, no client certificate
+	queueSize   int
+	batchSize   int
+	interval    time.Duration
 	gzip        bool
 	sampler     tracing.Sampler
 	samplerName string
@@ -126,6 +134,12 @@ func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, er
 		}
 	}
 	var err error
+	if c.tls, err = readTLS(getenv); err != nil {
+		return c, err
+	}
+	if err := readBatching(getenv, &c); err != nil {
+		return c, err
+	}
 	if c.sampler, c.samplerName, err = readSampler(getenv); err != nil {
 		return c, err
 	}
@@ -146,6 +160,97 @@ func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, er
 	}
 	for k, v := range attrs {
 		c.resource = append(c.resource, tracing.String(k, v))
+	}
+	return c, nil
+}
+
+// readMillis reads a positive number of milliseconds from the variable
+// name; 0 when it is unset.
+func readMillis(getenv func(string) string, name string) (time.Duration, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 || ms > int64(time.Hour/time.Millisecond) {
+		return 0, envError(name, "%q is not a number of milliseconds from 1 to 3600000", v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// readBatching reads the batch span processor's variables (OTEL_BSP_*).
+// OTEL_BSP_EXPORT_TIMEOUT and the exporter's timeout both bound one
+// export: the smaller wins.
+func readBatching(getenv func(string) string, c *tracingConfig) error {
+	var err error
+	if c.interval, err = readMillis(getenv, "OTEL_BSP_SCHEDULE_DELAY"); err != nil {
+		return err
+	}
+	bsp, err := readMillis(getenv, "OTEL_BSP_EXPORT_TIMEOUT")
+	if err != nil {
+		return err
+	}
+	if bsp > 0 && (c.timeout == 0 || bsp < c.timeout) {
+		c.timeout = bsp
+	}
+	for _, v := range []struct {
+		name string
+		to   *int
+	}{{"OTEL_BSP_MAX_QUEUE_SIZE", &c.queueSize}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", &c.batchSize}} {
+		s := strings.TrimSpace(getenv(v.name))
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 || n > maxTraceQueue {
+			return envError(v.name, "%q is not a number from 1 to %d", s, maxTraceQueue)
+		}
+		*v.to = n
+	}
+	if c.queueSize > 0 && c.batchSize > c.queueSize {
+		return envError("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "%d is over OTEL_BSP_MAX_QUEUE_SIZE (%d)", c.batchSize, c.queueSize)
+	}
+	return nil
+}
+
+// maxTraceQueue bounds OTEL_BSP_MAX_QUEUE_SIZE: a span takes about 200
+// bytes in the queue, so a million of them 200 MB.
+const maxTraceQueue = 1 << 20
+
+// readTLS reads the TLS files of an https endpoint: the CA certificates
+// to trust instead of the system's (OTEL_EXPORTER_OTLP_CERTIFICATE), and
+// a client certificate and key (…_CLIENT_CERTIFICATE, …_CLIENT_KEY), each
+// the _TRACES_ variable first. An unreadable file is refused with its
+// variable named.
+func readTLS(getenv func(string) string) (*tls.Config, error) {
+	ca, caVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+	cert, certVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")
+	key, keyVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY")
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, envError(caVar, "%v", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, envError(caVar, "%s holds no PEM certificate", ca)
+		}
+	}
+	switch {
+	case cert != "" && key != "":
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, envError(certVar, "with %s: %v", keyVar, err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	case cert != "": // the key named alike is missing
+		return nil, envError(strings.Replace(certVar, "CLIENT_CERTIFICATE", "CLIENT_KEY", 1), "is needed with %s", certVar)
+	case key != "":
+		return nil, envError(strings.Replace(keyVar, "CLIENT_KEY", "CLIENT_CERTIFICATE", 1), "is needed with %s", keyVar)
 	}
 	return c, nil
 }
@@ -216,9 +321,15 @@ func openTracing(getenv func(string) string, b metrics.Build, logger *slog.Logge
 		return nil, func() {}, err
 	}
 	log := logger.With("component", "otel")
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	if c.tls != nil {
+		transport.TLSClientConfig = c.tls
+	}
 	tr, err = tracing.New(tracing.Config{
 		Endpoint: c.endpoint, Headers: c.headers, Timeout: c.timeout, Gzip: c.gzip,
 		Sampler: c.sampler, Resource: c.resource, Logger: log, Registry: reg,
+		QueueSize: c.queueSize, BatchSize: c.batchSize, Interval: c.interval,
+		Client: &http.Client{Transport: transport},
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("opentelemetry: %w", err)
