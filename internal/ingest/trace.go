@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-
 	"time"
 
 	"github.com/throttler/throttler/api"
