@@ -396,7 +396,9 @@ func TestOperationsDocsFollowTheCode(t *testing.T) {
 	// registry's config has.
 	// throttler_pull_replies_refused_total has series for pull-mode lanes
 	// only.
-	conditional := map[string]bool{"throttler_pacer_states_restored_total": true, "throttler_pull_replies_refused_total": true}
+	// The tracer's counters exist with tracing on (OTEL_* variables).
+	conditional := map[string]bool{"throttler_pacer_states_restored_total": true, "throttler_pull_replies_refused_total": true,
+		"throttler_trace_spans_exported_total": true, "throttler_trace_spans_dropped_total": true}
 	documented := rows("Metrics")
 	for name := range registry(t) {
 		if strings.HasPrefix(name, "throttler_") && !documented[name] {

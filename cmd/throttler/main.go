@@ -142,12 +142,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reg.MustRegister(metrics.NewBuildInfo(b))
 	svc := service.New(cfg, logger, reg)
 	svc.ReloadConfigWith(func() (config.Config, error) { return config.Load(*path, getenv) })
-	tp, stopTracing, err := openTracing(ctx, getenv, b, logger)
+	tr, stopTracing, err := openTracing(getenv, b, logger, reg)
 	if err != nil {
 		return err
 	}
-	if tp != nil {
-		svc.TraceWith(tp)
+	if tr != nil {
+		svc.TraceWith(tr)
 	}
 	stopReload := reloadOnHUP(logger, svc)
 	err = svc.Run(ctx)

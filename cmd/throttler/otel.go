@@ -2,22 +2,22 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/metrics"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // OpenTelemetry tracing, configured by the standard OTEL_* environment
@@ -29,9 +29,9 @@ import (
 // provider, exporter or span exists; jobs' W3C trace context still travels
 // from submitter to target.
 //
-// The exporter is OTLP over HTTP with binary protobuf (the smaller
-// dependency set; a collector takes it on port 4318); the gRPC protocol is
-// refused at start with the variable named.
+// The exporter (internal/tracing) is OTLP over HTTP with binary protobuf
+// (a collector takes it on port 4318); the gRPC protocol is refused at
+// start with the variable named.
 
 // tracingShutdownTimeout bounds the flush of the spans still buffered at a
 // stop.
@@ -49,10 +49,14 @@ type tracingConfig struct {
 	endpoint    string // the full URL spans are posted to
 	headers     map[string]string
 	timeout     time.Duration
+	tls         *tls.Config // nil: the system's roots, no client certificate
+	queueSize   int
+	batchSize   int
+	interval    time.Duration
 	gzip        bool
-	sampler     sdktrace.Sampler
+	sampler     tracing.Sampler
 	samplerName string
-	resource    []attribute.KeyValue
+	resource    []tracing.Attr
 }
 
 // firstEnv is the first of names set, and which it was.
@@ -130,6 +134,12 @@ func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, er
 		}
 	}
 	var err error
+	if c.tls, err = readTLS(getenv); err != nil {
+		return c, err
+	}
+	if err := readBatching(getenv, &c); err != nil {
+		return c, err
+	}
 	if c.sampler, c.samplerName, err = readSampler(getenv); err != nil {
 		return c, err
 	}
@@ -149,14 +159,105 @@ func readTracing(getenv func(string) string, b metrics.Build) (tracingConfig, er
 		attrs["service.version"] = b.Version
 	}
 	for k, v := range attrs {
-		c.resource = append(c.resource, attribute.String(k, v))
+		c.resource = append(c.resource, tracing.String(k, v))
+	}
+	return c, nil
+}
+
+// readMillis reads a positive number of milliseconds from the variable
+// name; 0 when it is unset.
+func readMillis(getenv func(string) string, name string) (time.Duration, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 || ms > int64(time.Hour/time.Millisecond) {
+		return 0, envError(name, "%q is not a number of milliseconds from 1 to 3600000", v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// readBatching reads the batch span processor's variables (OTEL_BSP_*).
+// OTEL_BSP_EXPORT_TIMEOUT and the exporter's timeout both bound one
+// export: the smaller wins.
+func readBatching(getenv func(string) string, c *tracingConfig) error {
+	var err error
+	if c.interval, err = readMillis(getenv, "OTEL_BSP_SCHEDULE_DELAY"); err != nil {
+		return err
+	}
+	bsp, err := readMillis(getenv, "OTEL_BSP_EXPORT_TIMEOUT")
+	if err != nil {
+		return err
+	}
+	if bsp > 0 && (c.timeout == 0 || bsp < c.timeout) {
+		c.timeout = bsp
+	}
+	for _, v := range []struct {
+		name string
+		to   *int
+	}{{"OTEL_BSP_MAX_QUEUE_SIZE", &c.queueSize}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", &c.batchSize}} {
+		s := strings.TrimSpace(getenv(v.name))
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 || n > maxTraceQueue {
+			return envError(v.name, "%q is not a number from 1 to %d", s, maxTraceQueue)
+		}
+		*v.to = n
+	}
+	if c.queueSize > 0 && c.batchSize > c.queueSize {
+		return envError("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "%d is over OTEL_BSP_MAX_QUEUE_SIZE (%d)", c.batchSize, c.queueSize)
+	}
+	return nil
+}
+
+// maxTraceQueue bounds OTEL_BSP_MAX_QUEUE_SIZE: a span takes about 200
+// bytes in the queue, so a million of them 200 MB.
+const maxTraceQueue = 1 << 20
+
+// readTLS reads the TLS files of an https endpoint: the CA certificates
+// to trust instead of the system's (OTEL_EXPORTER_OTLP_CERTIFICATE), and
+// a client certificate and key (…_CLIENT_CERTIFICATE, …_CLIENT_KEY), each
+// the _TRACES_ variable first. An unreadable file is refused with its
+// variable named.
+func readTLS(getenv func(string) string) (*tls.Config, error) {
+	ca, caVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+	cert, certVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")
+	key, keyVar := firstEnv(getenv, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY")
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, envError(caVar, "%v", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, envError(caVar, "%s holds no PEM certificate", ca)
+		}
+	}
+	switch {
+	case cert != "" && key != "":
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, envError(certVar, "with %s: %v", keyVar, err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	case cert != "": // the key named alike is missing
+		return nil, envError(strings.Replace(certVar, "CLIENT_CERTIFICATE", "CLIENT_KEY", 1), "is needed with %s", certVar)
+	case key != "":
+		return nil, envError(strings.Replace(keyVar, "CLIENT_KEY", "CLIENT_CERTIFICATE", 1), "is needed with %s", keyVar)
 	}
 	return c, nil
 }
 
 // readSampler reads OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; the
 // default follows the submitter's sampling decision (parentbased_always_on).
-func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
+func readSampler(getenv func(string) string) (tracing.Sampler, string, error) {
 	name := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER"))
 	if name == "" {
 		name = "parentbased_always_on"
@@ -166,26 +267,26 @@ func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
 		if a := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG")); a != "" {
 			r, err := strconv.ParseFloat(a, 64)
 			if err != nil || r < 0 || r > 1 {
-				return nil, "", envError("OTEL_TRACES_SAMPLER_ARG", "%q is not a ratio from 0 to 1", a)
+				return tracing.Sampler{}, "", envError("OTEL_TRACES_SAMPLER_ARG", "%q is not a ratio from 0 to 1", a)
 			}
 			ratio = r
 		}
 	}
 	switch name {
 	case "always_on":
-		return sdktrace.AlwaysSample(), name, nil
+		return tracing.Sampler{Ratio: 1}, name, nil
 	case "always_off":
-		return sdktrace.NeverSample(), name, nil
+		return tracing.Sampler{}, name, nil
 	case "traceidratio":
-		return sdktrace.TraceIDRatioBased(ratio), name, nil
+		return tracing.Sampler{Ratio: ratio}, name, nil
 	case "parentbased_always_on":
-		return sdktrace.ParentBased(sdktrace.AlwaysSample()), name, nil
+		return tracing.Sampler{Ratio: 1, FollowParent: true}, name, nil
 	case "parentbased_always_off":
-		return sdktrace.ParentBased(sdktrace.NeverSample()), name, nil
+		return tracing.Sampler{FollowParent: true}, name, nil
 	case "parentbased_traceidratio":
-		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), name, nil
+		return tracing.Sampler{Ratio: ratio, FollowParent: true}, name, nil
 	}
-	return nil, "", envError("OTEL_TRACES_SAMPLER", "%q is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio", name)
+	return tracing.Sampler{}, "", envError("OTEL_TRACES_SAMPLER", "%q is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio", name)
 }
 
 // parseKeyValues reads the OTEL list form "k1=v1,k2=v2", values
@@ -210,45 +311,42 @@ func parseKeyValues(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// openTracing builds the tracer provider the OTEL_* variables ask for; nil
-// (and a shutdown that does nothing) when tracing is off. The provider
-// starts nothing until a span ends; shutdown flushes what is buffered,
-// bounded by tracingShutdownTimeout.
-func openTracing(ctx context.Context, getenv func(string) string, b metrics.Build, logger *slog.Logger) (trace.TracerProvider, func(), error) {
+// openTracing builds the tracer the OTEL_* variables ask for and starts
+// its exports; nil (and a stop that does nothing) when tracing is off.
+// stop ends the exports and flushes what is left, bounded by
+// tracingShutdownTimeout: call it after the last delivery.
+func openTracing(getenv func(string) string, b metrics.Build, logger *slog.Logger, reg prometheus.Registerer) (tr *tracing.Tracer, stop func(), err error) {
 	c, err := readTracing(getenv, b)
 	if err != nil || !c.on {
 		return nil, func() {}, err
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(c.endpoint)}
-	if len(c.headers) > 0 {
-		opts = append(opts, otlptracehttp.WithHeaders(c.headers))
-	}
-	if c.timeout > 0 {
-		opts = append(opts, otlptracehttp.WithTimeout(c.timeout))
-	}
-	if c.gzip {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
-	} else {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.NoCompression))
-	}
-	exp, err := otlptracehttp.New(ctx, opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("opentelemetry: OTLP exporter: %w", err)
-	}
 	log := logger.With("component", "otel")
-	// The SDK reports export failures through OpenTelemetry's one error
-	// handler: main owns the process, so it routes them into the log.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("opentelemetry", "err", err) }))
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
-		sdktrace.WithSampler(c.sampler),
-		sdktrace.WithResource(resource.NewSchemaless(c.resource...)),
-	)
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	if c.tls != nil {
+		transport.TLSClientConfig = c.tls
+	}
+	tr, err = tracing.New(tracing.Config{
+		Endpoint: c.endpoint, Headers: c.headers, Timeout: c.timeout, Gzip: c.gzip,
+		Sampler: c.sampler, Resource: c.resource, Logger: log, Registry: reg,
+		QueueSize: c.queueSize, BatchSize: c.batchSize, Interval: c.interval,
+		Client: &http.Client{Transport: transport},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opentelemetry: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = tr.Run(ctx)
+	}()
 	log.Info("tracing on: spans are exported over OTLP/HTTP", "endpoint", config.RedactURL(c.endpoint), "sampler", c.samplerName)
-	return tp, func() {
+	return tr, func() {
+		cancel()
+		<-done
 		sctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
+		if err := tr.Flush(sctx); err != nil {
 			log.Warn("flushing the last spans failed", "err", err)
 		}
 	}, nil

@@ -16,21 +16,24 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // drainTracing: the cost of OpenTelemetry on the drain. Lanes get the
 // same prefilled backlog, every job with a sampled traceparent, as
 // published on NATS; half drain with tracing off (the context only
-// travels), half with a tracer provider exporting every span (the NATS
-// intake, the queue wait and the attempt of each job) over OTLP/HTTP to a
-// receiver in this process that reads and drops each export. Off and on
+// travels), half with the tracer cmd/throttler builds exporting every
+// span (the NATS intake, the queue wait and the attempt of each job) over
+// OTLP/HTTP to a receiver in this process that reads and drops each export
+// (it decodes nothing, so the throttler is charged for the export only).
+// A span the tracer dropped (queue full) would make the "on" side cheaper:
+// the row fails when any was. Off and on
 // alternate, traceRounds times, and each side's best run counts: on a
 // shared machine one drain's rate moves by a quarter from run to run. The
 // row is the ratio of the two (goal ≥ 0.9×).
@@ -74,7 +77,8 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		return Result{}, err
 	}
 
-	var exported atomic.Int64 // bytes of OTLP exports received
+	var exported atomic.Int64     // bytes of OTLP exports received
+	var droppedSpans atomic.Int64 // spans the tracer dropped
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.Copy(io.Discard, r.Body)
 		exported.Add(b)
@@ -96,15 +100,28 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 			}
 		}
 		sk.reset(n)
-		var tp *sdktrace.TracerProvider
+		var tr *tracing.Tracer
 		var with func(*service.Service)
+		stopExports := func() {}
 		if traced {
-			exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(recv.URL+"/v1/traces"))
+			reg := prometheus.NewRegistry()
+			var err error
+			tr, err = tracing.New(tracing.Config{Endpoint: recv.URL + "/v1/traces", Sampler: tracing.DefaultSampler, Registry: reg})
 			if err != nil {
 				return 0, 0, err
 			}
-			tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
-			with = func(s *service.Service) { s.TraceWith(tp) }
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = tr.Run(rctx)
+			}()
+			stopExports = func() {
+				cancel()
+				<-done
+				droppedSpans.Add(int64(dropped(reg)))
+			}
+			with = func(s *service.Service) { s.TraceWith(tr) }
 		}
 		cpu0, cerr := cpuTime(os.Getpid())
 		svc, err := e.startServiceWith(ctx, c, with)
@@ -112,9 +129,9 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 			return 0, 0, err
 		}
 		werr := sk.wait(ctx, n, 2*e.dur+time.Duration(n)*time.Millisecond, e.prog, "drain "+lane)
-		if tp != nil {
+		if tr != nil {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			_ = tp.ForceFlush(fctx)
+			_ = tr.Flush(fctx)
 			cancel()
 		}
 		cpu1, err := cpuTime(os.Getpid())
@@ -122,11 +139,7 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 			cerr = err
 		}
 		svc.stop()
-		if tp != nil {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			_ = tp.Shutdown(sctx)
-			cancel()
-		}
+		stopExports()
 		if werr != nil {
 			return 0, 0, werr
 		}
@@ -158,13 +171,16 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		runs = append(runs, side+fmtRate(r)+" ("+fmtCPU(cpu)+" CPU/job)")
 	}
 	sampled := int64(traceRounds * ((n + sampledEvery - 1) / sampledEvery))
-	cpuNote := fmt.Sprintf("; %s bytes of OTLP exports, %s per sampled job (BenchmarkTraceSpans in internal/lane, which drops no span, says what a job's spans take)",
+	cpuNote := fmt.Sprintf("; %s bytes of OTLP exports, %s per sampled job, no span dropped (BenchmarkTraceSpans in internal/lane says what a job's spans take)",
 		fmtInt(exported.Load()), fmtInt(exported.Load()/max(sampled, 1)))
 	if off, on := medianDuration(offCPU), medianDuration(onCPU); off > 0 && on > 0 {
 		cpuNote += fmt.Sprintf("; CPU per job (median): off %s, on %s, a CPU-bound ratio of %.2f×", fmtCPU(off), fmtCPU(on), float64(off)/float64(on))
 	}
 	if exported.Load() == 0 {
 		return Result{}, errors.New("bench: tracing on, but no span reached the OTLP receiver")
+	}
+	if d := droppedSpans.Load(); d > 0 {
+		return Result{}, fmt.Errorf("bench: the tracer dropped %d spans (its queue was full): the drains did not do equal work", d)
 	}
 	return Result{
 		ID: Drain, Scenario: name,
@@ -174,7 +190,7 @@ func (e *env) drainTracing(ctx context.Context, sk *sink, n, sampledEvery int) (
 		Goal:      "≥ 0.90×",
 		Verdict:   verdict(onRate >= 0.9*offRate),
 		Note: "the reference is the same drain with tracing off (the traceparent still travels to the sink); " +
-			"on, the NATS intake, queue-wait and attempt spans of each job go through the SDK's batcher to an OTLP/HTTP receiver in this process " +
+			"on, the NATS intake, queue-wait and attempt spans of each job go through the tracer's batches to an OTLP/HTTP receiver in this process " +
 			"that reads and drops each export; runs in order: " + strings.Join(runs, ", ") + cpuNote,
 	}, nil
 }
@@ -226,4 +242,21 @@ func publishTraced(ctx context.Context, js jetstream.JetStream, subject string, 
 		}
 	}
 	return nil
+}
+
+// dropped is the tracer's count of spans it dropped, of every reason.
+func dropped(g prometheus.Gatherer) float64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == "throttler_trace_spans_dropped_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }

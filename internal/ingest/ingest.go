@@ -36,8 +36,8 @@ import (
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
+	"github.com/throttler/throttler/internal/tracing"
 	"github.com/throttler/throttler/internal/ui"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Admitter decides on one job, and reads the lane's state again after a
@@ -180,7 +180,7 @@ type Config struct {
 	Stored StoredJobs
 	// Traces makes an intake span for each submission (trace.go); nil
 	// makes none (the submitter's trace context is stored all the same).
-	Traces trace.TracerProvider
+	Traces *tracing.Tracer
 }
 
 // Handler is the HTTP API. Create it with New.

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
+	"time"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/tracectx"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // Trace context at HTTP intake.
@@ -79,7 +77,7 @@ func jobTrace(r *http.Request) (tracectx.Context, error) {
 		return c, err
 	}
 	if c.Parent == "" {
-		c = c.Under(trace.SpanContextFromContext(r.Context()))
+		c = c.Under(tracing.FromContext(r.Context()))
 	}
 	return c, nil
 }
@@ -117,27 +115,23 @@ func batchTrace(r *http.Request, jobs []batchJob) error {
 // traced wraps a submission route in its intake span when tracing is on;
 // with tracing off it returns next itself.
 func (h *Handler) traced(route string, next http.HandlerFunc) http.HandlerFunc {
-	if h.cfg.Traces == nil {
+	tracer := h.cfg.Traces
+	if tracer == nil {
 		return next
 	}
-	tracer := h.cfg.Traces.Tracer("github.com/throttler/throttler")
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
 		// A malformed traceparent is refused by the route; the span is
 		// then a root of its own.
+		var parent tracectx.SpanContext
 		if c, err := tracectx.Parse(r.Header.Get(tracectx.HeaderTraceparent), "", ""); err == nil {
-			if sc := c.SpanContext(); sc.IsValid() {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-			}
+			parent = c.SpanContext()
 		}
-		attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method), attribute.String("http.route", route),
-			attribute.String("throttler.lane", metricLane(h.cfg.Lanes, r.PathValue("lane")))}
-		if k := r.Header.Get(HeaderThrottleKey); k != "" && queue.ValidKey(k) == nil {
-			attrs = append(attrs, attribute.String("throttler.key", k))
-		}
-		ctx, span := tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+		span := tracer.Start(parent, route, tracing.KindServer, time.Now())
 		sw := &statusWriter{ResponseWriter: w}
-		next(sw, r.WithContext(ctx))
+		next(sw, r.WithContext(tracing.ContextWith(r.Context(), span.Context)))
+		if !span.Sampled() {
+			return
+		}
 		status := sw.code
 		if status == 0 {
 			status = http.StatusOK
@@ -146,10 +140,15 @@ func (h *Handler) traced(route string, next http.HandlerFunc) http.HandlerFunc {
 		if status != http.StatusAccepted && status != http.StatusOK {
 			outcome = "refused"
 		}
-		span.SetAttributes(attribute.Int("http.response.status_code", status), attribute.String("throttler.outcome", outcome))
-		if status >= 500 {
-			span.SetStatus(codes.Error, http.StatusText(status))
+		attrs := []tracing.Attr{tracing.String("http.request.method", r.Method), tracing.String("http.route", route),
+			tracing.String("throttler.lane", metricLane(h.cfg.Lanes, r.PathValue("lane")))}
+		if k := r.Header.Get(HeaderThrottleKey); k != "" && queue.ValidKey(k) == nil {
+			attrs = append(attrs, tracing.String("throttler.key", k))
 		}
-		span.End()
+		span.Attrs = append(attrs, tracing.Int("http.response.status_code", status), tracing.String("throttler.outcome", outcome))
+		if status >= 500 {
+			span.Error, span.ErrorMsg = true, http.StatusText(status)
+		}
+		tracer.End(&span, time.Now())
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/clock"
@@ -14,6 +13,7 @@ import (
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // Deps are what every lane of an instance shares.
@@ -65,7 +65,7 @@ type Deps struct {
 	// Traces makes the spans of each job's wait and attempts (trace.go);
 	// nil makes none, and the job's trace context still reaches its
 	// target.
-	Traces trace.TracerProvider
+	Traces *tracing.Tracer
 }
 
 // Queue is what a lane uses of the queue (queue.Queue): its streams, and

@@ -24,7 +24,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
@@ -66,10 +65,9 @@ type Lane struct {
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
-	hot       hotMetrics   // the per-job series, looked up once
-	starts    startWindow  // for the utilization gauge
-	limited   startWindow  // the target's 429 answers, for the status
-	tracer    trace.Tracer // nil with tracing off
+	hot       hotMetrics  // the per-job series, looked up once
+	starts    startWindow // for the utilization gauge
+	limited   startWindow // the target's 429 answers, for the status
 	// startsTotal counts the lane's starts on this instance; hist holds
 	// its samples (history.go).
 	startsTotal atomic.Uint64
@@ -115,9 +113,6 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 		if l.rules, err = dest.New(h.DestConfig()); err != nil {
 			return nil, fmt.Errorf("target.http.%w", err)
 		}
-	}
-	if d.Traces != nil {
-		l.tracer = d.Traces.Tracer(TracerName)
 	}
 	if q := cfg.Quota; q != nil {
 		l.log.Info("lane limit derived from its target's quota", "quota_limit", q.Limit, "quota_per", q.Per.D().String(),
@@ -329,8 +324,8 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 				return
 			}
 		}
-		tr := l.traceStart(dctx, msg, job, intake)
-		res := l.target.Deliver(tr.ctx, dispatch.Job{
+		tr := l.traceStart(msg, job, intake)
+		res := l.target.Deliver(dctx, dispatch.Job{
 			ID: job.ID, Lane: job.Lane, Key: job.Key, ContentType: job.ContentType, Payload: job.Payload,
 			Attempt: msg.Attempt(), EnqueuedAt: msg.StoredAt(), Trace: tr.out, Dest: job.Dest, KeyTarget: l.keyTarget(job.Key),
 		})

@@ -1,16 +1,12 @@
 package lane
 
 import (
-	"context"
 	"time"
-
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/tracectx"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // Trace context and spans of a delivery.
@@ -31,55 +27,43 @@ import (
 // Attributes: the lane, the key (at most queue.MaxKey bytes), the job id,
 // the attempt, and on the attempt its outcome and the target's status.
 
-// TracerName names the throttler's tracer (the instrumentation scope).
-const TracerName = "github.com/throttler/throttler"
-
 // Span attribute keys.
 const (
-	AttrLane    = attribute.Key("throttler.lane")
-	AttrKey     = attribute.Key("throttler.key")
-	AttrJobID   = attribute.Key("throttler.job.id")
-	AttrAttempt = attribute.Key("throttler.attempt")
-	AttrOutcome = attribute.Key("throttler.outcome")
-	AttrIntake  = attribute.Key("throttler.intake")
+	AttrLane    = "throttler.lane"
+	AttrKey     = "throttler.key"
+	AttrJobID   = "throttler.job.id"
+	AttrAttempt = "throttler.attempt"
+	AttrOutcome = "throttler.outcome"
+	AttrIntake  = "throttler.intake"
 	// AttrStatus is the HTTP target's answer (OpenTelemetry's name).
-	AttrStatus = attribute.Key("http.response.status_code")
+	AttrStatus = "http.response.status_code"
 )
 
-// The start options and attributes every delivery's spans share.
-var (
-	kindConsumer = trace.WithSpanKind(trace.SpanKindConsumer)
-	kindInternal = trace.WithSpanKind(trace.SpanKindInternal)
-	kindClient   = trace.WithSpanKind(trace.SpanKindClient)
-	intakeNATS   = AttrIntake.String("nats")
-)
+var intakeNATS = tracing.String(AttrIntake, "nats")
 
-// traced is a started delivery's trace: the context to deliver with (it
-// holds the attempt's span) and the trace context the target receives.
+// traced is a started delivery's trace: the trace context the target
+// receives, and the attempt's span (unsampled with tracing off).
 type traced struct {
-	ctx  context.Context
-	out  tracectx.Context
-	span trace.Span // nil with tracing off
-	// attrs are the attempt's attributes, set with its outcome when it
-	// ends: room for the outcome and the status follows them.
-	attrs []attribute.KeyValue
+	out    tracectx.Context
+	tracer *tracing.Tracer // nil with tracing off
+	span   tracing.Span
 }
 
 // traceStart opens the spans of msg's delivery, starting now. A published
 // job whose trace headers were dropped is logged once, when the drain
 // first meets it.
-func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, intake bool) traced {
+func (l *Lane) traceStart(msg *queue.Msg, job queue.Job, intake bool) traced {
 	if intake && job.TraceErr != nil {
 		l.log.Warn("trace headers of a job published on NATS ignored", "id", job.ID, "err", job.TraceErr)
 	}
-	if l.tracer == nil {
-		return traced{ctx: ctx, out: job.Trace}
+	if l.d.Traces == nil {
+		return traced{out: job.Trace}
 	}
 	var enqueued time.Time
 	if intake {
 		enqueued = msg.EnqueuedAt()
 	}
-	return startSpans(ctx, l.tracer, job, msg.Attempt(), enqueued, msg.StoredAt(), l.d.Clock.Now())
+	return startSpans(l.d.Traces, job, msg.Attempt(), enqueued, msg.StoredAt(), l.d.Clock.Now())
 }
 
 // startSpans makes the spans of one delivery of job with tracer: the
@@ -90,44 +74,45 @@ func (l *Lane) traceStart(ctx context.Context, msg *queue.Msg, job queue.Job, in
 // first: when the sampler does not record it, the intake and queue spans
 // are not made, since every standard sampler (OTEL_TRACES_SAMPLER) decides
 // alike for spans of one trace under one parent. A job that is not
-// sampled then costs one unrecorded span, whose id its target still
-// receives as its parent.
-func startSpans(ctx context.Context, tracer trace.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
+// sampled then costs one span id, which its target receives as its
+// parent.
+func startSpans(tracer *tracing.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
 	parent := job.Trace.SpanContext()
 	if !parent.IsValid() {
-		intakeAttrs, jobAttrs := spanAttrs(job, attempt)
-		return startRoot(ctx, tracer, job, intakeAttrs, jobAttrs, enqueued, stored, now)
+		return startRoot(tracer, job, attempt, enqueued, stored, now)
 	}
-	ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
-	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now))
-	out := traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d}
-	if !d.IsRecording() {
+	d := tracer.Start(parent, "throttler.dispatch", tracing.KindClient, now)
+	out := traced{out: job.Trace.Under(d.Context), tracer: tracer, span: d}
+	if !d.Sampled() {
 		return out
 	}
 	intakeAttrs, jobAttrs := spanAttrs(job, attempt)
-	out.attrs = jobAttrs
+	out.span.Attrs = jobAttrs
 	if !enqueued.IsZero() {
-		_, s := tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(intakeAttrs...))
-		s.End(trace.WithTimestamp(enqueued))
+		s := tracer.Start(parent, "throttler.intake", tracing.KindConsumer, enqueued)
+		s.Attrs = intakeAttrs
+		tracer.End(&s, enqueued)
 	}
-	_, q := tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...),
-		trace.WithLinks(trace.Link{SpanContext: parent}))
-	q.End(trace.WithTimestamp(now))
+	q := tracer.Start(parent, "throttler.queue", tracing.KindInternal, stored)
+	q.Attrs, q.Link = jobAttrs, parent
+	tracer.End(&q, now)
 	return out
 }
 
 // spanAttrs are the attributes of a delivery's spans, in one array: the
 // intake's are its first four, the queue's the next four, and the
-// attempt's those and its outcome and status, set when it ends (its
-// attributes in one call, with room for the last two). The SDK copies
-// them, so they are shared.
-func spanAttrs(job queue.Job, attempt int) (intake, spans []attribute.KeyValue) {
+// attempt's those and its outcome and status, set when it ends (room for
+// the last two follows them). Spans keep their attributes until export, so
+// the array is never written after a span that shares it has ended: the
+// attempt's outcome goes past the queue span's end.
+func spanAttrs(job queue.Job, attempt int) (intake, spans []tracing.Attr) {
 	key := job.Key
 	if len(key) > queue.MaxKey {
 		key = key[:queue.MaxKey]
 	}
-	attrs := make([]attribute.KeyValue, 5, 7)
-	attrs[0], attrs[1], attrs[2], attrs[3], attrs[4] = intakeNATS, AttrLane.String(job.Lane), AttrKey.String(key), AttrJobID.String(job.ID), AttrAttempt.Int(attempt)
+	attrs := make([]tracing.Attr, 5, 7)
+	attrs[0], attrs[1], attrs[2], attrs[3], attrs[4] = intakeNATS, tracing.String(AttrLane, job.Lane), tracing.String(AttrKey, key),
+		tracing.String(AttrJobID, job.ID), tracing.Int(AttrAttempt, attempt)
 	return attrs[:4], attrs[1:5:7]
 }
 
@@ -135,41 +120,41 @@ func spanAttrs(job queue.Job, attempt int) (intake, spans []attribute.KeyValue) 
 // context (published on NATS without a traceparent, or stored while
 // tracing was off) in one trace of their own: its first span, the intake
 // (or else the queue span), is the root, and the later ones its children.
-func startRoot(ctx context.Context, tracer trace.Tracer, job queue.Job, intakeAttrs, jobAttrs []attribute.KeyValue, enqueued, stored, now time.Time) traced {
-	var root trace.Span
+func startRoot(tracer *tracing.Tracer, job queue.Job, attempt int, enqueued, stored, now time.Time) traced {
+	intakeAttrs, jobAttrs := spanAttrs(job, attempt)
+	var root tracing.Span
 	if !enqueued.IsZero() {
-		ctx, root = tracer.Start(ctx, "throttler.intake", kindConsumer, trace.WithTimestamp(enqueued), trace.WithAttributes(intakeAttrs...))
-		root.End(trace.WithTimestamp(enqueued))
-		_, q := tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...))
-		q.End(trace.WithTimestamp(now))
+		root = tracer.Start(tracectx.SpanContext{}, "throttler.intake", tracing.KindConsumer, enqueued)
+		root.Attrs = intakeAttrs
+		tracer.End(&root, enqueued)
+		q := tracer.Start(root.Context, "throttler.queue", tracing.KindInternal, stored)
+		q.Attrs = jobAttrs
+		tracer.End(&q, now)
 	} else {
-		ctx, root = tracer.Start(ctx, "throttler.queue", kindInternal, trace.WithTimestamp(stored), trace.WithAttributes(jobAttrs...))
-		root.End(trace.WithTimestamp(now))
+		root = tracer.Start(tracectx.SpanContext{}, "throttler.queue", tracing.KindInternal, stored)
+		root.Attrs = jobAttrs
+		tracer.End(&root, now)
 	}
-	dctx, d := tracer.Start(ctx, "throttler.dispatch", kindClient, trace.WithTimestamp(now))
-	return traced{ctx: dctx, out: job.Trace.Under(d.SpanContext()), span: d, attrs: jobAttrs}
+	d := tracer.Start(root.Context, "throttler.dispatch", tracing.KindClient, now)
+	d.Attrs = jobAttrs
+	return traced{out: job.Trace.Under(d.Context), tracer: tracer, span: d}
 }
 
 // end closes the attempt's span with the delivery's outcome.
-func (t traced) end(res dispatch.Result, at time.Time) {
-	if t.span == nil {
+func (t *traced) end(res dispatch.Result, at time.Time) {
+	if t.tracer == nil || !t.span.Sampled() {
 		return
 	}
-	if !t.span.IsRecording() {
-		t.span.End()
-		return
-	}
-	attrs := append(t.attrs, AttrOutcome.String(res.Verdict.String()))
+	attrs := append(t.span.Attrs, tracing.String(AttrOutcome, res.Verdict.String()))
 	if res.Status != 0 {
-		attrs = append(attrs, AttrStatus.Int(res.Status))
+		attrs = append(attrs, tracing.Int(AttrStatus, res.Status))
 	}
-	t.span.SetAttributes(attrs...)
+	t.span.Attrs = attrs
 	if res.Verdict != dispatch.Done {
-		msg := res.Verdict.String()
+		t.span.Error, t.span.ErrorMsg = true, res.Verdict.String()
 		if res.Err != nil {
-			msg = res.Err.Error()
+			t.span.ErrorMsg = res.Err.Error()
 		}
-		t.span.SetStatus(codes.Error, msg)
 	}
-	t.span.End(trace.WithTimestamp(at))
+	t.tracer.End(&t.span, at)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/apiserver"
@@ -41,6 +40,7 @@ import (
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // Service is one throttler instance. Create it with New and call Run once.
@@ -70,16 +70,17 @@ type Service struct {
 	// reloadConfig, when set, reads the config file again for Reload.
 	reloadConfig func() (config.Config, error)
 	// traces makes the intake, queue and attempt spans; nil: none.
-	traces trace.TracerProvider
+	traces *tracing.Tracer
 }
 
-// TraceWith makes the service record spans through tp: one for each
+// TraceWith makes the service record spans through t: one for each
 // submission, each job's wait in its queue and each delivery attempt
 // (docs/OPERATIONS.md, OpenTelemetry). Without it no span is made, and a
 // job's W3C trace context still travels from its submitter to its target.
-// The caller owns tp (and shuts it down after Run returns). Call it before
+// The caller owns t (runs its exports, and flushes it after Run
+// returns). Call it before
 // Run.
-func (s *Service) TraceWith(tp trace.TracerProvider) { s.traces = tp }
+func (s *Service) TraceWith(t *tracing.Tracer) { s.traces = t }
 
 // ReloadConfigWith makes Reload read the config file again through load
 // (the API keys in it and the callers section take effect; other settings

@@ -15,14 +15,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 	"github.com/throttler/throttler/internal/tracectx"
+	"github.com/throttler/throttler/internal/tracing"
 )
 
 // traceTarget is an HTTP target that records the trace headers of every
@@ -200,8 +199,8 @@ func TestTraceContextEndToEnd(t *testing.T) {
 	}
 }
 
-// TestTracingSpansReachOTLP (tracing on, a real OTLP/HTTP exporter and an
-// in-test receiver decoding its protobufs): a job submitted with a
+// TestTracingSpansReachOTLP (tracing on, the OTLP/HTTP exporter and an
+// in-test receiver decoding its protobufs with the OTLP message types): a job submitted with a
 // traceparent gets an intake span, a queue-wait span (linked to the
 // submitter's span) and an attempt span, all children of the submitter's
 // span in its trace; the target's traceparent names the attempt span as
@@ -214,14 +213,19 @@ func TestTracingSpansReachOTLP(t *testing.T) {
 	tt := newTraceTarget(t)
 	cfg := testConfig(t, t.TempDir(), tt.srv.URL+"/hook", 200, 50)
 	cfg.NATS.Listen = testenv.FreeAddr(t)
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(recv.URL+"/v1/traces"))
+	tr, err := tracing.New(tracing.Config{Endpoint: recv.URL + "/v1/traces", Sampler: tracing.DefaultSampler, Interval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(50*time.Millisecond)))
-	defer func() { _ = tp.Shutdown(context.Background()) }()
+	rctx, cancel := context.WithCancel(context.Background())
+	exporting := make(chan error, 1)
+	go func() { exporting <- tr.Run(rctx) }()
+	defer func() {
+		cancel()
+		<-exporting
+	}()
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
-	svc.TraceWith(tp)
+	svc.TraceWith(tr)
 	stop := servicetest.Run(t, svc)
 	addr := svc.Addr()
 
@@ -247,7 +251,7 @@ func TestTracingSpansReachOTLP(t *testing.T) {
 		return len(tt.attempts("with")) == 1 && len(tt.attempts("without")) == 1 && len(tt.attempts("published")) == 1
 	})
 	stop()
-	if err := tp.ForceFlush(context.Background()); err != nil {
+	if err := tr.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,8 +1,9 @@
 // Package tracectx reads, checks and writes W3C trace context (traceparent,
 // tracestate; https://www.w3.org/TR/trace-context/) and W3C baggage
 // (https://www.w3.org/TR/baggage/) as a job carries them from its submitter
-// to its target. It knows no NATS or HTTP, and of OpenTelemetry only its
-// trace API (a Context as the parent span context of the throttler's spans).
+// to its target, and a span's identity (SpanContext: the parent of the
+// throttler's spans, and what a target receives as its parent). It knows
+// no NATS, HTTP or OpenTelemetry.
 //
 // A Context is what the throttler stores with a job: the submitter's
 // traceparent (re-written in version 00 form), its tracestate and its

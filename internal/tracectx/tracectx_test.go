@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/throttler/throttler/internal/tracectx"
@@ -76,20 +75,20 @@ func TestUnder(t *testing.T) {
 		t.Fatal(err)
 	}
 	psc := c.SpanContext()
-	if !psc.IsValid() || !psc.IsRemote() || !psc.IsSampled() || psc.TraceState().Get("rojo") != "1" {
+	if !psc.IsValid() || !psc.Remote || !psc.Sampled() || psc.State != "rojo=1" {
 		t.Fatalf("parent span context %+v", psc)
 	}
-	sid := trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8}
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: psc.TraceID(), SpanID: sid, TraceFlags: psc.TraceFlags()})
+	sid := tracectx.SpanID{1, 2, 3, 4, 5, 6, 7, 8}
+	sc := tracectx.SpanContext{TraceID: psc.TraceID, SpanID: sid, Flags: psc.Flags}
 	ch := c.Under(sc)
 	tid, got, flags, err := tracectx.ParseParent(ch.Parent)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if trace.TraceID(tid) != psc.TraceID() || trace.SpanID(got) != sid || flags != 1 || ch.State != "rojo=1" || ch.Baggage != "k=v" {
+	if tid != psc.TraceID || got != sid || flags != 1 || ch.State != "rojo=1" || ch.Baggage != "k=v" {
 		t.Fatalf("child %+v of %+v", ch, c)
 	}
-	if same := c.Under(trace.SpanContext{}); same != c {
+	if same := c.Under(tracectx.SpanContext{}); same != c {
 		t.Fatalf("without a span: %+v, want %+v", same, c)
 	}
 	if (tracectx.Context{Baggage: "k=v"}).SpanContext().IsValid() {
