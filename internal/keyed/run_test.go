@@ -2,6 +2,7 @@ package keyed_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -154,5 +155,121 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("%s: not within %v", what, d)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestConcurrentSteps: as many steps run at once as lane slots fit in the
+// lookahead, from one (a lane whose period is the lookahead or more: every
+// step chooses at the lane's next slot) up to the bound.
+func TestConcurrentSteps(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want int
+	}{
+		{1, 1},
+		{10, 1},
+		{199, 1},
+		{200, 1}, // a period of 5 ms: the lookahead
+		{400, 2},
+		{1000, 5},
+		{5000, 25},
+		{6400, 32},
+		{100_000, 32},
+		{bucket.MaxRate, 32},
+	} {
+		if got := keyed.ConcurrentSteps(bucket.Limit{Rate: tc.rate, Burst: 1}); got != tc.want {
+			t.Errorf("rate %v: %d steps at once, want %d", tc.rate, got, tc.want)
+		}
+	}
+	if got := keyed.ConcurrentSteps(bucket.Limit{}); got != 32 {
+		t.Errorf("a zero limit (no period): %d steps at once, want 32", got)
+	}
+}
+
+// overlapReader is memReader whose reads wait (up to a second) until
+// another read is under way: a loop that reads one key at a time fails
+// its test, one that overlaps its steps passes.
+type overlapReader struct {
+	*memReader
+	mu       sync.Mutex
+	in, most int
+	cond     *sync.Cond
+}
+
+func (r *overlapReader) Next(ctx context.Context, key string, from uint64) (*memJob, bool, error) {
+	r.mu.Lock()
+	r.in++
+	r.most = max(r.most, r.in)
+	r.cond.Broadcast()
+	deadline := time.Now().Add(time.Second)
+	timer := time.AfterFunc(time.Second, func() { r.mu.Lock(); r.cond.Broadcast(); r.mu.Unlock() })
+	for r.in < 2 && time.Now().Before(deadline) && r.most < 2 {
+		r.cond.Wait()
+	}
+	timer.Stop()
+	r.in--
+	r.mu.Unlock()
+	return r.memReader.Next(ctx, key, from)
+}
+
+func (r *overlapReader) maxIn() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.most
+}
+
+// TestPacerOverlapsKeys: on the real clock, an uncapped lane reads and
+// reserves several keys at once (their round trips overlap), and every
+// key's jobs still start in its order, each once.
+func TestPacerOverlapsKeys(t *testing.T) {
+	const keys, each = 40, 3
+	r := &overlapReader{memReader: &memReader{}}
+	r.cond = sync.NewCond(&r.mu)
+	for j := range each {
+		for i := range keys {
+			r.add(fmt.Sprintf("k%02d", i), fmt.Sprintf("k%02d-%d", i, j))
+		}
+	}
+	var mu sync.Mutex
+	started := map[string][]string{}
+	total := 0
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: &bucket.Memory{Clock: clock.Real}, Claims: keyed.Local{},
+		Start: func(_ context.Context, j *memJob, done func()) {
+			mu.Lock()
+			started[j.key] = append(started[j.key], j.id)
+			total++
+			mu.Unlock()
+			r.remove(j.id)
+			done()
+		},
+		LaneLimit: func() bucket.Limit { return bucket.Limit{Rate: bucket.MaxRate, Burst: 1} },
+		KeyLimit:  func(string) bucket.Limit { return bucket.Limit{Rate: 1000, Burst: 1} },
+		KeyOpts:   oneEach, MaxInflight: 16,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { k.Run(ctx, ctx); close(ran) }()
+	eventually(t, 20*time.Second, "every job started", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return total == keys*each
+	})
+	cancel()
+	<-ran
+	if n := r.maxIn(); n < 2 {
+		t.Fatalf("at most %d reads under way at once, want several", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range keys {
+		key := fmt.Sprintf("k%02d", i)
+		want := []string{key + "-0", key + "-1", key + "-2"}
+		if !slices.Equal(started[key], want) {
+			t.Fatalf("key %s started %v, want %v (its order, each once)", key, started[key], want)
+		}
 	}
 }
