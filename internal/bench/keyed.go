@@ -174,7 +174,7 @@ type keyedFigure struct {
 	// sent (INFO commandstats, scripts counted once), and messages it sent
 	// to the nats-server (direct gets, deletes, fetches, acks: Varz in_msgs).
 	redisCalls, natsMsgs float64
-	rss, hwm   int64
+	rss, hwm             int64
 	// Redis pacer only: used_memory growth per key with every key active
 	// (and the Redis keys of the lane then: claims, key states), and per
 	// key once every key drained and went idle (idleNote says why not).
@@ -225,7 +225,7 @@ func (f keyedFigure) callsNote() string {
 func (f keyedFigure) plainRow(pacer string) Result {
 	return Result{
 		ID: Keyed, Scenario: "plain lane (no per_key) with backlog → sink, same process and sink, " + pacer + ": jobs/s · CPU/job · calls/job",
-		Ours: fmt.Sprintf("%s · %s CPU/job · %s", fmtRate(f.rate), fmtDur(f.cpuPerJob), f.callsNote()),
+		Ours:      fmt.Sprintf("%s · %s CPU/job · %s", fmtRate(f.rate), fmtDur(f.cpuPerJob), f.callsNote()),
 		Reference: "—", Ratio: "—", Goal: "— (measured)", Verdict: NoGoal,
 		Note: fmt.Sprintf("the reference of the keyed rows below: %s jobs stored before the start, figures over the first %s at the sink, lane uncapped, max_inflight %d",
 			fmtInt(int64(f.backlog)), fmtInt(int64(f.jobs)), keyedInflight),
