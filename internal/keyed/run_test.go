@@ -250,6 +250,11 @@ func TestPacerOverlapsKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A job whose slot was missed (woken late) goes back, as the queue
+	// tells the pacer.
+	r.memReader.mu.Lock()
+	r.memReader.onRequeue = k.Requeue
+	r.memReader.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { k.Run(ctx, ctx); close(ran) }()
