@@ -540,6 +540,29 @@ func (k *Pacer[T]) acquire(ctx context.Context, key string) (string, Full, error
 	return tok, Taken, nil
 }
 
+// acquireWhile starts acquire of key's leases on a goroutine of its own
+// and returns its answer's wait; without Leases there is no round trip to
+// overlap, and acquire runs when the answer is asked for.
+func (k *Pacer[T]) acquireWhile(ctx context.Context, key string) func() (string, Full, error) {
+	if k.cfg.Leases == nil {
+		return func() (string, Full, error) { return k.acquire(ctx, key) }
+	}
+	var (
+		tok  string
+		full Full
+		err  error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tok, full, err = k.acquire(ctx, key)
+	}()
+	return func() (string, Full, error) {
+		<-done
+		return tok, full, err
+	}
+}
+
 // releaseLease gives back the fleet-wide lease tok of key ("" holds none).
 func (k *Pacer[T]) releaseLease(ctx context.Context, key, tok string) {
 	if tok == "" {
@@ -846,7 +869,16 @@ func (k *Pacer[T]) choose(ctx, dispatch context.Context, st *steps) (rest, func(
 // permit p over); or says why not and how long the loop rests.
 func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string, now time.Time, p *permit) rest {
 	clk := k.cfg.Clock
+	// The read and the leases are two round trips to two stores: they
+	// overlap. A lease taken for a key with no job to read goes back.
+	lease := k.acquireWhile(ctx, key)
 	msg, readEpoch, ok, err := k.next(ctx, key)
+	tok, full, lerr := lease()
+	if err != nil || !ok {
+		if lerr == nil && full == Taken {
+			k.releaseLeaseAsync(ctx, key, tok)
+		}
+	}
 	if err != nil {
 		k.log.Warn("reading a key's next job failed", "key", key, "err", err)
 		k.sched.NotReady(key, now.Add(retryWait))
@@ -859,7 +891,7 @@ func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string,
 		return rest{}
 	}
 	keyLim := k.KeyLimit(key, now)
-	tok, full, err := k.acquire(ctx, key)
+	err = lerr
 	if err != nil || full != Taken {
 		wait := leasePoll
 		if err != nil {
