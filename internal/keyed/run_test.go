@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,9 +182,6 @@ func TestConcurrentSteps(t *testing.T) {
 			t.Errorf("rate %v: %d steps at once, want %d", tc.rate, got, tc.want)
 		}
 	}
-	if got := keyed.ConcurrentSteps(bucket.Limit{}); got != 32 {
-		t.Errorf("a zero limit (no period): %d steps at once, want 32", got)
-	}
 }
 
 // overlapReader is memReader whose reads wait (up to a second) until
@@ -277,4 +275,96 @@ func TestPacerOverlapsKeys(t *testing.T) {
 			t.Fatalf("key %s started %v, want %v (its order, each once)", key, started[key], want)
 		}
 	}
+}
+
+// countingDown is a pair store that is down, counting the reservations
+// asked of it.
+type countingDown struct{ calls atomic.Int64 }
+
+func (p *countingDown) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration) (bucket.PairReservation, error) {
+	p.calls.Add(1)
+	return bucket.PairReservation{}, errDown
+}
+
+// TestPacerDownRestsOverlappingSteps: with its steps overlapping (an
+// uncapped lane) and the pacer down, a failed reservation rests the whole
+// loop for retryWait, not only its key: 200 keys with jobs are not all
+// tried at once, only those whose steps were under way.
+func TestPacerDownRestsOverlappingSteps(t *testing.T) {
+	r := &memReader{}
+	for i := range 200 {
+		r.add(fmt.Sprintf("k%03d", i), fmt.Sprintf("j%03d", i))
+	}
+	pair := &countingDown{}
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: pair, Claims: keyed.Local{},
+		Start:     func(_ context.Context, _ *memJob, done func()) { done() },
+		LaneLimit: func() bucket.Limit { return bucket.Limit{Rate: bucket.MaxRate, Burst: 1} },
+		KeyLimit:  func(string) bucket.Limit { return bucket.Limit{Rate: 1000, Burst: 1} },
+		KeyOpts:   oneEach, MaxInflight: 64,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { k.Run(ctx, ctx); close(ran) }()
+	eventually(t, 10*time.Second, "a reservation asked", func() bool { return pair.calls.Load() > 0 })
+	// The first failure rests the loop 100 ms: at most the 32 steps under
+	// way by then ask, then as many at the retry.
+	start := time.Now()
+	for time.Since(start) < 150*time.Millisecond {
+		if n := pair.calls.Load(); n >= 150 {
+			t.Fatalf("%d reservations asked of a pacer that is down within %v, want the loop to rest", n, time.Since(start))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-ran
+}
+
+// TestPacerReadsWhileLeasing: with Leases, a step's read of the key's next
+// job and its acquire of the key's leases are under way at once (two
+// round trips to two stores).
+func TestPacerReadsWhileLeasing(t *testing.T) {
+	leasing := make(chan struct{})
+	var once sync.Once
+	r := &gatedReader{memReader: &memReader{}, gate: leasing}
+	r.add("a", "a1")
+	leases := &memLeases{onTake: func(string) { once.Do(func() { close(leasing) }) }}
+	var started atomic.Int64
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: &bucket.Memory{Clock: clock.Real}, Claims: keyed.Local{}, Leases: leases, Instance: "a",
+		Start:     func(_ context.Context, _ *memJob, done func()) { started.Add(1); done() },
+		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: oneEach, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { k.Run(ctx, ctx); close(ran) }()
+	eventually(t, 10*time.Second, "a1 started", func() bool { return started.Load() == 1 })
+	cancel()
+	<-ran
+	if r.waitedOut.Load() {
+		t.Fatal("the read waited a second for the acquire: they did not overlap")
+	}
+}
+
+// gatedReader is memReader whose reads wait (up to a second) for gate to
+// close.
+type gatedReader struct {
+	*memReader
+	gate      chan struct{}
+	waitedOut atomic.Bool
+}
+
+func (r *gatedReader) Next(ctx context.Context, key string, from uint64) (*memJob, bool, error) {
+	select {
+	case <-r.gate:
+	case <-time.After(time.Second):
+		r.waitedOut.Store(true)
+	}
+	return r.memReader.Next(ctx, key, from)
 }
