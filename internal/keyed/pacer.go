@@ -783,7 +783,7 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, st *steps, n int) rest {
 	if !st.slot(ctx, n) {
 		return rest{stop: true}
 	}
-	r, run := k.choose(ctx, dispatch, st, n > 1)
+	r, run := k.choose(ctx, dispatch, st)
 	if run == nil {
 		st.finish(rest{}, clk.Now(), false)
 		return r
@@ -804,7 +804,7 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, st *steps, n int) rest {
 // chooses a key due by then. It returns the rest of the loop when it chose
 // none, else run: the rest of the step for that key (reserve), which
 // returns the rest the loop takes after it.
-func (k *Pacer[T]) choose(ctx, dispatch context.Context, st *steps, pooled bool) (rest, func() rest) {
+func (k *Pacer[T]) choose(ctx, dispatch context.Context, st *steps) (rest, func() rest) {
 	clk := k.cfg.Clock
 	if k.cfg.Held != nil {
 		if wait := k.cfg.Held(); wait != nil {
@@ -860,16 +860,15 @@ func (k *Pacer[T]) choose(ctx, dispatch context.Context, st *steps, pooled bool)
 	q := p.handOver()
 	return rest{}, func() rest {
 		defer q.giveBack(false)
-		return k.reserve(ctx, dispatch, st, key, now, q, pooled)
+		return k.reserve(ctx, dispatch, st, key, now, q)
 	}
 }
 
 // reserve reads key's next job, takes its leases and reserves its slot,
-// and starts it at the slot on a goroutine of its own, or at once on this
-// one when it runs on a step goroutine (pooled) and the slot has come (the
-// job takes the permit p over); or says why not and how long the loop
-// rests.
-func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string, now time.Time, p *permit, pooled bool) rest {
+// and starts it at the slot on a goroutine of its own, or at once when the
+// slot has come (the job takes the permit p over); or says why not and how
+// long the loop rests.
+func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string, now time.Time, p *permit) rest {
 	clk := k.cfg.Clock
 	// The read and the leases are two round trips to two stores: they
 	// overlap. A lease taken for a key with no job to read goes back.
@@ -948,13 +947,12 @@ func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string,
 	// widened by that much.
 	maxLate := max(leaky.DefaultMaxLate, min(laneLim.Period(), keyLim.Period()))
 	j := &job[T]{key: key, tok: tok, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p.handOver()}
-	if pooled && prev == nil && !due.After(clk.Now()) {
-		// Due already, with no earlier job of its key to wait for: a step
-		// goroutine of the pool starts it at once (startAt neither sleeps
-		// nor waits then). A goroutine of its own would have to be
-		// scheduled first, and on a loaded machine, with many steps under
-		// way, that took past the lateness bound often enough to give up
-		// one slot in twenty.
+	if prev == nil && !due.After(clk.Now()) {
+		// Due already, with no earlier job of its key to wait for: the
+		// step starts it at once (startAt neither sleeps nor waits then).
+		// A goroutine of its own would have to be scheduled first, and on
+		// a loaded machine, with many steps under way, that took past the
+		// lateness bound often enough to give up one slot in twenty.
 		k.startAt(ctx, dispatch, j)
 		return rest{}
 	}
