@@ -56,6 +56,14 @@ func (k *Pacer[T]) TakeNext(ctx context.Context, key string, due time.Time, maxL
 	return msg, true
 }
 
+// StepSlots are the loop's step slots: take waits for one of n (false when
+// ctx ends first), finish gives one back.
+func StepSlots(n int) (take func(context.Context) bool, finish func()) {
+	st := &steps{done: make(chan struct{}, 1)}
+	return func(ctx context.Context) bool { return st.slot(ctx, n) },
+		func() { st.finish(rest{}, time.Time{}, true) }
+}
+
 // ConcurrentSteps is how many steps run at once under the lane's limit l.
 func ConcurrentSteps(l bucket.Limit) int { return concurrentSteps(l) }
 

@@ -663,11 +663,9 @@ const maxSteps = 32
 // a time: each chooses at the lane's next slot, as a cold key's first job
 // needs.
 func concurrentSteps(l bucket.Limit) int {
-	p := l.Period()
-	if p <= 0 {
-		return maxSteps
-	}
-	return min(max(int(lookahead/p), 1), maxSteps)
+	// A valid limit's period is at least 1 ns; max keeps an invalid one
+	// from dividing by zero.
+	return min(max(int(lookahead/max(l.Period(), 1)), 1), maxSteps)
 }
 
 // steps is the loop's state shared with the steps under way: the lane's

@@ -368,3 +368,38 @@ func (r *gatedReader) Next(ctx context.Context, key string, from uint64) (*memJo
 	}
 	return r.memReader.Next(ctx, key, from)
 }
+
+// TestStepSlots: at most n steps run at once; a step that ends frees its
+// slot for the next.
+func TestStepSlots(t *testing.T) {
+	take, finish := keyed.StepSlots(2)
+	ctx := context.Background()
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	steps := []struct {
+		take bool // else finish
+		ctx  context.Context
+		want bool
+	}{
+		{true, ctx, true},
+		{true, ctx, true},
+		{true, done, false}, // both slots taken: waits until ctx ends
+		{false, nil, false},
+		{true, ctx, true},
+		{true, done, false},
+		{false, nil, false},
+		{false, nil, false},
+		{true, ctx, true},
+		{true, ctx, true},
+		{true, done, false},
+	}
+	for i, s := range steps {
+		if !s.take {
+			finish()
+			continue
+		}
+		if got := take(s.ctx); got != s.want {
+			t.Fatalf("step %d: took a slot %v, want %v", i, got, s.want)
+		}
+	}
+}
