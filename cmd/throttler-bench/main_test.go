@@ -63,6 +63,8 @@ func TestSmokeStartsTheService(t *testing.T) {
 			"RSS of throttler holding 500 jobs",
 		}},
 		{"keyed", []string{"--keys", "20"}, []string{
+			"plain lane (no per_key) with backlog → sink, same process and sink, memory pacer",
+			"plain lane (no per_key) with backlog → sink, same process and sink, Redis pacer",
 			"keyed lane, 1 keys with backlog → sink, memory pacer",
 			"keyed lane, 20 keys with backlog → sink, memory pacer",
 			"keyed lane, 20 keys with backlog → sink, Redis pacer",

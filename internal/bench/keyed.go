@@ -110,6 +110,11 @@ func runKeyed(ctx context.Context, e *env) ([]Result, error) {
 	}
 	var rows []Result
 	for _, p := range pacers {
+		plain, err := e.keyedDrain(ctx, sk, p.redis, 0, measure)
+		if err != nil {
+			return rows, err
+		}
+		rows = append(rows, plain.plainRow(p.name))
 		ref, err := e.keyedDrain(ctx, sk, p.redis, 1, measure)
 		if err != nil {
 			return rows, err
@@ -130,6 +135,7 @@ func runKeyed(ctx context.Context, e *env) ([]Result, error) {
 			}
 		}
 		if at10k != nil {
+			rows = append(rows, at10k.vsPlain(plain, p.name, p.redis != ""))
 			ratio := at10k.cpuPerJob.Seconds() / ref.cpuPerJob.Seconds()
 			rows = append(rows, Result{
 				ID: Keyed, Scenario: "keyed lane, scheduling cost per job at 10,000 keys vs 1 key, " + p.name,
@@ -171,7 +177,11 @@ type keyedFigure struct {
 	rate       float64
 	cpuPerJob  time.Duration
 	missed     int64 // slots given up by then (throttler_slots_missed_total)
-	rss, hwm   int64
+	// Calls per job over the measured jobs: Redis commands the process
+	// sent (INFO commandstats, scripts counted once), and messages it sent
+	// to the nats-server (direct gets, deletes, fetches, acks: Varz in_msgs).
+	redisCalls, natsMsgs float64
+	rss, hwm             int64
 	// Redis pacer only: used_memory growth per key with every key active
 	// (and the Redis keys of the lane then: claims, key states), and per
 	// key once every key drained and went idle (idleNote says why not).
@@ -209,6 +219,47 @@ func (f keyedFigure) row(name string, ref *keyedFigure) Result {
 	return r
 }
 
+// callsNote says the calls per job of f.
+func (f keyedFigure) callsNote() string {
+	c := fmt.Sprintf("%.2f NATS msgs/job", f.natsMsgs)
+	if f.pacer == "redis" {
+		c = fmt.Sprintf("%.2f Redis calls/job · ", f.redisCalls) + c
+	}
+	return c
+}
+
+// plainRow is the row of the plain lane drained the same way (keys 0).
+func (f keyedFigure) plainRow(pacer string) Result {
+	return Result{
+		ID: Keyed, Scenario: "plain lane (no per_key) with backlog → sink, same process and sink, " + pacer + ": jobs/s · CPU/job · calls/job",
+		Ours:      fmt.Sprintf("%s · %s CPU/job · %s", fmtRate(f.rate), fmtDur(f.cpuPerJob), f.callsNote()),
+		Reference: "—", Ratio: "—", Goal: "— (measured)", Verdict: NoGoal,
+		Note: fmt.Sprintf("the reference of the keyed rows below: %s jobs stored before the start, figures over the first %s at the sink, lane uncapped, max_inflight %d",
+			fmtInt(int64(f.backlog)), fmtInt(int64(f.jobs)), keyedInflight),
+	}
+}
+
+// vsPlain compares a keyed drain with the plain drain of the same run:
+// jobs/s at least 0.5× (Redis pacer) or 0.7× (memory pacer), CPU per job
+// at most 2×.
+func (f keyedFigure) vsPlain(plain keyedFigure, pacer string, redis bool) Result {
+	goal := 0.7
+	if redis {
+		goal = 0.5
+	}
+	speed := f.rate / plain.rate
+	cpu := f.cpuPerJob.Seconds() / plain.cpuPerJob.Seconds()
+	return Result{
+		ID: Keyed, Scenario: fmt.Sprintf("keyed drain vs plain drain, %s keys, %s: jobs/s · CPU/job · calls/job", fmtInt(int64(f.keys)), pacer),
+		Ours:      fmt.Sprintf("%s · %s CPU/job · %s", fmtRate(f.rate), fmtDur(f.cpuPerJob), f.callsNote()),
+		Reference: fmt.Sprintf("plain: %s · %s CPU/job · %s", fmtRate(plain.rate), fmtDur(plain.cpuPerJob), plain.callsNote()),
+		Ratio:     fmt.Sprintf("%.2f× jobs/s · %.2f× CPU/job", speed, cpu),
+		Goal:      fmt.Sprintf("≥ %.2f× jobs/s · ≤ 2.00× CPU/job", goal),
+		Verdict:   verdict(speed >= goal && cpu <= 2),
+		Note:      "both drained by a throttler process of their own on the same nats-server, sink and Redis, one after the other",
+	}
+}
+
 func (f keyedFigure) redisRow() Result {
 	r := Result{
 		ID: Keyed, Scenario: fmt.Sprintf("keyed lane, Redis memory per active key · per idle key, %s keys", fmtInt(int64(f.keys))),
@@ -230,18 +281,19 @@ func (f keyedFigure) redisRow() Result {
 // keyName is the i-th key of a run.
 func keyName(i int) string { return fmt.Sprintf("customer-%06d", i) }
 
-// keyedDrain runs one keyed drain of n keys: see runKeyed.
+// keyedDrain runs one keyed drain of n keys: see runKeyed. With n 0 it
+// drains a plain lane (no per_key) the same way: the reference.
 func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, measure int) (keyedFigure, error) {
 	f := keyedFigure{pacer: "memory", keys: n, jobs: measure, keyRate: e.keyedKeyRate()}
 	if redisURL != "" {
 		f.pacer = "redis"
 	}
 	// Every key keeps jobs until the measured ones arrived (2 more each).
-	perKey := max(2, (measure+n-1)/n+2)
-	if n == 1 {
+	perKey := max(2, (measure+max(n, 1)-1)/max(n, 1)+2)
+	if n <= 1 {
 		perKey = measure + 2
 	}
-	f.backlog = n * perKey
+	f.backlog = max(n, 1) * perKey
 	keyRate := e.keyedKeyRate()
 	if n == 1 {
 		keyRate = bucket.MaxRate
@@ -249,6 +301,11 @@ func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, meas
 	lane := e.lane(fmt.Sprintf("keyed-%s-%d", f.pacer, n))
 	lo := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: keyedInflight, backlog: int64(2 * f.backlog),
 		perKey: &perKeyOpts{rate: keyRate, burst: 1}}
+	subject := func(i int) string { return queue.InternalSubject(lane, keyName(i%n)) }
+	if n == 0 {
+		lo.perKey = nil
+		subject = func(int) string { return queue.InternalSubject(lane, "") }
+	}
 	k, err := e.startKeyedEnv(ctx, fmt.Sprintf("keyed-%d", n), redisURL, sk, lane, lo)
 	if err != nil {
 		return f, err
@@ -259,7 +316,7 @@ func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, meas
 	// the keys' internal subjects, as the intake does, a round of keys at a
 	// time so that every key has jobs from the start.
 	start := time.Now()
-	err = publishSubjects(ctx, k.js, f.backlog, func(i int) string { return queue.InternalSubject(lane, keyName(i%n)) },
+	err = publishSubjects(ctx, k.js, f.backlog, subject,
 		drainPayload, func(d int) { e.prog.set(fmt.Sprintf("fill %s keys", fmtInt(int64(n))), d, f.backlog) })
 	if err != nil {
 		return f, err
@@ -292,6 +349,10 @@ func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, meas
 	if err != nil {
 		return f, err
 	}
+	calls0, msgs0, err := k.calls(ctx)
+	if err != nil {
+		return f, err
+	}
 	// At keyRate per key, fewer keys than jobs to measure take
 	// measure/n/keyRate s.
 	timeout := 5*time.Minute + time.Duration(float64(measure)/float64(max(1, min(n, 1000)))/keyRate*float64(time.Second))
@@ -304,6 +365,12 @@ func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, meas
 	if err != nil {
 		return f, err
 	}
+	calls1, msgs1, err := k.calls(ctx)
+	if err != nil {
+		return f, err
+	}
+	f.redisCalls = float64(calls1-calls0) / float64(max(1, a1-a0))
+	f.natsMsgs = float64(msgs1-msgs0) / float64(max(1, a1-a0))
 	mem, err := readStatus(c.pid())
 	if err != nil {
 		return f, err
@@ -312,7 +379,7 @@ func (e *env) keyedDrain(ctx context.Context, sk *sink, redisURL string, n, meas
 	f.missed = c.missed(ctx, lane)
 	f.rate = rate(a1-a0, t1.Sub(t0))
 	f.cpuPerJob = (cpu1 - cpu0) / time.Duration(max(1, a1-a0))
-	if k.rdb == nil {
+	if k.rdb == nil || n == 0 {
 		return f, nil
 	}
 
@@ -543,6 +610,47 @@ func (e *env) startKeyedEnv(ctx context.Context, name, redisURL string, sk *sink
 	}
 	c.stop()
 	return k, nil
+}
+
+// calls reads the Redis commands processed so far (INFO commandstats:
+// a script and the commands it ran count once; 0 without Redis) and the
+// messages the nats-server received from clients (Varz in_msgs).
+func (k *keyedEnv) calls(ctx context.Context) (redisCalls, natsMsgs int64, err error) {
+	v, err := k.srv.Varz(nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bench: nats varz: %w", err)
+	}
+	if k.rdb == nil {
+		return 0, v.InMsgs, nil
+	}
+	info, err := k.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("bench: redis info: %w", err)
+	}
+	// Calls of the commands a script runs are counted beside the
+	// script's own: count what a client sent.
+	inScripts := map[string]bool{"time": true, "get": true, "set": true, "del": true, "hset": true, "hget": true, "pexpire": true,
+		"zadd": true, "zrem": true, "zremrangebyscore": true, "zscore": true, "zcard": true, "zcount": true, "pttl": true}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, stats, ok := strings.Cut(rest, ":")
+		if !ok || inScripts[name] {
+			continue
+		}
+		for kv := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				c, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, 0, fmt.Errorf("bench: redis commandstats %q: %w", line, err)
+				}
+				redisCalls += c
+			}
+		}
+	}
+	return redisCalls, v.InMsgs, nil
 }
 
 func (k *keyedEnv) close() {

@@ -3,6 +3,8 @@ package keyed
 import (
 	"context"
 	"time"
+
+	"github.com/throttler/throttler/internal/bucket"
 )
 
 // Test access to the pacer's steps, for the tests in keyed_test (which may
@@ -54,6 +56,17 @@ func (k *Pacer[T]) TakeNext(ctx context.Context, key string, due time.Time, maxL
 	return msg, true
 }
 
+// StepSlots are the loop's step slots: take waits for one of n (false when
+// ctx ends first), finish gives one back.
+func StepSlots(n int) (take func(context.Context) bool, finish func()) {
+	st := &steps{done: make(chan struct{}, 1)}
+	return func(ctx context.Context) bool { return st.slot(ctx, n) },
+		func() { st.finish(rest{}, time.Time{}, true) }
+}
+
+// ConcurrentSteps is how many steps run at once under the lane's limit l.
+func ConcurrentSteps(l bucket.Limit) int { return concurrentSteps(l) }
+
 // WaitStarts waits for the jobs taken to start or go back.
 func (k *Pacer[T]) WaitStarts() { k.waiting.Wait() }
 
@@ -61,7 +74,9 @@ func (k *Pacer[T]) WaitStarts() { k.waiting.Wait() }
 // reports its rest: how long, whether the scheduler's news ends it, and
 // whether the run should stop.
 func (k *Pacer[T]) Step(ctx context.Context, laneNext *time.Time) (d time.Duration, wake, stop bool) {
-	r := k.step(ctx, ctx, laneNext)
+	st := &steps{laneNext: *laneNext, done: make(chan struct{}, 1)}
+	r := k.step(ctx, ctx, st, 1)
+	*laneNext = st.laneNext
 	return r.d, r.wake, r.stop
 }
 

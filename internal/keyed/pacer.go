@@ -540,6 +540,29 @@ func (k *Pacer[T]) acquire(ctx context.Context, key string) (string, Full, error
 	return tok, Taken, nil
 }
 
+// acquireWhile starts acquire of key's leases on a goroutine of its own
+// and returns its answer's wait; without Leases there is no round trip to
+// overlap, and acquire runs when the answer is asked for.
+func (k *Pacer[T]) acquireWhile(ctx context.Context, key string) func() (string, Full, error) {
+	if k.cfg.Leases == nil {
+		return func() (string, Full, error) { return k.acquire(ctx, key) }
+	}
+	var (
+		tok  string
+		full Full
+		err  error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tok, full, err = k.acquire(ctx, key)
+	}()
+	return func() (string, Full, error) {
+		<-done
+		return tok, full, err
+	}
+}
+
 // releaseLease gives back the fleet-wide lease tok of key ("" holds none).
 func (k *Pacer[T]) releaseLease(ctx context.Context, key, tok string) {
 	if tok == "" {
@@ -626,16 +649,82 @@ type rest struct {
 	stop bool // ctx ended
 }
 
-// loop chooses keys and reserves their slots, one at a time, a little ahead
-// of the lane's next slot; each job waits for its slot on its own
-// goroutine, so a key whose slot is further away never holds another.
+// maxSteps bounds the steps under way at once (concurrentSteps): the reads
+// and the reservations of that many keys overlap, so that a lane whose cap
+// does not bind drains at the pace of its round trips times maxSteps, not
+// one round trip (a direct get, a lease and a reservation) per job.
+const maxSteps = 32
+
+// concurrentSteps is how many steps may be under way at once under the
+// lane's limit l: as many as lane slots fit in the lookahead, so that the
+// lane's state is never taken further ahead than it is by one step (a key
+// that reserves early takes it up to lookahead ahead of now, see
+// lookahead). A lane with a period of lookahead or more takes one step at
+// a time: each chooses at the lane's next slot, as a cold key's first job
+// needs.
+func concurrentSteps(l bucket.Limit) int {
+	// A valid limit's period is at least 1 ns; max keeps an invalid one
+	// from dividing by zero.
+	return min(max(int(lookahead/max(l.Period(), 1)), 1), maxSteps)
+}
+
+// steps is the loop's state shared with the steps under way: the lane's
+// next slot as the last reservation saw it, how long the loop rests after
+// a step's refusal, and how many steps run.
+type steps struct {
+	mu       sync.Mutex
+	laneNext time.Time
+	until    time.Time // no choice before then (a step said rest)
+	running  int
+	// done hears that a step ended: a slot for the next one, and keys
+	// whose state it changed (they may be due before the loop's wait).
+	done chan struct{}
+	work chan func()
+	wg   sync.WaitGroup
+}
+
+// finish ends a step that asked to rest r from now; tell says it ran off
+// the loop's goroutine, which then hears of it (done).
+func (s *steps) finish(r rest, now time.Time, tell bool) {
+	s.mu.Lock()
+	s.running--
+	if r.d > 0 && now.Add(r.d).After(s.until) {
+		s.until = now.Add(r.d)
+	}
+	s.mu.Unlock()
+	if !tell {
+		return
+	}
+	select {
+	case s.done <- struct{}{}:
+	default:
+	}
+}
+
+// loop chooses keys and reserves their slots a little ahead of the lane's
+// next slot; each job waits for its slot on its own goroutine, so a key
+// whose slot is further away never holds another. Up to concurrentSteps
+// steps run at once (a key is in one step at a time: Sched.Next marks it
+// busy until the step says Started, NotReady or Empty); with one, each
+// step runs on the loop's goroutine and ends before the next choice.
 func (k *Pacer[T]) loop(ctx, dispatch context.Context) {
 	clk := k.cfg.Clock
-	laneNext := clk.Now()
+	st := &steps{laneNext: clk.Now(), done: make(chan struct{}, 1), work: make(chan func())}
+	for range maxSteps {
+		st.wg.Go(func() {
+			for f := range st.work {
+				f()
+			}
+		})
+	}
+	defer func() {
+		close(st.work)
+		st.wg.Wait()
+	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for ctx.Err() == nil {
-		r := k.step(ctx, dispatch, &laneNext)
+		r := k.step(ctx, dispatch, st, concurrentSteps(k.cfg.LaneLimit()))
 		if r.stop {
 			return
 		}
@@ -655,16 +744,65 @@ func (k *Pacer[T]) loop(ctx, dispatch context.Context) {
 			if !timer.Stop() {
 				<-timer.C
 			}
+		case <-st.done:
+			if !timer.Stop() {
+				<-timer.C
+			}
 		}
 	}
 }
 
-// step chooses one key at the lane's next slot (laneNext, moved by the
-// reservation), reads its next job, takes its leases and reserves its slot,
-// and starts it at the slot on a goroutine of its own; or says why not and
-// how long to rest. The permit it takes goes back when it returns, unless
-// a job took it over.
-func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest {
+// slot waits until fewer than n steps run and counts one more; false when
+// ctx ended first.
+func (st *steps) slot(ctx context.Context, n int) bool {
+	for {
+		st.mu.Lock()
+		if st.running < n {
+			st.running++
+			st.mu.Unlock()
+			return true
+		}
+		st.mu.Unlock()
+		select {
+		case <-st.done:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// step chooses one key at the lane's next slot (st.laneNext, moved by the
+// reservations) and hands it to reserve: on the loop's goroutine when one
+// step runs at a time (n), else on one of the loop's step goroutines. Or it
+// says why no key and how long to rest. The permit it takes goes back when
+// no job takes it over.
+func (k *Pacer[T]) step(ctx, dispatch context.Context, st *steps, n int) rest {
+	clk := k.cfg.Clock
+	if !st.slot(ctx, n) {
+		return rest{stop: true}
+	}
+	r, run := k.choose(ctx, dispatch, st)
+	if run == nil {
+		st.finish(rest{}, clk.Now(), false)
+		return r
+	}
+	if n == 1 {
+		r = run()
+		st.finish(rest{}, clk.Now(), false)
+		return r
+	}
+	// Never blocks for long: fewer than maxSteps steps run, and each step
+	// goroutine is back at the channel right after its finish.
+	st.work <- func() { st.finish(run(), clk.Now(), true) }
+	return rest{}
+}
+
+// choose takes a permit (and, in pull mode, a waiting worker's claim),
+// waits for the lane's next slot and the rest a step asked for, and
+// chooses a key due by then. It returns the rest of the loop when it chose
+// none, else run: the rest of the step for that key (reserve), which
+// returns the rest the loop takes after it.
+func (k *Pacer[T]) choose(ctx, dispatch context.Context, st *steps) (rest, func() rest) {
 	clk := k.cfg.Clock
 	if k.cfg.Held != nil {
 		if wait := k.cfg.Held(); wait != nil {
@@ -672,28 +810,32 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 			select {
 			case <-wait:
 			case <-ctx.Done():
-				return rest{stop: true}
+				return rest{stop: true}, nil
 			}
 		}
 	}
 	select {
 	case k.permits <- struct{}{}:
 	case <-ctx.Done():
-		return rest{stop: true}
+		return rest{stop: true}, nil
 	}
 	p := &permit{release: k.giveBackFn}
 	defer p.giveBack(false)
+	st.mu.Lock()
+	laneNext, until := st.laneNext, st.until
+	st.mu.Unlock()
 	// Choose at the lane's next slot (less the lookahead), not before: a
-	// key that gets jobs meanwhile competes for it.
-	if clk.Sleep(ctx, laneNext.Add(-lookahead).Sub(clk.Now())) != nil { // none when due
-		return rest{stop: true}
+	// key that gets jobs meanwhile competes for it. A step's refusal (the
+	// lane full across the fleet, the pacer down) rests the loop too.
+	if clk.Sleep(ctx, later(laneNext.Add(-lookahead), until).Sub(clk.Now())) != nil { // none when due
+		return rest{stop: true}, nil
 	}
 	// Pull mode: a slot is reserved only for a worker waiting here, as on
 	// unkeyed lanes; a job that does not start gives the claim back with
 	// the permit.
 	if w := k.cfg.Workers; w != nil {
 		if _, err := w.Claim(ctx, 1); err != nil {
-			return rest{stop: true}
+			return rest{stop: true}, nil
 		}
 		p.worker = true
 	}
@@ -711,9 +853,31 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 			wait = longest
 		}
 		wait = min(wait, longest)
-		return rest{d: wait - lookahead, wake: true}
+		return rest{d: wait - lookahead, wake: true}, nil
 	}
+	q := p.handOver()
+	return rest{}, func() rest {
+		defer q.giveBack(false)
+		return k.reserve(ctx, dispatch, st, key, now, q)
+	}
+}
+
+// reserve reads key's next job, takes its leases and reserves its slot,
+// and starts it at the slot on a goroutine of its own, or at once when the
+// slot has come (the job takes the permit p over); or says why not and how
+// long the loop rests.
+func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string, now time.Time, p *permit) rest {
+	clk := k.cfg.Clock
+	// The read and the leases are two round trips to two stores: they
+	// overlap. A lease taken for a key with no job to read goes back.
+	lease := k.acquireWhile(ctx, key)
 	msg, readEpoch, ok, err := k.next(ctx, key)
+	tok, full, lerr := lease()
+	if err != nil || !ok {
+		if lerr == nil && full == Taken {
+			k.releaseLeaseAsync(ctx, key, tok)
+		}
+	}
 	if err != nil {
 		k.log.Warn("reading a key's next job failed", "key", key, "err", err)
 		k.sched.NotReady(key, now.Add(retryWait))
@@ -726,7 +890,7 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 		return rest{}
 	}
 	keyLim := k.KeyLimit(key, now)
-	tok, full, err := k.acquire(ctx, key)
+	err = lerr
 	if err != nil || full != Taken {
 		wait := leasePoll
 		if err != nil {
@@ -750,7 +914,9 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 		return rest{d: retryWait}
 	}
 	k.cfg.Observer.PacerDown(false, nil)
-	*laneNext = now.Add(res.LaneNext)
+	st.mu.Lock()
+	st.laneNext = now.Add(res.LaneNext)
+	st.mu.Unlock()
 	if !res.OK {
 		k.releaseLeaseAsync(ctx, key, tok)
 		k.sched.NotReady(key, now.Add(res.KeyNext))
@@ -779,6 +945,15 @@ func (k *Pacer[T]) step(ctx, dispatch context.Context, laneNext *time.Time) rest
 	// widened by that much.
 	maxLate := max(leaky.DefaultMaxLate, min(laneLim.Period(), keyLim.Period()))
 	j := &job[T]{key: key, tok: tok, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p.handOver()}
+	if prev == nil && !due.After(clk.Now()) {
+		// Due already, with no earlier job of its key to wait for: the
+		// step starts it at once (startAt neither sleeps nor waits then).
+		// A goroutine of its own would have to be scheduled first, and on
+		// a loaded machine, with many steps under way, that took past the
+		// lateness bound often enough to give up one slot in twenty.
+		k.startAt(ctx, dispatch, j)
+		return rest{}
+	}
 	go k.startAt(ctx, dispatch, j)
 	return rest{}
 }

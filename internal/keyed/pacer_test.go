@@ -1493,3 +1493,35 @@ func TestPacerLatenessBound(t *testing.T) {
 func positive(ds []time.Duration) []time.Duration {
 	return slices.DeleteFunc(ds, func(d time.Duration) bool { return d <= 0 })
 }
+
+// TestPacerLeaseWithoutJobGoesBack: a step takes a key's leases while it
+// reads the key's next job (two round trips that overlap); when there is
+// no job to read, or the read fails, the leases go back.
+func TestPacerLeaseWithoutJobGoesBack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail bool
+	}{{"no job", false}, {"read failed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessOpts{leases: true})
+			h.r.add("a", "a1")
+			h.k.Claim(h.ctx, "a")
+			h.r.remove("a1") // settled elsewhere since
+			if tc.fail {
+				h.r.mu.Lock()
+				h.r.nextErr = errDown
+				h.r.mu.Unlock()
+			}
+			if got := h.step(0); got.started != "" {
+				t.Fatalf("started %q with nothing to read", got.started)
+			}
+			h.k.WaitReleases()
+			if n := h.leases.count(); n != 0 {
+				t.Fatalf("%d leases held after a step that read no job, want 0", n)
+			}
+			if n := h.k.HeldLeases(); n != 0 {
+				t.Fatalf("%d tokens kept after a step that read no job, want 0", n)
+			}
+		})
+	}
+}

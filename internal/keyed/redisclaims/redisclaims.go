@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,6 +51,12 @@ type Config struct {
 type Claims struct {
 	c   rediser
 	cfg Config
+
+	// Per lane, the in-flight leases taken and given back at the same
+	// time go in one script call each (combiner).
+	mu       sync.Mutex
+	acquires map[string]*combiner[acquireReq, keyed.Full]
+	releases map[string]*combiner[releaseReq, struct{}]
 }
 
 var _ keyed.Claims = (*Claims)(nil)
@@ -71,7 +78,7 @@ func New(client rediser, cfg Config) *Claims {
 	if cfg.InflightLease <= 0 {
 		cfg.InflightLease = 15 * time.Second
 	}
-	return &Claims{c: client, cfg: cfg}
+	return &Claims{c: client, cfg: cfg, acquires: map[string]*combiner[acquireReq, keyed.Full]{}, releases: map[string]*combiner[releaseReq, struct{}]{}}
 }
 
 var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
@@ -261,36 +268,52 @@ var _ keyed.Leases = (*Claims)(nil)
 // "<prefix>:{<lane>}:kin:<key>" for each key. A deadline that has passed
 // frees its lease; the sets expire with their last one.
 
-// acquireScript: KEYS[1] the lane's set, KEYS[2] the key's; ARGV[1] the
-// token, ARGV[2] laneMax, ARGV[3] keyMax, ARGV[4] the lease in ms. It
-// returns 0 (taken), 1 (key full) or 2 (lane full).
+// acquireScript takes leases in order, each as alone: KEYS[1] the lane's
+// set, KEYS[i] (i ≥ 2) the key set of the (i-1)-th lease; ARGV[1] the lease
+// in ms, then per lease its token, keyMax and laneMax. It returns per lease
+// 0 (taken, or held by the token already), 1 (key full) or 2 (lane full).
 var acquireScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 2 end
-local lease = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], lease)
-redis.call('PEXPIRE', KEYS[2], lease)
-return 0
+local out = {}
+local added = false
+for i = 2, #KEYS do
+  local tok = ARGV[3 * i - 4]
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  if redis.call('ZSCORE', KEYS[i], tok) then
+    out[#out + 1] = 0
+  elseif redis.call('ZCARD', KEYS[i]) >= tonumber(ARGV[3 * i - 3]) then
+    out[#out + 1] = 1
+  elseif redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3 * i - 2]) then
+    out[#out + 1] = 2
+  else
+    redis.call('ZADD', KEYS[1], now + lease, tok)
+    redis.call('ZADD', KEYS[i], now + lease, tok)
+    redis.call('PEXPIRE', KEYS[i], lease)
+    added = true
+    out[#out + 1] = 0
+  end
+end
+if added then redis.call('PEXPIRE', KEYS[1], lease) end
+return out
 `)
 
-// releaseLeaseScript removes ARGV[1] and the lapsed leases from KEYS[1] and
-// KEYS[2].
+// releaseLeaseScript gives leases back: KEYS[1] the lane's set, KEYS[i]
+// (i ≥ 2) the key set of token ARGV[i-1]. It removes each token and the
+// lapsed leases of the sets.
 var releaseLeaseScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 1, 2 do
-  redis.call('ZREM', KEYS[i], ARGV[1])
+for i = 2, #KEYS do
+  redis.call('ZREM', KEYS[1], ARGV[i - 1])
+  redis.call('ZREM', KEYS[i], ARGV[i - 1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return 0
 `)
 
@@ -318,41 +341,111 @@ if #KEYS > 1 then redis.call('PEXPIRE', KEYS[1], lease) end
 return 0
 `)
 
-// Acquire implements keyed.Leases.
-func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, keyMax int) (keyed.Full, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
+// acquireReq is one lease to take.
+type acquireReq struct {
+	key, token      string
+	laneMax, keyMax int
+}
+
+// releaseReq is one lease to give back.
+type releaseReq struct{ key, token string }
+
+// acquirer is lane's combiner of lease acquires.
+func (c *Claims) acquirer(lane string) *combiner[acquireReq, keyed.Full] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.acquires[lane]
+	if m == nil {
+		m = &combiner[acquireReq, keyed.Full]{send: func(ctx context.Context, reqs []acquireReq) ([]keyed.Full, error) {
+			return c.acquire(ctx, lane, reqs)
+		}}
+		c.acquires[lane] = m
 	}
-	head := c.head(lane)
-	n, err := acquireScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token, laneMax, keyMax, c.cfg.InflightLease.Milliseconds()).Int64()
+	return m
+}
+
+// releaser is lane's combiner of lease releases.
+func (c *Claims) releaser(lane string) *combiner[releaseReq, struct{}] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.releases[lane]
+	if m == nil {
+		m = &combiner[releaseReq, struct{}]{send: func(ctx context.Context, reqs []releaseReq) ([]struct{}, error) {
+			return make([]struct{}, len(reqs)), c.release(ctx, lane, reqs)
+		}}
+		c.releases[lane] = m
+	}
+	return m
+}
+
+// Acquire implements keyed.Leases. Acquires made at the same time on lane
+// go to Redis in one script call, taken in order, each as alone.
+func (c *Claims) Acquire(ctx context.Context, lane, key, token string, laneMax, keyMax int) (keyed.Full, error) {
+	full, err := c.acquirer(lane).do(ctx, acquireReq{key: key, token: token, laneMax: laneMax, keyMax: keyMax})
 	if err != nil {
 		return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a lease of %s/%s: %w", lane, key, err)
 	}
-	switch n {
-	case 0:
-		return keyed.Taken, nil
-	case 1:
-		return keyed.KeyFull, nil
-	case 2:
-		return keyed.LaneFull, nil
-	}
-	return keyed.LaneFull, fmt.Errorf("redisclaims: acquire a lease of %s/%s: answer %d", lane, key, n)
+	return full, nil
 }
 
-// ReleaseLease implements keyed.Leases.
-func (c *Claims) ReleaseLease(ctx context.Context, lane, key, token string) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+// acquire takes reqs' leases in one script call.
+func (c *Claims) acquire(ctx context.Context, lane string, reqs []acquireReq) ([]keyed.Full, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	head := c.head(lane)
-	if err := releaseLeaseScript.Run(ctx, c.c, []string{head + "inflight", head + "kin:" + key}, token).Err(); err != nil {
+	rk := make([]string, 0, len(reqs)+1)
+	args := make([]any, 0, 3*len(reqs)+1)
+	rk = append(rk, head+"inflight")
+	args = append(args, c.cfg.InflightLease.Milliseconds())
+	for _, r := range reqs {
+		rk = append(rk, head+"kin:"+r.key)
+		args = append(args, r.token, r.keyMax, r.laneMax)
+	}
+	reply, err := acquireScript.Run(ctx, c.c, rk, args...).Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(reply) != len(reqs) {
+		return nil, fmt.Errorf("%d answers to %d leases", len(reply), len(reqs))
+	}
+	out := make([]keyed.Full, len(reqs))
+	for i, n := range reply {
+		switch n {
+		case 0:
+			out[i] = keyed.Taken
+		case 1:
+			out[i] = keyed.KeyFull
+		case 2:
+			out[i] = keyed.LaneFull
+		default:
+			return nil, fmt.Errorf("answer %d", n)
+		}
+	}
+	return out, nil
+}
+
+// ReleaseLease implements keyed.Leases. Releases made at the same time on
+// lane go to Redis in one script call.
+func (c *Claims) ReleaseLease(ctx context.Context, lane, key, token string) error {
+	if _, err := c.releaser(lane).do(ctx, releaseReq{key: key, token: token}); err != nil {
 		return fmt.Errorf("redisclaims: release a lease of %s/%s: %w", lane, key, err)
 	}
 	return nil
+}
+
+// release gives reqs' leases back in one script call.
+func (c *Claims) release(ctx context.Context, lane string, reqs []releaseReq) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	head := c.head(lane)
+	rk := make([]string, 0, len(reqs)+1)
+	args := make([]any, 0, len(reqs))
+	rk = append(rk, head+"inflight")
+	for _, r := range reqs {
+		rk = append(rk, head+"kin:"+r.key)
+		args = append(args, r.token)
+	}
+	return releaseLeaseScript.Run(ctx, c.c, rk, args...).Err()
 }
 
 // heldScript counts the live leases of KEYS[1].

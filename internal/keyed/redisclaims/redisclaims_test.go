@@ -2,7 +2,10 @@ package redisclaims_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,5 +168,85 @@ func TestLeasesBoundTheFleet(t *testing.T) {
 	}
 	if n, err := client.Exists(ctx, "thr:{demo}:inflight", "thr:{demo}:kin:k", "thr:{demo}:kin:j").Result(); err != nil || n != 0 {
 		t.Fatalf("%d lease sets left with nothing in flight (%v)", n, err)
+	}
+}
+
+// countingScripter counts the script calls sent to Redis.
+type countingScripter struct {
+	*redis.Client
+	calls atomic.Int64
+}
+
+func (c *countingScripter) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	c.calls.Add(1)
+	return c.Client.EvalSha(ctx, sha1, keys, args...)
+}
+
+func (c *countingScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	c.calls.Add(1)
+	return c.Client.Eval(ctx, script, keys, args...)
+}
+
+// TestLeasesCombined: leases taken and given back at the same time by
+// many callers go to Redis in fewer script calls than callers, and each is
+// answered as if alone: of 64 keys asking at once under a lane bound of
+// 10, exactly 10 are taken; once all are given back no lease set is left.
+func TestLeasesCombined(t *testing.T) {
+	ctx := context.Background()
+	client := &countingScripter{Client: redis.NewClient(&redis.Options{Addr: testenv.StartRedis(t).Addr})}
+	t.Cleanup(func() { client.Client.Close() })
+	c := redisclaims.New(client, redisclaims.Config{Instance: "a"})
+	if _, err := c.Acquire(ctx, "demo", "warm", "w", 10, 1); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := c.ReleaseLease(ctx, "demo", "warm", "w"); err != nil {
+		t.Fatal(err)
+	}
+	client.calls.Store(0)
+	const callers = 64
+	got := make([]keyed.Full, callers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			var err error
+			if got[i], err = c.Acquire(ctx, "demo", fmt.Sprintf("k%d", i), fmt.Sprintf("t%d", i), 10, 1); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	taken := 0
+	for _, f := range got {
+		switch f {
+		case keyed.Taken:
+			taken++
+		case keyed.LaneFull:
+		default:
+			t.Fatalf("answers %v: one key each, so only the lane may be full", got)
+		}
+	}
+	if taken != 10 {
+		t.Fatalf("%d leases taken under a lane bound of 10 (answers %v)", taken, got)
+	}
+	if n, err := client.ZCard(ctx, "thr:{demo}:inflight").Result(); err != nil || n != 10 {
+		t.Fatalf("lane leases held: %d, %v, want 10", n, err)
+	}
+	for i := range callers {
+		wg.Go(func() {
+			if err := c.ReleaseLease(ctx, "demo", fmt.Sprintf("k%d", i), fmt.Sprintf("t%d", i)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := client.calls.Load(); n >= 2*callers {
+		t.Fatalf("%d script calls for %d acquires and %d releases made at once, want fewer", n, callers, callers)
+	}
+	keys, err := client.Keys(ctx, "thr:{demo}:*").Result()
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("Redis keys left with nothing in flight: %v (%v)", keys, err)
 	}
 }
