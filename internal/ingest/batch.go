@@ -495,15 +495,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			if keeps {
 				h.undoRecord(toStore[j], &submission{rev: toStore[j].RecordRev})
 			}
-			switch err = storeRefusal(name, lane, err); {
-			case errors.Is(err, queue.ErrFull):
-				fail(i, err, "storage_full")
-			case errors.Is(err, queue.ErrBacklogFull):
-				fail(i, err, "backlog_full")
-			default:
-				fail(i, err, "queue_unavailable")
-				h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
-			}
+			h.refuseStore(func(err error, reason string) { fail(i, err, reason) }, name, lane, err, "publish")
 			continue
 		}
 		id := jobs[i].job.ID

@@ -572,15 +572,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	stored := time.Now()
 	if err != nil {
 		h.undoRecord(job, &sub)
-		switch err = storeRefusal(name, lane, err); {
-		case errors.Is(err, queue.ErrFull):
-			rj.reject(err, "storage_full")
-		case errors.Is(err, queue.ErrBacklogFull):
-			rj.reject(err, "backlog_full")
-		default:
-			rj.reject(err, "queue_unavailable")
-			h.cfg.Logger.Warn("publish failed", "lane", name, "err", err)
-		}
+		h.refuseStore(rj.reject, name, lane, err, "publish")
 		return
 	}
 	if seqID {

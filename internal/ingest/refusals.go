@@ -236,3 +236,18 @@ func storeRefusal(name string, lane Lane, err error) error {
 func refusalOf(err error, format string, args ...any) *Refusal {
 	return &Refusal{Err: err, Detail: fmt.Sprintf(format, args...)}
 }
+
+// refuseStore answers, through reject, a job that could not be stored: the
+// problem of storeRefusal, counted by reason; an unavailable queue is also
+// logged ("<what> failed").
+func (h *Handler) refuseStore(reject func(error, string), name string, lane Lane, err error, what string) {
+	switch err = storeRefusal(name, lane, err); {
+	case errors.Is(err, queue.ErrFull):
+		reject(err, "storage_full")
+	case errors.Is(err, queue.ErrBacklogFull):
+		reject(err, "backlog_full")
+	default:
+		reject(err, "queue_unavailable")
+		h.cfg.Logger.Warn(what+" failed", "lane", name, "err", err)
+	}
+}

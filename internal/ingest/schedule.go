@@ -90,15 +90,7 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
 	if err != nil {
 		h.undoRecord(job, &rec)
-		switch err = storeRefusal(name, lane, err); {
-		case errors.Is(err, queue.ErrFull):
-			rj.reject(err, "storage_full")
-		case errors.Is(err, queue.ErrBacklogFull):
-			rj.reject(err, "backlog_full")
-		default:
-			rj.reject(err, "queue_unavailable")
-			h.cfg.Logger.Warn("storing a delayed job failed", "lane", name, "err", err)
-		}
+		h.refuseStore(rj.reject, name, lane, err, "storing a delayed job")
 		return
 	}
 	out := api.Accepted{ID: job.ID, Lane: name, State: api.StateScheduled, Duplicate: res.Duplicate,
@@ -173,15 +165,7 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 	res, err := h.cfg.Scheduler.Schedule(ctx, job)
 	if err != nil {
 		h.undoRecord(job, &rec)
-		switch err = storeRefusal(name, lane, err); {
-		case errors.Is(err, queue.ErrFull):
-			fail(err, "storage_full")
-		case errors.Is(err, queue.ErrBacklogFull):
-			fail(err, "backlog_full")
-		default:
-			fail(err, "queue_unavailable")
-			h.cfg.Logger.Warn("storing a delayed job failed", "lane", name, "err", err)
-		}
+		h.refuseStore(fail, name, lane, err, "storing a delayed job")
 		return
 	}
 	*out = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: api.StateScheduled, Duplicate: res.Duplicate,
