@@ -28,7 +28,7 @@ import (
 
 // The tests that check G1's windows at the target (leader kill, Sentinel
 // failover, Redis Cluster, Redis restarted empty) run one at a time: each
-// measures the stalls of the process while it runs (stallMeter) and widens
+// measures the stalls of the process while it runs (testenv.StallMeter) and widens
 // its window check by three times the worst, and a sibling's clusters
 // starting and failing over beside it would stall the process enough that
 // a double grant (a whole burst) fits in the allowance. The tests that
@@ -49,14 +49,14 @@ type arrival struct {
 // with the stall meter of the test that owns it.
 type target struct {
 	srv    *httptest.Server
-	stalls *stallMeter
+	stalls *testenv.StallMeter
 	mu     sync.Mutex
 	got    []arrival
 }
 
 func newTarget(t *testing.T) *target {
 	t.Helper()
-	tg := &target{stalls: startStallMeter(t)}
+	tg := &target{stalls: testenv.StartStallMeter(t)}
 	tg.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now()
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -339,60 +339,18 @@ func busiest(at []arrival, lane string, w time.Duration) (int, time.Time) {
 // the jitter between a slot and its arrival at the target.
 func (tg *target) checkWindows(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW time.Duration) {
 	t.Helper()
-	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+3*tg.stalls.worstStall())
+	checkWindowsTol(t, at, lane, l, maxW, tolerance(l)+3*tg.stalls.WorstStall())
 }
 
-// stallMeter measures how late this test process gets to run: a goroutine
-// that sleeps 5 ms at a time records the worst oversleep. The instances and
-// the target share the process; when it is held off the CPU (a loaded
-// machine, a GC pause), arrivals wait too and then come together, a clump
-// the throttler did not start. checkWindows widens its tolerance by three
-// times the worst stall seen: a job crosses two goroutines on its way (the
-// dispatch and the target's handler), each may be held, and after a stall
-// the work held back queues for a while longer than the stall itself (seen
-// in TestRedisClusterHundredLanes, 300 drains in one process, on lanes that
-// never paused). It judges the throttler, not the machine; a real double
-// grant shows as a whole burst or more, beyond it. Each test has its own,
-// from its target's start to its end: it sees the stalls that the tests
-// running beside it cause too, as its arrivals do.
-type stallMeter struct {
-	mu    sync.Mutex
-	worst time.Duration
-}
-
-// startStallMeter measures until t ends, then logs the worst stall.
-func startStallMeter(t *testing.T) *stallMeter {
-	m := &stallMeter{}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			before := time.Now()
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			late := time.Since(before) - 5*time.Millisecond
-			m.mu.Lock()
-			m.worst = max(m.worst, late)
-			m.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		close(stop)
-		<-done
-		t.Logf("worst stall of the test process while the test ran: %v", m.worstStall().Round(time.Millisecond))
-	})
-	return m
-}
-
-// worstStall is the longest stall seen so far.
-func (m *stallMeter) worstStall() time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.worst
-}
+// The worst stall of the test process (testenv.StallMeter) widens
+// checkWindows's tolerance by three times: a job crosses two goroutines on
+// its way (the dispatch and the target's handler), each may be held, and
+// after a stall the work held back queues for a while longer than the
+// stall itself (seen in TestRedisClusterHundredLanes, 300 drains in one
+// process, on lanes that never paused). It judges the throttler, not the
+// machine; a real double grant shows as a whole burst or more, beyond it.
+// Each test has its own, from its target's start to its end: it sees the
+// stalls that the tests running beside it cause too, as its arrivals do.
 
 // checkWindowsTol is checkWindows with a given jitter tolerance.
 func checkWindowsTol(t *testing.T, at []arrival, lane string, l bucket.Limit, maxW, tol time.Duration) {

@@ -414,7 +414,7 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 
 	// per jobs per receiver, in batches of 1,000 items: job j of each
 	// receiver before job j+1. Stalls count from here: the deliveries'.
-	stalls := startStallMeter(t)
+	stalls := testenv.StartStallMeter(t)
 	for j := range per {
 		var items []string
 		for i := range receivers {
@@ -456,7 +456,7 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 	// receivers: three times the worst stall measured (the fleet tests'
 	// stall meter, same reasoning). A key paced at another rate is 167 ms
 	// or more off; one paced at the lane's rate, a whole period.
-	jitter := 20*time.Millisecond + 3*stalls.worstStall()
+	jitter := 20*time.Millisecond + 3*stalls.WorstStall()
 	for i := range receivers {
 		cs := byKey[key(i)]
 		period := time.Duration(float64(time.Second) / rate(i))
@@ -487,45 +487,3 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 // polling client's timeout.
 var batchClient = &http.Client{Timeout: 2 * time.Minute}
 
-// stallMeter measures how late this test process gets to run: a goroutine
-// that sleeps 5 ms at a time records the worst oversleep (as in
-// internal/fleet). When the process is held off the CPU, arrivals at a
-// target in it wait too, and come closer together than their starts.
-type stallMeter struct {
-	mu    sync.Mutex
-	worst time.Duration
-}
-
-// startStallMeter measures until t ends, then logs the worst stall.
-func startStallMeter(t *testing.T) *stallMeter {
-	m := &stallMeter{}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			before := time.Now()
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			late := time.Since(before) - 5*time.Millisecond
-			m.mu.Lock()
-			m.worst = max(m.worst, late)
-			m.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		close(stop)
-		<-done
-		t.Logf("worst stall of the test process while the test ran: %v", m.worstStall().Round(time.Millisecond))
-	})
-	return m
-}
-
-// worstStall is the longest stall seen so far.
-func (m *stallMeter) worstStall() time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.worst
-}
