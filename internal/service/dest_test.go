@@ -486,4 +486,3 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 // batchClient sends the large batches, which may take longer than the
 // polling client's timeout.
 var batchClient = &http.Client{Timeout: 2 * time.Minute}
-
