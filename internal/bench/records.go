@@ -44,14 +44,21 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	}
 	defer tg.close()
 	on, off := e.lane("recon"), e.lane("recoff")
+	don, doff := e.lane("drainon"), e.lane("drainoff")
 	get, waited, held := e.lane("recget"), e.lane("recwait"), e.lane("recheld")
 	slow := laneOpts{rate: 1, burst: 1, inflight: drainInflight, backlog: 100_000_000}
 	withRec := slow
 	withRec.results = true
 	fast := laneOpts{rate: 1000, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
 	quick := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: 100_000_000, results: true}
+	// The drained lanes run at the highest rate from the start, held
+	// (paused) while they are filled: a slow lane's rate raised later
+	// would keep the slots its drain reserved ahead.
+	drainOff := laneOpts{rate: bucket.MaxRate, burst: 1, inflight: drainInflight, backlog: 100_000_000}
+	drainOn := drainOff
+	drainOn.results = true
 	cfg, err := e.serviceConfig(svcOpts{conns: 2048, dataDir: e.dir("records"), target: sk.URL,
-		lanes: map[string]laneOpts{on: withRec, off: slow, get: fast, waited: quick, held: withRec}})
+		lanes: map[string]laneOpts{on: withRec, off: slow, get: fast, waited: quick, held: withRec, don: drainOn, doff: drainOff}})
 	if err != nil {
 		return nil, err
 	}
@@ -69,6 +76,11 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	client := newClient(ingestConns)
 	defer client.CloseIdleConnections()
 	var rows []Result
+	for _, lane := range []string{don, doff} {
+		if _, err := patch(ctx, client, base+lane, `{"paused":true}`); err != nil {
+			return nil, err
+		}
+	}
 
 	// Intake, records on vs off.
 	best, err := e.interleave(ctx, ingestConns, 2_000_000, []side{
@@ -89,24 +101,31 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 		Ours: fmt.Sprintf("%s (%s)", fmtRate(o.Rate()), fmtLat(o.Lat)), Reference: fmt.Sprintf("%s (%s)", fmtRate(r.Rate()), fmtLat(r.Lat)),
 		Ratio: fmtRatio(o.Rate(), r.Rate()), Goal: "≥ 0.90×", Verdict: verdict(o.Rate() >= 0.9*r.Rate()), Note: cpuNote(o, r, 1)})
 
-	// Drain, records on vs off: each lane's backlog (the jobs intake
-	// just took) drains at the highest rate, one lane after the other.
+	// Drain, records on vs off: each held lane is filled with n jobs
+	// over HTTP (no Idempotency-Key, as the intake row), then resumed
+	// and drained at the highest rate, one lane after the other.
 	n := 20_000
 	if e.cfg.Smoke {
 		n = 500
 	}
+	fill := newClient(1000)
+	defer fill.CloseIdleConnections()
 	drained := map[string]float64{}
-	for _, lane := range []string{off, on} {
-		depth := o.OK
-		if lane == off {
-			depth = r.OK
+	for _, lane := range []string{doff, don} {
+		// A held lane with room keeps each submission up to its
+		// assignment wait: many connections fill it in a few seconds.
+		res := closedLoop(ctx, 1000, 10*time.Minute, n, e.prog, "records fill "+lane, func(ctx context.Context, _, _ int) error {
+			_, err := post(ctx, fill, base+lane+"/jobs", ingestPayload, 202)
+			return err
+		})
+		if res.OK < n {
+			return rows, fmt.Errorf("bench: records: filling %s: %d of %d stored: %v", lane, res.OK, n, res.Err)
 		}
-		m := min(n, depth)
-		sk.reset(m)
-		if _, err := patch(ctx, client, base+lane, fmt.Sprintf(`{"rate":"%d/s","burst":1}`, bucket.MaxRate)); err != nil {
+		sk.reset(n)
+		if _, err := patch(ctx, client, base+lane, `{"paused":false}`); err != nil {
 			return rows, err
 		}
-		werr := sk.wait(ctx, m, 10*time.Second+2*e.dur+time.Duration(m)*time.Millisecond, e.prog, "records drain "+lane)
+		werr := sk.wait(ctx, n, 10*time.Second+2*e.dur+time.Duration(n)*time.Millisecond, e.prog, "records drain "+lane)
 		if _, err := patch(ctx, client, base+lane, `{"paused":true}`); err != nil {
 			return rows, err
 		}
@@ -114,8 +133,9 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 			return rows, werr
 		}
 		arrivals, _ := sk.snapshot()
-		drained[lane] = pacingOf(arrivals[:m], 0).Achieved
+		drained[lane] = pacingOf(arrivals[:n], 0).Achieved
 	}
+	on, off = don, doff
 	rows = append(rows, Result{ID: Records, Scenario: "drain, 1 lane → sink: jobs/s, records on (vs off)",
 		Ours: fmtRate(drained[on]), Reference: fmtRate(drained[off]), Ratio: fmtRatio(drained[on], drained[off]),
 		Goal: "≥ 0.85×", Verdict: verdict(drained[on] >= 0.85*drained[off]),
