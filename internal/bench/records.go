@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -241,6 +242,9 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	if _, err := patch(ctx, client, base+held, `{"paused":true}`); err != nil {
 		return rows, err
 	}
+	// The heap the drain rows' filling grew is handed back first: freed
+	// but kept pages would hide what the waiting callers take.
+	debug.FreeOSMemory()
 	before, merr := readStatus(os.Getpid())
 	wctx, stopWaiting := context.WithCancel(ctx)
 	waitClient := newClient(1000)
