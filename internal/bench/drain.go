@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -43,38 +44,42 @@ func runDrain(ctx context.Context, e *env) ([]Result, error) {
 		return nil, err
 	}
 	rows = append(rows, row)
+	// A tracing row that fails (a dropped span under load) must not take
+	// the rows after it along: its error is reported once the others ran.
+	var tracingErr error
 	for _, every := range []int{1, 10} {
 		row, err = e.drainTracing(ctx, sk, n, every)
 		if err != nil {
-			return rows, err
+			tracingErr = errors.Join(tracingErr, err)
+			continue
 		}
 		rows = append(rows, row)
 	}
 	if row, err = e.drainDest(ctx, sk, n); err != nil {
-		return rows, err
+		return rows, errors.Join(tracingErr, err)
 	}
 	rows = append(rows, row)
 
 	url, skip, err := e.redis()
 	if err != nil {
-		return rows, err
+		return rows, errors.Join(tracingErr, err)
 	}
 	callsName := "drain @1,000/s, Redis pacer: Redis calls per drained job"
 	if skip != "" {
 		rows = append(rows, skipRow(Drain, "drain, 1 lane → sink: jobs/s, Redis pacer (vs raw fetch+ack)", "≥ 0.50×", skip),
 			skipRow(Drain, callsName, "≤ 0.10 at ≥ 1,000/s", skip))
-		return rows, nil
+		return rows, tracingErr
 	}
 	row, err = e.drainThroughput(ctx, sk, url, "Redis pacer", n)
 	if err != nil {
-		return rows, err
+		return rows, errors.Join(tracingErr, err)
 	}
 	rows = append(rows, row)
 	row, err = e.drainCalls(ctx, sk, url, callsName)
 	if err != nil {
-		return rows, err
+		return rows, errors.Join(tracingErr, err)
 	}
-	return append(rows, row), nil
+	return append(rows, row), tracingErr
 }
 
 func (e *env) drainThroughput(ctx context.Context, sk *sink, redisURL, pacer string, n int) (Result, error) {

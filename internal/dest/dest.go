@@ -198,7 +198,10 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Detail }
 // Rules are a lane's checked lists. The zero value is not usable: make
 // them with New. Rules are immutable and safe for concurrent use.
 type Rules struct {
-	base     *url.URL
+	base *url.URL
+	// baseEsc is base's escaped path without its trailing slash: what a
+	// job's path is appended to, computed once.
+	baseEsc  string
 	method   string
 	methods  []string
 	forward  map[string]bool
@@ -220,7 +223,7 @@ func New(cfg Config) (*Rules, error) {
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
 		return nil, &FieldError{"url", fmt.Sprintf("%q is not an absolute http(s) URL with a host", cfg.URL)}
 	}
-	r := &Rules{base: base, method: cfg.Method}
+	r := &Rules{base: base, baseEsc: strings.TrimSuffix(base.EscapedPath(), "/"), method: cfg.Method}
 	if r.method == "" {
 		r.method = http.MethodPost
 	}
@@ -352,7 +355,7 @@ func validHost(h string) bool {
 // Check validates req against the rules without building anything: what
 // intake runs before storing a job.
 func (r *Rules) Check(req Request) error {
-	_, err := r.Resolve(req, nil)
+	_, _, err := r.resolve(req, nil, nil)
 	return err
 }
 
@@ -370,78 +373,133 @@ type Resolved struct {
 // stored): it replaces the base when the job names no URL of its own.
 // An error is an *Error naming the header at fault.
 func (r *Rules) Resolve(req Request, keyURL *url.URL) (Resolved, error) {
-	out := Resolved{Method: r.method}
-	if req.Method != "" {
-		if !slices.Contains(r.methods, req.Method) {
-			return out, refuse(HeaderMethod, ErrMethodNotAllowed, "%q is not one of %s (target.http.methods)", clip(req.Method), strings.Join(r.methods, ", "))
-		}
-		out.Method = req.Method
-	}
-	base := r.base
-	if keyURL != nil {
-		base = keyURL
-	}
-	if req.URL != "" {
-		u, err := r.checkURL(req.URL)
-		if err != nil {
-			return out, err
-		}
-		base = u
-		out.URL = u
-	}
-	if req.Path != "" {
-		u, err := join(base, req.Path)
-		if err != nil {
-			return out, err
-		}
-		out.URL = u
-	} else if keyURL != nil && out.URL == nil {
-		out.URL = keyURL
-	}
+	var h http.Header
 	if len(req.Headers) > 0 {
-		h, err := r.headers(ForwardPrefix, req.Headers)
-		if err != nil {
-			return out, err
-		}
-		out.Header = h
+		h = make(http.Header, len(req.Headers))
 	}
-	return out, nil
+	method, u, err := r.resolve(req, keyURL, h)
+	if err != nil {
+		return Resolved{Method: r.method}, err
+	}
+	return Resolved{Method: method, URL: u, Header: h}, nil
 }
 
-// headers checks forwarded headers; field+name names one at fault.
-func (r *Rules) headers(field string, hs map[string]string) (http.Header, error) {
-	if len(hs) > MaxHeaders {
-		return nil, refuse(field+"*", ErrBadHeaderValue, "%d forwarded headers; at most %d", len(hs), MaxHeaders)
+// ResolveInto is Resolve writing the forwarded headers straight into h, a
+// request's header the caller owns, instead of a map of their own: what a
+// delivery runs, once per job. On an error h may hold some of them: drop
+// the request.
+func (r *Rules) ResolveInto(req Request, keyURL *url.URL, h http.Header) (method string, u *url.URL, err error) {
+	if h == nil && len(req.Headers) > 0 {
+		return r.method, nil, errors.New("dest: ResolveInto with a nil header")
 	}
+	return r.resolve(req, keyURL, h)
+}
+
+// resolve checks req; with h, it writes the forwarded headers into it.
+func (r *Rules) resolve(req Request, keyURL *url.URL, h http.Header) (method string, u *url.URL, err error) {
+	method = r.method
+	if req.Method != "" {
+		if !slices.Contains(r.methods, req.Method) {
+			return r.method, nil, refuse(HeaderMethod, ErrMethodNotAllowed, "%q is not one of %s (target.http.methods)", clip(req.Method), strings.Join(r.methods, ", "))
+		}
+		method = req.Method
+	}
+	base, baseEsc := r.base, r.baseEsc
+	if keyURL != nil {
+		base, baseEsc = keyURL, ""
+	}
+	if req.URL != "" {
+		if u, err = r.checkURL(req.URL); err != nil {
+			return r.method, nil, err
+		}
+		base, baseEsc = u, ""
+	}
+	if req.Path != "" {
+		if base != r.base {
+			baseEsc = strings.TrimSuffix(base.EscapedPath(), "/")
+		}
+		if u, err = join(base, baseEsc, req.Path); err != nil {
+			return r.method, nil, err
+		}
+	} else if keyURL != nil && u == nil {
+		u = keyURL
+	}
+	if len(req.Headers) > 0 {
+		if err := r.headers(ForwardPrefix, req.Headers, h); err != nil {
+			return r.method, nil, err
+		}
+	}
+	return method, u, nil
+}
+
+// headers checks forwarded headers and, with out, writes them into it;
+// field+name names one at fault: the first in name order, whatever order
+// the map gives.
+func (r *Rules) headers(field string, hs map[string]string, out http.Header) error {
+	if len(hs) > MaxHeaders {
+		return refuse(field+"*", ErrBadHeaderValue, "%d forwarded headers; at most %d", len(hs), MaxHeaders)
+	}
+	// The common case: every name canonical (so no two of them are one
+	// header, and map order cannot choose between two values) and allowed.
+	// It takes one allocation for all the values. Anything else goes to
+	// headersSorted, which names the first at fault in name order.
 	size := 0
-	out := make(http.Header, len(hs))
+	for name, v := range hs {
+		// A name in r.forward passed CheckForwardName when the rules
+		// were made.
+		if !r.forward[name] || http.CanonicalHeaderKey(name) != name || !ValidHeaderValue(v) {
+			return r.headersSorted(field, hs, out)
+		}
+		size += len(name) + len(v)
+	}
+	if size > MaxHeaderBytes {
+		return refuse(field+"*", ErrBadHeaderValue, "forwarded headers of %d bytes; at most %d", size, MaxHeaderBytes)
+	}
+	if out != nil {
+		vals := make([]string, 0, len(hs))
+		for name, v := range hs {
+			vals = append(vals, v)
+			out[name] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
+	}
+	return nil
+}
+
+// headersSorted is headers one name at a time in name order: the first
+// refused is the one named, and of two spellings of one header the last
+// in name order is sent.
+func (r *Rules) headersSorted(field string, hs map[string]string, out http.Header) error {
+	size := 0
 	for _, name := range slices.Sorted(maps.Keys(hs)) {
 		v := hs[name]
 		f := field + clip(name)
 		if err := CheckForwardName(name); err != nil {
-			return nil, refuse(f, ErrHeaderNotAllowed, "%v", err)
+			return refuse(f, ErrHeaderNotAllowed, "%v", err)
 		}
 		c := http.CanonicalHeaderKey(name)
 		if !r.forward[c] {
-			return nil, refuse(f, ErrHeaderNotAllowed, "%s is not in target.http.forward_headers", c)
+			return refuse(f, ErrHeaderNotAllowed, "%s is not in target.http.forward_headers", c)
 		}
 		if !ValidHeaderValue(v) {
-			return nil, refuse(f, ErrBadHeaderValue, "the value has a control character")
+			return refuse(f, ErrBadHeaderValue, "the value has a control character")
 		}
 		size += len(name) + len(v)
-		out[c] = []string{v}
 	}
 	if size > MaxHeaderBytes {
-		return nil, refuse(field+"*", ErrBadHeaderValue, "forwarded headers of %d bytes; at most %d", size, MaxHeaderBytes)
+		return refuse(field+"*", ErrBadHeaderValue, "forwarded headers of %d bytes; at most %d", size, MaxHeaderBytes)
 	}
-	return out, nil
+	if out != nil {
+		for _, name := range slices.Sorted(maps.Keys(hs)) {
+			out[http.CanonicalHeaderKey(name)] = []string{hs[name]}
+		}
+	}
+	return nil
 }
 
 // CheckKeyHeaders checks the headers a key's override sends with its jobs:
 // the same rules as a job's forwarded headers. field names the body member.
 func (r *Rules) CheckKeyHeaders(hs map[string]string) error {
-	_, err := r.headers("headers/", hs)
-	return err
+	return r.headers("headers/", hs, nil)
 }
 
 // CheckURL checks a URL a job or a key names against the prefixes and
@@ -469,8 +527,9 @@ func (r *Rules) checkURL(s string) (*url.URL, error) {
 	return nil, refuse(HeaderURL, ErrURLNotAllowed, "scheme, host, port and path are under none of target.http.job_urls")
 }
 
-// join puts path (a Throttle-Path: path and query) under base's path.
-func join(base *url.URL, p string) (*url.URL, error) {
+// join puts path (a Throttle-Path: path and query) under base's path;
+// baseEsc is base's escaped path without its trailing slash.
+func join(base *url.URL, baseEsc, p string) (*url.URL, error) {
 	if len(p) > MaxPath {
 		return nil, refuse(HeaderPath, ErrBadPath, "%d bytes; at most %d", len(p), MaxPath)
 	}
@@ -489,7 +548,7 @@ func join(base *url.URL, p string) (*url.URL, error) {
 	}
 	u := *base
 	u.User = nil
-	escaped := strings.TrimSuffix(base.EscapedPath(), "/")
+	escaped := baseEsc
 	if norm != "" {
 		escaped += "/" + norm
 	} else if escaped == "" {
@@ -512,45 +571,79 @@ func join(base *url.URL, p string) (*url.URL, error) {
 // it normalised: leading, repeated and trailing-empty slashes and "."
 // segments dropped. A ".." segment, an encoded '/', '\', '.' or '%', or a
 // backslash is ErrPathEscapes; a control character, a space, '#', a
-// non-ASCII byte or a bad percent-encoding is ErrBadPath.
+// non-ASCII byte or a bad percent-encoding is ErrBadPath. A path already
+// normal (the common case) comes back as it is, without allocating.
 func checkPath(p string) (string, error) {
-	var segs []string
-	for _, seg := range strings.Split(p, "/") {
+	p = strings.TrimLeft(p, "/")
+	normal := true // no empty or "." segment after the leading slashes
+	for rest := p; ; {
+		seg, tail, more := strings.Cut(rest, "/")
+		switch seg {
+		case "", ".":
+			normal = false
+		case "..":
+			return "", fmt.Errorf("%w: a .. segment", ErrPathEscapes)
+		default:
+			if err := checkSegment(seg); err != nil {
+				return "", err
+			}
+		}
+		if !more {
+			break
+		}
+		rest = tail
+	}
+	if normal {
+		return p, nil
+	}
+	var b strings.Builder
+	b.Grow(len(p))
+	for seg := range strings.SplitSeq(p, "/") {
 		if seg == "" || seg == "." {
 			continue
 		}
-		if seg == ".." {
-			return "", fmt.Errorf("%w: a .. segment", ErrPathEscapes)
+		if b.Len() > 0 {
+			b.WriteByte('/')
 		}
-		for i := 0; i < len(seg); i++ {
-			c := seg[i]
-			switch {
-			case c == '\\':
-				return "", fmt.Errorf("%w: a backslash", ErrPathEscapes)
-			case c == '%':
-				if i+2 >= len(seg) || !isHex(seg[i+1]) || !isHex(seg[i+2]) {
-					return "", fmt.Errorf("%w: bad percent-encoding", ErrBadPath)
-				}
-				d := unhex(seg[i+1])<<4 | unhex(seg[i+2])
-				switch {
-				case d == '/' || d == '\\' || d == '.' || d == '%':
-					return "", fmt.Errorf("%w: an encoded %q", ErrPathEscapes, rune(d))
-				case d < ' ' || d == 0x7f:
-					return "", fmt.Errorf("%w: an encoded control byte", ErrBadPath)
-				}
-				i += 2
-			case !pchar(c):
-				return "", fmt.Errorf("%w: byte 0x%02x is not allowed in a path (encode it)", ErrBadPath, c)
+		b.WriteString(seg)
+	}
+	return b.String(), nil
+}
+
+// checkSegment checks one path segment other than "", "." and "..".
+func checkSegment(seg string) error {
+	encoded := false
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		switch {
+		case c == '\\':
+			return fmt.Errorf("%w: a backslash", ErrPathEscapes)
+		case c == '%':
+			if i+2 >= len(seg) || !isHex(seg[i+1]) || !isHex(seg[i+2]) {
+				return fmt.Errorf("%w: bad percent-encoding", ErrBadPath)
 			}
+			d := unhex(seg[i+1])<<4 | unhex(seg[i+2])
+			switch {
+			case d == '/' || d == '\\' || d == '.' || d == '%':
+				return fmt.Errorf("%w: an encoded %q", ErrPathEscapes, rune(d))
+			case d < ' ' || d == 0x7f:
+				return fmt.Errorf("%w: an encoded control byte", ErrBadPath)
+			}
+			encoded = true
+			i += 2
+		case !pchar(c):
+			return fmt.Errorf("%w: byte 0x%02x is not allowed in a path (encode it)", ErrBadPath, c)
 		}
+	}
+	// Without a '%' the segment is printable ASCII: nothing to decode.
+	if encoded {
 		if dec, err := url.PathUnescape(seg); err != nil || !utf8.ValidString(dec) {
 			// Overlong forms (%c0%ae is '.' to a lax decoder) and other
 			// invalid UTF-8.
-			return "", fmt.Errorf("%w: the encoded bytes are not valid UTF-8", ErrPathEscapes)
+			return fmt.Errorf("%w: the encoded bytes are not valid UTF-8", ErrPathEscapes)
 		}
-		segs = append(segs, seg)
 	}
-	return strings.Join(segs, "/"), nil
+	return nil
 }
 
 // setPath sets u's path to escaped, an escaped path checkPath allowed.

@@ -2,6 +2,7 @@ package dest_test
 
 import (
 	"errors"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -169,4 +170,67 @@ func TestNewRefusesLists(t *testing.T) {
 			t.Errorf("%+v: err = %v, want one naming %s", tc.cfg, err, tc.field)
 		}
 	}
+}
+
+// TestResolveIntoHeaders: what a delivery runs writes the same headers as
+// Resolve, keeps the key's headers it does not replace, and is
+// deterministic where a map's order is not: the first refusal in name
+// order is named, and of two spellings of one header the last in name
+// order is sent.
+func TestResolveIntoHeaders(t *testing.T) {
+	t.Parallel()
+	r := rules(t)
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		want    map[string]string // nil: refused
+		field   string
+	}{
+		{"canonical", map[string]string{"X-Api-Key": "k", "Accept": "a/b"}, map[string]string{"X-Api-Key": "k", "Accept": "a/b"}, ""},
+		{"other case", map[string]string{"x-api-key": "k"}, map[string]string{"X-Api-Key": "k"}, ""},
+		{"two spellings", map[string]string{"x-api-key": "low", "X-Api-Key": "canon", "X-API-KEY": "up"}, map[string]string{"X-Api-Key": "low"}, ""},
+		{"first refusal named", map[string]string{"Accept": "a", "X-Zzz": "z", "X-Aaa": "a", "X-Api-Key": "k"}, nil, dest.ForwardPrefix + "X-Aaa"},
+		{"control byte", map[string]string{"Accept": "a\r\nX-Evil: 1", "X-Api-Key": "k"}, nil, dest.ForwardPrefix + "Accept"},
+		{"never forwarded", map[string]string{"Host": "h", "X-Api-Key": "k"}, nil, dest.ForwardPrefix + "Host"},
+		{"too large", map[string]string{"Accept": strings.Repeat("a", dest.MaxHeaderBytes)}, nil, dest.ForwardPrefix + "*"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 20 { // map order changes from one range to the next
+				h := http.Header{"X-Api-Key": {"from the key"}, "X-Key-Only": {"kept"}}
+				_, _, err := r.ResolveInto(dest.Request{Path: "a", Headers: tc.headers}, nil, h)
+				res, rerr := r.Resolve(dest.Request{Path: "a", Headers: tc.headers}, nil)
+				if tc.want == nil {
+					var de *dest.Error
+					if !errors.As(err, &de) || de.Field != tc.field || rerr == nil || rerr.Error() != err.Error() {
+						t.Fatalf("err = %v, Resolve %v; want a refusal of %s", err, rerr, tc.field)
+					}
+					continue
+				}
+				if err != nil || rerr != nil {
+					t.Fatalf("ResolveInto: %v, Resolve: %v", err, rerr)
+				}
+				for k, v := range tc.want {
+					if got := h[k]; len(got) != 1 || got[0] != v {
+						t.Fatalf("%s = %q, want %q (header %v)", k, got, v, h)
+					}
+					if got := res.Header[k]; len(got) != 1 || got[0] != v {
+						t.Fatalf("Resolve: %s = %q, want %q", k, got, v)
+					}
+				}
+				if len(res.Header) != len(tc.want) || h.Get("X-Key-Only") != "kept" || len(h) != len(tc.want)+1+boolInt(tc.want["X-Api-Key"] == "") {
+					t.Fatalf("headers: %v, Resolve: %v", h, res.Header)
+				}
+			}
+		})
+	}
+	if _, _, err := r.ResolveInto(dest.Request{Headers: map[string]string{"Accept": "a"}}, nil, nil); err == nil {
+		t.Error("ResolveInto with headers and a nil header: no error")
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -58,31 +58,27 @@ func fieldName(key string) string {
 }
 
 // route points req where job (and its key) asks to go and returns the
-// method and the URL for errors; a refused destination comes back as a
-// Dead Result.
-func (h *HTTP) route(req *http.Request, job Job) (method, logURL string, res Result) {
+// method and the job's own URL (nil for the target's); a refused
+// destination comes back as a Dead Result.
+func (h *HTTP) route(req *http.Request, job Job) (method string, to *url.URL, res Result) {
 	var keyURL *url.URL
 	if kt := job.KeyTarget; kt != nil {
 		if kt.Err != nil {
-			return h.method, h.logURL, Result{Verdict: Dead, Err: fmt.Errorf("%w: key %s: %w", ErrDestRefused, job.Key, kt.Err)}
+			return h.method, nil, Result{Verdict: Dead, Err: fmt.Errorf("%w: key %s: %w", ErrDestRefused, job.Key, kt.Err)}
 		}
 		keyURL = kt.URL
 		for k, v := range kt.Header {
 			req.Header[k] = v
 		}
 	}
-	to, err := h.rules.Resolve(job.Dest, keyURL)
+	// The job's own headers go in after its key's: they win.
+	method, to, err := h.rules.ResolveInto(job.Dest, keyURL, req.Header)
 	if err != nil {
-		return h.method, h.logURL, Result{Verdict: Dead, Err: fmt.Errorf("%w: %w", ErrDestRefused, err)}
+		return h.method, nil, Result{Verdict: Dead, Err: fmt.Errorf("%w: %w", ErrDestRefused, err)}
 	}
-	method, logURL = to.Method, h.logURL
-	req.Method = to.Method
-	if to.URL != nil {
-		req.URL, req.Host = to.URL, to.URL.Host
-		logURL = redactURL(to.URL)
+	req.Method = method
+	if to != nil {
+		req.URL, req.Host = to, to.Host
 	}
-	for k, v := range to.Header {
-		req.Header[k] = v
-	}
-	return method, logURL, Result{}
+	return method, to, Result{}
 }

@@ -280,17 +280,42 @@ func (h *HTTP) Deliver(ctx context.Context, job Job) Result {
 func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	req := h.request(ctx, job.Payload)
-	req.Header = h.headers.Clone()
-	method, logURL := h.method, h.logURL
+	req, method, to, res := h.prepare(ctx, job)
+	if res.Err != nil {
+		return res
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return h.transportError(ctx, method, h.logURLOf(to), err)
+	}
+	var kept *Response
+	if h.capture != nil {
+		kept = h.capture.capture(resp)
+	}
+	// Drain a bounded amount so that the connection goes back to the pool;
+	// a larger body is dropped with its connection.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	_ = resp.Body.Close()
+	res = h.classify(resp, method, to)
+	res.Response = kept
+	return res
+}
+
+// prepare builds job's request: where it goes, its headers and its
+// signature. to is the job's own URL, nil for the target's (errors name
+// it through logURLOf, built only when one is needed); a destination the
+// lane's lists refuse comes back as a Dead Result.
+func (h *HTTP) prepare(ctx context.Context, job Job) (req *http.Request, method string, to *url.URL, res Result) {
+	req = h.request(ctx, job.Payload)
+	req.Header = h.header(len(job.Dest.Headers))
+	method = h.method
 	signer := h.signer
 	if job.KeyTarget != nil && job.KeyTarget.Signer != nil {
 		signer = job.KeyTarget.Signer
 	}
 	if !job.Dest.IsZero() || job.KeyTarget != nil {
-		var res Result
-		if method, logURL, res = h.route(req, job); res.Err != nil {
-			return res
+		if method, to, res = h.route(req, job); res.Err != nil {
+			return nil, method, to, res
 		}
 	}
 	switch {
@@ -309,22 +334,35 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	for k, v := range signer.Sign(job.ID, job.Payload) {
 		req.Header[k] = v
 	}
+	return req, method, to, Result{}
+}
 
-	resp, err := h.client.Do(req)
-	if err != nil {
-		return h.transportError(ctx, method, logURL, err)
+// header is a copy of the static headers with room for what every
+// delivery adds (Content-Type, Idempotency-Key, Throttle-Key) and for
+// extra forwarded ones, so that the map rarely grows on the way: one
+// allocation for the map and one for all the values.
+func (h *HTTP) header(extra int) http.Header {
+	const added = 3
+	out := make(http.Header, len(h.headers)+added+extra)
+	n := 0
+	for _, v := range h.headers {
+		n += len(v)
 	}
-	var kept *Response
-	if h.capture != nil {
-		kept = h.capture.capture(resp)
+	vals := make([]string, n)
+	for k, v := range h.headers {
+		n := copy(vals, v)
+		out[k], vals = vals[:n:n], vals[n:]
 	}
-	// Drain a bounded amount so that the connection goes back to the pool;
-	// a larger body is dropped with its connection.
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
-	_ = resp.Body.Close()
-	res := h.classify(resp, method, logURL)
-	res.Response = kept
-	return res
+	return out
+}
+
+// logURLOf is the URL errors name: to's, or the target's when to is nil,
+// without credentials or query.
+func (h *HTTP) logURLOf(to *url.URL) string {
+	if to == nil {
+		return h.logURL
+	}
+	return redactURL(to)
 }
 
 // request is what http.NewRequestWithContext(ctx, h.method, h.url,
@@ -359,7 +397,7 @@ func (h *HTTP) transportError(ctx context.Context, method, logURL string, err er
 }
 
 // classify turns a response into a Result.
-func (h *HTTP) classify(resp *http.Response, method, logURL string) Result {
+func (h *HTTP) classify(resp *http.Response, method string, to *url.URL) Result {
 	res := Result{Status: resp.StatusCode}
 	code := resp.StatusCode
 	switch {
@@ -371,7 +409,7 @@ func (h *HTTP) classify(resp *http.Response, method, logURL string) Result {
 		if u, err := resp.Request.URL.Parse(loc); err == nil && loc != "" {
 			loc = redactURL(u)
 		}
-		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, logURL, ErrRedirected, resp.Status, loc)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, h.logURLOf(to), ErrRedirected, resp.Status, loc)
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
 		code == http.StatusTooManyRequests, code >= 500, code < 200:
 		res.Verdict = Retry
@@ -381,7 +419,7 @@ func (h *HTTP) classify(resp *http.Response, method, logURL string) Result {
 		res.Verdict = Dead
 	}
 	if res.Verdict != Done && res.Err == nil {
-		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", method, logURL, ErrStatus, resp.Status)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", method, h.logURLOf(to), ErrStatus, resp.Status)
 	}
 	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.clock.Now())
 	if res.Verdict == Retry && res.RetryAfter == 0 {
