@@ -27,6 +27,8 @@ type Lanes struct {
 	keyFns map[string]keyFns
 	// dest are the HTTP lanes' destination lists (package dest).
 	dest map[string]*dest.Rules
+	// held are the lanes' Held, made once per lane.
+	held map[string]func() bool
 }
 
 var (
@@ -53,7 +55,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, held: map[string]func() bool{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -61,6 +63,7 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	d.cfg[lc.Name] = lc
 	d.byName[lc.Name] = l
 	d.order = append(d.order, l)
+	d.held[lc.Name] = l.Held
 	if h := lc.Target.HTTP; h != nil {
 		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
 			d.dest[lc.Name] = r
@@ -91,6 +94,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
 	il.Dest = d.dest[name]
+	il.Held = d.held[name]
 	return il, true
 }
 

@@ -431,7 +431,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			}
 			job.RecordRev = rev
 		}
-		if decs[k].Room && h.cfg.Assignments != nil {
+		if lane.startsNow(decs[k]) && h.cfg.Assignments != nil {
 			wait, cancel := h.cfg.Assignments.Expect(name, job.ID)
 			defer cancel()
 			waits[i] = wait

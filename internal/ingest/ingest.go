@@ -102,6 +102,16 @@ type Lane struct {
 	// Dest checks where a job asks to go (dest.go); nil for a lane whose
 	// target is not HTTP, which refuses any such request.
 	Dest *dest.Rules
+	// Held reports whether an operator holds the lane (PATCH {"paused":
+	// true}): its jobs are queued, and no submission waits to hear of a
+	// start that cannot come. Nil: never held.
+	Held func() bool
+}
+
+// startsNow reports whether a job the lane has room for may start now: the
+// submission then waits up to AdmitWait to hear its slot.
+func (l Lane) startsNow(dec admission.Decision) bool {
+	return dec.Room && (l.Held == nil || !l.Held())
 }
 
 // forKey is the lane's admission for a job of key.
@@ -560,7 +570,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var wait func(context.Context, time.Duration) (queue.Told, bool)
-	if dec.Room && h.cfg.Assignments != nil {
+	if lane.startsNow(dec) && h.cfg.Assignments != nil {
 		// The lane has room: the job starts at once if the drain gives it
 		// the next slot. Listen before storing it; the drain may be quick.
 		var cancel func()
