@@ -138,34 +138,14 @@ func (e *env) drainDest(ctx context.Context, sk *sink, n int) (Result, error) {
 // publishDest stores n jobs on subject; with dest, each asks for a path
 // and forwards two headers.
 func publishDest(ctx context.Context, js jetstream.JetStream, subject string, n int, dest bool) error {
-	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
-	for i := range n {
-		m := nats.NewMsg(subject)
-		m.Data = drainPayload
+	_, err := publishWindowed(ctx, js, subject, n, drainPayload, false, false, nil, func(i int, m *nats.Msg) {
 		if dest {
 			m.Header["Throttle-Path"] = []string{"items/" + strconv.Itoa(i) + "?page=2"}
 			m.Header["Throttle-Forward-X-Api-Key"] = []string{"k-0123456789abcdef"}
 			m.Header["Throttle-Forward-Accept"] = []string{"application/json"}
 		}
-		f, err := js.PublishMsgAsync(m)
-		if err != nil {
-			return fmt.Errorf("bench: publish to %s: %w", subject, err)
-		}
-		futures = append(futures, f)
-		if len(futures) == cap(futures) || i == n-1 {
-			for _, f := range futures {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					return fmt.Errorf("bench: publish to %s: %w", subject, err)
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			futures = futures[:0]
-		}
-	}
-	return nil
+	})
+	return err
 }
 
 // postDest is post with a Throttle-Method, a Throttle-Path and two

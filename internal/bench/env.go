@@ -403,7 +403,7 @@ const publishWindow = 2048
 // With ids each message carries a unique Nats-Msg-Id, like a job submitted
 // over HTTP. It stops at ctx's end.
 func publishN(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, ids bool, progress func(done int)) error {
-	_, err := publishWindowed(ctx, js, subject, n, payload, ids, false, progress)
+	_, err := publishWindowed(ctx, js, subject, n, payload, ids, false, progress, nil)
 	return err
 }
 
@@ -411,7 +411,8 @@ func publishN(ctx context.Context, js jetstream.JetStream, subject string, n int
 // for the acks of every publishWindow, with a Nats-Msg-Id each when ids.
 // It returns how many the server stored; a refusal from the server is
 // counted as not stored when refusals are allowed, and fails otherwise.
-func publishWindowed(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, ids, refusals bool, progress func(done int)) (int, error) {
+// set, when not nil, adds message i's headers.
+func publishWindowed(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, ids, refusals bool, progress func(done int), set func(i int, m *nats.Msg)) (int, error) {
 	prefix := nuid.Next()
 	stored := 0
 	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
@@ -439,7 +440,12 @@ func publishWindowed(ctx context.Context, js jetstream.JetStream, subject string
 		if ids {
 			opts = append(opts, jetstream.WithMsgID(prefix+strconv.Itoa(i)))
 		}
-		f, err := js.PublishAsync(subject, payload, opts...)
+		m := nats.NewMsg(subject)
+		m.Data = payload
+		if set != nil {
+			set(i, m)
+		}
+		f, err := js.PublishMsgAsync(m, opts...)
 		if err != nil {
 			return stored, fmt.Errorf("bench: publish to %s: %w", subject, err)
 		}

@@ -295,5 +295,5 @@ type memStatus struct {
 // max_backlog), and returns how many it stored. A refusal from the server
 // is counted; anything else fails.
 func publishOffered(ctx context.Context, js jetstream.JetStream, subject string, n int, payload []byte, progress func(done int)) (int, error) {
-	return publishWindowed(ctx, js, subject, n, payload, true, true, progress)
+	return publishWindowed(ctx, js, subject, n, payload, true, true, progress, nil)
 }

@@ -214,34 +214,14 @@ func medianDuration(ds []time.Duration) time.Duration {
 // publishTraced stores n jobs on subject, each with a traceparent of its
 // own trace, one in sampledEvery flagged sampled.
 func publishTraced(ctx context.Context, js jetstream.JetStream, subject string, n, sampledEvery int) error {
-	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
-	for i := range n {
-		m := nats.NewMsg(subject)
-		m.Data = drainPayload
+	_, err := publishWindowed(ctx, js, subject, n, drainPayload, false, false, nil, func(i int, m *nats.Msg) {
 		flags := 0
 		if i%max(sampledEvery, 1) == 0 {
 			flags = 1
 		}
 		m.Header["traceparent"] = []string{fmt.Sprintf("00-%032x-%016x-%02x", i+1, uint64(i+1)<<8|1, flags)}
-		f, err := js.PublishMsgAsync(m)
-		if err != nil {
-			return fmt.Errorf("bench: publish to %s: %w", subject, err)
-		}
-		futures = append(futures, f)
-		if len(futures) == cap(futures) || i == n-1 {
-			for _, f := range futures {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					return fmt.Errorf("bench: publish to %s: %w", subject, err)
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			futures = futures[:0]
-		}
-	}
-	return nil
+	})
+	return err
 }
 
 // dropped is the tracer's count of spans it dropped, of every reason.
