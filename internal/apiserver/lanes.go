@@ -27,6 +27,8 @@ type Lanes struct {
 	keyFns map[string]keyFns
 	// dest are the HTTP lanes' destination lists (package dest).
 	dest map[string]*dest.Rules
+	// callbacks are the lanes' results.callback_urls.
+	callbacks map[string]*dest.Prefixes
 }
 
 var (
@@ -53,7 +55,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, callbacks: map[string]*dest.Prefixes{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -64,6 +66,11 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	if h := lc.Target.HTTP; h != nil {
 		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
 			d.dest[lc.Name] = r
+		}
+	}
+	if r := lc.Results; r != nil && len(r.CallbackURLs) > 0 {
+		if p, err := dest.NewPrefixes(r.CallbackURLs); err == nil { // validated with the config
+			d.callbacks[lc.Name] = p
 		}
 	}
 	if lc.PerKey != nil {
@@ -91,6 +98,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
 	il.Dest = d.dest[name]
+	il.Callbacks = d.callbacks[name]
 	return il, true
 }
 

@@ -57,6 +57,25 @@ func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
 	return d, nil
 }
 
+// jobCallback reads and checks the Throttle-Callback header of r for lane:
+// "" when absent. The URL must be under one of the lane's
+// results.callback_urls, compared as Throttle-URL is against job_urls.
+func jobCallback(r *http.Request, lane Lane) (string, error) {
+	v := r.Header.Values(dest.HeaderCallback)
+	switch {
+	case len(v) == 0:
+		return "", nil
+	case len(v) > 1:
+		return "", refusal(ErrBadHeader, dest.HeaderCallback, "%s: %d headers; at most one is allowed", dest.HeaderCallback, len(v))
+	case v[0] == "":
+		return "", refusal(ErrBadHeader, dest.HeaderCallback, "%s is empty", dest.HeaderCallback)
+	}
+	if _, err := lane.Callbacks.CheckCallback(v[0]); err != nil {
+		return "", destRefusal(err, "")
+	}
+	return v[0], nil
+}
+
 // checkDest checks d against lane's lists.
 func checkDest(lane Lane, d dest.Request) error {
 	if lane.Dest == nil {
