@@ -119,6 +119,8 @@ func itemMember(field string) string {
 		return "/path"
 	case dest.HeaderURL:
 		return "/url"
+	case dest.HeaderCallback:
+		return "/callback"
 	}
 	if name, ok := strings.CutPrefix(field, dest.ForwardPrefix); ok {
 		return "/headers/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
@@ -139,6 +141,21 @@ func batchDest(jobs []batchJob, lane Lane) *Refusal {
 			continue
 		}
 		if err := checkDest(lane, d); err != nil {
+			return destRefusal(err, "/"+strconv.Itoa(i))
+		}
+	}
+	return nil
+}
+
+// batchCallbacks checks the callbacks of a checked batch against lane's
+// results.callback_urls.
+func batchCallbacks(jobs []batchJob, lane Lane) *Refusal {
+	for i := range jobs {
+		cb := jobs[i].job.Callback
+		if cb == "" {
+			continue
+		}
+		if _, err := lane.Callbacks.CheckCallback(cb); err != nil {
 			return destRefusal(err, "/"+strconv.Itoa(i))
 		}
 	}

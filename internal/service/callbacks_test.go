@@ -240,6 +240,61 @@ func TestCallbacksEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("batch items name their callback", func(t *testing.T) {
+		post := func(body string) jobCall {
+			resp, err := (&http.Client{Timeout: 30 * time.Second}).Post("http://"+addr+"/v1/lanes/demo/jobs:batch", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return jobCall{resp.StatusCode, resp.Header, b}
+		}
+		c := post(fmt.Sprintf(`[{"idempotency_key":"b-ok","payload":"b","callback":%q},{"idempotency_key":"b-bad","payload":"b","callback":%q}]`,
+			recv.srv.URL+"/hooks/batch", recv.srv.URL+"/elsewhere"))
+		if c.code != http.StatusBadRequest || !strings.Contains(string(c.body), `"/1/callback"`) {
+			t.Fatalf("a batch with a refused callback: %d %q; want 400 naming /1/callback", c.code, c.body)
+		}
+		for _, id := range []string{"b-ok", "b-bad"} {
+			if code, _ := getRecord(t, addr, "demo", id); code != http.StatusNotFound {
+				t.Fatalf("refused batch: %s has a record (%d)", id, code)
+			}
+		}
+		if c := post(fmt.Sprintf(`[{"idempotency_key":"b-ok","payload":"b","callback":%q}]`, recv.srv.URL+"/hooks/batch")); c.code != http.StatusOK && c.code != http.StatusMultiStatus && c.code != http.StatusAccepted {
+			t.Fatalf("batch: %d %q", c.code, c.body)
+		}
+		testenv.Eventually(t, 20*time.Second, "the batch item's callback", func() bool { return len(recv.to("/hooks/batch")) > 0 })
+		k := recv.to("/hooks/batch")[0]
+		verifySigned(t, k)
+		var rec api.JobRecord
+		if err := json.Unmarshal(k.body, &rec); err != nil || rec.ID != "b-ok" || rec.State != api.StateDelivered {
+			t.Fatalf("batch callback: %v %q", err, k.body)
+		}
+	})
+
+	t.Run("an expired job's record is POSTed", func(t *testing.T) {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs", strings.NewReader("e"))
+		req.Header.Set("Idempotency-Key", "cb-expired")
+		req.Header.Set("Throttle-Callback", recv.srv.URL+"/hooks/expired")
+		req.Header.Set("Throttle-Delay", "5s")
+		req.Header.Set("Throttle-Expires", time.Now().Add(2*time.Second).UTC().Format(time.RFC3339))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submit: %d", resp.StatusCode)
+		}
+		testenv.Eventually(t, 30*time.Second, "the expired job's callback", func() bool { return len(recv.to("/hooks/expired")) > 0 })
+		k := recv.to("/hooks/expired")[0]
+		verifySigned(t, k)
+		var rec api.JobRecord
+		if err := json.Unmarshal(k.body, &rec); err != nil || rec.ID != "cb-expired" || rec.State != api.StateExpired || len(rec.Attempts) != 0 {
+			t.Fatalf("expired callback: %v %q", err, k.body)
+		}
+	})
+
 	t.Run("a cancelled job's record is POSTed", func(t *testing.T) {
 		if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo", `{"paused":true}`, nil); code != http.StatusOK {
 			t.Fatalf("pause: %d", code)
