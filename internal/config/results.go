@@ -53,6 +53,11 @@ const (
 	MaxResultsHeaders = 32
 )
 
+// MaxRecord bounds one of the lane's records in bytes: the answer's body
+// (up to twice max_body once escaped in JSON) and the rest. A callback
+// carries one record, so a callback lane's max_body is at least this.
+func (r *Results) MaxRecord() int64 { return 2*int64(r.MaxBody) + 64<<10 }
+
 func (r *Results) applyDefaults() {
 	if r.Keep == 0 {
 		r.Keep = Duration(DefaultResultsKeep)

@@ -289,9 +289,16 @@ func (c *Config) validateCallbacks() error {
 		if !ok {
 			return &Error{Field: field, Msg: fmt.Sprintf("no lane is named %q", r.CallbackLane)}
 		}
-		h := c.Lanes[j].Target.HTTP
-		if h == nil {
+		cl := c.Lanes[j]
+		h := cl.Target.HTTP
+		switch {
+		case h == nil:
 			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) has no http target: callbacks are HTTP requests", j, r.CallbackLane)}
+		case cl.PerKey != nil:
+			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) is keyed (per_key): callbacks have no key", j, r.CallbackLane)}
+		case int64(cl.MaxBody) < r.MaxRecord():
+			return &Error{Field: fmt.Sprintf("lanes[%d].max_body", j),
+				Msg: fmt.Sprintf("is %d bytes; lanes[%d] (%s) sends its callbacks through this lane, and a callback carries a record of up to %d bytes (twice results.max_body and 64KiB)", cl.MaxBody, i, l.Name, r.MaxRecord())}
 		}
 		rules, err := dest.New(h.DestConfig())
 		if err != nil {

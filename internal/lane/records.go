@@ -37,7 +37,7 @@ func (l *Lane) ensureRecords(ctx context.Context) error {
 		return nil
 	}
 	return l.d.Records.EnsureLane(ctx, records.LaneSpec{Name: l.cfg.Name, Keep: r.Keep.D(),
-		MaxRecord: int32(2*int64(r.MaxBody) + 64<<10), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane})
+		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane})
 }
 
 // keepsRecords reports whether the lane keeps job records.
