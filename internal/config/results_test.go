@@ -86,6 +86,7 @@ lanes:
 		{`{callback_urls: ["ftp://hooks.example.com/v1"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
 		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: nope}`, httpCB, "lanes[0].results.callback_lane"},
 		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, `{nats: {subject: cb.out}}`, "lanes[0].results.callback_lane"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, `{http: {url: "https://hooks.example.com/", method: PUT, job_urls: ["https://hooks.example.com/v1"]}}`, "lanes[0].results.callback_lane"},
 		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, httpCB + "\n    per_key: {rate: 1, burst: 1}", "lanes[0].results.callback_lane"},
 		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb, max_body: 1MiB}`, httpCB + "\n    max_body: 1MiB", "lanes[1].max_body"},
 		// Not under job_urls: another path, a path that only shares a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -294,6 +295,8 @@ func (c *Config) validateCallbacks() error {
 		switch {
 		case h == nil:
 			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) has no http target: callbacks are HTTP requests", j, r.CallbackLane)}
+		case h.Method != "" && h.Method != http.MethodPost:
+			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) sends with method %s: callbacks are POSTed", j, r.CallbackLane, h.Method)}
 		case cl.PerKey != nil:
 			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) is keyed (per_key): callbacks have no key", j, r.CallbackLane)}
 		case int64(cl.MaxBody) < r.MaxRecord():
