@@ -2,6 +2,7 @@ package records_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -29,8 +30,9 @@ func (c *sentCallbacks) SendCallback(_ context.Context, lane string, rec api.Job
 
 // TestCallbackOnEverySettlement: a record naming a callback is sent, on
 // its lane's callback lane, when a write settles it (delivered by Finish,
-// cancelled, expired), once: not while it is retried, not for a second
-// cancel, and never for a record without a callback.
+// cancelled, expired): not while it is retried, not for a second cancel,
+// and never for a record without a callback; the drain meeting a
+// cancelled job stores it again.
 func TestCallbackOnEverySettlement(t *testing.T) {
 	s := newStore(t, time.Hour)
 	ctx := context.Background()
@@ -69,6 +71,12 @@ func TestCallbackOnEverySettlement(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The drain meeting the cancelled job stores its callback again (a
+	// repeat the callback lane's stream drops): the cancelling instance
+	// may have stopped before it stored it.
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "c", Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("start of a cancelled job: %v", err)
+	}
 	// Expired by the scheduler.
 	create("e", "https://h.example/e")
 	if _, err := s.Mark(ctx, "demo", "e", api.StateExpired, "expired", now); err != nil {
@@ -81,7 +89,7 @@ func TestCallbackOnEverySettlement(t *testing.T) {
 	want := []struct {
 		id, url string
 		state   api.JobState
-	}{{"d", "https://h.example/d", api.StateDelivered}, {"c", "https://h.example/c", api.StateCancelled}, {"e", "https://h.example/e", api.StateExpired}}
+	}{{"d", "https://h.example/d", api.StateDelivered}, {"c", "https://h.example/c", api.StateCancelled}, {"c", "https://h.example/c", api.StateCancelled}, {"e", "https://h.example/e", api.StateExpired}}
 	if len(cb.sent) != len(want) {
 		t.Fatalf("sent %d callbacks: %+v; want %d", len(cb.sent), cb.sent, len(want))
 	}

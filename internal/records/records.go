@@ -466,6 +466,14 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		rec.State, rec.FinishedAt, rec.Response, rec.Reason = api.StateInFlight, nil, nil, ""
 		return nil
 	})
+	if errors.Is(err, ErrNotStartable) {
+		// The drain meets a cancelled or expired job: its callback is
+		// stored again, in case the instance that settled it stopped
+		// before it could (the callback lane's stream drops the repeat
+		// within its dedup window; after it, the receiver gets the same
+		// record again under the same Idempotency-Key).
+		s.callback(ctx, rec)
+	}
 	if err != nil {
 		return Claim{}, err
 	}
