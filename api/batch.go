@@ -39,6 +39,9 @@ type BatchItem struct {
 	Path    string            `json:"path,omitempty"`
 	URL     string            `json:"url,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
+	// Callback is where the job's settled record is POSTed, as the
+	// Throttle-Callback header of a single submission.
+	Callback string `json:"callback,omitempty"`
 }
 
 // Trace is a job's W3C trace context (https://www.w3.org/TR/trace-context/,

@@ -54,6 +54,9 @@ type JobRecord struct {
 	// Response is the target's answer to the last attempt of a settled
 	// job (delivered, or dead after an answer).
 	Response *JobResponse `json:"response,omitempty"`
+	// Callback is the URL the settled record is POSTed to
+	// (Throttle-Callback); empty for none.
+	Callback string `json:"callback,omitempty"`
 }
 
 // JobAttempt is one delivery attempt of a job.

@@ -50,6 +50,10 @@ type SubmitOptions struct {
 	// Forward are headers the target receives (Throttle-Forward-<Name>),
 	// names the lane lists in target.http.forward_headers.
 	Forward map[string]string
+	// Callback is where the job's record is POSTed once it settles
+	// (Throttle-Callback), a URL under the lane's results.callback_urls,
+	// as api.BatchItem.Callback is an item's. Empty: none.
+	Callback string
 }
 
 // Submit stores one job in lane. The answer says whether it started at
@@ -72,7 +76,7 @@ func (c *Client) Submit(ctx context.Context, lane string, payload []byte, opts *
 	if o.ThrottleKey != "" {
 		h.Set("Throttle-Key", o.ThrottleKey)
 	}
-	for name, v := range map[string]string{"Throttle-Method": o.Method, "Throttle-Path": o.Path, "Throttle-URL": o.URL} {
+	for name, v := range map[string]string{"Throttle-Method": o.Method, "Throttle-Path": o.Path, "Throttle-URL": o.URL, "Throttle-Callback": o.Callback} {
 		if v != "" {
 			h.Set(name, v)
 		}

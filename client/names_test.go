@@ -41,3 +41,28 @@ func TestThrottleKeyAndItsDeprecatedName(t *testing.T) {
 		t.Fatalf("Throttle-Key headers %q, want %q", got, want)
 	}
 }
+
+// TestSubmitCallback: SubmitOptions.Callback sends Throttle-Callback; none
+// sends no header.
+func TestSubmitCallback(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Header.Get("Throttle-Callback"))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_ = json.NewEncoder(w).Encode(api.Accepted{ID: "x", Lane: "geo", State: api.StateQueued})
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []*SubmitOptions{{Callback: "https://app.example.com/cb/1"}, nil} {
+		if _, err := c.Submit(context.Background(), "geo", []byte("x"), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 2 || got[0] != "https://app.example.com/cb/1" || got[1] != "" {
+		t.Fatalf("Throttle-Callback sent: %q", got)
+	}
+}

@@ -29,6 +29,8 @@ type Lanes struct {
 	dest map[string]*dest.Rules
 	// held are the lanes' Held, made once per lane.
 	held map[string]func() bool
+	// callbacks are the lanes' results.callback_urls.
+	callbacks map[string]*dest.Prefixes
 }
 
 var (
@@ -55,7 +57,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, held: map[string]func() bool{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, held: map[string]func() bool{}, callbacks: map[string]*dest.Prefixes{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -67,6 +69,11 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	if h := lc.Target.HTTP; h != nil {
 		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
 			d.dest[lc.Name] = r
+		}
+	}
+	if r := lc.Results; r != nil && len(r.CallbackURLs) > 0 {
+		if p, err := dest.NewPrefixes(r.CallbackURLs); err == nil { // validated with the config
+			d.callbacks[lc.Name] = p
 		}
 	}
 	if lc.PerKey != nil {
@@ -95,6 +102,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	}
 	il.Dest = d.dest[name]
 	il.Held = d.held[name]
+	il.Callbacks = d.callbacks[name]
 	return il, true
 }
 

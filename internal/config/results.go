@@ -1,10 +1,13 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/dest"
 )
 
 // Results keeps a record of each job of a lane (its state, attempts and
@@ -24,6 +27,15 @@ type Results struct {
 	// Headers are the target's answer headers a record keeps (besides
 	// Content-Type).
 	Headers []string `yaml:"headers"`
+	// CallbackURLs are the URL prefixes a job may name in
+	// Throttle-Callback (compared as target.http.job_urls are); none
+	// refuses the header.
+	CallbackURLs []string `yaml:"callback_urls"`
+	// CallbackLane is the lane the callbacks go through: an HTTP lane
+	// whose target.http.job_urls cover every callback_urls prefix. It
+	// paces, signs, retries and dead-letters them. Required with
+	// callback_urls.
+	CallbackLane string `yaml:"callback_lane"`
 }
 
 // Defaults of a lane's results.
@@ -40,6 +52,11 @@ const (
 	// MaxResultsHeaders bounds results.headers.
 	MaxResultsHeaders = 32
 )
+
+// MaxRecord bounds one of the lane's records in bytes: the answer's body
+// (up to twice max_body once escaped in JSON) and the rest. A callback
+// carries one record, so a callback lane's max_body is at least this.
+func (r *Results) MaxRecord() int64 { return 2*int64(r.MaxBody) + 64<<10 }
 
 func (r *Results) applyDefaults() {
 	if r.Keep == 0 {
@@ -72,6 +89,19 @@ func (r *Results) validate(fail func(field, format string, args ...any) error) e
 		if !validToken(h) {
 			return fail(fmt.Sprintf("results.headers[%d]", i), "%q is not a header name", h)
 		}
+	}
+	if _, err := dest.NewPrefixes(r.CallbackURLs); err != nil {
+		var fe *dest.FieldError
+		if errors.As(err, &fe) {
+			return fail("results.callback_urls"+fe.Field, "%s", fe.Detail)
+		}
+		return fail("results.callback_urls", "%v", err)
+	}
+	switch {
+	case len(r.CallbackURLs) > 0 && r.CallbackLane == "":
+		return fail("results.callback_lane", "must name the lane the callbacks go through when results.callback_urls is set")
+	case len(r.CallbackURLs) == 0 && r.CallbackLane != "":
+		return fail("results.callback_urls", "must list the callback URL prefixes when results.callback_lane is set")
 	}
 	return nil
 }

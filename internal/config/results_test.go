@@ -51,3 +51,55 @@ func TestResults(t *testing.T) {
 		t.Errorf("results: {colour: 1}: %v; want it refused naming the file and the key", err)
 	}
 }
+
+// TestResultsCallbacks: callback_urls and callback_lane go together; the
+// callback lane exists, has an http target, and its job_urls cover every
+// callback prefix. Each refusal names the file and the field.
+func TestResultsCallbacks(t *testing.T) {
+	conf := func(results, cbTarget string) string {
+		return `
+listen: 127.0.0.1:8080
+lanes:
+  - name: demo
+    rate: 20
+    burst: 10
+    results: ` + results + `
+    target: {http: {url: "http://127.0.0.1:9000/hook"}}
+  - name: cb
+    rate: 5
+    burst: 1
+    target: ` + cbTarget + `
+`
+	}
+	const httpCB = `{http: {url: "https://hooks.example.com/", job_urls: ["https://hooks.example.com/v1", "https://other.example.com:8443/"]}}`
+	cfg, err := config.Parse("t.yaml", []byte(conf(`{callback_urls: ["https://hooks.example.com/v1/cb", "https://other.example.com:8443/x"], callback_lane: cb}`, httpCB)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Lanes[0].Results; r.CallbackLane != "cb" || len(r.CallbackURLs) != 2 {
+		t.Fatalf("results %+v", r)
+	}
+	for _, s := range []struct{ results, target, field string }{
+		{`{callback_urls: ["https://hooks.example.com/v1"]}`, httpCB, "lanes[0].results.callback_lane"},
+		{`{callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls"},
+		{`{callback_urls: ["https://hooks.example.com/v1?x=1"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
+		{`{callback_urls: ["ftp://hooks.example.com/v1"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: nope}`, httpCB, "lanes[0].results.callback_lane"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, `{nats: {subject: cb.out}}`, "lanes[0].results.callback_lane"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, `{http: {url: "https://hooks.example.com/", method: PUT, job_urls: ["https://hooks.example.com/v1"]}}`, "lanes[0].results.callback_lane"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb}`, httpCB + "\n    per_key: {rate: 1, burst: 1}", "lanes[0].results.callback_lane"},
+		{`{callback_urls: ["https://hooks.example.com/v1"], callback_lane: cb, max_body: 1MiB}`, httpCB + "\n    max_body: 1MiB", "lanes[1].max_body"},
+		// Not under job_urls: another path, a path that only shares a
+		// prefix of characters, another port, another scheme.
+		{`{callback_urls: ["https://hooks.example.com/v1", "https://hooks.example.com/v2"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[1]"},
+		{`{callback_urls: ["https://hooks.example.com/v10"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
+		{`{callback_urls: ["https://other.example.com/"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
+		{`{callback_urls: ["http://hooks.example.com/v1"], callback_lane: cb}`, httpCB, "lanes[0].results.callback_urls[0]"},
+	} {
+		_, err := config.Parse("t.yaml", []byte(conf(s.results, s.target)), nil)
+		var ce *config.Error
+		if !errors.As(err, &ce) || ce.File != "t.yaml" || ce.Field != s.field {
+			t.Errorf("results %s, callback target %s: %v; want an error naming t.yaml and %s", s.results, s.target, err, s.field)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -259,12 +260,63 @@ func (c *Config) Validate() error {
 	if err := c.validateWorkSubjects(); err != nil {
 		return err
 	}
+	if err := c.validateCallbacks(); err != nil {
+		return err
+	}
 	if c.Callers != nil {
 		if err := c.Callers.validate(); err != nil {
 			return err
 		}
 	}
 	return c.validateAccess()
+}
+
+// validateCallbacks checks each lane's results.callback_lane: a lane of
+// this config with an HTTP target whose job_urls cover every prefix of
+// results.callback_urls (the callback lane's target checks each
+// callback's URL against its job_urls before sending it).
+func (c *Config) validateCallbacks() error {
+	at := map[string]int{}
+	for i, l := range c.Lanes {
+		at[l.Name] = i
+	}
+	for i, l := range c.Lanes {
+		r := l.Results
+		if r == nil || r.CallbackLane == "" {
+			continue
+		}
+		field := fmt.Sprintf("lanes[%d].results.callback_lane", i)
+		j, ok := at[r.CallbackLane]
+		if !ok {
+			return &Error{Field: field, Msg: fmt.Sprintf("no lane is named %q", r.CallbackLane)}
+		}
+		cl := c.Lanes[j]
+		h := cl.Target.HTTP
+		switch {
+		case h == nil:
+			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) has no http target: callbacks are HTTP requests", j, r.CallbackLane)}
+		case h.Method != "" && h.Method != http.MethodPost:
+			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) sends with method %s: callbacks are POSTed", j, r.CallbackLane, h.Method)}
+		case cl.PerKey != nil:
+			return &Error{Field: field, Msg: fmt.Sprintf("lanes[%d] (%s) is keyed (per_key): callbacks have no key", j, r.CallbackLane)}
+		case int64(cl.MaxBody) < r.MaxRecord():
+			return &Error{Field: fmt.Sprintf("lanes[%d].max_body", j),
+				Msg: fmt.Sprintf("is %d bytes; lanes[%d] (%s) sends its callbacks through this lane, and a callback carries a record of up to %d bytes (twice results.max_body and 64KiB)", cl.MaxBody, i, l.Name, r.MaxRecord())}
+		}
+		rules, err := dest.New(h.DestConfig())
+		if err != nil {
+			return &Error{Field: fmt.Sprintf("lanes[%d].target.http", j), Msg: err.Error()}
+		}
+		cb, err := dest.NewPrefixes(r.CallbackURLs)
+		if err != nil {
+			return &Error{Field: fmt.Sprintf("lanes[%d].results.callback_urls", i), Msg: err.Error()}
+		}
+		if k := rules.Uncovered(cb); k >= 0 {
+			return &Error{Field: fmt.Sprintf("lanes[%d].results.callback_urls[%d]", i, k),
+				Msg: fmt.Sprintf("%q is not under any of lanes[%d] (%s) target.http.job_urls: the callback lane would refuse its callbacks", r.CallbackURLs[k], j, r.CallbackLane)}
+		}
+	}
+	return nil
 }
 
 // validateWorkSubjects refuses a NATS subject shared by a pull-mode lane

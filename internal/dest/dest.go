@@ -517,12 +517,8 @@ func (r *Rules) checkURL(s string) (*url.URL, error) {
 		}
 		return nil, &Error{Field: HeaderURL, Err: ErrBadPath, Detail: strings.TrimPrefix(err.Error(), ErrBadPath.Error()+": ")}
 	}
-	host, port, path := u.Hostname(), effectivePort(u), u.EscapedPath()
-	for _, p := range r.prefixes {
-		if p.scheme == u.Scheme && p.host == host && p.port == port &&
-			(path == p.path || strings.HasPrefix(path, p.path+"/")) {
-			return u, nil
-		}
+	if under(r.prefixes, u) {
+		return u, nil
 	}
 	return nil, refuse(HeaderURL, ErrURLNotAllowed, "scheme, host, port and path are under none of target.http.job_urls")
 }
@@ -711,4 +707,83 @@ func clip(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// HeaderCallback names the URL a job's settled record is POSTed to; it is
+// checked against the lane's results.callback_urls (Prefixes).
+const HeaderCallback = "Throttle-Callback"
+
+// ErrCallbackNotAllowed: a Throttle-Callback under none of the lane's
+// results.callback_urls, or a lane without them.
+var ErrCallbackNotAllowed = errors.New("the callback URL is not under any of the lane's results.callback_urls")
+
+// Prefixes are a checked list of URL prefixes (results.callback_urls),
+// compared as target.http.job_urls are: scheme, host, port, and the path
+// on a segment boundary. Immutable and safe for concurrent use; nil
+// allows nothing.
+type Prefixes struct{ list []prefix }
+
+// NewPrefixes checks urls; an error is a *FieldError naming the entry
+// ("[2]").
+func NewPrefixes(urls []string) (*Prefixes, error) {
+	p := &Prefixes{}
+	for i, s := range urls {
+		pr, err := parsePrefix(s)
+		if err != nil {
+			return nil, &FieldError{fmt.Sprintf("[%d]", i), err.Error()}
+		}
+		p.list = append(p.list, pr)
+	}
+	return p, nil
+}
+
+// CheckCallback checks a Throttle-Callback value; an *Error names the
+// header.
+func (p *Prefixes) CheckCallback(s string) (*url.URL, error) {
+	if p == nil || len(p.list) == 0 {
+		return nil, refuse(HeaderCallback, ErrCallbackNotAllowed, "the lane lists no results.callback_urls")
+	}
+	u, err := parseJobURL(s)
+	if err != nil {
+		if errors.Is(err, ErrPathEscapes) {
+			return nil, &Error{Field: HeaderCallback, Err: ErrPathEscapes, Detail: "the URL's path has a dot segment or an encoded slash, backslash, dot or percent"}
+		}
+		return nil, &Error{Field: HeaderCallback, Err: ErrBadPath, Detail: strings.TrimPrefix(err.Error(), ErrBadPath.Error()+": ")}
+	}
+	if !under(p.list, u) {
+		return nil, refuse(HeaderCallback, ErrCallbackNotAllowed, "scheme, host, port and path are under none of results.callback_urls")
+	}
+	return u, nil
+}
+
+// Uncovered is the index of the first of p's prefixes that no job URL
+// prefix of r covers (every URL under it is then under one of r's
+// job_urls), or -1 when r covers them all.
+func (r *Rules) Uncovered(p *Prefixes) int {
+	for i, c := range p.list {
+		covered := false
+		for _, j := range r.prefixes {
+			if j.scheme == c.scheme && j.host == c.host && j.port == c.port &&
+				(c.path == j.path || strings.HasPrefix(c.path, j.path+"/")) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			return i
+		}
+	}
+	return -1
+}
+
+// under reports whether parsed URL u is under one of list.
+func under(list []prefix, u *url.URL) bool {
+	host, port, path := u.Hostname(), effectivePort(u), u.EscapedPath()
+	for _, p := range list {
+		if p.scheme == u.Scheme && p.host == host && p.port == port &&
+			(path == p.path || strings.HasPrefix(path, p.path+"/")) {
+			return true
+		}
+	}
+	return false
 }

@@ -105,6 +105,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		rj.reject(rf, "invalid_destination")
 		return
 	}
+	if rf := batchCallbacks(jobs, lane); rf != nil {
+		rj.reject(rf, "invalid_callback")
+		return
+	}
 	// The batch costs its caller the lane's cost per item, before
 	// anything is stored; a refusal (429, or 413 over the plan's burst) is
 	// answered there.
@@ -284,7 +288,7 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 	bad := func(class error, field, format string, args ...any) (queue.Job, *Refusal) {
 		return queue.Job{}, refusal(class, at+field, "item %d: %s", i, fmt.Sprintf(format, args...))
 	}
-	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType, Dest: itemDest(it)}
+	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType, Dest: itemDest(it), Callback: it.Callback}
 	if job.ID != "" {
 		if err := queue.ValidJobID(job.ID); err != nil {
 			return bad(ErrBadBody, "/idempotency_key", "idempotency_key: %v", err)

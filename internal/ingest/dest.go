@@ -57,6 +57,25 @@ func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
 	return d, nil
 }
 
+// jobCallback reads and checks the Throttle-Callback header of r for lane:
+// "" when absent. The URL must be under one of the lane's
+// results.callback_urls, compared as Throttle-URL is against job_urls.
+func jobCallback(r *http.Request, lane Lane) (string, error) {
+	v := r.Header.Values(dest.HeaderCallback)
+	switch {
+	case len(v) == 0:
+		return "", nil
+	case len(v) > 1:
+		return "", refusal(ErrBadHeader, dest.HeaderCallback, "%s: %d headers; at most one is allowed", dest.HeaderCallback, len(v))
+	case v[0] == "":
+		return "", refusal(ErrBadHeader, dest.HeaderCallback, "%s is empty", dest.HeaderCallback)
+	}
+	if _, err := lane.Callbacks.CheckCallback(v[0]); err != nil {
+		return "", destRefusal(err, "")
+	}
+	return v[0], nil
+}
+
 // checkDest checks d against lane's lists.
 func checkDest(lane Lane, d dest.Request) error {
 	if lane.Dest == nil {
@@ -100,6 +119,8 @@ func itemMember(field string) string {
 		return "/path"
 	case dest.HeaderURL:
 		return "/url"
+	case dest.HeaderCallback:
+		return "/callback"
 	}
 	if name, ok := strings.CutPrefix(field, dest.ForwardPrefix); ok {
 		return "/headers/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
@@ -120,6 +141,21 @@ func batchDest(jobs []batchJob, lane Lane) *Refusal {
 			continue
 		}
 		if err := checkDest(lane, d); err != nil {
+			return destRefusal(err, "/"+strconv.Itoa(i))
+		}
+	}
+	return nil
+}
+
+// batchCallbacks checks the callbacks of a checked batch against lane's
+// results.callback_urls.
+func batchCallbacks(jobs []batchJob, lane Lane) *Refusal {
+	for i := range jobs {
+		cb := jobs[i].job.Callback
+		if cb == "" {
+			continue
+		}
+		if _, err := lane.Callbacks.CheckCallback(cb); err != nil {
 			return destRefusal(err, "/"+strconv.Itoa(i))
 		}
 	}

@@ -106,6 +106,9 @@ type Lane struct {
 	// true}): its jobs are queued, and no submission waits to hear of a
 	// start that cannot come. Nil: never held.
 	Held func() bool
+	// Callbacks are the lane's results.callback_urls; nil refuses
+	// Throttle-Callback.
+	Callbacks *dest.Prefixes
 }
 
 // startsNow reports whether a job the lane has room for may start now: the
@@ -525,6 +528,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(err, "invalid_destination")
 		return
 	}
+	callback, err := jobCallback(r, lane)
+	if err != nil {
+		rj.reject(err, "invalid_callback")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}
@@ -539,7 +547,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sched.NotBefore.IsZero() {
 		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
-			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd}, &rj, keeps)
+			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd, Callback: callback}, &rj, keeps)
 		return
 	}
 	var dec admission.Decision
@@ -557,12 +565,14 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires, Dest: jd}
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires, Dest: jd, Callback: callback}
 	// A job without an Idempotency-Key on a lane with records gets an id
 	// that says where it is stored (queue.SeqID): it is found by that id
 	// while it waits, and no record is written for it at intake. It waits
 	// for its slot under the id made above.
-	seqID := keeps && !given && sub.wait == 0
+	// A job with a callback gets its record at intake too: a cancel
+	// reads the callback from it.
+	seqID := keeps && !given && sub.wait == 0 && callback == ""
 	if seqID {
 		job.ID, job.IDPrefix, job.NotifyID = "", h.idPrefix, id
 	}

@@ -320,7 +320,7 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 func (h *Handler) createRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
 	now := time.Now().UTC()
 	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
-		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}})
+		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback})
 }
 
 // undoRecord removes the record of a job that could not be stored.

@@ -184,5 +184,5 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 func (h *Handler) scheduledRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
 	now := time.Now().UTC()
 	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
-		State: api.StateScheduled, StoredAt: &now, Attempts: []api.JobAttempt{}})
+		State: api.StateScheduled, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback})
 }

@@ -37,7 +37,7 @@ func (l *Lane) ensureRecords(ctx context.Context) error {
 		return nil
 	}
 	return l.d.Records.EnsureLane(ctx, records.LaneSpec{Name: l.cfg.Name, Keep: r.Keep.D(),
-		MaxRecord: int32(2*int64(r.MaxBody) + 64<<10), Replicas: l.d.Replicas})
+		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane})
 }
 
 // keepsRecords reports whether the lane keeps job records.
@@ -52,7 +52,7 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg) (records.Claim, bool)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	c, err := l.d.Records.Start(ctx, records.Attempt{Lane: l.cfg.Name, ID: job.ID, Key: job.Key, Hint: job.RecordRev,
-		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now()})
+		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback})
 	switch {
 	case err == nil:
 		return c, true

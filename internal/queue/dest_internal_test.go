@@ -35,3 +35,18 @@ func TestDestRoundTrip(t *testing.T) {
 		t.Errorf("no destination headers: got %+v", got)
 	}
 }
+
+// TestCallbackIsTheThrottlersOwn: a job's callback URL round-trips on the
+// throttler's own subject, and a Throttler-Callback published on a public
+// subject is ignored (a callback is checked at intake; a public publisher
+// never names one).
+func TestCallbackIsTheThrottlersOwn(t *testing.T) {
+	const cb = "https://hooks.example.com/cb/1"
+	h := jobMsg(Job{ID: "a", Lane: "demo", Callback: cb}).Header
+	if got := decodeJob("demo", h, nil, "", 1, true, time.Now()).Callback; got != cb {
+		t.Errorf("trusted: callback %q, want %q", got, cb)
+	}
+	if got := decodeJob("demo", h, nil, "", 1, false, time.Now()).Callback; got != "" {
+		t.Errorf("public subject: callback %q, want none", got)
+	}
+}

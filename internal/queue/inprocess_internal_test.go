@@ -273,9 +273,9 @@ func TestJobMsgHeaderCount(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 11 {
 		t.Errorf("jobMsg allocates %v times, want at most 11", n)
 	}
-	// Without trace context and a record (9 headers) the bound is the
+	// Without trace context, a record and a callback (9 headers) the bound is the
 	// former one: a lane without results pays nothing for them.
-	job.Trace, job.Wait, job.RecordRev, job.NotifyID = tracectx.Context{}, "", 0, ""
+	job.Trace, job.Wait, job.RecordRev, job.NotifyID, job.Callback = tracectx.Context{}, "", 0, "", ""
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 8 {
 		t.Errorf("jobMsg without trace context and a record allocates %v times, want at most 8", n)
 	}

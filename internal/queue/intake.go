@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"github.com/throttler/throttler/internal/dest"
 	"strconv"
 	"strings"
 	"time"
@@ -143,6 +144,9 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"
 	job.Wait = waitAddress(h.Get(HeaderWait))
+	if cb := h.Get(HeaderCallback); len(cb) <= dest.MaxURL {
+		job.Callback = cb
+	}
 	if rev, err := strconv.ParseUint(h.Get(HeaderRecordRev), 10, 64); err == nil {
 		job.RecordRev = rev
 	}

@@ -59,6 +59,10 @@ const (
 	// HeaderWait names where a caller waits for the job's settled record
 	// (records.WaitSubject). Set only by the throttler.
 	HeaderWait = "Throttler-Wait"
+	// HeaderCallback is the URL the job's settled record is POSTed to
+	// (Throttle-Callback at intake, checked there against the lane's
+	// results.callback_urls). Read only on the throttler's own subject.
+	HeaderCallback = "Throttler-Callback"
 	// HeaderRecordRev is the revision of the job's record when intake
 	// stored the job: the drain's claim tries it first. Set only by the
 	// throttler.
@@ -188,6 +192,9 @@ type Job struct {
 	// Wait is where a caller waits for the job's settled record
 	// (records.WaitSubject); empty for none.
 	Wait string
+	// Callback is where the job's settled record is POSTed (through the
+	// lane's results.callback_lane); empty for none.
+	Callback string
 	// IDPrefix, on a job stored with an empty ID, makes its id
 	// SeqID(IDPrefix, seq) once stored.
 	IDPrefix string
@@ -617,6 +624,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.Wait != "" {
 		add(HeaderWait, job.Wait)
+	}
+	if job.Callback != "" {
+		add(HeaderCallback, job.Callback)
 	}
 	if job.ID == "" && job.IDPrefix != "" {
 		add(HeaderIDPrefix, job.IDPrefix)

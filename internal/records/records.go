@@ -65,6 +65,41 @@ type Store struct {
 
 	mu    sync.RWMutex
 	lanes map[string]jetstream.KeyValue
+	// callbackLane is each lane's results.callback_lane.
+	callbackLane map[string]string
+	callbacks    Callbacks
+}
+
+// Callbacks stores the callback of a settled record as a job of the
+// callback lane (queue.Queue.SendCallback).
+type Callbacks interface {
+	SendCallback(ctx context.Context, callbackLane string, rec api.JobRecord) error
+}
+
+// SetCallbacks makes the store send the record of every settled job that
+// names a callback (delivered, dead, cancelled, expired) through c, on
+// its lane's callback lane (LaneSpec.CallbackLane). Call it before the
+// store is used.
+func (s *Store) SetCallbacks(c Callbacks) { s.callbacks = c }
+
+// callback sends rec's callback once rec is settled. The store sends it
+// right after the write that settled the job, whichever instance made it;
+// a failure is logged (the record stands; the callback is lost only if
+// the send fails, as a dead letter would need the queue that failed).
+func (s *Store) callback(ctx context.Context, rec api.JobRecord) {
+	if rec.Callback == "" || !rec.State.Settled() || s.callbacks == nil {
+		return
+	}
+	s.mu.RLock()
+	lane := s.callbackLane[rec.Lane]
+	s.mu.RUnlock()
+	if lane == "" {
+		s.log.Warn("a job names a callback but its lane has no results.callback_lane; not sent", "lane", rec.Lane, "id", rec.ID)
+		return
+	}
+	if err := s.callbacks.SendCallback(ctx, lane, rec); err != nil {
+		s.log.Warn("storing a job's callback failed; not sent", "lane", rec.Lane, "id", rec.ID, "callback_lane", lane, "err", err)
+	}
 }
 
 // New returns a Store on nc; it starts nothing.
@@ -76,7 +111,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}}, nil
+	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}, callbackLane: map[string]string{}}, nil
 }
 
 // LaneSpec is what the store needs of a lane.
@@ -89,6 +124,9 @@ type LaneSpec struct {
 	MaxRecord int32
 	// Replicas for a clustered JetStream; 0 means 1.
 	Replicas int
+	// CallbackLane is the lane callbacks of this lane's jobs go through
+	// (results.callback_lane); empty for none.
+	CallbackLane string
 }
 
 // EnsureLane creates or updates the bucket of a lane's records.
@@ -107,6 +145,7 @@ func (s *Store) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	}
 	s.mu.Lock()
 	s.lanes[spec.Name] = kv
+	s.callbackLane[spec.Name] = spec.CallbackLane
 	s.mu.Unlock()
 	return nil
 }
@@ -320,6 +359,9 @@ func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api
 		rec.FinishedAt = &now
 		return nil
 	})
+	if err == nil {
+		s.callback(ctx, rec)
+	}
 	if errors.Is(err, errSame) {
 		err = nil
 	}
@@ -358,6 +400,9 @@ func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, r
 		}
 		return nil
 	})
+	if err == nil {
+		s.callback(ctx, rec)
+	}
 	if errors.Is(err, errSame) {
 		err = nil
 	}
@@ -382,6 +427,9 @@ type Attempt struct {
 	// Stored is the job's first store time, for a record intake did not
 	// write; Now the attempt's start.
 	Stored, Now time.Time
+	// Callback is the job's callback URL (queue.Job.Callback), kept in
+	// its record.
+	Callback string
 }
 
 // Start claims a job's record for an attempt: queued, scheduled or
@@ -392,7 +440,7 @@ type Attempt struct {
 func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	if a.Hint != 0 || a.Fresh {
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
-			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}}
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback}
 		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
 			return Claim{}, err
 		} else if ok {
@@ -406,6 +454,9 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		if !found {
 			rec.Key, rec.StoredAt = a.Key, &a.Stored
 		}
+		if rec.Callback == "" {
+			rec.Callback = a.Callback
+		}
 		if rec.StartedAt == nil {
 			rec.StartedAt = &a.Now
 		}
@@ -415,6 +466,14 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		rec.State, rec.FinishedAt, rec.Response, rec.Reason = api.StateInFlight, nil, nil, ""
 		return nil
 	})
+	if errors.Is(err, ErrNotStartable) {
+		// The drain meets a cancelled or expired job: its callback is
+		// stored again, in case the instance that settled it stopped
+		// before it could (the callback lane's stream drops the repeat
+		// within its dedup window; after it, the receiver gets the same
+		// record again under the same Idempotency-Key).
+		s.callback(ctx, rec)
+	}
 	if err != nil {
 		return Claim{}, err
 	}
@@ -446,12 +505,16 @@ func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)
 	if _, ok, err := s.update(ctx, rec, c.Rev); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
+		s.callback(ctx, rec)
 		return rec, nil
 	}
 	rec, _, err := s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
 		fn(r)
 		return nil
 	})
+	if err == nil {
+		s.callback(ctx, rec)
+	}
 	return rec, err
 }
 

@@ -197,6 +197,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	}
 	// Delayed and expiring jobs move their records too.
 	q.SetScheduleHook(records.NewHook(recs, s.log))
+	// A settled job that names a callback sends its record as a job of its
+	// lane's results.callback_lane.
+	recs.SetCallbacks(q)
 	// One subscription for every caller of this instance that waits for
 	// its job's answer (?wait=), made before any job is taken.
 	waiters := records.NewWaiters(nc, claim.ID(), 0, s.log)
