@@ -127,27 +127,35 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	}
 	fill.CloseIdleConnections()
 	drained := map[string]float64{}
+	var werr error
+rounds:
 	for r := range rounds {
 		for _, lane := range []string{doff, don} {
 			sk.reset(m)
 			if _, err := patch(ctx, client, base+lane, `{"paused":false}`); err != nil {
 				return rows, err
 			}
-			werr := sk.wait(ctx, m, 10*time.Second+2*e.dur+time.Duration(m)*time.Millisecond, e.prog, fmt.Sprintf("records drain %s round %d/%d", lane, r+1, rounds))
+			werr = sk.wait(ctx, m, 10*time.Second+2*e.dur+time.Duration(m)*time.Millisecond, e.prog, fmt.Sprintf("records drain %s round %d/%d", lane, r+1, rounds))
 			if _, err := patch(ctx, client, base+lane, `{"paused":true}`); err != nil {
 				return rows, err
 			}
 			if werr != nil {
-				return rows, werr
+				break rounds
 			}
 			arrivals, _ := sk.snapshot()
 			drained[lane] = max(drained[lane], pacingOf(arrivals[:m], 0).Achieved)
 		}
 	}
-	rows = append(rows, Result{ID: Records, Scenario: "drain, 1 lane → sink: jobs/s, records on (vs off)",
+	drainRow := Result{ID: Records, Scenario: "drain, 1 lane → sink: jobs/s, records on (vs off)",
 		Ours: fmtRate(drained[don]), Reference: fmtRate(drained[doff]), Ratio: fmtRatio(drained[don], drained[doff]),
 		Goal: "≥ 0.85×", Verdict: verdict(drained[don] >= 0.85*drained[doff]),
-		Note: fmt.Sprintf("best of %d interleaved rounds of %s jobs each, max_inflight %d", rounds, fmtInt(int64(m)), drainInflight)})
+		Note: fmt.Sprintf("best of %d interleaved rounds of %s jobs each, max_inflight %d", rounds, fmtInt(int64(m)), drainInflight)}
+	if werr != nil {
+		// A round that did not drain is this row's failure; the rows
+		// after it measure other lanes and still run.
+		drainRow.Verdict, drainRow.Note = Failed, werr.Error()
+	}
+	rows = append(rows, drainRow)
 
 	// GET p99 while the lane takes and drains 1,000 jobs/s.
 	jobs := int(e.dur.Seconds() * 1000)
