@@ -3,10 +3,12 @@ package queue
 import (
 	"context"
 	"fmt"
-	"github.com/throttler/throttler/internal/dest"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/throttler/throttler/internal/dest"
+	"github.com/throttler/throttler/internal/records"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -143,7 +145,7 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"
-	job.Wait = waitAddress(h.Get(HeaderWait))
+	job.Wait = records.WaitAddress(h.Get(HeaderWait)) // a wait subject, or nothing
 	if cb := h.Get(HeaderCallback); len(cb) <= dest.MaxURL {
 		job.Callback = cb
 	}

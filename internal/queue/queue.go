@@ -469,21 +469,6 @@ func notifyAddress(v string) string {
 	return v
 }
 
-// WaitPrefix starts the subject on which an instance hears the settled
-// records of the jobs its callers wait for (records.WaitPrefix, which the
-// records package checks against this one).
-const WaitPrefix = "throttler.records."
-
-// waitAddress keeps a Throttler-Wait value only when it is a wait subject,
-// as notifyAddress does for Throttler-Notify.
-func waitAddress(v string) string {
-	id, ok := strings.CutPrefix(v, WaitPrefix)
-	if !ok || notifyAddress(NotifyPrefix+id) == "" {
-		return ""
-	}
-	return v
-}
-
 // New returns a Queue on the connection nc. It starts nothing.
 func New(nc *nats.Conn, logger *slog.Logger) (*Queue, error) {
 	// An asynchronous publish (PublishBatch) whose acknowledgement never
