@@ -289,12 +289,8 @@ func (s *Store) update(ctx context.Context, rec api.JobRecord, rev uint64) (newR
 	if err != nil {
 		return 0, false, err
 	}
-	if rev == 0 {
-		newRev, err = kv.Create(ctx, Key(rec.ID), b)
-	} else {
-		newRev, err = kv.Update(ctx, Key(rec.ID), b, rev)
-	}
-	if errors.Is(err, jetstream.ErrKeyExists) || isWrongLast(err) {
+	newRev, err = s.put(ctx, kv, rec.Lane, rec.ID, b, rev)
+	if errors.Is(err, errWrongLast) {
 		return 0, false, nil
 	}
 	if err != nil {

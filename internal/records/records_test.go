@@ -214,3 +214,63 @@ func TestWaitAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateAfterUndo: a record intake undid (its job could not be stored)
+// leaves a purge marker; a new create of the same id, and a fresh claim of
+// a job of that id, write over it.
+func TestCreateAfterUndo(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for i, fresh := range []bool{false, true} {
+		id := "undone-" + strconv.Itoa(i)
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Undo(ctx, "demo", id, rev); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Get(ctx, "demo", id); !errors.Is(err, records.ErrNotFound) {
+			t.Fatalf("%s after undo: %v, want ErrNotFound", id, err)
+		}
+		now := time.Now().UTC()
+		if fresh {
+			c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: now, Now: now})
+			if err != nil || c.Record.State != api.StateInFlight || c.Rev <= rev {
+				t.Fatalf("%s: fresh claim over the marker: %+v, %v", id, c, err)
+			}
+		} else if rev2, _, err := s.Create(ctx, queued(id)); err != nil || rev2 <= rev {
+			t.Fatalf("%s: create over the marker: rev %d (was %d), %v", id, rev2, rev, err)
+		}
+		got, _, err := s.Get(ctx, "demo", id)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if want := map[bool]api.JobState{false: api.StateQueued, true: api.StateInFlight}[fresh]; got.State != want {
+			t.Fatalf("%s: state %s, want %s", id, got.State, want)
+		}
+	}
+}
+
+// TestStaleClaimLoses: a claim at a revision the record has left (a
+// duplicate delivery's hint) writes nothing over the newer record; it
+// reads the record again and claims that.
+func TestStaleClaimLoses(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	rev, _, err := s.Create(ctx, queued("stale"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(ctx, "demo", "stale", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "stale", Hint: rev, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("claim at the stale revision %d of a cancelled job: %v, want ErrNotStartable", rev, err)
+	}
+	got, _, err := s.Get(ctx, "demo", "stale")
+	if err != nil || got.State != api.StateCancelled {
+		t.Fatalf("record after the stale claim: %+v, %v; want cancelled", got, err)
+	}
+}
