@@ -21,11 +21,12 @@ var errWrongLast = errors.New("records: wrong last revision")
 // create-if-absent) and returns the new revision; errWrongLast when the
 // compare-and-set lost.
 //
-// It is the bucket's own write (a publish on the key's subject with
+// Every write of a record but Undo's purge goes through it. It is the
+// bucket's own write (a publish on the key's subject with
 // Nats-Expected-Last-Subject-Sequence, as jetstream.KeyValue.Update sends
 // it), made directly: the drain writes twice per job, and the library's
-// decoding of the stream's answer cost about as much as the rest of the
-// client's side of a write. The answer is read by readPubAck; an answer
+// decoding of the stream's answer was a third of the client's side of a
+// write. The answer is read by readPubAck; an answer
 // it does not know goes through encoding/json. A stream that does not
 // answer (a leader election) and a create over a delete or purge marker
 // take the library's path, which handles both.
