@@ -274,3 +274,59 @@ func TestStaleClaimLoses(t *testing.T) {
 		t.Fatalf("record after the stale claim: %+v, %v; want cancelled", got, err)
 	}
 }
+
+// TestCompareAndSetOnReplicas: on a three-node JetStream cluster, a
+// bucket with three replicas (nats.replicas: 3) refuses a stale write
+// as the single server does: the claim and the cancel of one queued job
+// race and exactly one wins, a fresh claim meets a cancelled record, and
+// a second create finds the first.
+func TestCompareAndSetOnReplicas(t *testing.T) {
+	cluster := testenv.StartNATSCluster(t, 3)
+	nc, _ := testenv.JetStream(t, cluster.URLs())
+	s, err := records.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		id := "r3-" + strconv.Itoa(i)
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Create(ctx, queued(id)); !errors.Is(err, records.ErrExists) {
+			t.Fatalf("%s: second create: %v, want ErrExists", id, err)
+		}
+		var c, st bool
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := s.Cancel(ctx, "demo", id, time.Now())
+			c = err == nil
+			if err != nil && !errors.Is(err, records.ErrStarted) {
+				t.Errorf("cancel %s: %v", id, err)
+			}
+		})
+		wg.Go(func() {
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
+			st = err == nil
+			if err != nil && !errors.Is(err, records.ErrNotStartable) {
+				t.Errorf("start %s: %v", id, err)
+			}
+		})
+		wg.Wait()
+		if c == st {
+			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+		}
+	}
+	now := time.Now().UTC()
+	if _, err := s.CancelStored(ctx, "demo", "r3-fresh", "", now, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "r3-fresh", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("fresh claim of a cancelled job: %v, want ErrNotStartable", err)
+	}
+}
