@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"runtime"
@@ -323,6 +324,31 @@ func TestMedianDuration(t *testing.T) {
 		if got := medianDuration(step.in); got != step.want {
 			t.Errorf("medianDuration(%v) = %v, want %v", step.in, got, step.want)
 		}
+	}
+}
+
+// TestQuantileBound: the bucket bound of a quantile of the observations
+// between two reads of a histogram; NaN for none.
+func TestQuantileBound(t *testing.T) {
+	bounds := []float64{0.001, 0.002, 0.004, math.Inf(1)}
+	for _, step := range []struct {
+		name          string
+		before, after []uint64
+		q, want       float64
+	}{
+		{"all in the first bucket", []uint64{0, 0, 0, 0}, []uint64{100, 100, 100, 100}, 0.99, 0.001},
+		{"the tail in the third", []uint64{0, 0, 0, 0}, []uint64{90, 98, 100, 100}, 0.99, 0.004},
+		{"past the last bound", nil, []uint64{90, 90, 90, 100}, 0.99, math.Inf(1)},
+		{"only what came after before", []uint64{50, 50, 50, 50}, []uint64{50, 150, 150, 150}, 0.99, 0.002},
+		{"nothing between the reads", []uint64{5, 5, 5, 5}, []uint64{5, 5, 5, 5}, 0.99, math.NaN()},
+		{"unreadable", nil, nil, 0.99, math.NaN()},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			got := quantileBound(bounds, step.before, step.after, step.q)
+			if got != step.want && !(math.IsNaN(got) && math.IsNaN(step.want)) {
+				t.Fatalf("quantileBound = %v, want %v", got, step.want)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -366,6 +367,65 @@ func (r *running) counter(family string, want map[string]string) float64 {
 		}
 	}
 	return sum
+}
+
+// histogram reads the cumulative bucket counts of the histogram series of
+// family whose labels include every pair of want: upper bounds and counts,
+// +Inf last.
+func (r *running) histogram(family string, want map[string]string) (bounds []float64, counts []uint64) {
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		return nil, nil
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == k && lp.GetValue() == v)
+				}
+				if !found {
+					continue metric
+				}
+			}
+			h := m.GetHistogram()
+			for _, b := range h.GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+				counts = append(counts, b.GetCumulativeCount())
+			}
+			return append(bounds, math.Inf(1)), append(counts, h.GetSampleCount())
+		}
+	}
+	return nil, nil
+}
+
+// quantileBound is the upper bound of the histogram bucket that holds the
+// q quantile of the observations between two reads of the same series
+// (before, after: cumulative counts); NaN when there were none.
+func quantileBound(bounds []float64, before, after []uint64, q float64) float64 {
+	if len(after) == 0 || len(after) != len(bounds) {
+		return math.NaN()
+	}
+	at := func(i int) uint64 {
+		if len(before) == len(after) {
+			return after[i] - before[i]
+		}
+		return after[i]
+	}
+	total := at(len(after) - 1)
+	if total == 0 {
+		return math.NaN()
+	}
+	for i := range bounds {
+		if float64(at(i)) >= q*float64(total) {
+			return bounds[i]
+		}
+	}
+	return math.Inf(1)
 }
 
 // withNATS runs f against the NATS the service of dataDir uses: the env's

@@ -401,6 +401,10 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	keeps := lane.ResultsMaxWait > 0 && h.cfg.Records != nil
+	var created []createdRecord
+	if keeps {
+		created = h.createRecords(ctx, jobs, fresh, errs)
+	}
 	var recorded []int // items answered from an earlier job's record
 	var (
 		toStore = make([]queue.Job, 0, len(fresh))
@@ -423,7 +427,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		if keeps {
 			// A lane with records: the item's record first
 			// (create-if-absent), as a single submission's.
-			rev, first, err := h.createRecord(ctx, job)
+			rev, first, err := created[k].rev, created[k].first, created[k].err
 			switch {
 			case errors.Is(err, records.ErrExists):
 				results[i] = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: first.State, Duplicate: true}
@@ -647,4 +651,39 @@ func appendBatchResult(b []byte, r api.BatchResult) []byte {
 		b = append(b, p...)
 	}
 	return append(b, '}')
+}
+
+// batchCreates bounds the record creates of one batch under way at once.
+const batchCreates = 64
+
+// createdRecord is the answer to one item's create-if-absent.
+type createdRecord struct {
+	rev   uint64
+	first api.JobRecord
+	err   error
+}
+
+// createRecords creates the records of a batch's admitted items (those of
+// fresh whose errs is nil), indexed as fresh: the creates are sent
+// together, at most batchCreates at once, since one after the other a
+// batch of 1,000 items waited for 1,000 round trips. The items' ids are
+// distinct (a batch's repeats are answered before), so no two creates
+// race for one record.
+func (h *Handler) createRecords(ctx context.Context, jobs []batchJob, fresh []int, errs []error) []createdRecord {
+	out := make([]createdRecord, len(fresh))
+	sem := make(chan struct{}, batchCreates)
+	var wg sync.WaitGroup
+	for k, i := range fresh {
+		if errs[k] != nil {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			rev, first, err := h.createRecord(ctx, jobs[i].job)
+			out[k] = createdRecord{rev: rev, first: first, err: err}
+		})
+	}
+	wg.Wait()
+	return out
 }

@@ -179,6 +179,11 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, api.ErrJobNotFound) {
 		if job, stored, ok := h.stored(r.Context(), name, id); ok {
 			rec, err = h.cfg.Records.CancelStored(r.Context(), name, id, job.Key, stored.UTC(), time.Now().UTC())
+		} else {
+			// Not in the stream either: the job may have started, and
+			// even left, between the two reads. Its claim was written
+			// before its start, so its record is there now.
+			rec, err = h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
 		}
 	}
 	if err != nil {

@@ -231,8 +231,8 @@ func (s *Store) Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobR
 	if err != nil {
 		return 0, api.JobRecord{}, err
 	}
-	rev, err := kv.Create(ctx, Key(rec.ID), b)
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	rev, err := s.put(ctx, kv, rec.Lane, rec.ID, b, 0)
+	if errors.Is(err, errWrongLast) {
 		old, _, gerr := s.Get(ctx, rec.Lane, rec.ID)
 		if gerr != nil {
 			return 0, api.JobRecord{}, gerr
@@ -289,12 +289,8 @@ func (s *Store) update(ctx context.Context, rec api.JobRecord, rev uint64) (newR
 	if err != nil {
 		return 0, false, err
 	}
-	if rev == 0 {
-		newRev, err = kv.Create(ctx, Key(rec.ID), b)
-	} else {
-		newRev, err = kv.Update(ctx, Key(rec.ID), b, rev)
-	}
-	if errors.Is(err, jetstream.ErrKeyExists) || isWrongLast(err) {
+	newRev, err = s.put(ctx, kv, rec.Lane, rec.ID, b, rev)
+	if errors.Is(err, errWrongLast) {
 		return 0, false, nil
 	}
 	if err != nil {

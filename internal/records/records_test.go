@@ -214,3 +214,119 @@ func TestWaitAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateAfterUndo: a record intake undid (its job could not be stored)
+// leaves a purge marker; a new create of the same id, and a fresh claim of
+// a job of that id, write over it.
+func TestCreateAfterUndo(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for i, fresh := range []bool{false, true} {
+		id := "undone-" + strconv.Itoa(i)
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Undo(ctx, "demo", id, rev); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Get(ctx, "demo", id); !errors.Is(err, records.ErrNotFound) {
+			t.Fatalf("%s after undo: %v, want ErrNotFound", id, err)
+		}
+		now := time.Now().UTC()
+		if fresh {
+			c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: now, Now: now})
+			if err != nil || c.Record.State != api.StateInFlight || c.Rev <= rev {
+				t.Fatalf("%s: fresh claim over the marker: %+v, %v", id, c, err)
+			}
+		} else if rev2, _, err := s.Create(ctx, queued(id)); err != nil || rev2 <= rev {
+			t.Fatalf("%s: create over the marker: rev %d (was %d), %v", id, rev2, rev, err)
+		}
+		got, _, err := s.Get(ctx, "demo", id)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if want := map[bool]api.JobState{false: api.StateQueued, true: api.StateInFlight}[fresh]; got.State != want {
+			t.Fatalf("%s: state %s, want %s", id, got.State, want)
+		}
+	}
+}
+
+// TestStaleClaimLoses: a claim at a revision the record has left (a
+// duplicate delivery's hint) writes nothing over the newer record; it
+// reads the record again and claims that.
+func TestStaleClaimLoses(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	rev, _, err := s.Create(ctx, queued("stale"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(ctx, "demo", "stale", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "stale", Hint: rev, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("claim at the stale revision %d of a cancelled job: %v, want ErrNotStartable", rev, err)
+	}
+	got, _, err := s.Get(ctx, "demo", "stale")
+	if err != nil || got.State != api.StateCancelled {
+		t.Fatalf("record after the stale claim: %+v, %v; want cancelled", got, err)
+	}
+}
+
+// TestCompareAndSetOnReplicas: on a three-node JetStream cluster, a
+// bucket with three replicas (nats.replicas: 3) refuses a stale write
+// as the single server does: the claim and the cancel of one queued job
+// race and exactly one wins, a fresh claim meets a cancelled record, and
+// a second create finds the first.
+func TestCompareAndSetOnReplicas(t *testing.T) {
+	cluster := testenv.StartNATSCluster(t, 3)
+	nc, _ := testenv.JetStream(t, cluster.URLs())
+	s, err := records.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		id := "r3-" + strconv.Itoa(i)
+		rev, _, err := s.Create(ctx, queued(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Create(ctx, queued(id)); !errors.Is(err, records.ErrExists) {
+			t.Fatalf("%s: second create: %v, want ErrExists", id, err)
+		}
+		var c, st bool
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := s.Cancel(ctx, "demo", id, time.Now())
+			c = err == nil
+			if err != nil && !errors.Is(err, records.ErrStarted) {
+				t.Errorf("cancel %s: %v", id, err)
+			}
+		})
+		wg.Go(func() {
+			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
+			st = err == nil
+			if err != nil && !errors.Is(err, records.ErrNotStartable) {
+				t.Errorf("start %s: %v", id, err)
+			}
+		})
+		wg.Wait()
+		if c == st {
+			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+		}
+	}
+	now := time.Now().UTC()
+	if _, err := s.CancelStored(ctx, "demo", "r3-fresh", "", now, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "r3-fresh", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("fresh claim of a cancelled job: %v, want ErrNotStartable", err)
+	}
+}

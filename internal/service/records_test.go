@@ -463,3 +463,63 @@ func TestCancelRacesStartEndToEnd(t *testing.T) {
 		t.Logf("no race in this run: every cancel came %s its start", map[bool]string{true: "before", false: "after"}[nCancelled == n])
 	}
 }
+
+// TestBatchRecordsCreatedTogether: a batch's records are created together
+// (at most 64 at once), and each item still gets its own answer in its
+// place: the items whose keys were submitted before answer duplicates of
+// those jobs, every other item a new job with its record, and a held lane
+// delivers nothing meanwhile.
+func TestBatchRecordsCreatedTogether(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	cfg.Lanes[0].MaxBacklog = 10_000
+	svc := runWithRegistry(t, cfg, prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo"
+	if c := callJob(t, "PATCH", base, "", `{"paused":true}`); c.code != http.StatusOK {
+		t.Fatalf("hold: %d %q", c.code, c.body)
+	}
+	const n = 300
+	for i := 0; i < n; i += 7 {
+		if c := callJob(t, "POST", base+"/jobs", fmt.Sprintf("bk-%03d", i), "before"); c.code != http.StatusAccepted {
+			t.Fatalf("single %d: %d %q", i, c.code, c.body)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("[")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"idempotency_key":"bk-%03d","payload":"p%d"}`, i, i)
+	}
+	b.WriteString("]")
+	req, _ := http.NewRequest("POST", base+"/jobs:batch", strings.NewReader(b.String()))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := pollClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out api.BatchAccepted
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusAccepted || len(out.Results) != n {
+		t.Fatalf("batch: %d, %d results, %v", resp.StatusCode, len(out.Results), err)
+	}
+	for i, r := range out.Results {
+		id := fmt.Sprintf("bk-%03d", i)
+		if r.ID != id || r.Duplicate != (i%7 == 0) {
+			t.Fatalf("item %d: %+v; want id %s, duplicate %v", i, r, id, i%7 == 0)
+		}
+	}
+	for _, i := range []int{0, 1, 6, 7, 150, n - 1} {
+		id := fmt.Sprintf("bk-%03d", i)
+		if code, rec := getRecord(t, svc.Addr(), "demo", id); code != http.StatusOK || rec.ID != id || rec.State != api.StateQueued {
+			t.Fatalf("record of %s: %d %+v; want queued", id, code, rec)
+		}
+	}
+	if got := calls.Load(); got != 0 {
+		t.Fatalf("a held lane delivered %d jobs", got)
+	}
+}
