@@ -91,7 +91,14 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if rf := keysOf(jobs, name, lane); rf != nil {
-		rj.reject(rf, keyReason(rf))
+		switch keyFault(rf) {
+		case faultMissing:
+			rj.reject(rf, "missing_throttle_key")
+		case faultKey:
+			rj.reject(rf, "invalid_throttle_key")
+		default:
+			rj.reject(rf, "invalid_destination")
+		}
 		return
 	}
 	if err := batchTrace(r, jobs); err != nil {
@@ -144,23 +151,14 @@ func keysOf(jobs []batchJob, name string, lane Lane) *Refusal {
 			}
 			job.Key = key
 		case job.Key == "" && lane.KeyFromURL:
-			return refusal(ErrBadBody, at+"/throttle_key", "item %d: lane %s is keyed with per_key.key_from %s: every item needs a throttle_key naming its key, or a url whose host is its key", i, name, dest.KeyFromURLHost)
+			return &Refusal{Err: ErrBadBody, Cause: errNoKey, Field: at + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed with per_key.key_from %s: every item needs a throttle_key naming its key, or a url whose host is its key", i, name, dest.KeyFromURLHost)}
 		case job.Key == "":
-			return refusal(ErrBadBody, at+"/throttle_key", "item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, name)
+			return &Refusal{Err: ErrBadBody, Cause: errNoKey, Field: at + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, name)}
 		}
 	}
 	return nil
-}
-
-// keyReason is the log reason of a keysOf refusal.
-func keyReason(rf *Refusal) string {
-	switch {
-	case errors.Is(rf, errKeyDisagrees):
-		return "invalid_throttle_key"
-	case strings.HasSuffix(rf.Field, "/throttle_key"):
-		return "missing_throttle_key"
-	}
-	return "invalid_destination"
 }
 
 func (h *Handler) maxBatchItems() int {

@@ -63,28 +63,49 @@ func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
 // job's own key (given, already checked), which must agree with the host
 // of its URL when it names one, else that host; urls are the job's
 // Throttle-URL values. A job with neither is refused as a keyed lane
-// refuses a job without a key; reason is the refusal's log reason.
-func urlKey(given string, urls []string, name string, lane Lane) (key, reason string, err error) {
+// refuses a job without a key. keyFault classifies a refusal.
+func urlKey(given string, urls []string, name string, lane Lane) (string, error) {
 	switch {
 	case len(urls) == 0 && given == "":
-		return "", "missing_throttle_key", refusal(ErrBadHeader, HeaderThrottleKey,
-			"lane %s is keyed with per_key.key_from %s: every job needs a Throttle-Key header naming its key, or a Throttle-URL whose host is its key", name, dest.KeyFromURLHost)
+		return "", &Refusal{Err: ErrBadHeader, Cause: errNoKey, Field: HeaderThrottleKey,
+			Detail: fmt.Sprintf("lane %s is keyed with per_key.key_from %s: every job needs a Throttle-Key header naming its key, or a Throttle-URL whose host is its key", name, dest.KeyFromURLHost)}
 	case len(urls) == 0:
-		return given, "", nil
+		return given, nil
 	case len(urls) > 1:
-		return "", "invalid_destination", refusal(ErrBadHeader, dest.HeaderURL, "%s: %d headers; at most one is allowed", dest.HeaderURL, len(urls))
+		return "", refusal(ErrBadHeader, dest.HeaderURL, "%s: %d headers; at most one is allowed", dest.HeaderURL, len(urls))
 	}
-	key, err = lane.Dest.KeyOf(urls[0])
+	key, err := lane.Dest.KeyOf(urls[0])
 	if err != nil {
-		return "", "invalid_destination", destRefusal(err, "")
+		return "", destRefusal(err, "")
 	}
 	switch err := keyAgrees(given, key); {
 	case errors.Is(err, errKeyDisagrees):
-		return "", "invalid_throttle_key", &Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: HeaderThrottleKey + " " + err.Error()}
+		return "", &Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: HeaderThrottleKey + " " + err.Error()}
 	case err != nil:
-		return "", "invalid_destination", &Refusal{Err: ErrBadHeader, Cause: err, Field: dest.HeaderURL, Detail: dest.HeaderURL + ": its host cannot be a key: " + err.Error()}
+		return "", &Refusal{Err: ErrBadHeader, Cause: err, Field: dest.HeaderURL, Detail: dest.HeaderURL + ": its host cannot be a key: " + err.Error()}
 	}
-	return key, "", nil
+	return key, nil
+}
+
+// errNoKey: a job on a keyed lane names no key (nor, on a url_host lane,
+// a URL).
+var errNoKey = errors.New("no key")
+
+// What a refusal of a job's key is about, for its log reason.
+const (
+	faultMissing = iota // no key (errNoKey)
+	faultKey            // a key that is not its URL's host
+	faultDest           // the URL
+)
+
+func keyFault(err error) int {
+	switch {
+	case errors.Is(err, errNoKey):
+		return faultMissing
+	case errors.Is(err, errKeyDisagrees):
+		return faultKey
+	}
+	return faultDest
 }
 
 // errKeyDisagrees: on a url_host lane, a job's key is not its URL's host.

@@ -513,9 +513,15 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if lane.KeyFromURL {
-			var reason string
-			if key, reason, err = urlKey(key, r.Header.Values(dest.HeaderURL), name, lane); err != nil {
-				rj.reject(err, reason)
+			if key, err = urlKey(key, r.Header.Values(dest.HeaderURL), name, lane); err != nil {
+				switch keyFault(err) {
+				case faultMissing:
+					rj.reject(err, "missing_throttle_key")
+				case faultKey:
+					rj.reject(err, "invalid_throttle_key")
+				default:
+					rj.reject(err, "invalid_destination")
+				}
 				return
 			}
 		}
