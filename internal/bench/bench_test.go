@@ -370,3 +370,51 @@ func TestRecordsSmoke(t *testing.T) {
 		t.Errorf("GET row without its /healthz reference: %+v", r)
 	}
 }
+
+func TestMedianFloat(t *testing.T) {
+	for _, step := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{9, 1, 5}, 5},
+		{[]float64{9, 1, 5, 7}, 6},
+		{[]float64{0.84, 1.2, 1.02, 0.98}, 1},
+	} {
+		if got := medianFloat(step.in); got != step.want {
+			t.Errorf("medianFloat(%v) = %v, want %v", step.in, got, step.want)
+		}
+	}
+}
+
+// TestDrainDestSmoke runs the destination row with tiny counts: the
+// warm-up and the four pairs drain, in ABBA order, and the row's ratio is
+// the median of the pairs' ratios, each listed in the note.
+func TestDrainDestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := newEnv(Config{Smoke: true, Duration: 200 * time.Millisecond, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	sk, err := startSink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sk.close()
+	row, err := e.drainDest(ctx, sk, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Verdict == Failed || !strings.HasSuffix(row.Ratio, "×") || !strings.Contains(row.Ours, "median of 4") {
+		t.Errorf("row %+v", row)
+	}
+	if n := strings.Count(row.Note, " = "); n != destPairs {
+		t.Errorf("the note lists %d pairs, want %d: %s", n, destPairs, row.Note)
+	}
+}
