@@ -183,15 +183,17 @@ var _ Target = (*HTTP)(nil)
 // Downstream signals (Retry-After on 429/503, X-RateLimit-*, RateLimit)
 // fill Result.RetryAfter and Result.PauseLane, capped at MaxPause.
 type HTTP struct {
-	url       string
-	logURL    string // scheme://host/path: no credentials or query in errors
-	method    string
-	timeout   time.Duration
-	retry4xx  bool
-	headers   http.Header
-	signer    *Signer
+	url      string
+	logURL   string // scheme://host/path: no credentials or query in errors
+	method   string
+	timeout  time.Duration
+	retry4xx bool
+	headers  http.Header
+	signer   *Signer
+	// transport sends each request itself (RoundTrip): no http.Client,
+	// whose redirect handling copied every request's headers for a
+	// redirect that is never followed.
 	transport *http.Transport
-	client    *http.Client
 	clock     clock.Clock // reads Retry-After dates against Now
 	// rules check a job's own destination (dest.go).
 	rules *dest.Rules
@@ -256,12 +258,6 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		return nil, fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)
 	}
 	h.tmpl = tmpl
-	h.client = &http.Client{
-		Transport: h.transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
-	}
 	return h, nil
 }
 
@@ -284,7 +280,9 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	if res.Err != nil {
 		return res
 	}
-	resp, err := h.client.Do(req)
+	// The transport itself: a 3xx comes back as it is (classify makes it
+	// Dead), never followed.
+	resp, err := h.transport.RoundTrip(req)
 	if err != nil {
 		return h.transportError(ctx, method, h.logURLOf(to), err)
 	}
