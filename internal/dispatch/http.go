@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -194,6 +195,10 @@ type HTTP struct {
 	// whose redirect handling copied every request's headers for a
 	// redirect that is never followed.
 	transport *http.Transport
+	// basicAuth is the Authorization of target.http.url's user info, sent
+	// with a request to that URL that has none of its own (what
+	// http.Client.Do did); "" for none.
+	basicAuth string
 	clock     clock.Clock // reads Retry-After dates against Now
 	// rules check a job's own destination (dest.go).
 	rules *dest.Rules
@@ -258,6 +263,10 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		return nil, fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)
 	}
 	h.tmpl = tmpl
+	if ui := tmpl.URL.User; ui != nil {
+		pw, _ := ui.Password()
+		h.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(ui.Username()+":"+pw))
+	}
 	return h, nil
 }
 
@@ -324,6 +333,9 @@ func (h *HTTP) prepare(ctx context.Context, job Job) (req *http.Request, method 
 	}
 	// Idempotency-Key also lets the transport replay the request on a
 	// keep-alive connection that the server had closed.
+	if h.basicAuth != "" && to == nil && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", h.basicAuth)
+	}
 	req.Header.Set(HeaderIdempotencyKey, job.ID)
 	if job.Key != "" {
 		req.Header.Set(HeaderThrottleKey, job.Key)
