@@ -101,6 +101,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 		il.KeyLimit, il.KeyStarted = f.limit, f.started
 	}
 	il.Dest = d.dest[name]
+	il.KeyFromURL = c.PerKey != nil && c.PerKey.KeyFrom == dest.KeyFromURLHost && il.Dest != nil
 	il.Held = d.held[name]
 	il.Callbacks = d.callbacks[name]
 	return il, true

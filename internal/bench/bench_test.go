@@ -396,3 +396,60 @@ func TestRecordsSmoke(t *testing.T) {
 		t.Errorf("GET row without its /healthz reference: %+v", r)
 	}
 }
+
+func TestMedianFloat(t *testing.T) {
+	for _, step := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{9, 1, 5}, 5},
+		{[]float64{9, 1, 5, 7}, 6},
+		{[]float64{0.84, 1.2, 1.02, 0.98}, 1},
+	} {
+		if got := medianFloat(step.in); got != step.want {
+			t.Errorf("medianFloat(%v) = %v, want %v", step.in, got, step.want)
+		}
+	}
+}
+
+// TestDrainDestSmoke runs the destination row with tiny counts: the
+// warm-up and the four pairs drain, in ABBA order, and the row's ratio is
+// the median of the pairs' ratios, each listed in the note.
+func TestDrainDestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if raceEnabled {
+		// As in TestRecordsSmoke: under the race detector a lane at the
+		// highest rate brought none of its 40 jobs within 10 s, every
+		// run; not understood yet.
+		t.Skip("the drain rows drain at the highest rate; not under the race detector")
+	}
+	// Duration bounds each drain's wait (twice it, plus a millisecond a
+	// job): 5 s, so that a loaded machine slows the test without failing
+	// it; the drains take far less when they can.
+	e, err := newEnv(Config{Smoke: true, Duration: 5 * time.Second, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	sk, err := startSink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sk.close()
+	row, err := e.drainDest(ctx, sk, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Verdict == Failed || !strings.HasSuffix(row.Ratio, "×") || !strings.Contains(row.Ours, "median of 4") {
+		t.Errorf("row %+v", row)
+	}
+	if n := strings.Count(row.Note, " = "); n != destPairs {
+		t.Errorf("the note lists %d pairs, want %d: %s", n, destPairs, row.Note)
+	}
+}

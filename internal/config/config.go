@@ -267,6 +267,12 @@ type PerKey struct {
 	// (429, 5xx, an exhausted rate-limit header), and recovers slowly,
 	// never above the key's rate; other keys and the lane keep theirs.
 	Adaptive Adaptive `yaml:"adaptive"`
+	// KeyFrom says where a job without a key gets one: "" (nowhere: every
+	// job names its key) or "url_host" (dest.KeyFromURLHost): a job that
+	// names a URL (Throttle-URL, a batch item's url) gets the URL's host
+	// as its key, a bucket per receiving host. Only on a lane whose
+	// target.http lists job_urls.
+	KeyFrom string `yaml:"key_from"`
 }
 
 // Quota is a target's documented limit: at most Limit requests in any window

@@ -177,6 +177,14 @@ func TestErrorsNameFileAndField(t *testing.T) {
 		{"KeyedNoRate", withLane("per_key: {burst: 2}"), "t.yaml: lanes[0].per_key.rate: is required"},
 		{"KeyedInflightOverLane", withLane("max_inflight: 4\n    per_key: {rate: 5/s, max_inflight: 5}"), "t.yaml: lanes[0].per_key.max_inflight: must be between 1 and the lane's max_inflight (4)"},
 		{"KeyedAdaptive", withLane("per_key: {rate: 5/s, adaptive: {enabled: true}}"), ""},
+		// per_key.key_from: url_host needs an http target with job_urls,
+		// and every job_urls host must make a valid key.
+		{"KeyFromURLHost", withKeyFrom("url_host", `job_urls: ["https://a.example.com/in", "http://B.example.net:8080/"]`), ""},
+		{"KeyFromUnknown", withKeyFrom("host", `job_urls: ["https://a.example.com/"]`), `t.yaml: lanes[0].per_key.key_from: "host" is not one of url_host`},
+		{"KeyFromNoJobURLs", withKeyFrom("url_host", ""), "t.yaml: lanes[0].per_key.key_from: url_host takes a job's key from the host of its URL: the lane needs an http target that lists target.http.job_urls"},
+		{"KeyFromNATS", strings.Replace(withNATS("{subject: work}"), "burst: 10", "burst: 10\n    per_key: {rate: 5/s, key_from: url_host}", 1), "t.yaml: lanes[0].per_key.key_from: url_host takes"},
+		{"KeyFromIPv6", withKeyFrom("url_host", `job_urls: ["https://a.example.com/", "http://[::1]:9000/"]`), "t.yaml: lanes[0].target.http.job_urls[1]: its host cannot be a key (per_key.key_from: url_host): the key has a byte 0x5b at 0"},
+		{"KeyFromLongHost", withKeyFrom("url_host", `job_urls: ["https://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.example.com:8443/"]`), "t.yaml: lanes[0].target.http.job_urls[0]: its host cannot be a key (per_key.key_from: url_host): the key is 138 bytes; at most 128"},
 		{"KeyedAdaptiveBad", withLane("per_key: {rate: 5/s, adaptive: {enabled: true, min: 2}}"), "t.yaml: lanes[0].per_key.adaptive.min: must be in (0, 1], got 2"},
 		{"EmbeddedReplicas", good + "nats:\n  replicas: 3\n", "t.yaml: nats.replicas: the embedded server"},
 		{"BadReplicas", good + "nats:\n  url: nats://x:4222\n  replicas: 2\n", "t.yaml: nats.replicas: must be 1, 3 or 5"},
@@ -200,6 +208,12 @@ func withListen(v string) string {
 // withLane adds a line to good's lane, after its burst.
 func withLane(line string) string {
 	return strings.Replace(good, "burst: 10", "burst: 10\n    "+line, 1)
+}
+
+// withKeyFrom makes good's lane keyed with per_key.key_from set to from,
+// and adds line (job_urls) to its http target.
+func withKeyFrom(from, line string) string {
+	return strings.Replace(withHTTP(line), "burst: 10", "burst: 10\n    per_key: {rate: 5/s, key_from: "+from+"}", 1)
 }
 
 // withNATS replaces good's http target with target.nats set to v.

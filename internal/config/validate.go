@@ -425,6 +425,14 @@ func (l *Lane) validate(p string) error {
 			return fail("per_key.adaptive."+field, "%s", msg)
 		}
 	}
+	if k := l.PerKey; k != nil && k.KeyFrom != "" {
+		if k.KeyFrom != dest.KeyFromURLHost {
+			return fail("per_key.key_from", "%q is not one of %s (or empty: every job names its key)", k.KeyFrom, dest.KeyFromURLHost)
+		}
+		if h := l.Target.HTTP; h == nil || len(h.JobURLs) == 0 {
+			return fail("per_key.key_from", "%s takes a job's key from the host of its URL: the lane needs an http target that lists target.http.job_urls", dest.KeyFromURLHost)
+		}
+	}
 	kinds := 0
 	for _, set := range []bool{l.Target.HTTP != nil, l.Target.NATS != nil, l.Target.Handler != ""} {
 		if set {
@@ -500,6 +508,19 @@ func (l *Lane) validate(p string) error {
 			return fail("target.http."+fe.Field, "%s", fe.Detail)
 		}
 		return fail("target.http", "%v", err)
+	}
+	if k := l.PerKey; k != nil && k.KeyFrom == dest.KeyFromURLHost {
+		// Every job URL is under one of job_urls, on its host and port:
+		// the keys a url_host lane can give are these prefixes' keys.
+		for i, s := range h.JobURLs {
+			key, err := dest.HostKey(s)
+			if err == nil {
+				err = queue.ValidKey(key)
+			}
+			if err != nil {
+				return fail(fmt.Sprintf("target.http.job_urls[%d]", i), "its host cannot be a key (per_key.key_from: %s): %v", dest.KeyFromURLHost, err)
+			}
+		}
 	}
 	hc := dispatch.HTTPConfig{URL: h.URL, Method: h.Method, Headers: h.Headers, Timeout: h.Timeout.D(), RetryOther4xx: h.RetryOther4xx,
 		Methods: h.Methods, ForwardHeaders: h.ForwardHeaders, JobURLs: h.JobURLs}

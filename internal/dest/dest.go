@@ -272,10 +272,7 @@ func effectivePort(u *url.URL) string {
 	if p := u.Port(); p != "" {
 		return p
 	}
-	if u.Scheme == "https" {
-		return "443"
-	}
-	return "80"
+	return defaultPort(u.Scheme)
 }
 
 // parseJobURL parses an absolute URL a job or a prefix names, refusing
@@ -786,4 +783,57 @@ func under(list []prefix, u *url.URL) bool {
 		}
 	}
 	return false
+}
+
+// A keyed lane with per_key.key_from: url_host takes the key of a job that
+// names a URL and no key from the URL's host: the bucket is the receiving
+// host's. The key is the host as the URL comparison sees it (lower case;
+// an international name only in its ASCII form, xn--…, since a URL with
+// non-ASCII bytes is refused), followed by ":<port>" when the URL names a
+// port other than its scheme's default. The scheme is not part of it:
+// http://a.example and https://a.example are one receiving host, and
+// https://a.example:443 is a.example. An IPv6 literal gives "[…]", which no
+// key allows: config refuses such a job_urls entry on a url_host lane.
+
+// KeyFromURLHost is the per_key.key_from value that takes a job's key from
+// the host of its URL.
+const KeyFromURLHost = "url_host"
+
+// HostKey is the key of URL s on a url_host lane, with no check against
+// any prefix: what config runs on a job_urls entry. The caller checks the
+// key against the key rules.
+func HostKey(s string) (string, error) {
+	u, err := parseJobURL(s)
+	if err != nil {
+		return "", err
+	}
+	return hostKey(u), nil
+}
+
+// hostKey is the key of parsed URL u (parseJobURL lowered its host).
+func hostKey(u *url.URL) string {
+	host := u.Host
+	if p := u.Port(); p != "" && p == defaultPort(u.Scheme) {
+		host = strings.TrimSuffix(host, ":"+p)
+	}
+	return host
+}
+
+// defaultPort is scheme's default port.
+func defaultPort(scheme string) string {
+	if scheme == "https" {
+		return "443"
+	}
+	return "80"
+}
+
+// KeyOf checks URL s against the prefixes, as a job's Throttle-URL is
+// checked, and returns its key on a url_host lane. An error is an *Error
+// naming Throttle-URL.
+func (r *Rules) KeyOf(s string) (string, error) {
+	u, err := r.checkURL(s)
+	if err != nil {
+		return "", err
+	}
+	return hostKey(u), nil
 }

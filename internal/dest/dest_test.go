@@ -234,3 +234,51 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestKeyOf: a url_host lane's key is the URL's host, lower case, with the
+// port only when it is not the scheme's default; a URL the prefixes refuse
+// gives no key, and the refusal names Throttle-URL.
+func TestKeyOf(t *testing.T) {
+	t.Parallel()
+	r, err := dest.New(dest.Config{URL: "https://api.example.com/", JobURLs: []string{
+		"https://api.example.com/v2/", "http://hooks.example.net:8080/in", "https://xn--bcher-kva.example/", "http://api.example.com/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ url, key string }{
+		{"https://api.example.com/v2/x", "api.example.com"},
+		{"https://API.Example.COM/v2/x", "api.example.com"},
+		{"https://api.example.com:443/v2/x?a=1", "api.example.com"},
+		{"http://api.example.com:80/any", "api.example.com"},
+		{"http://hooks.example.net:8080/in/a", "hooks.example.net:8080"},
+		{"https://xn--bcher-kva.example/", "xn--bcher-kva.example"},
+	} {
+		got, err := r.KeyOf(tc.url)
+		if err != nil || got != tc.key {
+			t.Errorf("KeyOf(%q) = %q, %v; want %q", tc.url, got, err, tc.key)
+		}
+	}
+	for _, bad := range []string{
+		"https://other.example.com/v2/x",     // under no prefix
+		"https://api.example.com:8443/v2/x",  // another port
+		"http://hooks.example.net/in/a",      // the default port is another port
+		"https://bücher.example/",            // non-ASCII: only the xn-- form
+		"https://api.example.com/v2/../v1/x", // a dot segment
+		"https://user@api.example.com/v2/x",  // user info
+	} {
+		_, err := r.KeyOf(bad)
+		var de *dest.Error
+		if !errors.As(err, &de) || de.Field != dest.HeaderURL {
+			t.Errorf("KeyOf(%q) = %v; want an *Error naming %s", bad, err, dest.HeaderURL)
+		}
+	}
+	for _, tc := range []struct{ url, key string }{
+		{"https://Hooks.Example.com:8443/in", "hooks.example.com:8443"},
+		{"http://127.0.0.1:80/", "127.0.0.1"},
+		{"http://[::1]:9000/", "[::1]:9000"},
+	} {
+		if got, err := dest.HostKey(tc.url); err != nil || got != tc.key {
+			t.Errorf("HostKey(%q) = %q, %v; want %q", tc.url, got, err, tc.key)
+		}
+	}
+}

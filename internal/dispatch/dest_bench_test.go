@@ -2,6 +2,9 @@ package dispatch
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/throttler/throttler/internal/dest"
@@ -34,6 +37,45 @@ func BenchmarkPrepare(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, _, _, res := h.prepare(ctx, job); res.Err != nil {
+					b.Fatal(res.Err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDeliver is one whole delivery to a server in this process (the
+// server's parsing of the request counts too): a plain job against one
+// with a Throttle-Path and two forwarded headers, as the destination row
+// of throttler-bench --only drain sends them.
+func BenchmarkDeliver(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer srv.Close()
+	h, err := NewHTTP(HTTPConfig{
+		URL:            srv.URL + "/hook",
+		Methods:        []string{"POST", "GET"},
+		ForwardHeaders: []string{"X-Api-Key", "Accept"},
+	}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	payload := []byte(`{"event":"bench.drain","customer":"c-0001","amount":4200,"ok":1}`)
+	for _, c := range []struct {
+		name string
+		dest dest.Request
+	}{
+		{"plain", dest.Request{}},
+		{"path+2headers", dest.Request{Path: "items/42?page=2", Headers: map[string]string{"X-Api-Key": "k-0123456789abcdef", "Accept": "application/json"}}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			job := Job{ID: "job-1", Payload: payload, Dest: c.dest}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if res := h.Deliver(ctx, job); res.Err != nil {
 					b.Fatal(res.Err)
 				}
 			}

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -183,15 +184,21 @@ var _ Target = (*HTTP)(nil)
 // Downstream signals (Retry-After on 429/503, X-RateLimit-*, RateLimit)
 // fill Result.RetryAfter and Result.PauseLane, capped at MaxPause.
 type HTTP struct {
-	url       string
-	logURL    string // scheme://host/path: no credentials or query in errors
-	method    string
-	timeout   time.Duration
-	retry4xx  bool
-	headers   http.Header
-	signer    *Signer
+	url      string
+	logURL   string // scheme://host/path: no credentials or query in errors
+	method   string
+	timeout  time.Duration
+	retry4xx bool
+	headers  http.Header
+	signer   *Signer
+	// transport sends each request itself (RoundTrip): no http.Client,
+	// whose redirect handling copied every request's headers for a
+	// redirect that is never followed.
 	transport *http.Transport
-	client    *http.Client
+	// basicAuth is the Authorization of target.http.url's user info, sent
+	// with a request to that URL that has none of its own (what
+	// http.Client.Do did); "" for none.
+	basicAuth string
 	clock     clock.Clock // reads Retry-After dates against Now
 	// rules check a job's own destination (dest.go).
 	rules *dest.Rules
@@ -256,11 +263,9 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 		return nil, fmt.Errorf("dispatch: %s %s: %w", h.method, h.logURL, err)
 	}
 	h.tmpl = tmpl
-	h.client = &http.Client{
-		Transport: h.transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
+	if ui := tmpl.URL.User; ui != nil {
+		pw, _ := ui.Password()
+		h.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(ui.Username()+":"+pw))
 	}
 	return h, nil
 }
@@ -284,7 +289,9 @@ func (h *HTTP) deliver(ctx context.Context, job Job) Result {
 	if res.Err != nil {
 		return res
 	}
-	resp, err := h.client.Do(req)
+	// The transport itself: a 3xx comes back as it is (classify makes it
+	// Dead), never followed.
+	resp, err := h.transport.RoundTrip(req)
 	if err != nil {
 		return h.transportError(ctx, method, h.logURLOf(to), err)
 	}
@@ -326,6 +333,9 @@ func (h *HTTP) prepare(ctx context.Context, job Job) (req *http.Request, method 
 	}
 	// Idempotency-Key also lets the transport replay the request on a
 	// keep-alive connection that the server had closed.
+	if h.basicAuth != "" && to == nil && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", h.basicAuth)
+	}
 	req.Header.Set(HeaderIdempotencyKey, job.ID)
 	if job.Key != "" {
 		req.Header.Set(HeaderThrottleKey, job.Key)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -542,5 +543,41 @@ func TestHTTPRequestBodies(t *testing.T) {
 	slices.Sort(bodies)
 	if distinct := slices.Compact(slices.Clone(bodies)); len(bodies) != 32 || len(distinct) != 32 {
 		t.Errorf("%d bodies, %d distinct, want 32: %v", len(bodies), len(distinct), bodies)
+	}
+}
+
+// TestHTTPBasicAuthFromURL: the user info of target.http.url is sent as
+// Basic Authorization to that URL, as http.Client did, unless the request
+// has an Authorization of its own (a configured header); a job sent
+// elsewhere (its own path) does not get it.
+func TestHTTPBasicAuthFromURL(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	withUser := strings.Replace(srv.URL, "http://", "http://user:pw@", 1) + "/p"
+	plain := newHTTP(t, HTTPConfig{URL: withUser, Timeout: time.Second}, nil)
+	configured := newHTTP(t, HTTPConfig{URL: withUser, Timeout: time.Second, Headers: map[string]string{"Authorization": "Bearer x"}}, nil)
+	for _, d := range []struct {
+		h   *HTTP
+		job Job
+	}{
+		{plain, testJob()},
+		{plain, Job{ID: "j2", Payload: []byte("x"), Dest: dest.Request{Path: "sub"}}},
+		{configured, testJob()},
+	} {
+		if res := d.h.Deliver(context.Background(), d.job); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	want := []string{"/p Basic dXNlcjpwdw==", "/p/sub ", "/p Bearer x"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Errorf("Authorization sent: %q, want %q", got, want)
 	}
 }

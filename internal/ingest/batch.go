@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -89,8 +90,15 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		rj.reject(rf, "bad_body")
 		return
 	}
-	if rf := keysOf(jobs, name, lane.Admission.KeyLimit != nil); rf != nil {
-		rj.reject(rf, "missing_throttle_key")
+	if rf := keysOf(jobs, name, lane); rf != nil {
+		switch keyFault(rf) {
+		case faultMissing:
+			rj.reject(rf, "missing_throttle_key")
+		case faultKey:
+			rj.reject(rf, "invalid_throttle_key")
+		default:
+			rj.reject(rf, "invalid_destination")
+		}
 		return
 	}
 	if err := batchTrace(r, jobs); err != nil {
@@ -119,15 +127,35 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // keysOf applies a lane's keying to a checked batch: on a keyed lane every
-// item needs its throttle_key (as every single job needs its Throttle-Key);
-// on a lane without keys the field is ignored, as the header is.
-func keysOf(jobs []batchJob, lane string, keyed bool) *Refusal {
+// item needs its throttle_key (as every single job needs its Throttle-Key),
+// or on a url_host lane (Lane.KeyFromURL) a url whose host is its key; on
+// a lane without keys the field is ignored, as the header is.
+func keysOf(jobs []batchJob, name string, lane Lane) *Refusal {
+	keyed := lane.Admission.KeyLimit != nil
 	for i := range jobs {
+		job := &jobs[i].job
+		at := "/" + strconv.Itoa(i)
 		switch {
 		case !keyed:
-			jobs[i].job.Key = ""
-		case jobs[i].job.Key == "":
-			return refusal(ErrBadBody, "/"+strconv.Itoa(i)+"/throttle_key", "item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, lane)
+			job.Key = ""
+		case lane.KeyFromURL && job.Dest.URL != "":
+			key, err := lane.Dest.KeyOf(job.Dest.URL)
+			if err != nil {
+				return destRefusal(err, at)
+			}
+			switch err := keyAgrees(job.Key, key); {
+			case errors.Is(err, errKeyDisagrees):
+				return &Refusal{Err: ErrBadBody, Cause: err, Field: at + "/throttle_key", Detail: fmt.Sprintf("item %d: throttle_key %v", i, err)}
+			case err != nil:
+				return &Refusal{Err: ErrBadBody, Cause: err, Field: at + "/url", Detail: fmt.Sprintf("item %d: url: its host cannot be a key: %v", i, err)}
+			}
+			job.Key = key
+		case job.Key == "" && lane.KeyFromURL:
+			return &Refusal{Err: ErrBadBody, Cause: errNoKey, Field: at + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed with per_key.key_from %s: every item needs a throttle_key naming its key, or a url whose host is its key", i, name, dest.KeyFromURLHost)}
+		case job.Key == "":
+			return &Refusal{Err: ErrBadBody, Cause: errNoKey, Field: at + "/throttle_key",
+				Detail: fmt.Sprintf("item %d: lane %s is keyed: every item needs a throttle_key naming its key", i, name)}
 		}
 	}
 	return nil

@@ -2,12 +2,14 @@ package ingest
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/dest"
+	"github.com/throttler/throttler/internal/queue"
 )
 
 // Where a job goes, at HTTP intake (package dest): a single job says it
@@ -55,6 +57,82 @@ func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
 		return d, destRefusal(err, "")
 	}
 	return d, nil
+}
+
+// urlKey is the key of a job on a url_host lane (Lane.KeyFromURL): the
+// job's own key (given, already checked), which must agree with the host
+// of its URL when it names one, else that host; urls are the job's
+// Throttle-URL values. A job with neither is refused as a keyed lane
+// refuses a job without a key. keyFault classifies a refusal.
+func urlKey(given string, urls []string, name string, lane Lane) (string, error) {
+	switch {
+	case len(urls) == 0 && given == "":
+		return "", &Refusal{Err: ErrBadHeader, Cause: errNoKey, Field: HeaderThrottleKey,
+			Detail: fmt.Sprintf("lane %s is keyed with per_key.key_from %s: every job needs a Throttle-Key header naming its key, or a Throttle-URL whose host is its key", name, dest.KeyFromURLHost)}
+	case len(urls) == 0:
+		return given, nil
+	case len(urls) > 1:
+		return "", refusal(ErrBadHeader, dest.HeaderURL, "%s: %d headers; at most one is allowed", dest.HeaderURL, len(urls))
+	}
+	key, err := lane.Dest.KeyOf(urls[0])
+	if err != nil {
+		return "", destRefusal(err, "")
+	}
+	switch err := keyAgrees(given, key); {
+	case errors.Is(err, errKeyDisagrees):
+		return "", &Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: HeaderThrottleKey + " " + err.Error()}
+	case err != nil:
+		return "", &Refusal{Err: ErrBadHeader, Cause: err, Field: dest.HeaderURL, Detail: dest.HeaderURL + ": its host cannot be a key: " + err.Error()}
+	}
+	return key, nil
+}
+
+// errNoKey: a job on a keyed lane names no key (nor, on a url_host lane,
+// a URL).
+var errNoKey = errors.New("no key")
+
+// What a refusal of a job's key is about, for its log reason.
+const (
+	faultMissing = iota // no key (errNoKey)
+	faultKey            // a key that is not its URL's host
+	faultDest           // the URL
+)
+
+func keyFault(err error) int {
+	switch {
+	case errors.Is(err, errNoKey):
+		return faultMissing
+	case errors.Is(err, errKeyDisagrees):
+		return faultKey
+	}
+	return faultDest
+}
+
+// errKeyDisagrees: on a url_host lane, a job's key is not its URL's host.
+var errKeyDisagrees = errors.New("the key is not its URL's host")
+
+// keyDisagrees is errKeyDisagrees with the two keys.
+type keyDisagrees struct{ given, fromURL string }
+
+func (e *keyDisagrees) Error() string {
+	return fmt.Sprintf("%q is not the host of its URL (%q): the lane takes a job's key from its URL's host (per_key.key_from %s); leave the key out, or give that host",
+		e.given, e.fromURL, dest.KeyFromURLHost)
+}
+
+// Is makes a keyDisagrees errKeyDisagrees.
+func (e *keyDisagrees) Is(target error) bool { return target == errKeyDisagrees }
+
+// keyAgrees checks the key a job on a url_host lane gives (or "") against
+// fromURL, the key of its URL: a job may name its key, but never one
+// other than its URL's host, which would give that receiving host a
+// second bucket. The error says why, naming neither field.
+func keyAgrees(given, fromURL string) error {
+	if given != "" && given != fromURL {
+		return &keyDisagrees{given, fromURL}
+	}
+	// Config checks that every job_urls host is a valid key; kept as a
+	// guard, since the key names a subject.
+	return queue.ValidKey(fromURL)
 }
 
 // jobCallback reads and checks the Throttle-Callback header of r for lane:

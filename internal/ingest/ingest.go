@@ -109,6 +109,10 @@ type Lane struct {
 	// Callbacks are the lane's results.callback_urls; nil refuses
 	// Throttle-Callback.
 	Callbacks *dest.Prefixes
+	// KeyFromURL: a keyed lane with per_key.key_from: url_host. A job
+	// without a key that names a URL gets the URL's host as its key
+	// (Dest.KeyOf); a key that disagrees with its job's URL is refused.
+	KeyFromURL bool
 }
 
 // startsNow reports whether a job the lane has room for may start now: the
@@ -498,13 +502,28 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if lane.Admission.KeyLimit != nil {
 		// A keyed lane: the key picks the job's bucket and order.
 		key = r.Header.Get(HeaderThrottleKey)
-		if key == "" {
+		if key == "" && !lane.KeyFromURL {
 			rj.reject(refusal(ErrBadHeader, HeaderThrottleKey, "lane %s is keyed: every job needs a Throttle-Key header naming its key", name), "missing_throttle_key")
 			return
 		}
-		if err := queue.ValidKey(key); err != nil {
-			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key")
-			return
+		if key != "" {
+			if err := queue.ValidKey(key); err != nil {
+				rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: "Throttle-Key: " + err.Error()}, "invalid_throttle_key")
+				return
+			}
+		}
+		if lane.KeyFromURL {
+			if key, err = urlKey(key, r.Header.Values(dest.HeaderURL), name, lane); err != nil {
+				switch keyFault(err) {
+				case faultMissing:
+					rj.reject(err, "missing_throttle_key")
+				case faultKey:
+					rj.reject(err, "invalid_throttle_key")
+				default:
+					rj.reject(err, "invalid_destination")
+				}
+				return
+			}
 		}
 		lane.Admission = lane.forKey(key)
 	}

@@ -223,7 +223,12 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	applyPublicSchedule(&job, raw.Header, raw.Time, ls.spec.MaxDelay)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
-	if reason := poisonReason(ls.spec, job, true); reason != "" {
+	reason := urlKey(ls.spec, &job)
+	if reason == "" {
+		reason = poisonReason(ls.spec, job, true)
+	}
+	key = job.Key
+	if reason != "" {
 		src := origin(StreamName(lane), ls.epoch)
 		if from == ls.in {
 			src = origin(IntakeStreamName(lane), ls.inEpoch)

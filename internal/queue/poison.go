@@ -17,7 +17,10 @@ import (
 //
 //   - a key the key rules refuse (ValidKey): the key is passed to the target
 //     as Throttle-Key, and a byte such as 0x7f makes that header invalid;
-//   - on a keyed lane, no key at all (published on throttle.<lane>);
+//   - on a keyed lane, no key at all (published on throttle.<lane>), unless
+//     the lane takes keys from URL hosts (LaneSpec.URLKey) and the job names
+//     a Throttle-URL: then a URL the lane's job_urls refuse, or a key
+//     token that is not the URL's host (urlKey);
 //   - a Throttle-Delay, Throttle-Not-Before or Throttle-Expires that
 //     cannot be used (ParseSchedule, counted from when the job was stored);
 //   - a payload over the lane's max_body: the stream leaves HeaderRoom for
@@ -39,6 +42,9 @@ const maxLoggedSubject = 256
 // can never be delivered, or "" when it can. keyed says the lane is keyed.
 func poisonReason(spec LaneSpec, job Job, keyed bool) string {
 	switch kerr := ValidKey(job.Key); {
+	case keyed && job.Key == "" && spec.URLKey != nil:
+		return "no Throttle-Key: a keyed lane's jobs are published on throttle." + spec.Name + ".<key>, or on throttle." + spec.Name +
+			" with a Throttle-URL whose host is the key (per_key.key_from url_host)"
 	case keyed && job.Key == "":
 		return "no Throttle-Key: a keyed lane's jobs are published on throttle." + spec.Name + ".<key>"
 	case job.Key != "" && kerr != nil:
@@ -51,6 +57,29 @@ func poisonReason(spec LaneSpec, job Job, keyed bool) string {
 	if mb := spec.MaxBody; mb > 0 && int64(len(job.Payload)) > mb {
 		return fmt.Sprintf("payload too large: %d bytes, over the lane's max_body of %d", len(job.Payload), mb)
 	}
+	return ""
+}
+
+// urlKey gives job, published on a public subject of a url_host lane
+// (spec.URLKey), the key of its Throttle-URL, or says why it is poison: a
+// URL the lane refuses, or a key token other than the URL's host. A job
+// without a URL keeps its subject's key (none makes it poison below).
+func urlKey(spec LaneSpec, job *Job) string {
+	if spec.URLKey == nil || job.Dest.URL == "" {
+		return ""
+	}
+	key, err := spec.URLKey(job.Dest.URL)
+	switch {
+	case err != nil:
+		// dest's errors name the header and never hold its value.
+		return "invalid " + err.Error()
+	case job.Key != "" && job.Key != key:
+		if ValidKey(job.Key) != nil {
+			return "" // poisonReason says why
+		}
+		return fmt.Sprintf("Throttle-Key %q (the subject's key) is not the host of its Throttle-URL (%q): the lane takes a job's key from its URL's host (per_key.key_from url_host)", job.Key, key)
+	}
+	job.Key = key
 	return ""
 }
 

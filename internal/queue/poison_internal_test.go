@@ -2,7 +2,10 @@ package queue
 
 import (
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/throttler/throttler/internal/dest"
 )
 
 // unescapeBytes is escapeBytes undone.
@@ -63,4 +66,45 @@ func FuzzEscapeBytes(f *testing.F) {
 			t.Fatalf("escapeBytes(%q) = %q reads back as %q (%v)", s, e, back, ok)
 		}
 	})
+}
+
+// TestURLKey: on a url_host lane (LaneSpec.URLKey) a public job's
+// Throttle-URL gives it its key; a URL the lane refuses, or a subject key
+// that is not the URL's host, makes it poison; a job without a URL keeps
+// its subject's key (none: poisonReason says so, naming url_host).
+func TestURLKey(t *testing.T) {
+	rules, err := dest.New(dest.Config{URL: "https://base.example/", JobURLs: []string{"https://hooks.example.com/", "http://b.example:8080/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := LaneSpec{Name: "wh", URLKey: rules.KeyOf}
+	for _, step := range []struct {
+		name, key, url string
+		wantKey        string
+		wantReason     string // a part of the reason; "" for none
+	}{
+		{"url only", "", "https://Hooks.Example.com/in", "hooks.example.com", ""},
+		{"url with port", "", "http://b.example:8080/x", "b.example:8080", ""},
+		{"key agrees", "hooks.example.com", "https://hooks.example.com/in", "hooks.example.com", ""},
+		{"key disagrees", "other", "https://hooks.example.com/in", "other", "is not the host of its Throttle-URL"},
+		{"url refused", "", "https://evil.example/", "", "invalid Throttle-URL"},
+		{"key only", "k1", "", "k1", ""},
+		{"neither", "", "", "", "or on throttle.wh with a Throttle-URL"},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			job := Job{Lane: "wh", Key: step.key, Dest: dest.Request{URL: step.url}}
+			reason := urlKey(spec, &job)
+			if reason == "" {
+				reason = poisonReason(spec, job, true)
+			}
+			if job.Key != step.wantKey || (step.wantReason == "") != (reason == "") || !strings.Contains(reason, step.wantReason) {
+				t.Errorf("key %q, reason %q; want key %q, reason with %q", job.Key, reason, step.wantKey, step.wantReason)
+			}
+		})
+	}
+	// A lane without URLKey: a public job's URL says nothing of its key.
+	job := Job{Lane: "wh", Dest: dest.Request{URL: "https://hooks.example.com/in"}}
+	if r := urlKey(LaneSpec{Name: "wh"}, &job); r != "" || job.Key != "" {
+		t.Errorf("no URLKey: key %q, reason %q", job.Key, r)
+	}
 }

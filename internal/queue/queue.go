@@ -158,6 +158,12 @@ type LaneSpec struct {
 	// MaxDelay bounds the delay a publisher may ask for on the lane's
 	// public subject; 0: DefaultMaxDelay.
 	MaxDelay time.Duration
+	// URLKey, on a keyed lane with per_key.key_from: url_host, is the key
+	// of a job's URL (dest.Rules.KeyOf): a job published on throttle.<lane>
+	// with a Throttle-URL gets it as its key, and one published on a key
+	// that is not its URL's host is poison (poison.go). Nil: a public job's
+	// key is its subject's.
+	URLKey func(url string) (string, error)
 }
 
 // Job is one unit of work as stored on the queue.
