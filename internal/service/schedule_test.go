@@ -61,8 +61,10 @@ func submitWith(t *testing.T, addr, id string, hdr map[string]string) (int, acce
 // one (the delayed job keeps its key).
 //
 // Outcomes with a margin: the delay is checked from below only (a stall
-// may only make it later), and the restart takes well under the delay.
+// may only make it later), and the restart takes well under the delay; in
+// the parallel phase, with its two lanes side by side.
 func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
+	t.Parallel()
 	for _, keyed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
 			t.Parallel()
@@ -128,8 +130,11 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 // Throttle-Expires (1 s ahead) passes while it waits behind them.
 //
 // Outcomes with a margin of a second each side of max_age (the period is
-// 2 s; on the keyed lane 2 s of 4), in the parallel phase.
+// 2 s; on the keyed lane 2 s of 4), in the parallel phase: the test itself
+// is parallel, not only its two lanes, or the package's real-clock phase
+// would wait the 20 s of the keyed lane's expiries.
 func TestExpiredJobsDeadLetteredNeverDelivered(t *testing.T) {
+	t.Parallel()
 	for _, keyed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
 			t.Parallel()
