@@ -84,7 +84,8 @@ test:
 	exit $$status
 
 # The fleet tests (internal/fleet: NATS and Redis clusters, node loss,
-# failover), apart from `make test` so that it stays under four minutes warm;
+# failover, and deploy/local/cluster.sh run by TestLocalCluster), apart
+# from `make test` so that it stays under four minutes warm;
 # .ci/run runs both. Their servers would load the cores the pacing tests
 # measure on, so they never run beside them.
 test-fleet:
