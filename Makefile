@@ -75,11 +75,12 @@ test:
 	for p in $(TIMING); do \
 	  begin=$$(date +%s%N); \
 	  if (cd $$p && "$$bins/$${p##*/}.test" -test.paniconexit0 -test.timeout=10m -test.parallel=8); then \
-	    ms=$$(( ($$(date +%s%N) - begin) / 1000000 )); \
-	    printf 'ok  \t%s\t%d.%03ds\n' "$(MODULE)/$${p#./}" $$((ms / 1000)) $$((ms % 1000)); \
+	    result='ok  '; \
 	  else \
-	    printf 'FAIL\t%s\n' "$(MODULE)/$${p#./}"; status=1; \
+	    result=FAIL; status=1; \
 	  fi; \
+	  ms=$$(( ($$(date +%s%N) - begin) / 1000000 )); \
+	  printf '%s\t%s\t%d.%03ds\n' "$$result" "$(MODULE)/$${p#./}" $$((ms / 1000)) $$((ms % 1000)); \
 	done; \
 	exit $$status
 
