@@ -32,18 +32,3 @@ func throttlerBinary(t *testing.T) string {
 	t.Helper()
 	return testenv.ThrottlerBinary(t)
 }
-
-// prebuiltBin returns a directory holding throttler and nats-server, as
-// deploy/local's scripts would build them into their bin directory, for a
-// run with FLEET_PREBUILT or CLUSTER_PREBUILT set: the scripts then start
-// the binaries the tests share instead of linking their own.
-func prebuiltBin(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for name, path := range map[string]string{"throttler": testenv.ThrottlerBinary(t), "nats-server": testenv.NATSServerBinary(t)} {
-		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}

@@ -487,16 +487,24 @@ func TestRecipeQuota(t *testing.T) {
 	if l.Name != "crm" || l.Burst != 1 || l.Rate != 998.0/3600 || l.Quota == nil || l.Quota.Limit != 1000 || l.Quota.Per != "1h0m0s" {
 		t.Fatalf("lane %+v, quota %+v; want rate 998/h, burst 1, quota 1000 per 1h", l, l.Quota)
 	}
+	begin := time.Now()
 	as := answers(t, r.run("submit"))
+	took := time.Since(begin)
 	if len(as) != 3 || as[0].State != "admitted" || as[0].ETAms != 0 {
 		t.Fatalf("answers %+v; want the first admitted", as)
 	}
 	for k, a := range as[1:] {
-		// The k+1-th queued call waits k+1 periods, less the time the
-		// loop took: within 20 %.
+		// The k+1-th queued call's slot is k+1 periods after the
+		// admitted call's start, which came after the loop began; its
+		// answer came before the loop ended. So its eta_ms is k+1
+		// periods less at most the loop's time (measured: curl on a
+		// loaded machine once took over a second a call), and never
+		// more than k+1 periods; 100 ms each side for the millisecond
+		// rounding and the admitted call's start after its store.
 		want := time.Duration(k+1) * period
-		if got := time.Duration(a.ETAms) * time.Millisecond; a.State != "queued" || got < want*8/10 || got > want*12/10 {
-			t.Errorf("answer %+v; want queued with eta_ms about %d", a, want.Milliseconds())
+		lo, hi := want-took-100*time.Millisecond, want+100*time.Millisecond
+		if got := time.Duration(a.ETAms) * time.Millisecond; a.State != "queued" || got < lo || got > hi {
+			t.Errorf("answer %+v; want queued with eta_ms in [%d, %d] (%d less the loop's %v)", a, lo.Milliseconds(), hi.Milliseconds(), want.Milliseconds(), took.Round(time.Millisecond))
 		}
 	}
 

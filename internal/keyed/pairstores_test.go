@@ -4,6 +4,7 @@ package keyed_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -29,6 +30,13 @@ func pairStores(t *testing.T, f func(t *testing.T, c *clock.Manual, s bucket.Pai
 		c := buckettest.NewClock()
 		cfg := redisbucket.DefaultConfig()
 		cfg.Clock = c
+		// The schedule runs on the manual clock; only the calls to
+		// Redis take real time. DefaultTimeout (500 ms) is the
+		// service's bound on a call, not a property of the schedule:
+		// on a loaded machine a call outlived it and failed a
+		// simulation (TestLaneCapSharedByWeight, "context deadline
+		// exceeded"). redisbucket's own tests check the timeout.
+		cfg.Timeout = 10 * time.Second
 		f(t, c, redisbucket.New(client, cfg))
 	})
 }

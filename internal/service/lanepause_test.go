@@ -47,7 +47,11 @@ func metricLine(t *testing.T, addr, series string) string {
 // drains hold jobs in hand (in flight, fetched) the target has seen none.
 // Both instances stop; a new one starts held, and resuming it drains the
 // backlog.
+//
+// Outcomes only (the target's count at a known moment, states polled), in
+// the parallel phase.
 func TestLanePauseHoldsEveryInstanceAndOutlivesRestarts(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	rec := newRecorder(t)
@@ -137,7 +141,10 @@ func TestLanePauseHoldsEveryInstanceAndOutlivesRestarts(t *testing.T) {
 // and its jobs stored (backlog), so an unheld lane would be starting them;
 // the target has seen none and no slot pair was reserved. Resumed, every
 // key drains.
+//
+// Outcomes only, in the parallel phase.
 func TestKeyedLanePause(t *testing.T) {
+	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	tgt := newKeyedTarget(t)
 	cfg := keyedConfig(t, tgt.srv.URL, 200, 10, 50, 5)

@@ -57,7 +57,11 @@ func deadLettered(t *testing.T, addr string) string {
 // throttler_jobs_dead_lettered_total; the good job behind them is
 // delivered. On the keyed lane, max_backlog 5 is filled with poison
 // first: the intake takes jobs again once they are dead-lettered.
+//
+// Outcomes only (dead letters, counters, the target's arrivals, each polled
+// for up to 10 s), in the parallel phase.
 func TestPoisonOverNATSDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
 	for _, keyed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
 			throttlerURL, publisherURL := natsWithUsers(t)

@@ -61,8 +61,10 @@ func submitWith(t *testing.T, addr, id string, hdr map[string]string) (int, acce
 // one (the delayed job keeps its key).
 //
 // Outcomes with a margin: the delay is checked from below only (a stall
-// may only make it later), and the restart takes well under the delay.
+// may only make it later), and the restart takes well under the delay; in
+// the parallel phase, with its two lanes side by side.
 func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
+	t.Parallel()
 	for _, keyed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
 			t.Parallel()
@@ -128,42 +130,55 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 // Throttle-Expires (1 s ahead) passes while it waits behind them.
 //
 // Outcomes with a margin of a second each side of max_age (the period is
-// 2 s; on the keyed lane 2 s of 4), in the parallel phase.
+// 2 s; on the keyed lane 2 s of 4), in the parallel phase. Both lanes are
+// started and take their jobs first, then each is checked in a subtest of
+// its own: their waits (7 s plain, 20 s keyed) overlap in the test's one
+// slot of the parallel phase. Parallel subtests would queue behind every
+// other parallel test of the package and end the phase 20 s after that.
 func TestExpiredJobsDeadLetteredNeverDelivered(t *testing.T) {
+	t.Parallel()
+	type lane struct {
+		name string
+		rec  *recorder
+		addr string
+	}
+	var lanes []lane
 	for _, keyed := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "keyed"}[keyed], func(t *testing.T) {
-			t.Parallel()
-			rec := newRecorder(t)
-			var cfg config.Config
-			hdr := map[string]string{}
-			if keyed {
-				// The key's pace binds (0.25/s, max_age 6 s: margins of
-				// 2 s, as a keyed start may come later after its slot),
-				// under a lane-wide cap that does not.
-				cfg = keyedConfig(t, rec.srv.URL+"/hook", 100, 10, 0.25, 1)
-				cfg.Lanes[0].MaxAge = config.Duration(6 * time.Second)
-				hdr["Throttle-Key"] = "k"
-			} else {
-				cfg = testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 0.5, 1)
-				cfg.Lanes[0].MaxAge = config.Duration(3 * time.Second)
+		rec := newRecorder(t)
+		var cfg config.Config
+		hdr := map[string]string{}
+		if keyed {
+			// The key's pace binds (0.25/s, max_age 6 s: margins of
+			// 2 s, as a keyed start may come later after its slot),
+			// under a lane-wide cap that does not.
+			cfg = keyedConfig(t, rec.srv.URL+"/hook", 100, 10, 0.25, 1)
+			cfg.Lanes[0].MaxAge = config.Duration(6 * time.Second)
+			hdr["Throttle-Key"] = "k"
+		} else {
+			cfg = testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 0.5, 1)
+			cfg.Lanes[0].MaxAge = config.Duration(3 * time.Second)
+		}
+		svc, _ := start(t, cfg)
+		for i := range 5 {
+			if code, _ := submitWith(t, svc.Addr(), fmt.Sprintf("e-%d", i), hdr); code != http.StatusAccepted {
+				t.Fatalf("job %d: status %d", i, code)
 			}
-			svc, _ := start(t, cfg)
-			for i := range 5 {
-				if code, _ := submitWith(t, svc.Addr(), fmt.Sprintf("e-%d", i), hdr); code != http.StatusAccepted {
-					t.Fatalf("job %d: status %d", i, code)
-				}
-			}
-			xh := map[string]string{"Throttle-Expires": time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)}
-			for k, v := range hdr {
-				xh[k] = v
-			}
-			if code, _ := submitWith(t, svc.Addr(), "x-0", xh); code != http.StatusAccepted {
-				t.Fatalf("job x-0: status %d", code)
-			}
+		}
+		xh := map[string]string{"Throttle-Expires": time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)}
+		for k, v := range hdr {
+			xh[k] = v
+		}
+		if code, _ := submitWith(t, svc.Addr(), "x-0", xh); code != http.StatusAccepted {
+			t.Fatalf("job x-0: status %d", code)
+		}
+		lanes = append(lanes, lane{name: map[bool]string{false: "plain", true: "keyed"}[keyed], rec: rec, addr: svc.Addr()})
+	}
+	for _, l := range lanes {
+		t.Run(l.name, func(t *testing.T) {
 			want := map[string]bool{"e-2": true, "e-3": true, "e-4": true, "x-0": true}
-			waitFor(t, 40*time.Second, "four expired dead letters", func() bool { return len(deadList(t, svc.Addr())) >= len(want) })
-			waitSettled(t, svc.Addr())
-			for _, d := range deadList(t, svc.Addr()) {
+			waitFor(t, 40*time.Second, "four expired dead letters", func() bool { return len(deadList(t, l.addr)) >= len(want) })
+			waitSettled(t, l.addr)
+			for _, d := range deadList(t, l.addr) {
 				if !want[d.ID] || d.Reason != queue.ReasonExpired {
 					t.Errorf("dead letter %s with reason %q, want one of %v with reason %q", d.ID, d.Reason, want, queue.ReasonExpired)
 				}
@@ -173,7 +188,7 @@ func TestExpiredJobsDeadLetteredNeverDelivered(t *testing.T) {
 				t.Errorf("not dead-lettered: %v", want)
 			}
 			var got []string
-			for _, a := range rec.snapshot() {
+			for _, a := range l.rec.snapshot() {
 				got = append(got, a.id)
 			}
 			if fmt.Sprint(got) != "[e-0 e-1]" {

@@ -61,6 +61,22 @@ func ThrottlerBinaryPath() (string, error) {
 	return throttlerBin.path, throttlerBin.err
 }
 
+// LocalBin returns a directory holding throttler (ThrottlerBinary) and
+// nats-server (NATSServerBinary), as deploy/local's scripts would build them
+// into their bin directory, for a run with FLEET_PREBUILT or
+// CLUSTER_PREBUILT set: the scripts then start the binaries the tests share
+// instead of linking their own. A failure fails t.
+func LocalBin(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, path := range map[string]string{"throttler": ThrottlerBinary(t), "nats-server": NATSServerBinary(t)} {
+		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+	}
+	return dir
+}
+
 // NATSServerBinary returns the path of a nats-server executable built from
 // the nats-server module in go.mod (once per machine and version; see
 // StartNATSCluster). A failure fails t.
