@@ -225,8 +225,9 @@ type ScheduleHook interface {
 	Scheduled(lane, id string, due time.Time)
 	// Entered: a delayed job entered its lane's queue.
 	Entered(lane, id string)
-	// Expired: the job was dead-lettered, not started by its expiry.
-	Expired(lane, id string)
+	// Expired: the job was dead-lettered, not started by its expiry;
+	// reply is its reply subject (Job.Reply, unchecked), empty for none.
+	Expired(lane, id, reply string)
 }
 
 // scheduleHook holds a Queue's ScheduleHook.
@@ -361,7 +362,7 @@ func (m *Msg) Expire(ctx context.Context, retryIn time.Duration) error {
 		return err
 	}
 	if h := m.c.q.hook.get(); h != nil {
-		h.Expired(job.Lane, job.ID)
+		h.Expired(job.Lane, job.ID, job.Reply)
 	}
 	return err
 }

@@ -84,7 +84,7 @@ type hookLog struct {
 func (h *hookLog) add(s string)                           { h.mu.Lock(); h.events = append(h.events, s); h.mu.Unlock() }
 func (h *hookLog) Scheduled(lane, id string, _ time.Time) { h.add("scheduled " + lane + " " + id) }
 func (h *hookLog) Entered(lane, id string)                { h.add("entered " + lane + " " + id) }
-func (h *hookLog) Expired(lane, id string)                { h.add("expired " + lane + " " + id) }
+func (h *hookLog) Expired(lane, id, _ string)             { h.add("expired " + lane + " " + id) }
 func (h *hookLog) count(ev string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
