@@ -46,8 +46,10 @@ func (h *Hook) mark(lane, id string, state api.JobState, reason, reply string) {
 	}
 }
 
-// Scheduled records a delayed job stored.
-func (h *Hook) Scheduled(lane, id string, _ time.Time) { h.mark(lane, id, api.StateScheduled, "", "") }
+// Scheduled records a delayed job stored; reply is its reply subject.
+func (h *Hook) Scheduled(lane, id string, _ time.Time, reply string) {
+	h.mark(lane, id, api.StateScheduled, "", reply)
+}
 
 // Entered records a delayed job that entered its lane.
 func (h *Hook) Entered(lane, id string) { h.mark(lane, id, api.StateQueued, "", "") }

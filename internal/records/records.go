@@ -116,9 +116,10 @@ const (
 	HeaderState = "Throttle-State"
 )
 
-// publish sends settled rec on its results subject and, when it names one
-// the lane allows, on its reply subject. Core NATS buffers the message and
-// returns: nothing waits for a listener.
+// publish sends settled rec on its reply subject, when it names one the
+// lane allows, then on its results subject: a listener that heard the
+// result has heard the reply too (one connection keeps its order). Core
+// NATS buffers the message and returns: nothing waits for a listener.
 func (s *Store) publish(rec api.JobRecord) {
 	b, err := encode(rec)
 	if err != nil {
@@ -126,21 +127,18 @@ func (s *Store) publish(rec api.JobRecord) {
 		return
 	}
 	h := nats.Header{HeaderJobID: {rec.ID}, HeaderLane: {rec.Lane}, HeaderState: {string(rec.State)}}
+	if rec.Reply != "" {
+		s.mu.RLock()
+		r := s.replies[rec.Lane]
+		s.mu.RUnlock()
+		if err := r.Check(rec.Reply); err != nil {
+			s.log.Warn("a job's reply subject is refused; its record is not published there", "lane", rec.Lane, "id", rec.ID, "err", err)
+		} else if err := s.nc.PublishMsg(&nats.Msg{Subject: rec.Reply, Header: h, Data: b}); err != nil {
+			s.log.Warn("publishing a settled record on its reply subject failed", "lane", rec.Lane, "id", rec.ID, "err", err)
+		}
+	}
 	if err := s.nc.PublishMsg(&nats.Msg{Subject: ResultsSubject(rec.Lane, rec.ID), Header: h, Data: b}); err != nil {
 		s.log.Warn("publishing a settled record failed", "lane", rec.Lane, "id", rec.ID, "err", err)
-	}
-	if rec.Reply == "" {
-		return
-	}
-	s.mu.RLock()
-	r := s.replies[rec.Lane]
-	s.mu.RUnlock()
-	if err := r.Check(rec.Reply); err != nil {
-		s.log.Warn("a job's reply subject is refused; its record is not published there", "lane", rec.Lane, "id", rec.ID, "err", err)
-		return
-	}
-	if err := s.nc.PublishMsg(&nats.Msg{Subject: rec.Reply, Header: h, Data: b}); err != nil {
-		s.log.Warn("publishing a settled record on its reply subject failed", "lane", rec.Lane, "id", rec.ID, "err", err)
 	}
 }
 
@@ -429,7 +427,18 @@ func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, r
 
 // mark is Mark; reply is the job's reply subject (kept in a record that
 // has none, so an expired job's record is published there).
+//
+// A reply the lane refuses is not kept: the drain dead-letters such a job
+// when it meets it.
 func (s *Store) mark(ctx context.Context, lane, id string, state api.JobState, reason, reply string, now time.Time) (api.JobRecord, error) {
+	if reply != "" {
+		s.mu.RLock()
+		r := s.replies[lane]
+		s.mu.RUnlock()
+		if r.Check(reply) != nil {
+			reply = ""
+		}
+	}
 	if state != api.StateScheduled && state != api.StateExpired && state != api.StateQueued {
 		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled, queued or expired, not %s", state)
 	}

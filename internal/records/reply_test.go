@@ -222,13 +222,24 @@ func TestSettledRecordsArePublished(t *testing.T) {
 		t.Fatalf("start of a cancelled job: %v", err)
 	}
 	// Expired by the scheduler's hook.
-	records.NewHook(s, nil).Expired("demo", "e", "replies.shop.e")
+	hook := records.NewHook(s, nil)
+	hook.Expired("demo", "e", "replies.shop.e")
+	// A delayed job keeps its reply from the moment it is scheduled, so a
+	// cancel of it answers there; a refused one is not kept.
+	hook.Scheduled("demo", "s", now, "replies.shop.s")
+	if _, err := s.Cancel(ctx, "demo", "s", now); err != nil {
+		t.Fatal(err)
+	}
+	hook.Scheduled("demo", "s2", now, "elsewhere.s2")
+	if rec, _, err := s.Get(ctx, "demo", "s2"); err != nil || rec.Reply != "" {
+		t.Fatalf("scheduled with a refused reply: %+v, %v; want no reply kept", rec, err)
+	}
 	// A reply the lane refuses, held by a record: results only.
 	finish(start("r", "elsewhere.x"), api.StateDelivered)
 	// No reply: results only.
 	finish(start("plain", ""), api.StateDelivered)
 
-	testenv.Eventually(t, 10*time.Second, "the results of 6 settlements", func() bool { return results.count() >= 6 })
+	testenv.Eventually(t, 10*time.Second, "the results of 7 settlements", func() bool { return results.count() >= 7 })
 	// One connection publishes all: the last result heard means every
 	// earlier message was heard too.
 	got := map[string]api.JobState{}
@@ -236,8 +247,8 @@ func TestSettledRecordsArePublished(t *testing.T) {
 		got[r.ID] = r.State
 	}
 	want := map[string]api.JobState{"job.1": api.StateDelivered, "d": api.StateDead, "c": api.StateCancelled, "e": api.StateExpired,
-		"r": api.StateDelivered, "plain": api.StateDelivered}
-	if len(got) != len(want) || results.count() != 6 {
+		"s": api.StateCancelled, "r": api.StateDelivered, "plain": api.StateDelivered}
+	if len(got) != len(want) || results.count() != 7 {
 		t.Fatalf("results: %v (%d messages), want %v", got, results.count(), want)
 	}
 	for id, st := range want {
@@ -249,8 +260,9 @@ func TestSettledRecordsArePublished(t *testing.T) {
 	for _, r := range reply.records(t) {
 		gotReply[r.Reply] = r.ID + " " + string(r.State)
 	}
-	wantReply := map[string]string{"replies.shop.1": "job.1 delivered", "replies.shop.d": "d dead", "replies.shop.c": "c cancelled", "replies.shop.e": "e expired"}
-	if len(gotReply) != len(wantReply) || reply.count() != 4 {
+	wantReply := map[string]string{"replies.shop.1": "job.1 delivered", "replies.shop.d": "d dead", "replies.shop.c": "c cancelled",
+		"replies.shop.e": "e expired", "replies.shop.s": "s cancelled"}
+	if len(gotReply) != len(wantReply) || reply.count() != 5 {
 		t.Fatalf("replies: %v (%d messages), want %v", gotReply, reply.count(), wantReply)
 	}
 	for k, v := range wantReply {
