@@ -1,11 +1,12 @@
 package records
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/throttler/throttler/api"
 )
 
 // Where a settled record is published on NATS (core NATS, after the write
@@ -29,35 +30,12 @@ import (
 // subject in.
 const HeaderReply = "Throttle-Reply"
 
-// ResultsPrefix starts the results subjects.
-const ResultsPrefix = "throttler.results."
+// ResultsPrefix starts the results subjects (api.ResultsPrefix).
+const ResultsPrefix = api.ResultsPrefix
 
 // ResultsSubject is the subject job id's settled record of lane is
-// published on: throttler.results.<lane>.<SubjectToken(id)>.
-func ResultsSubject(lane, id string) string { return ResultsPrefix + lane + "." + SubjectToken(id) }
-
-// encodedToken starts the token of an id that is not a token by itself.
-const encodedToken = "~"
-
-// SubjectToken is job id as one subject token: the id itself when it is
-// made of letters, digits, '-' and '_' only; otherwise '~' followed by the
-// id in unpadded base64url (RFC 4648 §5). The two forms never meet: '~' is
-// not in the first one's alphabet.
-func SubjectToken(id string) string {
-	for i := 0; i < len(id); i++ {
-		if !tokenByte(id[i]) {
-			return encodedToken + base64.RawURLEncoding.EncodeToString([]byte(id))
-		}
-	}
-	if id == "" {
-		return encodedToken
-	}
-	return id
-}
-
-func tokenByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
-}
+// published on (api.ResultsSubject).
+func ResultsSubject(lane, id string) string { return api.ResultsSubject(lane, id) }
 
 // MaxReplyLen bounds a reply subject.
 const MaxReplyLen = 256

@@ -31,13 +31,13 @@ func TestSubjectToken(t *testing.T) {
 		{"a b", "~YSBi"},
 		{"$JS", "~JEpT"},
 	} {
-		if got := records.SubjectToken(tc.id); got != tc.want {
+		if got := api.SubjectToken(tc.id); got != tc.want {
 			t.Errorf("SubjectToken(%q) = %q, want %q", tc.id, got, tc.want)
 		}
 	}
 	seen := map[string]string{}
 	for _, id := range []string{"a.b*c>d", "order-1", "~order-1", "x", "~eA", "a/b", "a:b", strings.Repeat("z.", 127) + "z"} {
-		tok := records.SubjectToken(id)
+		tok := api.SubjectToken(id)
 		if tok == "" || strings.ContainsAny(tok, ".*> \t") {
 			t.Errorf("SubjectToken(%q) = %q: not one token", id, tok)
 		}
