@@ -66,6 +66,9 @@ func (l *Lane) checkReply(job queue.Job) error {
 		return nil
 	}
 	err := l.replies.Check(job.Reply)
+	if job.Reply == queue.UnusableReply {
+		err = &records.ReplyError{Msg: fmt.Sprintf("%s was sent twice, or is over %d bytes", records.HeaderReply, records.MaxReplyLen)}
+	}
 	if err != nil {
 		l.log.Warn("job names a reply subject the lane refuses; dead-lettered", "id", job.ID, "err", err)
 	}

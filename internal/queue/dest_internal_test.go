@@ -77,7 +77,7 @@ func TestReplyIsKeptAsWritten(t *testing.T) {
 		"twice": {"Throttle-Reply": {"replies.a", "replies.b"}},
 		"long":  {"Throttle-Reply": {"replies." + strings.Repeat("x", 300)}},
 	} {
-		if got := decodeJob("demo", h, nil, "", 1, false, time.Now()).Reply; got != refused {
+		if got := decodeJob("demo", h, nil, "", 1, false, time.Now()).Reply; got != UnusableReply {
 			t.Errorf("%s: reply %q, want the refused marker", name, got)
 		}
 	}

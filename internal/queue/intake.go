@@ -187,15 +187,18 @@ func valuesFold(h nats.Header, name string) []string {
 	return out
 }
 
-// replyOf keeps a reply subject within its bound; a header sent twice or
-// over the bound becomes a value the lane's check refuses (the job is then
-// dead-lettered, never delivered with its answer going nowhere).
+// UnusableReply is the Job.Reply of a job that sent Throttle-Reply twice or
+// over records.MaxReplyLen bytes: a value every check refuses (the job is
+// then dead-lettered, never delivered with its answer going nowhere).
+const UnusableReply = refused
+
+// replyOf keeps a reply subject within its bound.
 func replyOf(v []string) string {
 	switch {
 	case len(v) == 0:
 		return ""
 	case len(v) > 1 || len(v[0]) > records.MaxReplyLen:
-		return refused
+		return UnusableReply
 	}
 	return v[0]
 }

@@ -278,6 +278,9 @@ lanes:
 		if d.Reason == "reply subject refused" {
 			refusedDead++
 		}
+		if d.ID == "twice" && !strings.Contains(d.LastError, "Throttle-Reply was sent twice") {
+			t.Errorf("dead letter of a job that sent Throttle-Reply twice: last_error %q", d.LastError)
+		}
 	}
 	if refusedDead != len(refusedSubjects)+1 {
 		t.Errorf("%d dead letters with reason 'reply subject refused', want %d", refusedDead, len(refusedSubjects)+1)
