@@ -335,7 +335,7 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 			// Its answer would go nowhere the lane allows: dead-lettered,
 			// never delivered.
 			res := dispatch.Result{Verdict: dispatch.Dead, Err: replyErr}
-			act := Action{Kind: Dead, Reason: ReasonReplyRefused}
+			act := Action{Kind: Dead, Reason: reasonReplyRefused}
 			if l.keepsRecords() {
 				l.record(dctx, msg, claim, res, act)
 			}

@@ -42,9 +42,9 @@ func (l *Lane) ensureRecords(ctx context.Context) error {
 		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane, Replies: l.replies})
 }
 
-// ReasonReplyRefused is the dead-letter reason of a job whose
+// reasonReplyRefused is the dead-letter reason of a job whose
 // Throttle-Reply the lane does not allow.
-const ReasonReplyRefused = "reply subject refused"
+const reasonReplyRefused = "reply subject refused"
 
 // lanesReplies are the reply subjects cfg's jobs may name: under its
 // results.reply_subjects, outside every worker's inbox (Deps.Workers).
@@ -121,7 +121,7 @@ func (l *Lane) record(dctx context.Context, msg *queue.Msg, c records.Claim, res
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	rec, err := l.d.Records.Finish(ctx, c, func(rec *api.JobRecord) {
-		if act.Kind != Release && act.Reason != ReasonReplyRefused {
+		if act.Kind != Release && act.Reason != reasonReplyRefused {
 			rec.Attempts = append(rec.Attempts, attemptOf(now, res))
 		}
 		switch act.Kind {
