@@ -89,11 +89,14 @@ func (s *Store) SetCallbacks(c Callbacks) { s.callbacks = c }
 // (core NATS, fire and forget) on the lane's results subject and on the
 // job's reply subject when it names one the lane allows, and its callback
 // is stored when it names one. A failure is logged; the record stands.
-func (s *Store) settled(ctx context.Context, rec api.JobRecord) {
+func (s *Store) settled(ctx context.Context, rec api.JobRecord) { s.settledAs(ctx, rec, nil) }
+
+// settledAs is settled with rec encoded already as b (nil: not yet).
+func (s *Store) settledAs(ctx context.Context, rec api.JobRecord, b []byte) {
 	if !rec.State.Settled() {
 		return
 	}
-	s.publish(rec)
+	s.publish(rec, b)
 	if rec.Callback == "" || s.callbacks == nil {
 		return
 	}
@@ -119,12 +122,15 @@ const (
 // publish sends settled rec on its reply subject, when it names one the
 // lane allows, then on its results subject: a listener that heard the
 // result has heard the reply too (one connection keeps its order). Core
-// NATS buffers the message and returns: nothing waits for a listener.
-func (s *Store) publish(rec api.JobRecord) {
-	b, err := encode(rec)
-	if err != nil {
-		s.log.Warn("encoding a settled record failed; not published", "lane", rec.Lane, "id", rec.ID, "err", err)
-		return
+// NATS buffers the message and returns: nothing waits for a listener. b
+// is rec encoded, or nil to encode it here.
+func (s *Store) publish(rec api.JobRecord, b []byte) {
+	if b == nil {
+		var err error
+		if b, err = encode(rec); err != nil {
+			s.log.Warn("encoding a settled record failed; not published", "lane", rec.Lane, "id", rec.ID, "err", err)
+			return
+		}
 	}
 	h := nats.Header{HeaderJobID: {rec.ID}, HeaderLane: {rec.Lane}, HeaderState: {string(rec.State)}}
 	if rec.Reply != "" {
@@ -325,11 +331,16 @@ func (s *Store) Get(ctx context.Context, lane, id string) (api.JobRecord, uint64
 // update writes rec over revision rev; ok is false when the record changed
 // since (another writer won).
 func (s *Store) update(ctx context.Context, rec api.JobRecord, rev uint64) (newRev uint64, ok bool, err error) {
-	kv, err := s.bucket(rec.Lane)
+	b, err := encode(rec)
 	if err != nil {
 		return 0, false, err
 	}
-	b, err := encode(rec)
+	return s.put(ctx, rec, b, rev)
+}
+
+// put is update with rec encoded already as b.
+func (s *Store) put(ctx context.Context, rec api.JobRecord, b []byte, rev uint64) (newRev uint64, ok bool, err error) {
+	kv, err := s.bucket(rec.Lane)
 	if err != nil {
 		return 0, false, err
 	}
@@ -575,13 +586,18 @@ func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, 
 func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error) {
 	rec := c.Record
 	fn(&rec)
-	if _, ok, err := s.update(ctx, rec, c.Rev); err != nil {
+	// Encoded once: what is stored is what is published.
+	b, err := encode(rec)
+	if err != nil {
+		return api.JobRecord{}, err
+	}
+	if _, ok, err := s.put(ctx, rec, b, c.Rev); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
-		s.settled(ctx, rec)
+		s.settledAs(ctx, rec, b)
 		return rec, nil
 	}
-	rec, _, err := s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
+	rec, _, err = s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
 		fn(r)
 		return nil
 	})
