@@ -322,3 +322,78 @@ lanes:
 		t.Errorf("refused HTTP job has a record: %d", code)
 	}
 }
+
+// TestReplyNeverInAWorkersInbox: on a server with a pull-mode worker user,
+// a lane that lists _INBOX in results.reply_subjects answers a publisher's
+// inbox and never a worker's: a job naming _INBOX.<worker>.… is
+// dead-lettered undelivered, and nothing reaches the worker's inbox.
+func TestReplyNeverInAWorkersInbox(t *testing.T) {
+	t.Parallel()
+	throttlerURL, _ := natsWithUsers(t)
+	redis := testenv.StartRedis(t)
+	target, deliveries := replyTarget(t)
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q, workers: [{user: render-1, lanes: [renders]}]}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 40
+    burst: 2
+    results: {keep: 1h, reply_subjects: [_INBOX]}
+    target: {http: {url: %q}}
+  - name: renders
+    rate: 1
+    burst: 1
+    target: {nats: {subject: renders.work, mode: pull}}
+`, throttlerURL, t.TempDir(), redis.URL(), target.URL)
+	cfg, err := config.Parse("replies.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithRegistry(t, cfg, prometheus.NewRegistry())
+
+	nc, err := nats.Connect(throttlerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	heard := &natsListener{}
+	if _, err := nc.Subscribe("_INBOX.>", heard.on); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Subscribe("throttler.results.demo.>", heard.on); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for id, reply := range map[string]string{"worker": "_INBOX.render-1.x", "worker-root": "_INBOX.render-1", "mine": "_INBOX.shop.r1"} {
+		m := nats.NewMsg("throttle.demo")
+		m.Data, m.Header = []byte(id), nats.Header{"Throttle-Reply": {reply}, "Nats-Msg-Id": {id}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, "the three results", func() bool {
+		return len(heard.of(t, api.ResultsSubject("demo", "worker"))) == 1 && len(heard.of(t, api.ResultsSubject("demo", "worker-root"))) == 1 &&
+			len(heard.of(t, api.ResultsSubject("demo", "mine"))) == 1
+	})
+	if got := heard.of(t, "_INBOX.shop.r1"); len(got) != 1 || got[0].State != api.StateDelivered {
+		t.Errorf("reply in a publisher's inbox: %+v", got)
+	}
+	for _, id := range []string{"worker", "worker-root"} {
+		got := heard.of(t, api.ResultsSubject("demo", id))
+		if deliveries(id) != 0 || got[0].State != api.StateDead || got[0].Reason != "reply subject refused" {
+			t.Errorf("%s: delivered %d times, result %+v; want dead undelivered", id, deliveries(id), got)
+		}
+	}
+	for _, s := range heard.subjects() {
+		if strings.HasPrefix(s, "_INBOX.render-1") {
+			t.Errorf("a record was published in the worker's inbox: %s", s)
+		}
+	}
+}
