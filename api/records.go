@@ -57,6 +57,9 @@ type JobRecord struct {
 	// Callback is the URL the settled record is POSTed to
 	// (Throttle-Callback); empty for none.
 	Callback string `json:"callback,omitempty"`
+	// Reply is the NATS subject the settled record is published to
+	// (Throttle-Reply on a job published over NATS); empty for none.
+	Reply string `json:"reply,omitempty"`
 }
 
 // JobAttempt is one delivery attempt of a job.

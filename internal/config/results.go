@@ -36,6 +36,12 @@ type Results struct {
 	// paces, signs, retries and dead-letters them. Required with
 	// callback_urls.
 	CallbackLane string `yaml:"callback_lane"`
+	// ReplySubjects are the NATS subject prefixes a job published over
+	// NATS may name in Throttle-Reply (records.Replies): its settled
+	// record is published there. A prefix covers itself and the subjects
+	// under it at a token boundary. None (the default) refuses the header:
+	// such a job is dead-lettered. Over HTTP the header is always refused.
+	ReplySubjects []string `yaml:"reply_subjects"`
 }
 
 // Defaults of a lane's results.
@@ -51,6 +57,8 @@ const (
 	MaxResultsWait = 15 * time.Minute
 	// MaxResultsHeaders bounds results.headers.
 	MaxResultsHeaders = 32
+	// MaxReplySubjects bounds results.reply_subjects.
+	MaxReplySubjects = 32
 )
 
 // MaxRecord bounds one of the lane's records in bytes: the answer's body
@@ -84,6 +92,8 @@ func (r *Results) validate(fail func(field, format string, args ...any) error) e
 		return fail("results.max_wait", "must be between 0 and %v, got %v", MaxResultsWait, r.MaxWait.D())
 	case len(r.Headers) > MaxResultsHeaders:
 		return fail("results.headers", "lists %d headers; at most %d are allowed", len(r.Headers), MaxResultsHeaders)
+	case len(r.ReplySubjects) > MaxReplySubjects:
+		return fail("results.reply_subjects", "lists %d prefixes; at most %d are allowed", len(r.ReplySubjects), MaxReplySubjects)
 	}
 	for i, h := range r.Headers {
 		if !validToken(h) {

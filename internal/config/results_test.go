@@ -103,3 +103,61 @@ lanes:
 		}
 	}
 }
+
+// TestResultsReplySubjects: results.reply_subjects lists literal subject
+// prefixes; one that is itself forbidden (the throttler's, the server's, a
+// worker's inbox, every inbox while a pull lane names no worker), not a
+// plain subject, or overlapping a lane's NATS target subject is refused
+// naming the file and the prefix's field.
+func TestResultsReplySubjects(t *testing.T) {
+	conf := func(prefixes, workers string) string {
+		return `
+listen: 127.0.0.1:8080
+nats: {user: t, password: p` + workers + `}
+lanes:
+  - name: demo
+    rate: 20
+    burst: 10
+    results: {reply_subjects: ` + prefixes + `}
+    target: {http: {url: "http://127.0.0.1:9000/hook"}}
+  - name: renders
+    rate: 5
+    burst: 1
+    target: {nats: {subject: renders.work, mode: pull}}
+`
+	}
+	const named = `, workers: [{user: render-1, password: q, lanes: [renders]}]`
+	cfg, err := config.Parse("t.yaml", []byte(conf(`[replies, _INBOX, "acme.results"]`, named)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Lanes[0].Results; len(r.ReplySubjects) != 3 || r.ReplySubjects[2] != "acme.results" {
+		t.Fatalf("results %+v", r)
+	}
+	for _, s := range []struct{ prefixes, workers, field string }{
+		{`[ok, throttler]`, named, "lanes[0].results.reply_subjects[1]"},
+		{`[throttler.results.demo]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[throttle.demo]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[throttle_dead]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[_INBOX_throttler]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["$JS.API"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["$SYS"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["$KV"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[_INBOX.render-1]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[_INBOX]`, "", "lanes[0].results.reply_subjects[0]"}, // renders names no worker: any inbox may be one
+		{`["replies."]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["replies.>"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["replies.*.x"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["a..b"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`["a b"]`, named, "lanes[0].results.reply_subjects[0]"},
+		{`[renders]`, named, "lanes[0].results.reply_subjects[0]"},          // covers renders.work
+		{`[renders.work.ack]`, named, "lanes[0].results.reply_subjects[0]"}, // under it
+		{`[ok, renders.work]`, named, "lanes[0].results.reply_subjects[1]"}, // it
+	} {
+		_, err := config.Parse("t.yaml", []byte(conf(s.prefixes, s.workers)), nil)
+		var ce *config.Error
+		if !errors.As(err, &ce) || ce.File != "t.yaml" || ce.Field != s.field {
+			t.Errorf("reply_subjects %s: %v; want an error naming t.yaml and %s", s.prefixes, err, s.field)
+		}
+	}
+}

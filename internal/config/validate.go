@@ -16,6 +16,7 @@ import (
 	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // workerUser is what a worker's user name may be: it is also a token of
@@ -263,6 +264,9 @@ func (c *Config) Validate() error {
 	if err := c.validateCallbacks(); err != nil {
 		return err
 	}
+	if err := c.validateReplies(); err != nil {
+		return err
+	}
 	if c.Callers != nil {
 		if err := c.Callers.validate(); err != nil {
 			return err
@@ -317,6 +321,52 @@ func (c *Config) validateCallbacks() error {
 		}
 	}
 	return nil
+}
+
+// validateReplies checks each lane's results.reply_subjects with the rule
+// the drain applies to every Throttle-Reply (records.NewReplies: no
+// wildcard, nothing of the throttler's, the server's or a worker's inbox),
+// and refuses a prefix that covers, or lies under, a subject a lane's NATS
+// target delivers on: a record published there would reach the workers as
+// a job or a pull request.
+func (c *Config) validateReplies() error {
+	workers := map[string][]string{}
+	for _, l := range c.Lanes {
+		if l.Target.Pull() {
+			workers[l.Name] = c.NATS.WorkersOf(l.Name)
+		}
+	}
+	for i, l := range c.Lanes {
+		if l.Results == nil || len(l.Results.ReplySubjects) == 0 {
+			continue
+		}
+		field := fmt.Sprintf("lanes[%d].results.reply_subjects", i)
+		if _, err := records.NewReplies(records.ReplyRules{Prefixes: l.Results.ReplySubjects, Workers: workers}); err != nil {
+			var pe *records.PrefixError
+			if errors.As(err, &pe) {
+				return &Error{Field: fmt.Sprintf("%s[%d]", field, pe.Index), Msg: pe.Err.Error()}
+			}
+			return &Error{Field: field, Msg: err.Error()}
+		}
+		for k, p := range l.Results.ReplySubjects {
+			for j, o := range c.Lanes {
+				if o.Target.NATS == nil {
+					continue
+				}
+				if t := o.Target.NATS.Subject; subjectUnder(p, t) || subjectUnder(t, p) {
+					return &Error{Field: fmt.Sprintf("%s[%d]", field, k),
+						Msg: fmt.Sprintf("%q overlaps lanes[%d] (%s) target.nats.subject %q: a record published there would reach its workers", p, j, o.Name, t)}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// subjectUnder reports whether subject s is p or under p at a token
+// boundary.
+func subjectUnder(s, p string) bool {
+	return s == p || strings.HasPrefix(s, p) && s[len(p)] == '.'
 }
 
 // validateWorkSubjects refuses a NATS subject shared by a pull-mode lane

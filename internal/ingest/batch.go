@@ -117,6 +117,10 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 		rj.reject(rf, "invalid_callback")
 		return
 	}
+	if err := refuseReply(r); err != nil {
+		rj.reject(err, "invalid_reply")
+		return
+	}
 	// The batch costs its caller the lane's cost per item, before
 	// anything is stored; a refusal (429, or 413 over the plan's burst) is
 	// answered there.

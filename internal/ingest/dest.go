@@ -10,6 +10,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 )
 
 // Where a job goes, at HTTP intake (package dest): a single job says it
@@ -152,6 +153,19 @@ func jobCallback(r *http.Request, lane Lane) (string, error) {
 		return "", destRefusal(err, "")
 	}
 	return v[0], nil
+}
+
+// refuseReply refuses a Throttle-Reply on an HTTP submission. The header is
+// for jobs published over NATS, whose publisher has no other way to hear
+// the answer; an HTTP caller waits with ?wait= or names a Throttle-Callback.
+// Accepting it here would let an API key choose a NATS subject for the
+// throttler to publish on: a principal of one kind steering another's
+// traffic, which no NATS permission of the caller's stands behind.
+func refuseReply(r *http.Request) error {
+	if _, ok := r.Header[http.CanonicalHeaderKey(records.HeaderReply)]; !ok {
+		return nil
+	}
+	return refusal(ErrBadHeader, records.HeaderReply, "%s is for jobs published over NATS; over HTTP, wait for the answer with ?wait= or name a Throttle-Callback", records.HeaderReply)
 }
 
 // checkDest checks d against lane's lists.

@@ -552,6 +552,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		rj.reject(err, "invalid_callback")
 		return
 	}
+	if err := refuseReply(r); err != nil {
+		rj.reject(err, "invalid_reply")
+		return
+	}
 	tooBig := func() {
 		rj.reject(refusal(ErrBodyTooLarge, "", "the body is larger than the lane's max_body of %d bytes", lane.MaxBody), "body_too_large")
 	}

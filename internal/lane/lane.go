@@ -59,6 +59,9 @@ type Lane struct {
 	control  *nats.Subscription
 	bounds   controlBounds
 	keyed    *keyed.Pacer[*queue.Msg] // nil unless the lane is keyed (per_key)
+	// replies are the reply subjects the lane's jobs may name
+	// (results.reply_subjects); nil refuses every one.
+	replies *records.Replies
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
@@ -129,6 +132,9 @@ func New(ctx context.Context, cfg config.Lane, d Deps) (*Lane, error) {
 		return nil, errors.New("results: this instance keeps no job records (lane.Deps.Records is nil)")
 	}
 	var err error
+	if l.replies, err = lanesReplies(cfg, d); err != nil {
+		return nil, err
+	}
 	if l.target, l.closeTgt, err = l.openTarget(ctx); err != nil {
 		return nil, err
 	}
@@ -320,12 +326,24 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 			// counted when the drain first meets it.
 			l.d.Metrics.Submitted.WithLabelValues(l.cfg.Name, "queued", "nats").Inc()
 		}
+		replyErr := l.checkReply(job)
 		var claim records.Claim
 		if l.keepsRecords() {
 			var ok bool
-			if claim, ok = l.claim(dctx, msg); !ok {
+			if claim, ok = l.claim(dctx, msg, replyErr == nil); !ok {
 				return
 			}
+		}
+		if replyErr != nil {
+			// Its answer would go nowhere the lane allows: dead-lettered,
+			// never delivered.
+			res := dispatch.Result{Verdict: dispatch.Dead, Err: replyErr}
+			act := Action{Kind: Dead, Reason: reasonReplyRefused}
+			if l.keepsRecords() {
+				l.record(dctx, msg, claim, res, act)
+			}
+			l.apply(dctx, msg, res, act)
+			return
 		}
 		tr := l.traceStart(msg, job, intake)
 		res := l.target.Deliver(dctx, dispatch.Job{

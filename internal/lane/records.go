@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"time"
 	"unicode/utf8"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
@@ -37,7 +39,40 @@ func (l *Lane) ensureRecords(ctx context.Context) error {
 		return nil
 	}
 	return l.d.Records.EnsureLane(ctx, records.LaneSpec{Name: l.cfg.Name, Keep: r.Keep.D(),
-		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane})
+		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane, Replies: l.replies})
+}
+
+// reasonReplyRefused is the dead-letter reason of a job whose
+// Throttle-Reply the lane does not allow.
+const reasonReplyRefused = "reply subject refused"
+
+// lanesReplies are the reply subjects cfg's jobs may name: under its
+// results.reply_subjects, outside every worker's inbox (Deps.Workers).
+func lanesReplies(cfg config.Lane, d Deps) (*records.Replies, error) {
+	if cfg.Results == nil || len(cfg.Results.ReplySubjects) == 0 {
+		return nil, nil
+	}
+	r, err := records.NewReplies(records.ReplyRules{Prefixes: cfg.Results.ReplySubjects, Workers: d.Workers})
+	if err != nil {
+		return nil, fmt.Errorf("results.reply_subjects: %w", err)
+	}
+	return r, nil
+}
+
+// checkReply checks the reply subject a job names, if any; a refusal is
+// logged with the job and the reason (never the job's payload).
+func (l *Lane) checkReply(job queue.Job) error {
+	if job.Reply == "" {
+		return nil
+	}
+	err := l.replies.Check(job.Reply)
+	if job.Reply == queue.UnusableReply {
+		err = &records.ReplyError{Msg: fmt.Sprintf("%s was sent twice, or is over %d bytes", records.HeaderReply, records.MaxReplyLen)}
+	}
+	if err != nil {
+		l.log.Warn("job names a reply subject the lane refuses; dead-lettered", "id", job.ID, "err", err)
+	}
+	return err
 }
 
 // keepsRecords reports whether the lane keeps job records.
@@ -47,12 +82,19 @@ func (l *Lane) keepsRecords() bool { return l.cfg.Results != nil && l.d.Records 
 // when the job must not start: it was cancelled or expired (then it has
 // been acked and is gone), or the record could not be read (then it waits
 // in place and comes again).
-func (l *Lane) claim(dctx context.Context, msg *queue.Msg) (records.Claim, bool) {
+//
+// replyOK says the job's reply subject passed the lane's check: only then
+// is it kept in the record.
+func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (records.Claim, bool) {
 	job := msg.Job()
+	reply := job.Reply
+	if !replyOK {
+		reply = ""
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	c, err := l.d.Records.Start(ctx, records.Attempt{Lane: l.cfg.Name, ID: job.ID, Key: job.Key, Hint: job.RecordRev,
-		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback})
+		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback, Reply: reply})
 	switch {
 	case err == nil:
 		return c, true
@@ -79,7 +121,7 @@ func (l *Lane) record(dctx context.Context, msg *queue.Msg, c records.Claim, res
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	rec, err := l.d.Records.Finish(ctx, c, func(rec *api.JobRecord) {
-		if act.Kind != Release {
+		if act.Kind != Release && act.Reason != reasonReplyRefused {
 			rec.Attempts = append(rec.Attempts, attemptOf(now, res))
 		}
 		switch act.Kind {

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +49,36 @@ func TestCallbackIsTheThrottlersOwn(t *testing.T) {
 	}
 	if got := decodeJob("demo", h, nil, "", 1, false, time.Now()).Callback; got != "" {
 		t.Errorf("public subject: callback %q, want none", got)
+	}
+}
+
+// TestReplyIsKeptAsWritten: a Throttle-Reply published on a public subject
+// is kept as written (the lane checks it before the job starts), carried
+// on the throttler's own subject as Throttler-Reply, never taken from a
+// Throttler-Reply on a public subject, and one sent twice or over its bound
+// becomes a value every check refuses.
+func TestReplyIsKeptAsWritten(t *testing.T) {
+	t.Parallel()
+	public := nats.Header{"throttle-reply": {"replies.shop.1"}}
+	job := decodeJob("demo", public, nil, "", 1, false, time.Now())
+	if job.Reply != "replies.shop.1" {
+		t.Fatalf("public Throttle-Reply: %q", job.Reply)
+	}
+	if got := decodeJob("demo", jobMsg(job).Header, nil, "", 1, true, time.Now()).Reply; got != "replies.shop.1" {
+		t.Errorf("stored by the throttler: reply %q", got)
+	}
+	if got := decodeJob("demo", nats.Header{HeaderReplyStored: {"replies.x"}}, nil, "", 1, false, time.Now()).Reply; got != "" {
+		t.Errorf("Throttler-Reply on a public subject: %q, want ignored", got)
+	}
+	if got := decodeJob("demo", nats.Header{"Throttle-Reply": {"replies.x"}}, nil, "", 1, true, time.Now()).Reply; got != "" {
+		t.Errorf("Throttle-Reply on the throttler's own subject: %q, want ignored", got)
+	}
+	for name, h := range map[string]nats.Header{
+		"twice": {"Throttle-Reply": {"replies.a", "replies.b"}},
+		"long":  {"Throttle-Reply": {"replies." + strings.Repeat("x", 300)}},
+	} {
+		if got := decodeJob("demo", h, nil, "", 1, false, time.Now()).Reply; got != UnusableReply {
+			t.Errorf("%s: reply %q, want the refused marker", name, got)
+		}
 	}
 }

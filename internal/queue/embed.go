@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/throttler/throttler/internal/records"
 )
 
 // EmbeddedConfig configures the in-process nats-server of the default setup.
@@ -124,17 +126,23 @@ type EmbeddedPublisher struct {
 // streams), call the JetStream API, nor read another client's inbox or the
 // throttler's (ThrottlerInbox), where deliveries and API replies travel.
 // docs/OPERATIONS.md gives the same permissions for an external server.
+//
+// It may also read its lanes' results subjects, throttler.results.<lane>.>
+// (records.ResultsSubject), where the settled records of the lanes that
+// keep them are published: every job's of the lane, not only its own.
 func PublisherPermissions(user string, lanes []string) *server.Permissions {
 	allow := []string{SubjectPrefix + ".>"}
+	sub := []string{UserInbox(user) + ".>", records.ResultsPrefix + ">"}
 	if len(lanes) > 0 {
-		allow = nil
+		allow, sub = nil, sub[:1]
 		for _, l := range lanes {
 			allow = append(allow, Subject(l, ""), Subject(l, ">"))
+			sub = append(sub, records.ResultsPrefix+l+".>")
 		}
 	}
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: allow},
-		Subscribe: &server.SubjectPermission{Allow: []string{UserInbox(user) + ".>"}},
+		Subscribe: &server.SubjectPermission{Allow: sub},
 	}
 }
 

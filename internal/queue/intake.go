@@ -31,7 +31,9 @@ import (
 //     is its Nats-Msg-Id when that is a valid job id (else
 //     <lane>-<sequence>), its Content-Type is kept when valid, and every
 //     Throttler-* header is ignored (no forged attempts, not-before or
-//     notify address);
+//     notify address); its Throttle-Reply is kept as written, and checked
+//     against the lane's results.reply_subjects before anything is
+//     published there;
 //   - a message on an internal subject is believed, within bounds.
 
 // InternalPrefix starts the subjects on which the throttler stores jobs
@@ -138,8 +140,10 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 		job.ID = lane + "-" + strconv.FormatUint(seq, 10)
 	}
 	if !trusted {
+		job.Reply = replyOf(valuesFold(h, records.HeaderReply))
 		return job
 	}
+	job.Reply = replyOf(h.Values(HeaderReplyStored))
 	if n := h.Get(HeaderNotifyID); ValidJobID(n) == nil {
 		job.NotifyID = n
 	}
@@ -169,6 +173,34 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 		}
 	}
 	return job
+}
+
+// valuesFold returns the values of header name in h in any spelling (a
+// publisher's client may send it lower-case), all spellings together.
+func valuesFold(h nats.Header, name string) []string {
+	var out []string
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+// UnusableReply is the Job.Reply of a job that sent Throttle-Reply twice or
+// over records.MaxReplyLen bytes: a value every check refuses (the job is
+// then dead-lettered, never delivered with its answer going nowhere).
+const UnusableReply = refused
+
+// replyOf keeps a reply subject within its bound.
+func replyOf(v []string) string {
+	switch {
+	case len(v) == 0:
+		return ""
+	case len(v) > 1 || len(v[0]) > records.MaxReplyLen:
+		return UnusableReply
+	}
+	return v[0]
 }
 
 // republish stores a job the throttler already held (a retry coming back, a

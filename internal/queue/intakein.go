@@ -248,7 +248,7 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 			return err
 		}
 		if h := q.hook.get(); h != nil {
-			h.Scheduled(lane, job.ID, job.NotBefore)
+			h.Scheduled(lane, job.ID, job.NotBefore, job.Reply)
 		}
 	} else if job.NotBefore = (time.Time{}); from == ls.in {
 		ack, err := q.publish(pctx, InternalSubject(lane, key), jobMsg(job))

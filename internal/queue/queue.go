@@ -63,6 +63,12 @@ const (
 	// (Throttle-Callback at intake, checked there against the lane's
 	// results.callback_urls). Read only on the throttler's own subject.
 	HeaderCallback = "Throttler-Callback"
+	// HeaderReplyStored is the NATS subject the job's settled record is
+	// published to: Throttle-Reply on the public subject
+	// (records.HeaderReply), carried on the throttler's own subject as
+	// this header. The store checks it against the lane's
+	// results.reply_subjects before each publish.
+	HeaderReplyStored = "Throttler-Reply"
 	// HeaderRecordRev is the revision of the job's record when intake
 	// stored the job: the drain's claim tries it first. Set only by the
 	// throttler.
@@ -201,6 +207,12 @@ type Job struct {
 	// Callback is where the job's settled record is POSTed (through the
 	// lane's results.callback_lane); empty for none.
 	Callback string
+	// Reply is the NATS subject the job's settled record is published to
+	// (Throttle-Reply on a job published over NATS), as its publisher
+	// wrote it: checked against the lane's results.reply_subjects by the
+	// drain before the job starts, and by the records store before each
+	// publish. Empty for none.
+	Reply string
 	// IDPrefix, on a job stored with an empty ID, makes its id
 	// SeqID(IDPrefix, seq) once stored.
 	IDPrefix string
@@ -580,7 +592,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 }
 
 // jobHeaders is the most headers jobMsg sets on a message.
-const jobHeaders = 15
+const jobHeaders = 16
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -618,6 +630,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.Callback != "" {
 		add(HeaderCallback, job.Callback)
+	}
+	if job.Reply != "" {
+		add(HeaderReplyStored, job.Reply)
 	}
 	if job.ID == "" && job.IDPrefix != "" {
 		add(HeaderIDPrefix, job.IDPrefix)

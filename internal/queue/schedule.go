@@ -222,11 +222,13 @@ func laneMaxDelay(d time.Duration) time.Duration {
 // a moment may be heard twice (at least once) after a crash.
 type ScheduleHook interface {
 	// Scheduled: the job is stored and waits until due.
-	Scheduled(lane, id string, due time.Time)
+	// reply is its reply subject (Job.Reply, unchecked), empty for none.
+	Scheduled(lane, id string, due time.Time, reply string)
 	// Entered: a delayed job entered its lane's queue.
 	Entered(lane, id string)
-	// Expired: the job was dead-lettered, not started by its expiry.
-	Expired(lane, id string)
+	// Expired: the job was dead-lettered, not started by its expiry;
+	// reply is its reply subject (Job.Reply, unchecked), empty for none.
+	Expired(lane, id, reply string)
 }
 
 // scheduleHook holds a Queue's ScheduleHook.
@@ -268,7 +270,7 @@ func (q *Queue) Schedule(ctx context.Context, job Job) (PubResult, error) {
 	}
 	if !ack.Duplicate {
 		if h := q.hook.get(); h != nil {
-			h.Scheduled(job.Lane, job.ID, job.NotBefore)
+			h.Scheduled(job.Lane, job.ID, job.NotBefore, job.Reply)
 		}
 	}
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
@@ -322,7 +324,7 @@ func (q *Queue) schedulePublic(ctx context.Context, m *Msg) error {
 		return fmt.Errorf("queue: schedule %s: %w", job.ID, err)
 	}
 	if h := q.hook.get(); h != nil {
-		h.Scheduled(job.Lane, job.ID, job.NotBefore)
+		h.Scheduled(job.Lane, job.ID, job.NotBefore, job.Reply)
 	}
 	return confirmAck(ctx, m.m)
 }
@@ -361,7 +363,7 @@ func (m *Msg) Expire(ctx context.Context, retryIn time.Duration) error {
 		return err
 	}
 	if h := m.c.q.hook.get(); h != nil {
-		h.Expired(job.Lane, job.ID)
+		h.Expired(job.Lane, job.ID, job.Reply)
 	}
 	return err
 }

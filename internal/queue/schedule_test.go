@@ -81,10 +81,12 @@ type hookLog struct {
 	events []string
 }
 
-func (h *hookLog) add(s string)                           { h.mu.Lock(); h.events = append(h.events, s); h.mu.Unlock() }
-func (h *hookLog) Scheduled(lane, id string, _ time.Time) { h.add("scheduled " + lane + " " + id) }
-func (h *hookLog) Entered(lane, id string)                { h.add("entered " + lane + " " + id) }
-func (h *hookLog) Expired(lane, id string)                { h.add("expired " + lane + " " + id) }
+func (h *hookLog) add(s string) { h.mu.Lock(); h.events = append(h.events, s); h.mu.Unlock() }
+func (h *hookLog) Scheduled(lane, id string, _ time.Time, _ string) {
+	h.add("scheduled " + lane + " " + id)
+}
+func (h *hookLog) Entered(lane, id string)    { h.add("entered " + lane + " " + id) }
+func (h *hookLog) Expired(lane, id, _ string) { h.add("expired " + lane + " " + id) }
 func (h *hookLog) count(ev string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -30,13 +30,13 @@ func NewHook(s *Store, logger *slog.Logger) *Hook {
 // hookTimeout bounds one write of the hook.
 const hookTimeout = 2 * time.Second
 
-func (h *Hook) mark(lane, id string, state api.JobState, reason string) {
+func (h *Hook) mark(lane, id string, state api.JobState, reason, reply string) {
 	if !h.s.Keeps(lane) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
 	defer cancel()
-	_, err := h.s.Mark(ctx, lane, id, state, reason, h.now().UTC())
+	_, err := h.s.mark(ctx, lane, id, state, reason, reply, h.now().UTC())
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrStarted):
@@ -46,11 +46,17 @@ func (h *Hook) mark(lane, id string, state api.JobState, reason string) {
 	}
 }
 
-// Scheduled records a delayed job stored.
-func (h *Hook) Scheduled(lane, id string, _ time.Time) { h.mark(lane, id, api.StateScheduled, "") }
+// Scheduled records a delayed job stored; reply is its reply subject.
+func (h *Hook) Scheduled(lane, id string, _ time.Time, reply string) {
+	h.mark(lane, id, api.StateScheduled, "", reply)
+}
 
 // Entered records a delayed job that entered its lane.
-func (h *Hook) Entered(lane, id string) { h.mark(lane, id, api.StateQueued, "") }
+func (h *Hook) Entered(lane, id string) { h.mark(lane, id, api.StateQueued, "", "") }
 
-// Expired records a job dead-lettered at its expiry.
-func (h *Hook) Expired(lane, id string) { h.mark(lane, id, api.StateExpired, "expired") }
+// Expired records a job dead-lettered at its expiry; reply is its reply
+// subject (queue.Job.Reply, checked by the store before it publishes
+// there).
+func (h *Hook) Expired(lane, id, reply string) {
+	h.mark(lane, id, api.StateExpired, "expired", reply)
+}

@@ -67,7 +67,9 @@ type Store struct {
 	lanes map[string]jetstream.KeyValue
 	// callbackLane is each lane's results.callback_lane.
 	callbackLane map[string]string
-	callbacks    Callbacks
+	// replies are each lane's reply subjects (LaneSpec.Replies).
+	replies   map[string]*Replies
+	callbacks Callbacks
 }
 
 // Callbacks stores the callback of a settled record as a job of the
@@ -82,12 +84,20 @@ type Callbacks interface {
 // store is used.
 func (s *Store) SetCallbacks(c Callbacks) { s.callbacks = c }
 
-// callback sends rec's callback once rec is settled. The store sends it
-// right after the write that settled the job, whichever instance made it;
-// a failure is logged (the record stands; the callback is lost only if
-// the send fails, as a dead letter would need the queue that failed).
-func (s *Store) callback(ctx context.Context, rec api.JobRecord) {
-	if rec.Callback == "" || !rec.State.Settled() || s.callbacks == nil {
+// settled tells who listens that rec is settled, right after the write
+// that settled it, whichever instance made it: the record is published
+// (core NATS, fire and forget) on the lane's results subject and on the
+// job's reply subject when it names one the lane allows, and its callback
+// is stored when it names one. A failure is logged; the record stands.
+func (s *Store) settled(ctx context.Context, rec api.JobRecord) { s.settledAs(ctx, rec, nil) }
+
+// settledAs is settled with rec encoded already as b (nil: not yet).
+func (s *Store) settledAs(ctx context.Context, rec api.JobRecord, b []byte) {
+	if !rec.State.Settled() {
+		return
+	}
+	s.publish(rec, b)
+	if rec.Callback == "" || s.callbacks == nil {
 		return
 	}
 	s.mu.RLock()
@@ -102,6 +112,42 @@ func (s *Store) callback(ctx context.Context, rec api.JobRecord) {
 	}
 }
 
+// Headers of a published record, so a listener can route it unread.
+const (
+	HeaderJobID = "Throttle-Job-Id"
+	HeaderLane  = "Throttle-Lane"
+	HeaderState = "Throttle-State"
+)
+
+// publish sends settled rec on its reply subject, when it names one the
+// lane allows, then on its results subject: a listener that heard the
+// result has heard the reply too (one connection keeps its order). Core
+// NATS buffers the message and returns: nothing waits for a listener. b
+// is rec encoded, or nil to encode it here.
+func (s *Store) publish(rec api.JobRecord, b []byte) {
+	if b == nil {
+		var err error
+		if b, err = encode(rec); err != nil {
+			s.log.Warn("encoding a settled record failed; not published", "lane", rec.Lane, "id", rec.ID, "err", err)
+			return
+		}
+	}
+	h := nats.Header{HeaderJobID: {rec.ID}, HeaderLane: {rec.Lane}, HeaderState: {string(rec.State)}}
+	if rec.Reply != "" {
+		s.mu.RLock()
+		r := s.replies[rec.Lane]
+		s.mu.RUnlock()
+		if err := r.Check(rec.Reply); err != nil {
+			s.log.Warn("a job's reply subject is refused; its record is not published there", "lane", rec.Lane, "id", rec.ID, "err", err)
+		} else if err := s.nc.PublishMsg(&nats.Msg{Subject: rec.Reply, Header: h, Data: b}); err != nil {
+			s.log.Warn("publishing a settled record on its reply subject failed", "lane", rec.Lane, "id", rec.ID, "err", err)
+		}
+	}
+	if err := s.nc.PublishMsg(&nats.Msg{Subject: ResultsSubject(rec.Lane, rec.ID), Header: h, Data: b}); err != nil {
+		s.log.Warn("publishing a settled record failed", "lane", rec.Lane, "id", rec.ID, "err", err)
+	}
+}
+
 // New returns a Store on nc; it starts nothing.
 func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
 	js, err := jetstream.New(nc)
@@ -111,7 +157,7 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}, callbackLane: map[string]string{}}, nil
+	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}, callbackLane: map[string]string{}, replies: map[string]*Replies{}}, nil
 }
 
 // LaneSpec is what the store needs of a lane.
@@ -127,6 +173,9 @@ type LaneSpec struct {
 	// CallbackLane is the lane callbacks of this lane's jobs go through
 	// (results.callback_lane); empty for none.
 	CallbackLane string
+	// Replies are the subjects a settled record may be published on
+	// besides its results subject (results.reply_subjects); nil for none.
+	Replies *Replies
 }
 
 // EnsureLane creates or updates the bucket of a lane's records.
@@ -146,6 +195,7 @@ func (s *Store) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	s.mu.Lock()
 	s.lanes[spec.Name] = kv
 	s.callbackLane[spec.Name] = spec.CallbackLane
+	s.replies[spec.Name] = spec.Replies
 	s.mu.Unlock()
 	return nil
 }
@@ -281,11 +331,16 @@ func (s *Store) Get(ctx context.Context, lane, id string) (api.JobRecord, uint64
 // update writes rec over revision rev; ok is false when the record changed
 // since (another writer won).
 func (s *Store) update(ctx context.Context, rec api.JobRecord, rev uint64) (newRev uint64, ok bool, err error) {
-	kv, err := s.bucket(rec.Lane)
+	b, err := encode(rec)
 	if err != nil {
 		return 0, false, err
 	}
-	b, err := encode(rec)
+	return s.updateEncoded(ctx, rec, b, rev)
+}
+
+// updateEncoded is update with rec encoded already as b.
+func (s *Store) updateEncoded(ctx context.Context, rec api.JobRecord, b []byte, rev uint64) (newRev uint64, ok bool, err error) {
+	kv, err := s.bucket(rec.Lane)
 	if err != nil {
 		return 0, false, err
 	}
@@ -356,7 +411,7 @@ func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api
 		return nil
 	})
 	if err == nil {
-		s.callback(ctx, rec)
+		s.settled(ctx, rec)
 	}
 	if errors.Is(err, errSame) {
 		err = nil
@@ -374,6 +429,23 @@ var errSame = errors.New("records: no change")
 // cancel: it fails with ErrStarted once the job started, so a job is never
 // both expired and delivered. reason goes into the record.
 func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, reason string, now time.Time) (api.JobRecord, error) {
+	return s.mark(ctx, lane, id, state, reason, "", now)
+}
+
+// mark is Mark; reply is the job's reply subject (kept in a record that
+// has none, so an expired job's record is published there).
+//
+// A reply the lane refuses is not kept: the drain dead-letters such a job
+// when it meets it.
+func (s *Store) mark(ctx context.Context, lane, id string, state api.JobState, reason, reply string, now time.Time) (api.JobRecord, error) {
+	if reply != "" {
+		s.mu.RLock()
+		r := s.replies[lane]
+		s.mu.RUnlock()
+		if r.Check(reply) != nil {
+			reply = ""
+		}
+	}
 	if state != api.StateScheduled && state != api.StateExpired && state != api.StateQueued {
 		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled, queued or expired, not %s", state)
 	}
@@ -391,13 +463,16 @@ func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, r
 			rec.StoredAt = &now
 		}
 		rec.State, rec.Reason = state, reason
+		if rec.Reply == "" {
+			rec.Reply = reply
+		}
 		if state == api.StateExpired {
 			rec.FinishedAt = &now
 		}
 		return nil
 	})
 	if err == nil {
-		s.callback(ctx, rec)
+		s.settled(ctx, rec)
 	}
 	if errors.Is(err, errSame) {
 		err = nil
@@ -426,6 +501,9 @@ type Attempt struct {
 	// Callback is the job's callback URL (queue.Job.Callback), kept in
 	// its record.
 	Callback string
+	// Reply is the job's reply subject (queue.Job.Reply), checked by the
+	// lane (Replies.Check), kept in its record.
+	Reply string
 }
 
 // Start claims a job's record for an attempt: queued, scheduled or
@@ -436,7 +514,7 @@ type Attempt struct {
 func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	if a.Hint != 0 || a.Fresh {
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
-			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback}
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback, Reply: a.Reply}
 		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
 			return Claim{}, err
 		} else if ok {
@@ -444,6 +522,12 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		}
 	}
 	rec, rev, err := s.change(ctx, a.Lane, a.ID, func(rec *api.JobRecord, found bool) error {
+		if rec.Reply == "" {
+			// Before the check: a job cancelled before any instance
+			// claimed it (CancelStored) has its record published on
+			// its reply subject when the drain meets it.
+			rec.Reply = a.Reply
+		}
 		if rec.State == api.StateCancelled || rec.State == api.StateExpired {
 			return ErrNotStartable
 		}
@@ -468,7 +552,7 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		// before it could (the callback lane's stream drops the repeat
 		// within its dedup window; after it, the receiver gets the same
 		// record again under the same Idempotency-Key).
-		s.callback(ctx, rec)
+		s.settled(ctx, rec)
 	}
 	if err != nil {
 		return Claim{}, err
@@ -498,18 +582,23 @@ func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, 
 func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error) {
 	rec := c.Record
 	fn(&rec)
-	if _, ok, err := s.update(ctx, rec, c.Rev); err != nil {
+	// Encoded once: what is stored is what is published.
+	b, err := encode(rec)
+	if err != nil {
+		return api.JobRecord{}, err
+	}
+	if _, ok, err := s.updateEncoded(ctx, rec, b, c.Rev); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
-		s.callback(ctx, rec)
+		s.settledAs(ctx, rec, b)
 		return rec, nil
 	}
-	rec, _, err := s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
+	rec, _, err = s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
 		fn(r)
 		return nil
 	})
 	if err == nil {
-		s.callback(ctx, rec)
+		s.settled(ctx, rec)
 	}
 	return rec, err
 }
