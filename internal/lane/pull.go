@@ -84,7 +84,9 @@ func (s pullSource) Next(ctx context.Context, max int) ([]*queue.Msg, error) {
 	s.pull.Unclaim(idle - len(msgs))
 	if err != nil && ctx.Err() == nil && fetchCtx.Err() != nil {
 		// Nothing came in time: read the gate again. A job the server
-		// sends later is taken from the same pull request.
+		// sends meanwhile goes back to the queue at once, for an
+		// instance where workers wait, rather than staying here.
+		s.consumer.HandBack()
 		return nil, nil
 	}
 	return msgs, err

@@ -127,7 +127,10 @@ type Config[T any] struct {
 	// Assigned, when set, is told the slot each item is given, before the
 	// drain waits for it; a slot due at or before now (and not past its
 	// deadline) starts the item at once. An item that then wakes too late
-	// for a future slot is told again with its next one. It must be cheap.
+	// for a future slot is told again with its next one; one whose slot
+	// passed during the checks before its start starts in the later slot
+	// in hand whose window holds that moment, and is told it right after
+	// the start. It must be cheap.
 	Assigned func(it T, s Slot)
 	// MaxLate, when positive, narrows how long after its slot's
 	// theoretical time an item may still start: the drain allows less than
@@ -454,6 +457,9 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 	for i, it := range batch {
 		var due time.Time
 		var late time.Duration
+		// retold: the item starts in a later slot than it was told (see
+		// below); it is told again once it started.
+		var retold *Slot
 		for {
 			// Slots already too late are given up before the item is told
 			// one: an item told a slot due at once does start at once.
@@ -502,19 +508,55 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 			// The deadline is checked last, right before the start: what
 			// runs between the two may only make a start later than the
 			// check saw it.
-			if now := d.cfg.Clock.Now(); !now.After(slot.deadline) {
+			now := d.cfg.Clock.Now()
+			if !now.After(slot.deadline) {
 				late = now.Sub(due)
 				break
 			}
-			// Woke too late for this slot: starting now would clump with
-			// the slots after it beyond what the limit allows. Give it up;
-			// the item takes the next one.
+			// Too late for this slot: starting in it would clump with the
+			// slots after it beyond what the limit allows. Give it up. A
+			// later slot in hand whose window holds now takes the item at
+			// once, the ones before it given up too; the checks above
+			// are not run again for it, since at a rate whose period is
+			// shorter than they take (a loaded machine, the race
+			// detector, bucket.MaxRate) every slot they wait for would be
+			// missed by them in turn, and the drain would start nothing
+			// while it gave up slot after slot.
 			d.missed.Add(1)
+			if k := d.slotAt(now); k >= 0 {
+				d.missed.Add(uint64(k))
+				slot = d.slots[k]
+				d.slots = d.slots[k+1:]
+				late, retold = now.Sub(slot.Due), &slot.Slot
+				break
+			}
+			// None: the item takes the next slot, after the checks.
 		}
 		d.cfg.Observer.Started(late)
 		d.cfg.Start(dispatch, it, d.done)
+		if retold != nil && d.cfg.Assigned != nil {
+			// After the start, so that nothing runs between the deadline's
+			// check and the start.
+			d.cfg.Assigned(it, *retold)
+		}
 	}
 	return nil, nil
+}
+
+// slotAt returns the index of the first slot in hand whose window holds
+// now (due at or before it, deadline not passed), or -1 when the first
+// slot not yet passed is due later (or none is left).
+func (d *Drain[T]) slotAt(now time.Time) int {
+	for k, s := range d.slots {
+		if now.After(s.deadline) {
+			continue
+		}
+		if s.Due.After(now) {
+			return -1
+		}
+		return k
+	}
+	return -1
 }
 
 func (d *Drain[T]) done() { <-d.permits }

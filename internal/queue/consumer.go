@@ -89,18 +89,38 @@ func (m *Msg) Release() error { m.c.settle(m); return m.m.Nak() }
 
 // Consumer reads one lane's jobs in stream order, for one drain goroutine at
 // a time.
+//
+// Every job the server delivers is taken in (decoded and kept alive, see
+// KeepAlive) as soon as it arrives, on a goroutine of the pull request's
+// own, not when Next next asks: a pull request stays open after Next
+// returned (up to FetchWait), and a job it brings while the drain takes
+// nothing (an operator's hold, every permit busy) would otherwise sit in
+// the client's buffer unread and unkept past AckWait, and the server would
+// deliver it again beside the copy still in the buffer.
 type Consumer struct {
 	q       *Queue
 	lane    string
 	origin  string // the lane stream, for Msg.origin
 	cons    jetstream.Consumer
-	batch   jetstream.MessageBatch
 	ackWait time.Duration
 	// FetchWait is how long one pull request waits for jobs.
 	FetchWait time.Duration
+	// pulling is closed when the reader of the open pull request ended;
+	// nil while none is open. Only Next and Close touch it.
+	pulling chan struct{}
+	// arrived is signalled (capacity 1) when the reader took a job in or
+	// ended.
+	arrived chan struct{}
 
 	mu          sync.Mutex
 	outstanding map[*Msg]time.Time // fetched, not yet settled → last touched
+	// ready are the jobs taken in and not yet handed out by Next, in
+	// order; pullErr is the error that ended the last pull request.
+	ready   []*Msg
+	pullErr error
+	// handBack: jobs that arrive are handed back at once instead of
+	// kept, until Next is called again (HandBack).
+	handBack bool
 	// unslotted counts the jobs fetched and not yet given a slot or
 	// settled (readahead.go).
 	unslotted atomic.Int64
@@ -113,7 +133,7 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
-		outstanding: map[*Msg]time.Time{}}
+		outstanding: map[*Msg]time.Time{}, arrived: make(chan struct{}, 1)}
 	ls.mu.Lock()
 	ls.local = c
 	ls.mu.Unlock()
@@ -123,52 +143,74 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 // Next blocks until at least one job is available (or ctx ends), then
 // returns up to max jobs that are available without waiting further.
 func (c *Consumer) Next(ctx context.Context, max int) ([]*Msg, error) {
-	var out []*Msg
-	for len(out) == 0 {
-		if c.batch == nil {
+	c.mu.Lock()
+	c.handBack = false
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		n := min(len(c.ready), max)
+		out := c.ready[:n:n]
+		c.ready = c.ready[n:]
+		err := c.pullErr
+		c.pullErr = nil
+		c.mu.Unlock()
+		if n > 0 {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c.pulling == nil {
 			b, err := c.cons.Fetch(max, jetstream.FetchMaxWait(c.FetchWait))
 			if err != nil {
 				return nil, fmt.Errorf("queue: fetch %s: %w", c.lane, err)
 			}
-			c.batch = b
+			done := make(chan struct{})
+			c.pulling = done
+			go c.takeIn(b, done)
 		}
 		select {
-		case m, ok := <-c.batch.Messages():
-			if !ok {
-				err := c.batch.Error()
-				c.batch = nil
-				if err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
-					return nil, fmt.Errorf("queue: fetch %s: %w", c.lane, err)
-				}
-				if ctx.Err() != nil {
-					return nil, ctx.Err()
-				}
-				continue
-			}
-			if msg := c.wrap(m); msg != nil {
-				out = append(out, msg)
-			}
+		case <-c.arrived:
+		case <-c.pulling:
+			// The pull request ended: what it brought is in ready (the
+			// reader took it in before it ended); a new one is made
+			// when nothing is.
+			c.pulling = nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
-	// Take what has already arrived, without waiting.
-	for len(out) < max && c.batch != nil {
-		select {
-		case m, ok := <-c.batch.Messages():
-			if !ok {
-				c.batch = nil
-				break
-			}
-			if msg := c.wrap(m); msg != nil {
-				out = append(out, msg)
-			}
+}
+
+// takeIn takes in every job pull request b brings, as it arrives, until
+// the request ends; then it closes done.
+func (c *Consumer) takeIn(b jetstream.MessageBatch, done chan<- struct{}) {
+	defer close(done)
+	for m := range b.Messages() {
+		msg := c.wrap(m)
+		if msg == nil {
 			continue
+		}
+		c.mu.Lock()
+		back := c.handBack
+		if !back {
+			c.ready = append(c.ready, msg)
+		}
+		c.mu.Unlock()
+		if back {
+			_ = msg.Release()
+			continue
+		}
+		select {
+		case c.arrived <- struct{}{}:
 		default:
 		}
-		break
 	}
-	return out, nil
+	if err := b.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+		c.mu.Lock()
+		c.pullErr = fmt.Errorf("queue: fetch %s: %w", c.lane, err)
+		c.mu.Unlock()
+	}
 }
 
 // notBeforeSlack lets a retry that is due within this much start now.
@@ -274,15 +316,30 @@ func (c *Consumer) Release(msgs []*Msg) {
 	}
 }
 
-// Close hands back every job of the current pull request that was delivered
-// but not yet taken, so another instance gets them at once. It waits at most
-// until the pull request expires (FetchWait).
+// HandBack hands back the jobs taken in and not yet handed out, and those
+// the open pull request brings until Next is called again: for a reader
+// that stops asking for a while (a pull-mode lane whose workers went
+// elsewhere), so that its jobs go to another instance at once.
+func (c *Consumer) HandBack() {
+	c.mu.Lock()
+	c.handBack = true
+	left := c.ready
+	c.ready = nil
+	c.mu.Unlock()
+	c.Release(left)
+}
+
+// Close hands back every job that was delivered but not yet taken, so
+// another instance gets them at once. It waits at most until the open pull
+// request expires (FetchWait). Call it after the last Next returned.
 func (c *Consumer) Close() {
-	if c.batch == nil {
-		return
+	if c.pulling != nil {
+		<-c.pulling
+		c.pulling = nil
 	}
-	for m := range c.batch.Messages() {
-		_ = m.Nak()
-	}
-	c.batch = nil
+	c.mu.Lock()
+	left := c.ready
+	c.ready, c.pullErr = nil, nil
+	c.mu.Unlock()
+	c.Release(left)
 }
