@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
 )
@@ -147,7 +148,7 @@ func (r *memReader) ClearTries(_ context.Context, seq uint64) error {
 // nopPair grants every slot at once.
 type nopPair struct{}
 
-func (nopPair) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration) (bucket.PairReservation, error) {
+func (nopPair) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration, time.Duration) (bucket.PairReservation, error) {
 	return bucket.PairReservation{OK: true, Free: true}, nil
 }
 
@@ -157,11 +158,11 @@ type downPair struct {
 	err atomic.Pointer[error]
 }
 
-func (p *downPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+func (p *downPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead, carry time.Duration) (bucket.PairReservation, error) {
 	if e := p.err.Load(); e != nil {
 		return bucket.PairReservation{}, *e
 	}
-	return p.Memory.ReservePair(ctx, k, ll, kl, ahead)
+	return p.Memory.ReservePair(ctx, k, ll, kl, ahead, carry)
 }
 
 // memLeases holds the fleet's in-flight leases in memory; full or err,
@@ -380,6 +381,7 @@ type harness struct {
 
 	mu       sync.Mutex
 	started  []string
+	at       map[string]time.Duration // job → when it started, from t0
 	done     map[string]func()
 	assigned map[string]time.Duration // job → its slot, from t0
 	// onAssigned, when set, runs as a job is given its slot (between the
@@ -399,7 +401,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Helper()
 	clk := &stillClock{now: t0}
 	h := &harness{t: t, ctx: context.Background(), clk: clk, r: &memReader{}, pair: &downPair{Memory: &bucket.Memory{Clock: clk}},
-		obs: &recObserver{}, logs: &logRecords{}, laneNext: t0, done: map[string]func(){}, assigned: map[string]time.Duration{}}
+		obs: &recObserver{}, logs: &logRecords{}, laneNext: t0, done: map[string]func(){}, at: map[string]time.Duration{}, assigned: map[string]time.Duration{}}
 	if o.keyOpts == nil {
 		o.keyOpts = oneEach
 	}
@@ -409,6 +411,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.started = append(h.started, j.id)
+			h.at[j.id] = clk.Now().Sub(t0)
 			h.done[j.id] = done
 		},
 		Assigned: func(j *memJob, s leaky.Slot) {
@@ -900,6 +903,63 @@ func TestPacerLateWakeGivesSlotUp(t *testing.T) {
 		t.Fatalf("b1 read again: %+v", got)
 	}
 	h.checkHeld(2)
+}
+
+// TestPacerLateStartCountsFromTheStart: a key's start that came late (the
+// lane's cap put b1 at 100 ms, and its goroutine woke 96 ms after that,
+// within the lateness bound) counts where it happened: the key's next job
+// starts a key period (500 ms) after it, not after the slot. Each row moves
+// the clock, sets how late waits wake, runs one step and says which job
+// starts at which slot, and when.
+func TestPacerLateStartCountsFromTheStart(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.r.add("a", "a1")
+	h.r.add("b", "b1")
+	h.r.add("b", "b2")
+	h.k.Claim(h.ctx, "a", "b")
+	rows := []struct {
+		at, lateBy time.Duration
+		want       stepped
+		startedAt  time.Duration // when want.started started
+	}{
+		{0, 0, stepped{started: "a1", due: 0}, 0},
+		// b's own slot is now, the lane's next is at 100 ms: b1 is due
+		// then, and its wait ends 96 ms after its slot.
+		{100*ms - keyed.Lookahead, 101 * ms, stepped{started: "b1", due: 100 * ms}, 196 * ms},
+		// 100 ms + 500 ms is not b's next slot: 196 ms + 500 ms is.
+		{600*ms - keyed.Lookahead, 0, stepped{}, 0},
+		// a has no job left: it goes idle; then the loop rests until b's
+		// slot less the lookahead.
+		{600 * ms, 0, stepped{}, 0},
+		{600 * ms, 0, stepped{rest: 96*ms - keyed.Lookahead, wake: true}, 0},
+		{696*ms - keyed.Lookahead, keyed.Lookahead, stepped{started: "b2", due: 696 * ms}, 696 * ms},
+	}
+	for i, r := range rows {
+		h.clk.mu.Lock()
+		h.clk.lateBy = r.lateBy
+		h.clk.mu.Unlock()
+		got := h.step(r.at)
+		if got != r.want {
+			t.Fatalf("row %d at %v: %+v, want %+v", i, r.at, got, r.want)
+		}
+		if got.started == "" {
+			continue
+		}
+		h.mu.Lock()
+		at := h.at[got.started]
+		h.mu.Unlock()
+		if at != r.startedAt {
+			t.Fatalf("row %d: %s started at %v, want %v", i, got.started, at, r.startedAt)
+		}
+		h.settle(got.started)
+		h.checkHeld(i)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	buckettest.CheckWindows(t, []time.Duration{h.at["b1"], h.at["b2"]}, keyLimit("b"), 0)
+	if h.k.Missed() != 0 {
+		t.Fatalf("%d slots given up; want none", h.k.Missed())
+	}
 }
 
 // TestPacerOrderedTries: an ordered key's job carries the failed attempts
