@@ -95,6 +95,11 @@ type Reader[T Item] interface {
 	// Next returns key's first job at or after sequence from; ok is false
 	// when it has none.
 	Next(ctx context.Context, key string, from uint64) (it T, ok bool, err error)
+	// Settling waits until the deletes of key's settled jobs have ended
+	// (a settled job's delete may still be on its way when its dispatch
+	// ends): the key's claim is given up only then, so that no instance
+	// that takes it over reads one of them again.
+	Settling(ctx context.Context, key string) error
 	// Tries, SetTries and ClearTries keep an ordered key's job's failed
 	// attempts made in place, across restarts and instances.
 	Tries(ctx context.Context, seq uint64) (int, error)
@@ -569,6 +574,14 @@ func (k *Pacer[T]) release(ctx context.Context) {
 		}
 		k.forget(key)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := k.cfg.Reader.Settling(rctx, key); err != nil {
+			// Its deletes are slow: the claim is kept, and given up at a
+			// later look.
+			k.log.Debug("a key's settled jobs are still being deleted; releasing it later", "key", key, "err", err)
+			cancel()
+			k.markIdle(key)
+			continue
+		}
 		if err := k.cfg.Claims.Release(rctx, k.cfg.Lane, key); err != nil {
 			k.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
 		}

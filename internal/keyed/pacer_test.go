@@ -53,14 +53,15 @@ func (j *memJob) AddAttempts(n int) { j.attempts.Add(int64(n)) }
 
 // memReader is a keyed lane's stream in memory.
 type memReader struct {
-	mu       sync.Mutex
-	jobs     []*memJob
-	seq      uint64
-	reads    int // Next calls that read the stream
-	nextErr  error
-	triesErr error
-	tries    map[uint64]int
-	cleared  []uint64
+	mu          sync.Mutex
+	jobs        []*memJob
+	seq         uint64
+	reads       int // Next calls that read the stream
+	nextErr     error
+	triesErr    error
+	settlingErr error
+	tries       map[uint64]int
+	cleared     []uint64
 	// onRequeue, when set, hears a job handed back (queue.KeyedReader's
 	// OnRequeue).
 	onRequeue func(key string, seq uint64)
@@ -116,6 +117,14 @@ func (r *memReader) Next(ctx context.Context, key string, from uint64) (*memJob,
 		}
 	}
 	return nil, false, nil
+}
+
+// Settling: a job leaves the stream as it settles (remove); settlingErr,
+// when set, says its deletes are still under way.
+func (r *memReader) Settling(context.Context, string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.settlingErr
 }
 
 func (r *memReader) Tries(_ context.Context, seq uint64) (int, error) {
@@ -1375,11 +1384,15 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 		released  bool
 		known     bool
 		releaseOK bool
+		settling  bool // a's settled jobs' deletes still under way
 	}{
-		{"idle", func(*harness) {}, true, false, true},
-		{"a job stored meanwhile", func(h *harness) { h.r.add("a", "a2") }, true, true, true},
-		{"claimed again meanwhile", func(h *harness) { h.r.add("a", "a2"); h.k.Claim(h.ctx, "a") }, false, true, true},
-		{"release fails", func(*harness) {}, true, false, false},
+		{"idle", func(*harness) {}, true, false, true, false},
+		{"a job stored meanwhile", func(h *harness) { h.r.add("a", "a2") }, true, true, true, false},
+		{"claimed again meanwhile", func(h *harness) { h.r.add("a", "a2"); h.k.Claim(h.ctx, "a") }, false, true, true, false},
+		{"release fails", func(*harness) {}, true, false, false, false},
+		// The claim is kept while a settled job of a may still be read
+		// (its delete on its way), and given up at a later look.
+		{"deletes under way", func(*harness) {}, false, false, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs := &logRecords{}
@@ -1403,6 +1416,11 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 			}
 			c.between(&harness{ctx: ctx, r: r, k: k})
 			logs.take()
+			if c.settling {
+				r.mu.Lock()
+				r.settlingErr = context.DeadlineExceeded
+				r.mu.Unlock()
+			}
 			k.Release(ctx)
 			if rel := claims.releasedKeys(); (len(rel) == 1) != c.released {
 				t.Fatalf("released %v, want released %v", rel, c.released)
@@ -1410,12 +1428,27 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 			if got := k.Key("a").Known; got != c.known {
 				t.Fatalf("a known %v, want %v", got, c.known)
 			}
+			if c.settling {
+				if idle := k.Idled(); !slices.Equal(idle, []string{"a"}) {
+					t.Fatalf("idle %v while its deletes are under way, want [a] (released later)", idle)
+				}
+				r.mu.Lock()
+				r.settlingErr = nil
+				r.mu.Unlock()
+				k.Release(ctx)
+				if rel := claims.releasedKeys(); len(rel) != 1 {
+					t.Fatalf("released %v once the deletes ended, want [a]", rel)
+				}
+			}
 			if len(k.Idled()) != 0 {
 				t.Fatalf("still idle: %v", k.Idled())
 			}
 			want := []string(nil)
 			if !c.releaseOK {
 				want = []string{"releasing a key failed; its claim lapses by itself"}
+			}
+			if c.settling {
+				want = []string{"a key's settled jobs are still being deleted; releasing it later"}
 			}
 			if got := logs.take(); !slices.Equal(got, want) {
 				t.Fatalf("logged %q, want %q", got, want)

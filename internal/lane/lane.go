@@ -59,6 +59,9 @@ type Lane struct {
 	control  *nats.Subscription
 	bounds   controlBounds
 	keyed    *keyed.Pacer[*queue.Msg] // nil unless the lane is keyed (per_key)
+	// keyedQ reads the keyed lane's jobs (nil unless keyed); its settled
+	// jobs' deletes end before Run returns.
+	keyedQ *queue.KeyedReader
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled
