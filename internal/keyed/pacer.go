@@ -508,8 +508,8 @@ func (k *Pacer[T]) owedLate(key string) (owed, seen time.Duration) {
 func (k *Pacer[T]) carried(key string, seen time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if l, ok := k.late[key]; ok && seen > l.stored {
-		l.stored = seen
+	if l, ok := k.late[key]; ok {
+		l.stored = max(l.stored, seen)
 		k.late[key] = l
 	}
 }
@@ -1178,12 +1178,10 @@ func (k *Pacer[T]) startAt(ctx, dispatch context.Context, j *job[T]) {
 	// Starts of the key recorded late since j's reservation, which its
 	// slot does not count: j starts that much later (G1 per key).
 	shift := k.lateSince(j.key, j.seen)
-	if shift > 0 {
-		if d := j.due.Add(shift).Sub(clk.Now()); d > 0 && clk.Sleep(ctx, d) != nil {
-			_ = j.msg.Release()
-			settle(false)
-			return
-		}
+	if shift > 0 && clk.Sleep(ctx, j.due.Add(shift).Sub(clk.Now())) != nil {
+		_ = j.msg.Release()
+		settle(false)
+		return
 	}
 	now := clk.Now()
 	late := now.Sub(j.due)
@@ -1203,11 +1201,9 @@ func (k *Pacer[T]) startAt(ctx, dispatch context.Context, j *job[T]) {
 		settle(false)
 		return
 	}
-	if over := now.Sub(j.theo.Add(shift)); over > 0 {
-		// Started after its theoretical time: the key's next slot counts
-		// from now, not from the slot.
-		k.recordLate(j.key, over, now.Add(j.keyPeriod))
-	}
+	// Started after its theoretical time (over > 0): the key's next slot
+	// counts from now, not from the slot.
+	k.recordLate(j.key, max(now.Sub(j.theo.Add(shift)), 0), now.Add(j.keyPeriod))
 	k.cfg.Observer.Started(max(late, 0))
 	k.cfg.Start(dispatch, j.msg, func() { settle(true) })
 }

@@ -917,31 +917,45 @@ func TestPacerLateWakeGivesSlotUp(t *testing.T) {
 // TestPacerLateStartCountsFromTheStart: a key's start that came late (the
 // lane's cap put b1 at 100 ms, and its goroutine woke 96 ms after that,
 // within the lateness bound) counts where it happened: the key's next job
-// starts a key period (500 ms) after it, not after the slot. Each row moves
-// the clock, sets how late waits wake, runs one step and says which job
-// starts at which slot, and when.
+// starts a key period (500 ms) after it, not after the slot; so do later
+// late starts, each carried once, and one made before the key went idle
+// and was claimed again. Each row moves the clock, sets how late waits
+// wake, runs one step and says which job starts at which slot, and when;
+// then does what the row's then says.
 func TestPacerLateStartCountsFromTheStart(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	h.r.add("a", "a1")
-	h.r.add("b", "b1")
-	h.r.add("b", "b2")
+	for _, id := range []string{"b1", "b2", "b3"} {
+		h.r.add("b", id)
+	}
 	h.k.Claim(h.ctx, "a", "b")
 	rows := []struct {
 		at, lateBy time.Duration
 		want       stepped
 		startedAt  time.Duration // when want.started started
+		then       func()
 	}{
-		{0, 0, stepped{started: "a1", due: 0}, 0},
+		{0, 0, stepped{started: "a1", due: 0}, 0, nil},
 		// b's own slot is now, the lane's next is at 100 ms: b1 is due
 		// then, and its wait ends 96 ms after its slot.
-		{100*ms - keyed.Lookahead, 101 * ms, stepped{started: "b1", due: 100 * ms}, 196 * ms},
+		{100*ms - keyed.Lookahead, 101 * ms, stepped{started: "b1", due: 100 * ms}, 196 * ms, nil},
 		// 100 ms + 500 ms is not b's next slot: 196 ms + 500 ms is.
-		{600*ms - keyed.Lookahead, 0, stepped{}, 0},
+		{600*ms - keyed.Lookahead, 0, stepped{}, 0, nil},
 		// a has no job left: it goes idle; then the loop rests until b's
 		// slot less the lookahead.
-		{600 * ms, 0, stepped{}, 0},
-		{600 * ms, 0, stepped{rest: 96*ms - keyed.Lookahead, wake: true}, 0},
-		{696*ms - keyed.Lookahead, keyed.Lookahead, stepped{started: "b2", due: 696 * ms}, 696 * ms},
+		{600 * ms, 0, stepped{}, 0, nil},
+		{600 * ms, 0, stepped{rest: 96*ms - keyed.Lookahead, wake: true}, 0, nil},
+		// b2 wakes 20 ms late, b3 30 ms: each counts from its start.
+		{696*ms - keyed.Lookahead, keyed.Lookahead + 20*ms, stepped{started: "b2", due: 696 * ms}, 716 * ms, nil},
+		{1216*ms - keyed.Lookahead, keyed.Lookahead + 30*ms, stepped{started: "b3", due: 1216 * ms}, 1246 * ms, nil},
+		// b has no job left: idle, released, forgotten; b4 comes and b is
+		// claimed again. Its slot still counts from b3's start.
+		{1741 * ms, 0, stepped{}, 0, func() {
+			h.k.Release(h.ctx)
+			h.r.add("b", "b4")
+			h.k.Claim(h.ctx, "b")
+		}},
+		{1741 * ms, keyed.Lookahead, stepped{started: "b4", due: 1746 * ms}, 1746 * ms, nil},
 	}
 	for i, r := range rows {
 		h.clk.mu.Lock()
@@ -950,6 +964,9 @@ func TestPacerLateStartCountsFromTheStart(t *testing.T) {
 		got := h.step(r.at)
 		if got != r.want {
 			t.Fatalf("row %d at %v: %+v, want %+v", i, r.at, got, r.want)
+		}
+		if r.then != nil {
+			r.then()
 		}
 		if got.started == "" {
 			continue
@@ -965,7 +982,7 @@ func TestPacerLateStartCountsFromTheStart(t *testing.T) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	buckettest.CheckWindows(t, []time.Duration{h.at["b1"], h.at["b2"]}, keyLimit("b"), 0)
+	buckettest.CheckWindows(t, []time.Duration{h.at["b1"], h.at["b2"], h.at["b3"], h.at["b4"]}, keyLimit("b"), 0)
 	if h.k.Missed() != 0 {
 		t.Fatalf("%d slots given up; want none", h.k.Missed())
 	}
