@@ -203,8 +203,18 @@ type KeyedReader struct {
 	mu        sync.Mutex
 	deleting  map[uint64]struct{}
 	deletingK map[string]int
-	idle      *sync.Cond // signalled as deletes end
-	deletes   sync.WaitGroup
+	// gone are the deletes answered in the last getTimeout, oldest
+	// first: a read sent before the answer may still bring one back.
+	gone    []goneMsg
+	goneSet map[uint64]struct{}
+	idle    *sync.Cond // signalled as deletes end
+	deletes sync.WaitGroup
+}
+
+// goneMsg is a settled job's message deleted at at.
+type goneMsg struct {
+	seq uint64
+	at  time.Time
 }
 
 // KeyedReader returns the reader of keyed lane's jobs.
@@ -217,7 +227,7 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 		return nil, fmt.Errorf("queue: lane %s is not keyed", lane)
 	}
 	r := &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}},
-		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}}
+		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{}}
 	r.idle = sync.NewCond(&r.mu)
 	return r, nil
 }
@@ -283,11 +293,26 @@ func (r *KeyedReader) Keys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
+// isDeleting reports whether seq is a settled job's message being deleted,
+// or deleted recently enough that a read sent before could still see it.
 func (r *KeyedReader) isDeleting(seq uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.deleting[seq]
+	if _, ok := r.deleting[seq]; ok {
+		return true
+	}
+	_, ok := r.goneSet[seq]
 	return ok
+}
+
+// forgetGone drops the deletes answered more than a read's timeout ago
+// (no read sent before them is still under way). r.mu is held.
+func (r *KeyedReader) forgetGone(now time.Time) {
+	i := 0
+	for ; i < len(r.gone) && now.Sub(r.gone[i].at) > getTimeout; i++ {
+		delete(r.goneSet, r.gone[i].seq)
+	}
+	r.gone = r.gone[i:]
 }
 
 // testHookDelete, set by tests only, runs before a settled job's delete
@@ -320,6 +345,12 @@ func (r *KeyedReader) deleteAsync(key string, seq uint64) {
 		}
 		r.mu.Lock()
 		delete(r.deleting, seq)
+		now := time.Now()
+		r.forgetGone(now)
+		if err == nil {
+			r.gone = append(r.gone, goneMsg{seq: seq, at: now})
+			r.goneSet[seq] = struct{}{}
+		}
 		if r.deletingK[key]--; r.deletingK[key] <= 0 {
 			delete(r.deletingK, key)
 		}
