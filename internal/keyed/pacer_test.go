@@ -1635,3 +1635,63 @@ func TestPacerLeaseWithoutJobGoesBack(t *testing.T) {
 		})
 	}
 }
+
+// TestPacerLateStartDelaysAJobReservedBefore: j1 was reserved before j0,
+// the key's job before it, started 10 ms after its slot: j1's slot does not
+// count that lateness, so j1 starts 10 ms after its own slot, not at it.
+func TestPacerLateStartDelaysAJobReservedBefore(t *testing.T) {
+	ctx := context.Background()
+	r := &memReader{}
+	r.add("k", "j0")
+	r.add("k", "j1")
+	clk := &gatedClock{now: t0, gates: map[time.Time]chan struct{}{}}
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk,
+		Start: func(_ context.Context, j *memJob, done func()) {
+			mu.Lock()
+			started[j.id] = clk.Now()
+			mu.Unlock()
+			done()
+		},
+		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: func(string) keyed.Opts { return keyed.Opts{MaxInflight: 4} }, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startedAt := func(id string) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		at, ok := started[id]
+		return at, ok
+	}
+	const period, maxLate = 500 * time.Millisecond, 100 * time.Millisecond
+	due0, due1 := t0.Add(period), t0.Add(2*period)
+	for _, due := range []time.Time{due0, due1} {
+		if _, ok := k.TakeNext(ctx, "k", due, maxLate); !ok {
+			t.Fatal("not taken")
+		}
+	}
+	clk.wakeAt(due0, due0.Add(10*time.Millisecond)) // j0 10 ms late
+	eventually(t, 5*time.Second, "j0 starts", func() bool { _, ok := startedAt("j0"); return ok })
+	clk.wakeAt(due1, due1) // j1's slot: it waits 10 ms more
+	late := due1.Add(10 * time.Millisecond)
+	eventually(t, 5*time.Second, "j1 waiting for its slot moved on", func() bool {
+		clk.mu.Lock()
+		defer clk.mu.Unlock()
+		_, ok := clk.gates[late]
+		return ok
+	})
+	if _, ok := startedAt("j1"); ok {
+		t.Fatal("j1 started at its slot, 490 ms after j0's start")
+	}
+	clk.wakeAt(late, late)
+	k.WaitStarts()
+	if at, ok := startedAt("j1"); !ok || !at.Equal(late) {
+		t.Fatalf("j1 started %v (%v), want at %v: a key period after j0's start", at.Sub(t0), ok, late.Sub(t0))
+	}
+	if k.Missed() != 0 {
+		t.Fatalf("%d slots given up; want none", k.Missed())
+	}
+}
