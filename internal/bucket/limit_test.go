@@ -243,12 +243,14 @@ func TestReservePairNext(t *testing.T) {
 	kl := bucket.Limit{Rate: 1, Burst: 3}  // 1 s a slot, τ 2 s
 	var laneTat, keyTat time.Time
 	for i, want := range []bucket.PairReservation{
-		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 0},
-		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 100 * ms},
-		{OK: true, Due: 100 * ms, KeyNext: time.Second, LaneNext: 200 * ms},
+		// KeyLatest: each slot's theoretical time in the key's state, a
+		// period apart (the burst lets them start earlier).
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 0, KeyLatest: 0},
+		{OK: true, Due: 0, Free: true, KeyNext: 0, LaneNext: 100 * ms, KeyLatest: time.Second},
+		{OK: true, Due: 100 * ms, KeyNext: time.Second, LaneNext: 200 * ms, KeyLatest: 2 * time.Second},
 	} {
 		var r bucket.PairReservation
-		r, laneTat, keyTat = bucket.ReservePair(now, laneTat, keyTat, ll, kl, 0)
+		r, laneTat, keyTat = bucket.ReservePair(now, laneTat, keyTat, ll, kl, 0, 0)
 		if r != want {
 			t.Fatalf("reservation %d: %+v, want %+v", i, r, want)
 		}
@@ -257,10 +259,10 @@ func TestReservePairNext(t *testing.T) {
 	// lead of exactly 10 ms, refused with 9 ms.
 	one := bucket.Limit{Rate: 1, Burst: 1}
 	keyTat = now.Add(10 * ms)
-	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 10*ms); !r.OK || r.Due != 10*ms {
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 10*ms, 0); !r.OK || r.Due != 10*ms {
 		t.Fatalf("a lead of exactly ahead: %+v, want the slot at 10ms", r)
 	}
-	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 9*ms); r.OK || r.KeyNext != 10*ms || r.LaneNext != 0 {
+	if r, _, _ := bucket.ReservePair(now, time.Time{}, keyTat, ll, one, 9*ms, 0); r.OK || r.KeyNext != 10*ms || r.LaneNext != 0 {
 		t.Fatalf("a lead over ahead: %+v, want refused, key next in 10ms", r)
 	}
 }

@@ -20,6 +20,11 @@ type PairReservation struct {
 	// KeyNext and LaneNext are the earliest starts the key's and the lane's
 	// state would grant next (after this reservation, when OK).
 	KeyNext, LaneNext time.Duration
+	// KeyLatest is the slot's theoretical time in the key's state (its tat
+	// less one period; at or after Due when OK): a start after it counts
+	// where it happened only when the key's next reservation carries the
+	// difference (ReservePair's carry).
+	KeyLatest time.Duration
 }
 
 // PairSlack is the least lead ReservePair allows a key's slot over the
@@ -31,8 +36,12 @@ const PairSlack = time.Millisecond
 type PairStore interface {
 	// ReservePair reserves one slot of key k (k.Sub not empty) under its
 	// limit kl and the lane-wide limit ll of Key{Lane: k.Lane}; the key's
-	// own next slot may come at most ahead after the lane's.
-	ReservePair(ctx context.Context, k Key, ll, kl Limit, ahead time.Duration) (PairReservation, error)
+	// own next slot may come at most ahead after the lane's. carry is how
+	// long after their theoretical times (KeyLatest) the key's earlier
+	// slots started, not carried yet: the key's state first moves on by
+	// that much, so that it counts those starts where they happened (a
+	// refused reservation stores nothing: the caller carries it again).
+	ReservePair(ctx context.Context, k Key, ll, kl Limit, ahead, carry time.Duration) (PairReservation, error)
 }
 
 // ReservePair applies one pair reservation at now to the lane's state laneTat
@@ -46,10 +55,17 @@ type PairStore interface {
 // lane's slot at its own, later time (the lane's state then counts the job
 // there: the lane may lose up to ahead of capacity when its burst is
 // shorter, never overshoot). A caller reserves a little ahead of a key's
-// slot so that the slot starts on time. It returns the reservation and the
-// new states.
-func ReservePair(now, laneTat, keyTat time.Time, ll, kl Limit, ahead time.Duration) (PairReservation, time.Time, time.Time) {
-	el, ek := nextStart(now, laneTat, ll), nextStart(now, keyTat, kl)
+// slot so that the slot starts on time. carry first moves the key's state
+// on (a start later than its theoretical time counts where it happened:
+// the key's next start then comes a period after it, G1 per key in every
+// window); an empty state (a full bucket) has nothing to move. It returns
+// the reservation and the new states; a refusal returns them unchanged.
+func ReservePair(now, laneTat, keyTat time.Time, ll, kl Limit, ahead, carry time.Duration) (PairReservation, time.Time, time.Time) {
+	kt := keyTat
+	if carry > 0 && !kt.IsZero() {
+		kt = kt.Add(carry)
+	}
+	el, ek := nextStart(now, laneTat, ll), nextStart(now, kt, kl)
 	if ek.Sub(el) > max(ahead, PairSlack) {
 		return PairReservation{KeyNext: ek.Sub(now), LaneNext: el.Sub(now)}, laneTat, keyTat
 	}
@@ -59,11 +75,12 @@ func ReservePair(now, laneTat, keyTat time.Time, ll, kl Limit, ahead time.Durati
 	}
 	// Each state takes its one slot as an arrival at due: Reserve's step.
 	_, laneTat = Reserve(due, laneTat, ll, 1)
-	_, keyTat = Reserve(due, keyTat, kl, 1)
+	_, keyTat = Reserve(due, kt, kl, 1)
 	return PairReservation{
 		OK: true, Due: due.Sub(now), Free: due.Equal(now),
-		KeyNext:  nextStart(now, keyTat, kl).Sub(now),
-		LaneNext: nextStart(now, laneTat, ll).Sub(now),
+		KeyNext:   nextStart(now, keyTat, kl).Sub(now),
+		LaneNext:  nextStart(now, laneTat, ll).Sub(now),
+		KeyLatest: keyTat.Add(-kl.Period()).Sub(now),
 	}, laneTat, keyTat
 }
 
@@ -75,7 +92,7 @@ func nextStart(now, tat time.Time, l Limit) time.Time {
 }
 
 // ReservePair implements PairStore.
-func (m *Memory) ReservePair(_ context.Context, k Key, ll, kl Limit, ahead time.Duration) (PairReservation, error) {
+func (m *Memory) ReservePair(_ context.Context, k Key, ll, kl Limit, ahead, carry time.Duration) (PairReservation, error) {
 	if err := ll.Validate(); err != nil {
 		return PairReservation{}, err
 	}
@@ -86,7 +103,7 @@ func (m *Memory) ReservePair(_ context.Context, k Key, ll, kl Limit, ahead time.
 	var r PairReservation
 	m.update(lk, func(now, laneTat time.Time) time.Time {
 		var next time.Time
-		r, next, m.states[k] = ReservePair(now, laneTat, m.states[k], ll, kl, ahead)
+		r, next, m.states[k] = ReservePair(now, laneTat, m.states[k], ll, kl, ahead, carry)
 		return next
 	})
 	return r, nil

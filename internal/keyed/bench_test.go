@@ -121,7 +121,7 @@ func BenchmarkRedisPerKey(b *testing.B) {
 			keys := make([]string, n)
 			for i := range n {
 				keys[i] = "customer-" + strconv.Itoa(i)
-				if _, err := store.ReservePair(ctx, bucket.Key{Lane: "bench", Sub: keys[i]}, lane, kl, 0); err != nil {
+				if _, err := store.ReservePair(ctx, bucket.Key{Lane: "bench", Sub: keys[i]}, lane, kl, 0, 0); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -146,7 +146,7 @@ func BenchmarkRedisPerKey(b *testing.B) {
 	b.Run("reserve", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := range b.N {
-			if _, err := store.ReservePair(ctx, bucket.Key{Lane: "bench", Sub: strconv.Itoa(i % n)}, lane, kl, 0); err != nil {
+			if _, err := store.ReservePair(ctx, bucket.Key{Lane: "bench", Sub: strconv.Itoa(i % n)}, lane, kl, 0, 0); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -52,7 +52,7 @@ func (k *Pacer[T]) TakeNext(ctx context.Context, key string, due time.Time, maxL
 	k.inflight.Add(1)
 	k.waiting.Add(1)
 	p := &permit{release: k.giveBackFn}
-	go k.startAt(ctx, ctx, &job[T]{key: key, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p})
+	go k.startAt(ctx, ctx, &job[T]{key: key, msg: msg, due: due, theo: due, keyPeriod: k.KeyLimit(key, due).Period(), maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p})
 	return msg, true
 }
 

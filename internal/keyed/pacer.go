@@ -58,6 +58,10 @@ type Pacer[T Item] struct {
 	decided map[string]chan struct{}
 	// giveBackFn is giveBack, made once (a method value allocates).
 	giveBackFn func(unclaim bool)
+	// late per key: how long after their slots' theoretical times its jobs
+	// started, carried into the key's state by its next reservation (G1
+	// per key counts a start where it happened).
+	late map[string]lateness
 
 	// leases are the fleet's in-flight leases this instance holds (token →
 	// key), refreshed by the claimer (Config.Leases).
@@ -91,6 +95,11 @@ type Reader[T Item] interface {
 	// Next returns key's first job at or after sequence from; ok is false
 	// when it has none.
 	Next(ctx context.Context, key string, from uint64) (it T, ok bool, err error)
+	// Settling waits until the deletes of key's settled jobs have ended
+	// (a settled job's delete may still be on its way when its dispatch
+	// ends): the key's claim is given up only then, so that no instance
+	// that takes it over reads one of them again.
+	Settling(ctx context.Context, key string) error
 	// Tries, SetTries and ClearTries keep an ordered key's job's failed
 	// attempts made in place, across restarts and instances.
 	Tries(ctx context.Context, seq uint64) (int, error)
@@ -99,9 +108,10 @@ type Reader[T Item] interface {
 }
 
 // PairReserver reserves a key's slot under its own and the lane's limit in
-// one step (bucket.PairStore).
+// one step, carrying the key's late starts into its state first
+// (bucket.PairStore).
 type PairReserver interface {
-	ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error)
+	ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead, carry time.Duration) (bucket.PairReservation, error)
 }
 
 // KeyPauser pushes a key's shared state past a pause (bucket.Store), so
@@ -228,7 +238,7 @@ func NewPacer[T Item](cfg Config[T]) (*Pacer[T], error) {
 		permits: make(chan struct{}, cfg.MaxInflight), wake: make(chan struct{}, 1),
 		cursor: map[string]uint64{}, held: map[string]T{}, tries: map[uint64]int{}, pending: map[string]struct{}{},
 		leases: map[string]string{}, idled: map[string]struct{}{}, epoch: map[string]uint64{},
-		decided: map[string]chan struct{}{},
+		decided: map[string]chan struct{}{}, late: map[string]lateness{},
 	}
 	k.giveBackFn = k.giveBack
 	return k, nil
@@ -330,6 +340,7 @@ func (k *Pacer[T]) claimer(ctx context.Context) {
 		case <-k.wake:
 		case <-sweep.C:
 			k.sweep(ctx)
+			k.pruneLate(k.cfg.Clock.Now())
 			if k.slow != nil {
 				k.slow.Sweep(k.cfg.Clock.Now())
 			}
@@ -462,13 +473,77 @@ func (k *Pacer[T]) dropLost(had, kept []string) {
 	}
 }
 
-// forget drops what this instance remembers of key.
+// forget drops what this instance remembers of key; lateness not yet
+// carried into its state stays until it no longer matters (pruneLate).
 func (k *Pacer[T]) forget(key string) {
 	k.mu.Lock()
 	delete(k.cursor, key)
 	delete(k.held, key)
 	delete(k.epoch, key)
+	if l := k.late[key]; l.total == l.stored {
+		delete(k.late, key)
+	}
 	k.mu.Unlock()
+}
+
+// lateness is a key's starts' lateness after their slots' theoretical
+// times: total recorded, stored of it carried into the key's state (by a
+// reservation granted), until when what is not stored still matters (the
+// key's state after its last start, moved on by it).
+type lateness struct {
+	total, stored time.Duration
+	until         time.Time
+}
+
+// owedLate returns the lateness of key's starts not yet in its state, and
+// the total it is part of (what a reservation that carries it has seen).
+func (k *Pacer[T]) owedLate(key string) (owed, seen time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.late[key]
+	return l.total - l.stored, l.total
+}
+
+// carried records that key's state holds its starts' lateness up to seen.
+func (k *Pacer[T]) carried(key string, seen time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l, ok := k.late[key]; ok {
+		l.stored = max(l.stored, seen)
+		k.late[key] = l
+	}
+}
+
+// lateSince is the lateness recorded for key since a reservation saw seen:
+// starts its slot did not count, which the job of that reservation waits
+// out.
+func (k *Pacer[T]) lateSince(key string, seen time.Duration) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return max(k.late[key].total-seen, 0)
+}
+
+// recordLate counts a start of key d after its slot's theoretical time;
+// until is when that no longer moves the key's next slot.
+func (k *Pacer[T]) recordLate(key string, d time.Duration, until time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.late[key]
+	l.total += d
+	l.until = until
+	k.late[key] = l
+}
+
+// pruneLate forgets the lateness of keys forgotten whose state has passed
+// it by now.
+func (k *Pacer[T]) pruneLate(now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, l := range k.late {
+		if _, active := k.cursor[key]; !active && !l.until.After(now) {
+			delete(k.late, key)
+		}
+	}
 }
 
 // markIdle hands key, which has no jobs left here, to the claimer to
@@ -499,6 +574,14 @@ func (k *Pacer[T]) release(ctx context.Context) {
 		}
 		k.forget(key)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if err := k.cfg.Reader.Settling(rctx, key); err != nil {
+			// Its deletes are slow: the claim is kept, and given up at a
+			// later look.
+			k.log.Debug("a key's settled jobs are still being deleted; releasing it later", "key", key, "err", err)
+			cancel()
+			k.markIdle(key)
+			continue
+		}
 		if err := k.cfg.Claims.Release(rctx, k.cfg.Lane, key); err != nil {
 			k.log.Debug("releasing a key failed; its claim lapses by itself", "key", key, "err", err)
 		}
@@ -904,7 +987,10 @@ func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string,
 		return rest{}
 	}
 	laneLim := k.cfg.LaneLimit()
-	res, err := k.cfg.Pair.ReservePair(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, laneLim, keyLim, lookahead)
+	// The key's earlier starts that came after their slots' theoretical
+	// times move its state on first: its next slot counts from them.
+	owed, seen := k.owedLate(key)
+	res, err := k.cfg.Pair.ReservePair(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, laneLim, keyLim, lookahead, owed)
 	now = clk.Now()
 	if err != nil {
 		k.releaseLeaseAsync(ctx, key, tok)
@@ -921,6 +1007,9 @@ func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string,
 		k.releaseLeaseAsync(ctx, key, tok)
 		k.sched.NotReady(key, now.Add(res.KeyNext))
 		return rest{}
+	}
+	if owed > 0 {
+		k.carried(key, seen)
 	}
 	epoch, prev, decided, ok := k.take(key, msg, readEpoch)
 	if !ok {
@@ -944,7 +1033,10 @@ func (k *Pacer[T]) reserve(ctx, dispatch context.Context, st *steps, key string,
 	// after its slot, as on unkeyed lanes: both bounds then hold with W
 	// widened by that much.
 	maxLate := max(leaky.DefaultMaxLate, min(laneLim.Period(), keyLim.Period()))
-	j := &job[T]{key: key, tok: tok, msg: msg, due: due, maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p.handOver()}
+	j := &job[T]{
+		key: key, tok: tok, msg: msg, due: due, theo: now.Add(res.KeyLatest), keyPeriod: keyLim.Period(), seen: seen,
+		maxLate: maxLate, epoch: epoch, prev: prev, decided: decided, permit: p.handOver(),
+	}
 	if prev == nil && !due.After(clk.Now()) {
 		// Due already, with no earlier job of its key to wait for: the
 		// step starts it at once (startAt neither sleeps nor waits then).
@@ -1022,8 +1114,14 @@ type job[T Item] struct {
 	key, tok string // tok: its lease ("" none)
 	msg      T
 	due      time.Time
-	maxLate  time.Duration
-	epoch    uint64
+	// theo is the slot's theoretical time in the key's state, keyPeriod
+	// the key's period then, and seen the key's lateness its reservation
+	// carried (Pacer.late): a start after theo counts from the start.
+	theo      time.Time
+	keyPeriod time.Duration
+	seen      time.Duration
+	maxLate   time.Duration
+	epoch     uint64
 	// prev is closed once the key's job taken before it has started or
 	// gone back (nil: none); decided is its own.
 	prev, decided chan struct{}
@@ -1077,7 +1175,16 @@ func (k *Pacer[T]) startAt(ctx, dispatch context.Context, j *job[T]) {
 		settle(false)
 		return
 	}
-	late := clk.Now().Sub(j.due)
+	// Starts of the key recorded late since j's reservation, which its
+	// slot does not count: j starts that much later (G1 per key).
+	shift := k.lateSince(j.key, j.seen)
+	if shift > 0 && clk.Sleep(ctx, j.due.Add(shift).Sub(clk.Now())) != nil {
+		_ = j.msg.Release()
+		settle(false)
+		return
+	}
+	now := clk.Now()
+	late := now.Sub(j.due)
 	if late > j.maxLate {
 		// Woken too late (a stall, a loaded machine): the slot is given
 		// up, never used closer to the next one; the job is again its
@@ -1094,6 +1201,9 @@ func (k *Pacer[T]) startAt(ctx, dispatch context.Context, j *job[T]) {
 		settle(false)
 		return
 	}
+	// Started after its theoretical time (over > 0): the key's next slot
+	// counts from now, not from the slot.
+	k.recordLate(j.key, max(now.Sub(j.theo.Add(shift)), 0), now.Add(j.keyPeriod))
 	k.cfg.Observer.Started(max(late, 0))
 	k.cfg.Start(dispatch, j.msg, func() { settle(true) })
 }

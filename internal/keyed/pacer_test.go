@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/keyed"
 	"github.com/throttler/throttler/internal/leaky"
 )
@@ -52,14 +53,15 @@ func (j *memJob) AddAttempts(n int) { j.attempts.Add(int64(n)) }
 
 // memReader is a keyed lane's stream in memory.
 type memReader struct {
-	mu       sync.Mutex
-	jobs     []*memJob
-	seq      uint64
-	reads    int // Next calls that read the stream
-	nextErr  error
-	triesErr error
-	tries    map[uint64]int
-	cleared  []uint64
+	mu          sync.Mutex
+	jobs        []*memJob
+	seq         uint64
+	reads       int // Next calls that read the stream
+	nextErr     error
+	triesErr    error
+	settlingErr error
+	tries       map[uint64]int
+	cleared     []uint64
 	// onRequeue, when set, hears a job handed back (queue.KeyedReader's
 	// OnRequeue).
 	onRequeue func(key string, seq uint64)
@@ -117,6 +119,14 @@ func (r *memReader) Next(ctx context.Context, key string, from uint64) (*memJob,
 	return nil, false, nil
 }
 
+// Settling: a job leaves the stream as it settles (remove); settlingErr,
+// when set, says its deletes are still under way.
+func (r *memReader) Settling(context.Context, string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.settlingErr
+}
+
 func (r *memReader) Tries(_ context.Context, seq uint64) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -147,7 +157,7 @@ func (r *memReader) ClearTries(_ context.Context, seq uint64) error {
 // nopPair grants every slot at once.
 type nopPair struct{}
 
-func (nopPair) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration) (bucket.PairReservation, error) {
+func (nopPair) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration, time.Duration) (bucket.PairReservation, error) {
 	return bucket.PairReservation{OK: true, Free: true}, nil
 }
 
@@ -157,11 +167,11 @@ type downPair struct {
 	err atomic.Pointer[error]
 }
 
-func (p *downPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+func (p *downPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead, carry time.Duration) (bucket.PairReservation, error) {
 	if e := p.err.Load(); e != nil {
 		return bucket.PairReservation{}, *e
 	}
-	return p.Memory.ReservePair(ctx, k, ll, kl, ahead)
+	return p.Memory.ReservePair(ctx, k, ll, kl, ahead, carry)
 }
 
 // memLeases holds the fleet's in-flight leases in memory; full or err,
@@ -380,6 +390,7 @@ type harness struct {
 
 	mu       sync.Mutex
 	started  []string
+	at       map[string]time.Duration // job → when it started, from t0
 	done     map[string]func()
 	assigned map[string]time.Duration // job → its slot, from t0
 	// onAssigned, when set, runs as a job is given its slot (between the
@@ -399,7 +410,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Helper()
 	clk := &stillClock{now: t0}
 	h := &harness{t: t, ctx: context.Background(), clk: clk, r: &memReader{}, pair: &downPair{Memory: &bucket.Memory{Clock: clk}},
-		obs: &recObserver{}, logs: &logRecords{}, laneNext: t0, done: map[string]func(){}, assigned: map[string]time.Duration{}}
+		obs: &recObserver{}, logs: &logRecords{}, laneNext: t0, done: map[string]func(){}, at: map[string]time.Duration{}, assigned: map[string]time.Duration{}}
 	if o.keyOpts == nil {
 		o.keyOpts = oneEach
 	}
@@ -409,6 +420,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.started = append(h.started, j.id)
+			h.at[j.id] = clk.Now().Sub(t0)
 			h.done[j.id] = done
 		},
 		Assigned: func(j *memJob, s leaky.Slot) {
@@ -902,6 +914,80 @@ func TestPacerLateWakeGivesSlotUp(t *testing.T) {
 	h.checkHeld(2)
 }
 
+// TestPacerLateStartCountsFromTheStart: a key's start that came late (the
+// lane's cap put b1 at 100 ms, and its goroutine woke 96 ms after that,
+// within the lateness bound) counts where it happened: the key's next job
+// starts a key period (500 ms) after it, not after the slot; so do later
+// late starts, each carried once, and one made before the key went idle
+// and was claimed again. Each row moves the clock, sets how late waits
+// wake, runs one step and says which job starts at which slot, and when;
+// then does what the row's then says.
+func TestPacerLateStartCountsFromTheStart(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.r.add("a", "a1")
+	for _, id := range []string{"b1", "b2", "b3"} {
+		h.r.add("b", id)
+	}
+	h.k.Claim(h.ctx, "a", "b")
+	rows := []struct {
+		at, lateBy time.Duration
+		want       stepped
+		startedAt  time.Duration // when want.started started
+		then       func()
+	}{
+		{0, 0, stepped{started: "a1", due: 0}, 0, nil},
+		// b's own slot is now, the lane's next is at 100 ms: b1 is due
+		// then, and its wait ends 96 ms after its slot.
+		{100*ms - keyed.Lookahead, 101 * ms, stepped{started: "b1", due: 100 * ms}, 196 * ms, nil},
+		// 100 ms + 500 ms is not b's next slot: 196 ms + 500 ms is.
+		{600*ms - keyed.Lookahead, 0, stepped{}, 0, nil},
+		// a has no job left: it goes idle; then the loop rests until b's
+		// slot less the lookahead.
+		{600 * ms, 0, stepped{}, 0, nil},
+		{600 * ms, 0, stepped{rest: 96*ms - keyed.Lookahead, wake: true}, 0, nil},
+		// b2 wakes 20 ms late, b3 30 ms: each counts from its start.
+		{696*ms - keyed.Lookahead, keyed.Lookahead + 20*ms, stepped{started: "b2", due: 696 * ms}, 716 * ms, nil},
+		{1216*ms - keyed.Lookahead, keyed.Lookahead + 30*ms, stepped{started: "b3", due: 1216 * ms}, 1246 * ms, nil},
+		// b has no job left: idle, released, forgotten; b4 comes and b is
+		// claimed again. Its slot still counts from b3's start.
+		{1741 * ms, 0, stepped{}, 0, func() {
+			h.k.Release(h.ctx)
+			h.r.add("b", "b4")
+			h.k.Claim(h.ctx, "b")
+		}},
+		{1741 * ms, keyed.Lookahead, stepped{started: "b4", due: 1746 * ms}, 1746 * ms, nil},
+	}
+	for i, r := range rows {
+		h.clk.mu.Lock()
+		h.clk.lateBy = r.lateBy
+		h.clk.mu.Unlock()
+		got := h.step(r.at)
+		if got != r.want {
+			t.Fatalf("row %d at %v: %+v, want %+v", i, r.at, got, r.want)
+		}
+		if r.then != nil {
+			r.then()
+		}
+		if got.started == "" {
+			continue
+		}
+		h.mu.Lock()
+		at := h.at[got.started]
+		h.mu.Unlock()
+		if at != r.startedAt {
+			t.Fatalf("row %d: %s started at %v, want %v", i, got.started, at, r.startedAt)
+		}
+		h.settle(got.started)
+		h.checkHeld(i)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	buckettest.CheckWindows(t, []time.Duration{h.at["b1"], h.at["b2"], h.at["b3"], h.at["b4"]}, keyLimit("b"), 0)
+	if h.k.Missed() != 0 {
+		t.Fatalf("%d slots given up; want none", h.k.Missed())
+	}
+}
+
 // TestPacerOrderedTries: an ordered key's job carries the failed attempts
 // stored for it when first read; a retry in place counts one more, stores
 // it and holds the key for the wait; a settled job's count is cleared.
@@ -1315,11 +1401,15 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 		released  bool
 		known     bool
 		releaseOK bool
+		settling  bool // a's settled jobs' deletes still under way
 	}{
-		{"idle", func(*harness) {}, true, false, true},
-		{"a job stored meanwhile", func(h *harness) { h.r.add("a", "a2") }, true, true, true},
-		{"claimed again meanwhile", func(h *harness) { h.r.add("a", "a2"); h.k.Claim(h.ctx, "a") }, false, true, true},
-		{"release fails", func(*harness) {}, true, false, false},
+		{"idle", func(*harness) {}, true, false, true, false},
+		{"a job stored meanwhile", func(h *harness) { h.r.add("a", "a2") }, true, true, true, false},
+		{"claimed again meanwhile", func(h *harness) { h.r.add("a", "a2"); h.k.Claim(h.ctx, "a") }, false, true, true, false},
+		{"release fails", func(*harness) {}, true, false, false, false},
+		// The claim is kept while a settled job of a may still be read
+		// (its delete on its way), and given up at a later look.
+		{"deletes under way", func(*harness) {}, false, false, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs := &logRecords{}
@@ -1343,6 +1433,11 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 			}
 			c.between(&harness{ctx: ctx, r: r, k: k})
 			logs.take()
+			if c.settling {
+				r.mu.Lock()
+				r.settlingErr = context.DeadlineExceeded
+				r.mu.Unlock()
+			}
 			k.Release(ctx)
 			if rel := claims.releasedKeys(); (len(rel) == 1) != c.released {
 				t.Fatalf("released %v, want released %v", rel, c.released)
@@ -1350,12 +1445,27 @@ func TestPacerReleaseIdleKeys(t *testing.T) {
 			if got := k.Key("a").Known; got != c.known {
 				t.Fatalf("a known %v, want %v", got, c.known)
 			}
+			if c.settling {
+				if idle := k.Idled(); !slices.Equal(idle, []string{"a"}) {
+					t.Fatalf("idle %v while its deletes are under way, want [a] (released later)", idle)
+				}
+				r.mu.Lock()
+				r.settlingErr = nil
+				r.mu.Unlock()
+				k.Release(ctx)
+				if rel := claims.releasedKeys(); len(rel) != 1 {
+					t.Fatalf("released %v once the deletes ended, want [a]", rel)
+				}
+			}
 			if len(k.Idled()) != 0 {
 				t.Fatalf("still idle: %v", k.Idled())
 			}
 			want := []string(nil)
 			if !c.releaseOK {
 				want = []string{"releasing a key failed; its claim lapses by itself"}
+			}
+			if c.settling {
+				want = []string{"a key's settled jobs are still being deleted; releasing it later"}
 			}
 			if got := logs.take(); !slices.Equal(got, want) {
 				t.Fatalf("logged %q, want %q", got, want)
@@ -1523,5 +1633,65 @@ func TestPacerLeaseWithoutJobGoesBack(t *testing.T) {
 				t.Fatalf("%d tokens kept after a step that read no job, want 0", n)
 			}
 		})
+	}
+}
+
+// TestPacerLateStartDelaysAJobReservedBefore: j1 was reserved before j0,
+// the key's job before it, started 10 ms after its slot: j1's slot does not
+// count that lateness, so j1 starts 10 ms after its own slot, not at it.
+func TestPacerLateStartDelaysAJobReservedBefore(t *testing.T) {
+	ctx := context.Background()
+	r := &memReader{}
+	r.add("k", "j0")
+	r.add("k", "j1")
+	clk := &gatedClock{now: t0, gates: map[time.Time]chan struct{}{}}
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	k, err := keyed.NewPacer(keyed.Config[*memJob]{
+		Lane: "demo", Reader: r, Pair: nopPair{}, Claims: keyed.Local{}, Clock: clk,
+		Start: func(_ context.Context, j *memJob, done func()) {
+			mu.Lock()
+			started[j.id] = clk.Now()
+			mu.Unlock()
+			done()
+		},
+		LaneLimit: laneLimit, KeyLimit: keyLimit, KeyOpts: func(string) keyed.Opts { return keyed.Opts{MaxInflight: 4} }, MaxInflight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startedAt := func(id string) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		at, ok := started[id]
+		return at, ok
+	}
+	const period, maxLate = 500 * time.Millisecond, 100 * time.Millisecond
+	due0, due1 := t0.Add(period), t0.Add(2*period)
+	for _, due := range []time.Time{due0, due1} {
+		if _, ok := k.TakeNext(ctx, "k", due, maxLate); !ok {
+			t.Fatal("not taken")
+		}
+	}
+	clk.wakeAt(due0, due0.Add(10*time.Millisecond)) // j0 10 ms late
+	eventually(t, 5*time.Second, "j0 starts", func() bool { _, ok := startedAt("j0"); return ok })
+	clk.wakeAt(due1, due1) // j1's slot: it waits 10 ms more
+	late := due1.Add(10 * time.Millisecond)
+	eventually(t, 5*time.Second, "j1 waiting for its slot moved on", func() bool {
+		clk.mu.Lock()
+		defer clk.mu.Unlock()
+		_, ok := clk.gates[late]
+		return ok
+	})
+	if _, ok := startedAt("j1"); ok {
+		t.Fatal("j1 started at its slot, 490 ms after j0's start")
+	}
+	clk.wakeAt(late, late)
+	k.WaitStarts()
+	if at, ok := startedAt("j1"); !ok || !at.Equal(late) {
+		t.Fatalf("j1 started %v (%v), want at %v: a key period after j0's start", at.Sub(t0), ok, late.Sub(t0))
+	}
+	if k.Missed() != 0 {
+		t.Fatalf("%d slots given up; want none", k.Missed())
 	}
 }

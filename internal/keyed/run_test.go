@@ -281,7 +281,7 @@ func TestPacerOverlapsKeys(t *testing.T) {
 // asked of it.
 type countingDown struct{ calls atomic.Int64 }
 
-func (p *countingDown) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration) (bucket.PairReservation, error) {
+func (p *countingDown) ReservePair(context.Context, bucket.Key, bucket.Limit, bucket.Limit, time.Duration, time.Duration) (bucket.PairReservation, error) {
 	p.calls.Add(1)
 	return bucket.PairReservation{}, errDown
 }

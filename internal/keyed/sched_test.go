@@ -91,7 +91,7 @@ func simulateSlow(t *testing.T, c *clock.Manual, store bucket.PairStore, lane bu
 		if slow != nil {
 			lim.Rate *= slow.Factor(key, now)
 		}
-		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, lim, 0)
+		r, err := store.ReservePair(ctx, bucket.Key{Lane: "sim", Sub: key}, lane, lim, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,7 +45,7 @@ type countingPair struct {
 	m *metrics.Metrics
 }
 
-func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+func (c countingPair) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead, carry time.Duration) (bucket.PairReservation, error) {
 	c.m.PacerCalls.WithLabelValues(k.Lane, "reserve_pair").Inc()
-	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead)
+	return c.PairStore.ReservePair(ctx, k, ll, kl, ahead, carry)
 }

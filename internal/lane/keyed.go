@@ -53,17 +53,20 @@ func (l *Lane) newKeyed() (*keyed.Pacer[*queue.Msg], error) {
 	}
 	r.OnRequeue = p.Requeue
 	l.d.Queue.OnStored(name, p.Announce)
+	l.keyedQ = r
 	return p, nil
 }
 
 // runKeyed drives a keyed lane until ctx ends, with its intake and retry
-// mover beside it, then waits for its dispatches.
+// mover beside it, then waits for its dispatches and for the deletes of
+// the jobs they settled.
 func (l *Lane) runKeyed(ctx, dispatch context.Context) {
 	var helpers sync.WaitGroup
 	helpers.Go(func() { l.d.Queue.RunIntake(ctx, l.cfg.Name, l.log) })
 	helpers.Go(func() { l.d.Queue.MoveRetries(ctx, l.cfg.Name, l.log) })
 	l.keyed.Run(ctx, dispatch)
 	helpers.Wait()
+	l.keyedQ.WaitDeletes()
 }
 
 // retryInPlace holds an ordered key's failing job in place for d, counting

@@ -62,6 +62,9 @@ type Lane struct {
 	// replies are the reply subjects the lane's jobs may name
 	// (results.reply_subjects); nil refuses every one.
 	replies *records.Replies
+	// keyedQ reads the keyed lane's jobs (nil unless keyed); its settled
+	// jobs' deletes end before Run returns.
+	keyedQ *queue.KeyedReader
 
 	limit     atomic.Pointer[bucket.Limit]
 	aimd      *leaky.AIMD // nil unless adaptive.enabled

@@ -23,3 +23,9 @@ func RetryMsgID(m *Msg) string { return m.retryMsgID() }
 
 // DeadMsgID is the Nats-Msg-Id of m's dead letter.
 func DeadMsgID(m *Msg) string { return m.deadMsgID() }
+
+// OnDelete runs f before each settled keyed job's delete is sent.
+func OnDelete(f func(seq uint64)) (undo func()) {
+	testHookDelete = f
+	return func() { testHookDelete = nil }
+}

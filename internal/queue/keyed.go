@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -194,6 +195,26 @@ type KeyedReader struct {
 	// OnRequeue hears a message that was handed back unstarted or to
 	// wait in place (Release, Wait): it is again its key's next job.
 	OnRequeue func(key string, seq uint64)
+
+	// Settled jobs' deletes under way (Ack does not wait for them): by
+	// sequence, and their number per key. A read passes over them and
+	// Keys leaves out a key that has no other job, so a settled job is
+	// never read again while its delete is on its way.
+	mu        sync.Mutex
+	deleting  map[uint64]struct{}
+	deletingK map[string]int
+	// gone are the deletes answered in the last getTimeout, oldest
+	// first: a read sent before the answer may still bring one back.
+	gone    []goneMsg
+	goneSet map[uint64]struct{}
+	idle    *sync.Cond // signalled as deletes end
+	deletes sync.WaitGroup
+}
+
+// goneMsg is a settled job's message deleted at at.
+type goneMsg struct {
+	seq uint64
+	at  time.Time
 }
 
 // KeyedReader returns the reader of keyed lane's jobs.
@@ -205,7 +226,10 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 	if !ls.keyed {
 		return nil, fmt.Errorf("queue: lane %s is not keyed", lane)
 	}
-	return &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}}}, nil
+	r := &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}},
+		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{}}
+	r.idle = sync.NewCond(&r.mu)
+	return r, nil
 }
 
 // getTimeout bounds one direct get.
@@ -213,15 +237,24 @@ const getTimeout = 2 * time.Second
 
 // Next returns key's first stored job at or after the stream sequence from
 // (1 for the oldest), or nil when there is none.
+//
+// A settled job whose delete is still on its way is passed over.
 func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	raw, err := r.ls.stream.GetMsg(ctx, max(from, 1), jetstream.WithGetMsgSubject(InternalSubject(r.ls.spec.Name, key)))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: read key %s of lane %s: %v", ErrUnavailable, key, r.ls.spec.Name, err)
+	var raw *jetstream.RawStreamMsg
+	for from = max(from, 1); ; from = raw.Sequence + 1 {
+		var err error
+		raw, err = r.ls.stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(InternalSubject(r.ls.spec.Name, key)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: read key %s of lane %s: %v", ErrUnavailable, key, r.ls.spec.Name, err)
+		}
+		if !r.isDeleting(raw.Sequence) {
+			break
+		}
 	}
 	lane := r.ls.spec.Name
 	job := decodeJob(lane, raw.Header, raw.Data, key, raw.Sequence, true, time.Now())
@@ -250,13 +283,116 @@ func (r *KeyedReader) Keys(ctx context.Context) ([]string, error) {
 	}
 	prefix := InternalSubject(lane, "") + "."
 	keys := make([]string, 0, len(info.State.Subjects))
-	for subj := range info.State.Subjects {
-		if k, ok := strings.CutPrefix(subj, prefix); ok && ValidKey(k) == nil {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for subj, n := range info.State.Subjects {
+		if k, ok := strings.CutPrefix(subj, prefix); ok && ValidKey(k) == nil && n > uint64(r.deletingK[k]) {
 			keys = append(keys, k)
 		}
 	}
 	return keys, nil
 }
+
+// isDeleting reports whether seq is a settled job's message being deleted,
+// or deleted recently enough that a read sent before could still see it.
+func (r *KeyedReader) isDeleting(seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.deleting[seq]; ok {
+		return true
+	}
+	_, ok := r.goneSet[seq]
+	return ok
+}
+
+// forgetGone drops the deletes answered more than a read's timeout ago
+// (no read sent before them is still under way). r.mu is held.
+func (r *KeyedReader) forgetGone(now time.Time) {
+	i := 0
+	for ; i < len(r.gone) && now.Sub(r.gone[i].at) > getTimeout; i++ {
+		delete(r.goneSet, r.gone[i].seq)
+	}
+	r.gone = r.gone[i:]
+}
+
+// testHookDelete, set by tests only, runs before a settled job's delete
+// is sent (it may hold it).
+var testHookDelete func(seq uint64)
+
+// deleteTimeout bounds a settled job's delete.
+const deleteTimeout = 5 * time.Second
+
+// deleteAsync deletes a settled job's message on a goroutine of its own:
+// its dispatch (and its in-flight permit) ends without waiting for the
+// round trip. Until the delete has ended the job is never read again here
+// (Next, Keys); Settling waits for a key's deletes, WaitDeletes for all.
+// A delete that fails leaves the job stored: it is delivered again (at
+// least once), as after a crash before the delete.
+func (r *KeyedReader) deleteAsync(key string, seq uint64) {
+	r.mu.Lock()
+	r.deleting[seq] = struct{}{}
+	r.deletingK[key]++
+	r.mu.Unlock()
+	r.deletes.Go(func() {
+		if testHookDelete != nil {
+			testHookDelete(seq)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+		err := r.deleteMsg(ctx, seq)
+		cancel()
+		if err != nil {
+			r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", key, "seq", seq, "err", err)
+		}
+		r.mu.Lock()
+		delete(r.deleting, seq)
+		now := time.Now()
+		r.forgetGone(now)
+		if err == nil {
+			r.gone = append(r.gone, goneMsg{seq: seq, at: now})
+			r.goneSet[seq] = struct{}{}
+		}
+		if r.deletingK[key]--; r.deletingK[key] <= 0 {
+			delete(r.deletingK, key)
+		}
+		r.idle.Broadcast()
+		r.mu.Unlock()
+	})
+}
+
+// deleteMsg deletes the message at seq; one gone already counts as
+// deleted (settled twice: a former owner of the key).
+func (r *KeyedReader) deleteMsg(ctx context.Context, seq uint64) error {
+	err := r.ls.stream.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		err = nil
+	}
+	return err
+}
+
+// Settling waits until key's settled jobs' deletes have ended (or ctx):
+// before its claim is given up, so that no instance that takes the key
+// over reads one of them again.
+func (r *KeyedReader) Settling(ctx context.Context, key string) error {
+	stop := context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		r.idle.Broadcast()
+		r.mu.Unlock()
+	})
+	defer stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.deletingK[key] > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r.idle.Wait()
+	}
+	return nil
+}
+
+// WaitDeletes waits for every delete under way: the lane stops, and the
+// connection closes after.
+func (r *KeyedReader) WaitDeletes() { r.deletes.Wait() }
 
 // keyedAck settles a message read by subject: done deletes it; handed back
 // it stays, the oldest of its key again.
@@ -266,18 +402,19 @@ type keyedAck struct {
 	seq uint64
 }
 
+// Ack deletes the message without waiting for the answer (deleteAsync).
 func (a *keyedAck) Ack() error {
-	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
-	defer cancel()
-	err := a.r.ls.stream.DeleteMsg(ctx, a.seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
-		err = nil // settled twice (a former owner of the key): gone either way
-	}
-	return err
+	a.r.deleteAsync(a.key, a.seq)
+	return nil
 }
 
-// DoubleAck is Ack: deleting the message is already confirmed.
-func (a *keyedAck) DoubleAck(context.Context) error { return a.Ack() }
+// DoubleAck deletes the message and waits for the server's answer (a
+// stopping instance).
+func (a *keyedAck) DoubleAck(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	return a.r.deleteMsg(ctx, a.seq)
+}
 
 func (a *keyedAck) Nak() error { return a.NakWithDelay(0) }
 

@@ -48,7 +48,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		}
 		for i, st := range steps {
 			c.Advance(start.Add(st.at).Sub(c.Now()))
-			r, err := s.ReservePair(ctx, st.k, lane, slow, 0)
+			r, err := s.ReservePair(ctx, st.k, lane, slow, 0, 0)
 			if err != nil {
 				t.Fatalf("step %d: %v", i, err)
 			}
@@ -66,15 +66,15 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		lane := bucket.Limit{Rate: 100, Burst: 10}
 		kl := bucket.Limit{Rate: 10, Burst: 1} // T = 100ms
 		k := bucket.Key{Lane: "demo", Sub: "a"}
-		if r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond); err != nil || !r.OK || !r.Free {
+		if r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond, 0); err != nil || !r.OK || !r.Free {
 			t.Fatalf("first: %+v, %v", r, err)
 		}
 		c.Advance(85 * time.Millisecond)
 		// 15ms before the key's slot: too early without a lead, fine with 20ms.
-		if r, err := s.ReservePair(ctx, k, lane, kl, 0); err != nil || r.OK {
+		if r, err := s.ReservePair(ctx, k, lane, kl, 0, 0); err != nil || r.OK {
 			t.Fatalf("without a lead: %+v, %v", r, err)
 		}
-		r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond)
+		r, err := s.ReservePair(ctx, k, lane, kl, 20*time.Millisecond, 0)
 		if err != nil || !r.OK || r.Free {
 			t.Fatalf("with a 20ms lead: %+v, %v", r, err)
 		}
@@ -90,7 +90,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		fast := bucket.Limit{Rate: 1000, Burst: 100}
 		var dues []time.Duration
 		for i := range 5 {
-			r, err := s.ReservePair(ctx, bucket.Key{Lane: "demo", Sub: string(rune('a' + i))}, lane, fast, 0)
+			r, err := s.ReservePair(ctx, bucket.Key{Lane: "demo", Sub: string(rune('a' + i))}, lane, fast, 0, 0)
 			if err != nil || !r.OK {
 				t.Fatalf("reservation %d: %+v, %v", i, r, err)
 			}
@@ -98,6 +98,49 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		}
 		for i, d := range dues {
 			near(t, "due", d, time.Duration(i)*100*time.Millisecond)
+		}
+	})
+
+	t.Run("PairCarriesLateStarts", func(t *testing.T) {
+		// A key's slot that started 40ms after its theoretical time
+		// (KeyLatest) counts there: its next slot is a period after the
+		// start, not after the slot. A refusal stores nothing, so the
+		// carry is asked again.
+		c := NewClock()
+		s := pair(t, newStore(t, c))
+		lane := bucket.Limit{Rate: 100, Burst: 1}
+		kl := bucket.Limit{Rate: 4, Burst: 1} // T = 250ms
+		k := bucket.Key{Lane: "demo", Sub: "a"}
+		start := c.Now()
+		steps := []struct {
+			at, carry         time.Duration
+			ok                bool
+			due, next, latest time.Duration
+		}{
+			{0, 0, true, 0, 250 * time.Millisecond, 0},
+			// Started at 40ms: the key's next slot is at 290ms.
+			{40 * time.Millisecond, 40 * time.Millisecond, false, 0, 250 * time.Millisecond, 0},
+			{250 * time.Millisecond, 40 * time.Millisecond, false, 0, 40 * time.Millisecond, 0},
+			{290 * time.Millisecond, 40 * time.Millisecond, true, 0, 250 * time.Millisecond, 0},
+			// On time: nothing to carry; a period later.
+			{540 * time.Millisecond, 0, true, 0, 250 * time.Millisecond, 0},
+			// Reserved 5ms ahead: due and theoretical time 5ms from now.
+			{785 * time.Millisecond, 0, true, 5 * time.Millisecond, 255 * time.Millisecond, 5 * time.Millisecond},
+		}
+		for i, st := range steps {
+			c.Advance(start.Add(st.at).Sub(c.Now()))
+			r, err := s.ReservePair(ctx, k, lane, kl, 5*time.Millisecond, st.carry)
+			if err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			if r.OK != st.ok {
+				t.Fatalf("step %d at %v: ok=%v, want %v (%+v)", i, st.at, r.OK, st.ok, r)
+			}
+			near(t, "key next", r.KeyNext, st.next)
+			if r.OK {
+				near(t, "due", r.Due, st.due)
+				near(t, "key latest", r.KeyLatest, st.latest)
+			}
 		}
 	})
 
@@ -113,7 +156,7 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		for range 1500 {
 			c.Advance(time.Duration(rng.IntN(12)) * time.Millisecond)
 			k := bucket.Key{Lane: "demo", Sub: string(rune('a' + rng.IntN(8)))}
-			r, err := s.ReservePair(ctx, k, lane, keyLim, 0)
+			r, err := s.ReservePair(ctx, k, lane, keyLim, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,12 +189,12 @@ func runPair(t *testing.T, newStore Factory, near func(*testing.T, string, time.
 		if err := st.Pause(ctx, a, kl, time.Second); err != nil {
 			t.Fatal(err)
 		}
-		r, err := s.ReservePair(ctx, a, lane, kl, 0)
+		r, err := s.ReservePair(ctx, a, lane, kl, 0, 0)
 		if err != nil || r.OK {
 			t.Fatalf("paused key reserved: %+v, %v", r, err)
 		}
 		near(t, "paused key next", r.KeyNext, time.Second)
-		if r, err := s.ReservePair(ctx, b, lane, kl, 0); err != nil || !r.OK || !r.Free {
+		if r, err := s.ReservePair(ctx, b, lane, kl, 0, 0); err != nil || !r.OK || !r.Free {
 			t.Fatalf("other key held by a's pause: %+v, %v", r, err)
 		}
 	})

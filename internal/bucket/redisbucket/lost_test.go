@@ -281,7 +281,7 @@ func TestFloorFollowsTheTat(t *testing.T) {
 	lane, ll := bucket.Key{Lane: "pair"}, bucket.Limit{Rate: 10, Burst: 11}
 	kl := bucket.Limit{Rate: 1, Burst: 1}
 	for i := range 20 {
-		r, err := s.ReservePair(ctx, bucket.Key{Lane: "pair", Sub: strconv.Itoa(i)}, ll, kl, time.Minute)
+		r, err := s.ReservePair(ctx, bucket.Key{Lane: "pair", Sub: strconv.Itoa(i)}, ll, kl, time.Minute, 0)
 		if err != nil || !r.OK {
 			t.Fatalf("pair %d: %+v %v", i, r, err)
 		}

@@ -12,14 +12,17 @@ import (
 
 // pairScript reserves one slot of a keyed lane (bucket.ReservePair): KEYS[1]
 // is the lane's state (with the prelude's arguments and floor), KEYS[2] the
-// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] and ARGV[8] the key's
-// period and tolerance in ns. The key's state has no floor: a key whose state
-// Redis lost starts with a full bucket (at most one burst too many for that
-// key), the lane-wide state is restored as for every lane. It returns {ok,
-// due, key next, lane next, lane tat', restored} (ns from now).
+// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] and
+// ARGV[8] the key's period and tolerance in ns, ARGV[9] the lateness to carry
+// into the key's state first in ns (stored only with the slot). The key's
+// state has no floor: a key whose state Redis lost starts with a full bucket
+// (at most one burst too many for that key), the lane-wide state is restored
+// as for every lane. It returns {ok, due, key next, lane next, key latest,
+// lane tat', restored} (ns from now).
 var pairScript = redis.NewScript(prelude + `
 local kperiod = tonumber(ARGV[7])
 local ktau = tonumber(ARGV[8])
+local carry = tonumber(ARGV[9])
 local krel = 0
 local kcur = redis.call('GET', KEYS[2])
 if kcur then
@@ -28,13 +31,14 @@ if kcur then
     return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[2])
   end
   krel = (us - now_us) * 1000 + (ns - now_ns)
+  if carry > 0 then krel = krel + carry end
 end
 local el = rel - tau
 if el < 0 then el = 0 end
 local ek = krel - ktau
 if ek < 0 then ek = 0 end
 if ek - el > arg then
-  return {0, '0', num(ek), num(el), tail(rel)}
+  return {0, '0', num(ek), num(el), '0', tail(rel)}
 end
 local due = math.max(el, ek)
 local lrel = math.max(rel, due) + period
@@ -43,7 +47,7 @@ store(lrel)
 local kttl = math.ceil(nk / 1000000) + extra_ttl
 if kttl > 1e15 then kttl = 1e15 end
 redis.call('SET', KEYS[2], state(nk), 'PX', kttl)
-return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), tail(lrel)}
+return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), num(nk - kperiod), tail(lrel)}
 `)
 
 var _ bucket.PairStore = (*Store)(nil)
@@ -51,7 +55,7 @@ var _ bucket.PairStore = (*Store)(nil)
 // ReservePair implements bucket.PairStore: one slot of key k under both its
 // own limit kl and the lane-wide limit ll, in one script call (both keys
 // share the lane's hash tag).
-func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead time.Duration) (bucket.PairReservation, error) {
+func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Limit, ahead, carry time.Duration) (bucket.PairReservation, error) {
 	if err := checkLimit(ll, 1); err != nil {
 		return bucket.PairReservation{}, err
 	}
@@ -71,13 +75,13 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 	s.calls.Add(1)
 	reply, err := pairScript.Run(ctx, s.client, []string{laneKey, s.Key(k)},
 		now, int64(ll.Period()), int64(ll.Tolerance()), int64(max(ahead, bucket.PairSlack)), s.ttlMs, s.floors.get(laneKey),
-		int64(kl.Period()), int64(kl.Tolerance())).Result()
+		int64(kl.Period()), int64(kl.Tolerance()), int64(max(carry, 0))).Result()
 	if err != nil {
 		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
 	}
 	a, ok := reply.([]any)
-	if !ok || len(a) != 6 {
-		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v, want {ok, due, key next, lane next, tat, restored}", errReply, reply, reply))
+	if !ok || len(a) != 7 {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v, want {ok, due, key next, lane next, key latest, tat, restored}", errReply, reply, reply))
 	}
 	flag, ok := a[0].(int64)
 	if !ok || (flag != 0 && flag != 1) {
@@ -85,7 +89,7 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 	}
 	var r bucket.PairReservation
 	r.OK = flag == 1
-	for i, p := range []*timeDuration{{&r.Due}, {&r.KeyNext}, {&r.LaneNext}} {
+	for i, p := range []*timeDuration{{&r.Due}, {&r.KeyNext}, {&r.LaneNext}, {&r.KeyLatest}} {
 		if *p.d, err = parseDuration(a[i+1]); err != nil {
 			return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
 		}
