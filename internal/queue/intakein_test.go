@@ -92,6 +92,9 @@ func drainKeys(t *testing.T, q *queue.Queue, keys []string, want int) map[string
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	// An ack's delete is sent after it returns: the stream is judged once
+	// every delete has been answered.
+	r.WaitDeletes()
 	return got
 }
 
