@@ -237,6 +237,7 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
@@ -281,6 +282,7 @@ func TestIngestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rows, err := Run(ctx, Config{Smoke: true, Only: []string{Ingest}, Duration: 200 * time.Millisecond,
@@ -360,6 +362,7 @@ func TestRecordsSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	if raceEnabled {
 		// Under the race detector the held drain lane, resumed, brought
 		// 20 of 83 jobs within 10 s, every run: not understood yet.
@@ -421,6 +424,7 @@ func TestDrainDestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if raceEnabled {
