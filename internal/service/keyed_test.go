@@ -399,11 +399,14 @@ func TestKeyedLaneThreeInstancesExactPerKey(t *testing.T) {
 	cfg.NATS.URL = natsSrv.ClientURL()
 	cfg.Redis.URL = redis.URL()
 	var svcs []*service.Service
+	var stops []func()
 	for range 3 {
 		cfg.NATS.DataDir = t.TempDir()
-		s, _ := start(t, cfg)
+		s, stop := start(t, cfg)
 		svcs = append(svcs, s)
+		stops = append(stops, stop)
 	}
+	stopTogether(t, stops...)
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	const keys, per = 20, 25
