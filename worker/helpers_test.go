@@ -82,21 +82,32 @@ func newFleetOn(t *testing.T, natsURL string, n int, rate string, maxInflight in
 		t.Fatal(err)
 	}
 	f.cfg = cfg
+	// The instances stop together when the test ends (before their own
+	// cleanups, which then find them stopped): each stop waits out its
+	// lane's pull request, about a second.
+	var stops []func()
 	for range n {
-		f.start(t)
+		stops = append(stops, f.run(t))
 	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, stop := range stops {
+			wg.Go(stop)
+		}
+		wg.Wait()
+	})
 	return f
 }
 
-// start runs one more instance until the test ends.
-func (f *fleet) start(t *testing.T) *service.Service {
+// run runs one more instance until the test ends, and returns its stop.
+func (f *fleet) run(t *testing.T) (stop func()) {
 	t.Helper()
 	cfg := f.cfg
 	cfg.NATS.DataDir = t.TempDir()
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
-	servicetest.Run(t, svc)
+	stop = servicetest.Run(t, svc)
 	f.svcs = append(f.svcs, svc)
-	return svc
+	return stop
 }
 
 // conn is a NATS connection closed when the test ends.

@@ -17,7 +17,7 @@ import (
 	"github.com/throttler/throttler/worker"
 )
 
-// TestKeyedLanePullWorkers: a keyed lane (every key 5/s) served by a pull
+// TestKeyedLanePullWorkers: a keyed lane (every key 10/s) served by a pull
 // pool of four workers, drained by two instances sharing Redis. Every job
 // reaches a worker once, with its key in Job.Key and in the Throttle-Key
 // header, in order per key, and no key gets more than burst + rate·W
@@ -25,7 +25,7 @@ import (
 func TestKeyedLanePullWorkers(t *testing.T) {
 	const perKey = 15
 	keys := []string{"a", "b", "c"}
-	perRate, err := bucket.ParseRate("5/s")
+	perRate, err := bucket.ParseRate("10/s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestKeyedLanePullWorkers(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("jobs without their key: %v", bad)
 	}
-	lim := bucket.Limit{Rate: 5, Burst: 1}
+	lim := bucket.Limit{Rate: 10, Burst: 1}
 	for _, key := range keys {
 		var want []string
 		for i := range perKey {

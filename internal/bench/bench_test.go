@@ -237,6 +237,7 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
@@ -281,6 +282,7 @@ func TestIngestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rows, err := Run(ctx, Config{Smoke: true, Only: []string{Ingest}, Duration: 200 * time.Millisecond,
@@ -363,6 +365,7 @@ func TestRecordsSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rows, err := Run(ctx, Config{Smoke: true, Only: []string{Records}, Duration: 200 * time.Millisecond, TempDir: t.TempDir()})
@@ -409,6 +412,7 @@ func TestDrainDestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the service")
 	}
+	t.Parallel() // its rows, not their figures: nothing here is timed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Duration bounds each drain's wait (twice it, plus a millisecond a

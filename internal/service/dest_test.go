@@ -96,10 +96,10 @@ func destConfig(t *testing.T, a *apiTarget, rate float64, burst int) config.Conf
 
 // TestOneLaneFrontsManyEndpoints (real clock, G1 across endpoints): one
 // lane at 20/s, burst 10 fronts an API whose calls go to four endpoints
-// with four methods; the 100 jobs share the lane's one bucket, so no window
-// of their arrivals, all endpoints together, holds more than
-// burst + rate·W, and every call reaches its endpoint with its method
-// exactly once.
+// with four methods; the 60 jobs (15 an endpoint, 50 of them queued: 2.5 s
+// of windows) share the lane's one bucket, so no window of their arrivals,
+// all endpoints together, holds more than burst + rate·W, and every call
+// reaches its endpoint with its method exactly once.
 func TestOneLaneFrontsManyEndpoints(t *testing.T) {
 	a := newAPITarget(t)
 	l := bucket.Limit{Rate: 20, Burst: 10}
@@ -108,7 +108,7 @@ func TestOneLaneFrontsManyEndpoints(t *testing.T) {
 	endpoints := []struct{ method, path string }{
 		{"GET", "repos/acme/widgets"}, {"POST", "issues"}, {"PUT", "issues/7/labels?replace=1"}, {"DELETE", "issues/7/lock"},
 	}
-	const n = 100
+	const n = 60
 	for i := range n {
 		e := endpoints[i%len(endpoints)]
 		h := map[string]string{"Idempotency-Key": fmt.Sprintf("call-%03d", i), "Throttle-Path": e.path, "Throttle-Forward-X-Api-Key": "k"}
@@ -119,7 +119,7 @@ func TestOneLaneFrontsManyEndpoints(t *testing.T) {
 			t.Fatalf("job %d: %d %s", i, code, body)
 		}
 	}
-	waitFor(t, 20*time.Second, "100 calls", func() bool { return len(a.snapshot()) >= n })
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d calls", n), func() bool { return len(a.snapshot()) >= n })
 	waitSettled(t, svc.Addr())
 	got := a.snapshot()
 	if len(got) != n {

@@ -62,12 +62,15 @@ func TestQueuedETACountsReadAhead(t *testing.T) {
 				redisURL = testenv.StartRedis(t).URL()
 			}
 			var addrs []string
+			var stops []func()
 			for range tc.instances {
 				cfg := testConfig(t, t.TempDir(), rec.srv.URL+"/hook", 20, 10)
 				cfg.NATS.URL, cfg.Redis.URL = natsURL, redisURL
-				svc, _ := start(t, cfg)
+				svc, stop := start(t, cfg)
 				addrs = append(addrs, svc.Addr())
+				stops = append(stops, stop)
 			}
+			stopTogether(t, stops...)
 			const n = 100
 			answers := burstOver(t, addrs, "ra", n)
 			waitFor(t, 20*time.Second, "the burst delivered", func() bool { return len(arrivalsOf(rec, "ra")) >= n })

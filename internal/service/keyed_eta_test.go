@@ -20,10 +20,12 @@ import (
 // As there, a delivery delayed on its own by a stall of the loaded machine
 // may miss the tolerance: at most 3 % of the answers may (one of about
 // 38), and none by more than a second; a wrong estimate misses it for a
-// run of jobs and still fails.
+// run of jobs and still fails. The two pacers run side by side, as in
+// TestQueuedETAIsHonest, still in the real-clock phase.
 func TestKeyedQueuedETAIsHonest(t *testing.T) {
 	for _, pacer := range []string{"memory", "redis"} {
 		t.Run(pacer, func(t *testing.T) {
+			t.Parallel()
 			natsSrv := testenv.StartNATS(t)
 			tgt := newKeyedTarget(t)
 			cfg := keyedConfig(t, tgt.srv.URL, 100, 10, 5, 1)

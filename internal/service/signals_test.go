@@ -20,9 +20,10 @@ import (
 // each with its own data directory.
 func twoInstances(t *testing.T, cfg config.Config) (a, b *service.Service) {
 	t.Helper()
-	a, _ = start(t, cfg)
+	a, stopA := start(t, cfg)
 	cfg.NATS.DataDir = t.TempDir()
-	b, _ = start(t, cfg)
+	b, stopB := start(t, cfg)
+	stopTogether(t, stopA, stopB)
 	return a, b
 }
 
