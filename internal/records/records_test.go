@@ -289,9 +289,12 @@ func TestCompareAndSetOnReplicas(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	// A cluster whose nodes are healthy may not yet place three replicas
+	// ("no suitable peers for placement" until the meta leader has heard
+	// from every peer): the bucket is made once it can be.
+	testenv.EventuallyNil(t, 30*time.Second, "a three-replica records bucket", func() error {
+		return s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, Replicas: 3})
+	})
 	for i := range 20 {
 		id := "r3-" + strconv.Itoa(i)
 		rev, _, err := s.Create(ctx, queued(id))
