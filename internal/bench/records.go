@@ -110,11 +110,19 @@ func runRecords(ctx context.Context, e *env) ([]Result, error) {
 	// of each lane counts, as the intake rows do. At the 20,000–30,000
 	// jobs/s of the lane without records, a round of a few thousand jobs
 	// would last little more than its unpause.
-	n := 60_000
+	//
+	// A round drains m jobs and then some: the lane runs on at its
+	// highest rate until the hold reaches it. What it drains past m is
+	// gone for the rounds after, so n keeps a quarter for those (at
+	// 30,000 jobs/s a hold reaching the drain after 100 ms takes 3,000);
+	// the smoke run's 100-job rounds keep far more, since its hold may
+	// come late on a loaded machine (with 500 jobs in rounds of 125 the
+	// third round of a lane found fewer than 125 left).
+	n, m := 60_000, 15_000
 	if e.cfg.Smoke {
-		n = 500
+		n, m = 2_000, 100
 	}
-	rounds, m := 3, n/4 // what a round drains past m stays for the next
+	const rounds = 3
 	fill := newClient(1000)
 	defer fill.CloseIdleConnections()
 	for _, lane := range []string{doff, don} {
