@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/service"
@@ -343,28 +344,9 @@ func (r *running) stop() {
 // counter sums the values of a counter family's series whose labels include
 // every pair of want.
 func (r *running) counter(family string, want map[string]string) float64 {
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		return 0
-	}
 	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != family {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || (lp.GetName() == k && lp.GetValue() == v)
-				}
-				if !found {
-					continue metric
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
+	for _, m := range r.series(family, want) {
+		sum += m.GetCounter().GetValue()
 	}
 	return sum
 }
@@ -373,10 +355,26 @@ func (r *running) counter(family string, want map[string]string) float64 {
 // family whose labels include every pair of want: upper bounds and counts,
 // +Inf last.
 func (r *running) histogram(family string, want map[string]string) (bounds []float64, counts []uint64) {
-	mfs, err := r.reg.Gather()
-	if err != nil {
+	ms := r.series(family, want)
+	if len(ms) == 0 {
 		return nil, nil
 	}
+	h := ms[0].GetHistogram()
+	for _, b := range h.GetBucket() {
+		bounds = append(bounds, b.GetUpperBound())
+		counts = append(counts, b.GetCumulativeCount())
+	}
+	return append(bounds, math.Inf(1)), append(counts, h.GetSampleCount())
+}
+
+// series gathers the series of family whose labels include every pair of
+// want (none when the registry cannot be gathered).
+func (r *running) series(family string, want map[string]string) []*dto.Metric {
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		return nil
+	}
+	var out []*dto.Metric
 	for _, mf := range mfs {
 		if mf.GetName() != family {
 			continue
@@ -392,15 +390,10 @@ func (r *running) histogram(family string, want map[string]string) (bounds []flo
 					continue metric
 				}
 			}
-			h := m.GetHistogram()
-			for _, b := range h.GetBucket() {
-				bounds = append(bounds, b.GetUpperBound())
-				counts = append(counts, b.GetCumulativeCount())
-			}
-			return append(bounds, math.Inf(1)), append(counts, h.GetSampleCount())
+			out = append(out, m)
 		}
 	}
-	return nil, nil
+	return out
 }
 
 // quantileBound is the upper bound of the histogram bucket that holds the
