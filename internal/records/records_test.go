@@ -59,7 +59,6 @@ func TestCancelRacesStart(t *testing.T) {
 	s := newStore(t, time.Hour)
 	ctx := context.Background()
 	const pairs = 200
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	cancelled, started := 0, 0
 	for i := range pairs {
@@ -68,28 +67,12 @@ func TestCancelRacesStart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var c, st bool
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			_, err := s.Cancel(ctx, "demo", id, time.Now())
-			c = err == nil
-			if err != nil && !errors.Is(err, records.ErrStarted) {
-				t.Errorf("cancel %s: %v", id, err)
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
-			st = err == nil
-			if err != nil && !errors.Is(err, records.ErrNotStartable) {
-				t.Errorf("start %s: %v", id, err)
-			}
-		}()
-		wg.Wait()
-		if c == st {
-			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
-		}
+		c := oneWins(t, id,
+			func() error { _, err := s.Cancel(ctx, "demo", id, time.Now()); return err },
+			func() error {
+				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
+				return err
+			})
 		rec, _, err := s.Get(ctx, "demo", id)
 		if err != nil {
 			t.Fatal(err)
@@ -116,26 +99,12 @@ func TestCancelStoredRacesFreshStart(t *testing.T) {
 	ctx := context.Background()
 	for i := range 100 {
 		id := "abcdefghijk." + strconv.Itoa(i+1)
-		var c, st bool
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			_, err := s.CancelStored(ctx, "demo", id, "", time.Now(), time.Now())
-			c = err == nil
-			if err != nil && !errors.Is(err, records.ErrStarted) {
-				t.Errorf("cancel %s: %v", id, err)
-			}
-		})
-		wg.Go(func() {
-			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: time.Now(), Now: time.Now()})
-			st = err == nil
-			if err != nil && !errors.Is(err, records.ErrNotStartable) {
-				t.Errorf("start %s: %v", id, err)
-			}
-		})
-		wg.Wait()
-		if c == st {
-			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
-		}
+		oneWins(t, id,
+			func() error { _, err := s.CancelStored(ctx, "demo", id, "", time.Now(), time.Now()); return err },
+			func() error {
+				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: time.Now(), Now: time.Now()})
+				return err
+			})
 	}
 }
 
@@ -304,26 +273,12 @@ func TestCompareAndSetOnReplicas(t *testing.T) {
 		if _, _, err := s.Create(ctx, queued(id)); !errors.Is(err, records.ErrExists) {
 			t.Fatalf("%s: second create: %v, want ErrExists", id, err)
 		}
-		var c, st bool
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			_, err := s.Cancel(ctx, "demo", id, time.Now())
-			c = err == nil
-			if err != nil && !errors.Is(err, records.ErrStarted) {
-				t.Errorf("cancel %s: %v", id, err)
-			}
-		})
-		wg.Go(func() {
-			_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
-			st = err == nil
-			if err != nil && !errors.Is(err, records.ErrNotStartable) {
-				t.Errorf("start %s: %v", id, err)
-			}
-		})
-		wg.Wait()
-		if c == st {
-			t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
-		}
+		oneWins(t, id,
+			func() error { _, err := s.Cancel(ctx, "demo", id, time.Now()); return err },
+			func() error {
+				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
+				return err
+			})
 	}
 	now := time.Now().UTC()
 	if _, err := s.CancelStored(ctx, "demo", "r3-fresh", "", now, now); err != nil {
@@ -332,4 +287,32 @@ func TestCompareAndSetOnReplicas(t *testing.T) {
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "r3-fresh", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
 		t.Fatalf("fresh claim of a cancelled job: %v, want ErrNotStartable", err)
 	}
+}
+
+// oneWins runs a cancel and a start of the job id at once and fails the
+// test unless exactly one of them wins (the loser answering ErrStarted or
+// ErrNotStartable); it reports whether the cancel won.
+func oneWins(t *testing.T, id string, cancel, start func() error) (cancelled bool) {
+	t.Helper()
+	var c, st bool
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		err := cancel()
+		c = err == nil
+		if err != nil && !errors.Is(err, records.ErrStarted) {
+			t.Errorf("cancel %s: %v", id, err)
+		}
+	})
+	wg.Go(func() {
+		err := start()
+		st = err == nil
+		if err != nil && !errors.Is(err, records.ErrNotStartable) {
+			t.Errorf("start %s: %v", id, err)
+		}
+	})
+	wg.Wait()
+	if c == st {
+		t.Fatalf("%s: cancelled %v and started %v: exactly one must win", id, c, st)
+	}
+	return c
 }
