@@ -607,15 +607,6 @@ func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)
 // base64-encoded, and room for the rest.
 const maxRecordSize = 2 << 20
 
-func encode(rec api.JobRecord) ([]byte, error) {
-	rec.V = api.JobRecordVersion
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return nil, fmt.Errorf("records: encode %s/%s: %w", rec.Lane, rec.ID, err)
-	}
-	return b, nil
-}
-
 // Decode reads a record in the wire format (a record published to a
 // waiting instance, or read from the bucket).
 func Decode(b []byte) (api.JobRecord, error) { return decode(b) }
