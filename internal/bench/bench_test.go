@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +190,28 @@ func TestCPUTime(t *testing.T) {
 	}
 	if _, err := cpuTime(1 << 30); err == nil {
 		t.Fatal("cpuTime of a process that cannot exist: no error")
+	}
+}
+
+// TestSelfCPU: getrusage's figure for this process grows while it works,
+// by less than a tick of /proc's when the work is short.
+func TestSelfCPU(t *testing.T) {
+	before, err := selfCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for start := time.Now(); time.Since(start) < 3*time.Millisecond; {
+		for i := range 10_000 {
+			x ^= i
+		}
+	}
+	after, err := selfCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after - before; d <= 0 || d > time.Duration(runtime.NumCPU())*time.Second {
+		t.Fatalf("CPU time grew by %v over 3 ms of work (x %d)", d, x)
 	}
 }
 
@@ -406,7 +429,7 @@ func TestMedianFloat(t *testing.T) {
 }
 
 // TestDrainDestSmoke runs the destination row with tiny counts: the
-// warm-up and the four pairs drain, in ABBA order, and the row's ratio is
+// warm-up and the smokePairs pairs drain, in ABBA order, and the row's ratio is
 // the median of the pairs' ratios, each listed in the note.
 func TestDrainDestSmoke(t *testing.T) {
 	if testing.Short() {
@@ -432,10 +455,13 @@ func TestDrainDestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if row.Verdict == Failed || !strings.HasSuffix(row.Ratio, "×") || !strings.Contains(row.Ours, "median of 4") {
+	if row.Verdict == Failed || !strings.HasSuffix(row.Ratio, "×") || !strings.Contains(row.Ours, "median of "+strconv.Itoa(smokePairs)) {
 		t.Errorf("row %+v", row)
 	}
-	if n := strings.Count(row.Note, " = "); n != destPairs {
-		t.Errorf("the note lists %d pairs, want %d: %s", n, destPairs, row.Note)
+	if runtime.GOOS == "linux" && (!strings.Contains(row.Ours, "; CPU ") || !strings.Contains(row.Reference, "; CPU ")) {
+		t.Errorf("the row shows no CPU per job beside the rates: %+v", row)
+	}
+	if n := strings.Count(row.Note, " = "); n != smokePairs {
+		t.Errorf("the note lists %d pairs, want %d: %s", n, smokePairs, row.Note)
 	}
 }

@@ -17,3 +17,7 @@ func readStatus(int) (memStatus, error) {
 func cpuTime(int) (time.Duration, error) {
 	return 0, errors.New("process CPU time is read from /proc, which only Linux has")
 }
+
+func selfCPU() (time.Duration, error) {
+	return 0, errors.New("process CPU time is read on Linux only")
+}

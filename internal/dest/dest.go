@@ -437,9 +437,14 @@ func (r *Rules) headers(field string, hs map[string]string, out http.Header) err
 		return refuse(field+"*", ErrBadHeaderValue, "%d forwarded headers; at most %d", len(hs), MaxHeaders)
 	}
 	// The common case: every name canonical (so no two of them are one
-	// header, and map order cannot choose between two values) and allowed.
-	// It takes one allocation for all the values. Anything else goes to
-	// headersSorted, which names the first at fault in name order.
+	// header, and map order cannot choose between two values) and allowed,
+	// checked and written in one pass, with one allocation for all the
+	// values. Anything else goes to headersSorted, which names the first at
+	// fault in name order (and writes every header again).
+	var vals []string
+	if out != nil {
+		vals = make([]string, 0, len(hs))
+	}
 	size := 0
 	for name, v := range hs {
 		// A name in r.forward passed CheckForwardName when the rules
@@ -448,16 +453,13 @@ func (r *Rules) headers(field string, hs map[string]string, out http.Header) err
 			return r.headersSorted(field, hs, out)
 		}
 		size += len(name) + len(v)
-	}
-	if size > MaxHeaderBytes {
-		return refuse(field+"*", ErrBadHeaderValue, "forwarded headers of %d bytes; at most %d", size, MaxHeaderBytes)
-	}
-	if out != nil {
-		vals := make([]string, 0, len(hs))
-		for name, v := range hs {
+		if out != nil {
 			vals = append(vals, v)
 			out[name] = vals[len(vals)-1 : len(vals) : len(vals)]
 		}
+	}
+	if size > MaxHeaderBytes {
+		return refuse(field+"*", ErrBadHeaderValue, "forwarded headers of %d bytes; at most %d", size, MaxHeaderBytes)
 	}
 	return nil
 }
@@ -641,6 +643,16 @@ func checkSegment(seg string) error {
 
 // setPath sets u's path to escaped, an escaped path checkPath allowed.
 func setPath(u *url.URL, escaped string) error {
+	if strings.IndexByte(escaped, '%') < 0 {
+		// Nothing to decode (the common case): the path is escaped as it
+		// is, and it needs RawPath only where Go's EscapedPath would
+		// encode a character checkPath allows as it is: ! ' ( ) *.
+		u.Path, u.RawPath = escaped, ""
+		if strings.ContainsAny(escaped, "!'()*") {
+			u.RawPath = escaped
+		}
+		return nil
+	}
 	dec, err := url.PathUnescape(escaped)
 	if err != nil {
 		return fmt.Errorf("%w: bad percent-encoding", ErrBadPath)

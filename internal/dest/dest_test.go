@@ -34,6 +34,9 @@ func TestResolvePath(t *testing.T) {
 		{"issues?state=open&q=a%20b", "https://api.example.com/v1/issues?state=open&q=a%20b"},
 		{"users/j%C3%BCrgen", "https://api.example.com/v1/users/j%C3%BCrgen"},
 		{"a:b@c", "https://api.example.com/v1/a:b@c"},
+		// Sent as written, though Go's own escaping would encode them.
+		{"a!b/(c)*'d;e=f", "https://api.example.com/v1/a!b/(c)*'d;e=f"},
+		{"x%21y/a!b", "https://api.example.com/v1/x%21y/a!b"},
 		{"/", "https://api.example.com/v1"},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
@@ -43,6 +46,10 @@ func TestResolvePath(t *testing.T) {
 			}
 			if got := res.URL.String(); got != tc.want {
 				t.Errorf("URL = %s, want %s", got, tc.want)
+			}
+			// Path is the decoded form of the escaped path sent.
+			if dec, err := url.PathUnescape(res.URL.EscapedPath()); err != nil || dec != res.URL.Path {
+				t.Errorf("Path = %q, the escaped path %q decodes to %q (%v)", res.URL.Path, res.URL.EscapedPath(), dec, err)
 			}
 		})
 	}
