@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -195,6 +196,16 @@ type KeyedReader struct {
 	// OnRequeue hears a message that was handed back unstarted or to
 	// wait in place (Release, Wait): it is again its key's next job.
 	OnRequeue func(key string, seq uint64)
+	// Holds, when set, reports whether this instance holds key (its
+	// claim): only the messages of keys held are kept when the lane is
+	// read ahead (keyedahead.go). Nil holds every key (one reader).
+	Holds func(key string) bool
+
+	// ahead is what was read ahead across keys; inbox the subscription
+	// its requests share; scanBatch the messages asked per request.
+	ahead     *ahead
+	inbox     replies
+	scanBatch int
 
 	// Settled jobs' deletes under way (Ack does not wait for them): by
 	// sequence, and their number per key. A read passes over them and
@@ -227,7 +238,8 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 		return nil, fmt.Errorf("queue: lane %s is not keyed", lane)
 	}
 	r := &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}},
-		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{}}
+		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{},
+		ahead: newAhead(), scanBatch: scanBatch}
 	r.idle = sync.NewCond(&r.mu)
 	return r, nil
 }
@@ -236,14 +248,40 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 const getTimeout = 2 * time.Second
 
 // Next returns key's first stored job at or after the stream sequence from
-// (1 for the oldest), or nil when there is none.
+// (1 for the oldest), or nil when there is none: out of what was read ahead
+// across keys when that covers from (keyedahead.go), else by a direct get
+// of the key's subject.
 //
 // A settled job whose delete is still on its way is passed over.
 func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
+	from = max(from, 1)
+	// Each scan that answers covers more of the stream: a bounded number
+	// of them reach what the reads ahead may hold.
+	for range aheadMax/scanBatch + 2 {
+		m, next, scan := r.ahead.find(key, from, time.Now(), r.isDeleting)
+		if m != nil {
+			return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
+		}
+		from = next
+		if !scan {
+			break
+		}
+		covered, none, err := r.scan(ctx, from)
+		if err != nil {
+			r.q.log.Debug("reading a keyed lane ahead failed; reading the key alone", "lane", r.ls.spec.Name, "err", err)
+			break
+		}
+		if none {
+			return nil, nil
+		}
+		if !covered {
+			break
+		}
+	}
 	var raw *jetstream.RawStreamMsg
-	for from = max(from, 1); ; from = raw.Sequence + 1 {
+	for ; ; from = raw.Sequence + 1 {
 		var err error
 		raw, err = r.ls.stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(InternalSubject(r.ls.spec.Name, key)))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -256,13 +294,17 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 			break
 		}
 	}
-	lane := r.ls.spec.Name
-	job := decodeJob(lane, raw.Header, raw.Data, key, raw.Sequence, true, time.Now())
+	return r.msg(key, raw.Sequence, raw.Header, raw.Data, raw.Time), nil
+}
+
+// msg is the job of key's message seq, stored at at.
+func (r *KeyedReader) msg(key string, seq uint64, hdr nats.Header, data []byte, at time.Time) *Msg {
+	job := decodeJob(r.ls.spec.Name, hdr, data, key, seq, true, time.Now())
 	if job.EnqueuedAt.IsZero() {
-		job.EnqueuedAt = raw.Time
+		job.EnqueuedAt = at
 	}
-	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: raw.Sequence}, NumDelivered: 1, Timestamp: raw.Time, Stream: r.ls.stream.CachedInfo().Config.Name}
-	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c, origin: r.c.origin, maxAge: r.ls.spec.MaxAge}, nil
+	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: at, Stream: r.ls.stream.CachedInfo().Config.Name}
+	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: seq}, meta: meta, c: r.c, origin: r.c.origin, maxAge: r.ls.spec.MaxAge}
 }
 
 // Release hands msgs back unstarted: each is again its key's next job.
@@ -329,6 +371,7 @@ const deleteTimeout = 5 * time.Second
 // A delete that fails leaves the job stored: it is delivered again (at
 // least once), as after a crash before the delete.
 func (r *KeyedReader) deleteAsync(key string, seq uint64) {
+	r.ahead.drop(key, seq)
 	r.mu.Lock()
 	r.deleting[seq] = struct{}{}
 	r.deletingK[key]++
@@ -372,7 +415,11 @@ func (r *KeyedReader) deleteMsg(ctx context.Context, seq uint64) error {
 // Settling waits until key's settled jobs' deletes have ended (or ctx):
 // before its claim is given up, so that no instance that takes the key
 // over reads one of them again.
+//
+// What was read ahead of key is forgotten: once given up, the key's jobs
+// may be settled by another instance.
 func (r *KeyedReader) Settling(ctx context.Context, key string) error {
+	r.ahead.forget(key)
 	stop := context.AfterFunc(ctx, func() {
 		r.mu.Lock()
 		r.idle.Broadcast()
@@ -393,6 +440,10 @@ func (r *KeyedReader) Settling(ctx context.Context, key string) error {
 // WaitDeletes waits for every delete under way: the lane stops, and the
 // connection closes after.
 func (r *KeyedReader) WaitDeletes() { r.deletes.Wait() }
+
+// Close ends the subscription the reads ahead share (the lane stopped);
+// a later read makes it again.
+func (r *KeyedReader) Close() { r.inbox.stop() }
 
 // keyedAck settles a message read by subject: done deletes it; handed back
 // it stays, the oldest of its key again.
