@@ -47,12 +47,16 @@ import (
 // Bounds of reading ahead.
 const (
 	// scanBatch and scanBytes bound one scan request (the server stops
-	// after the message that passes scanBytes).
-	scanBatch = 256
+	// after the message that passes scanBytes); a scan starts at
+	// scanFirst messages and doubles its request as it goes on, so that a
+	// slow lane, which uses a few messages before the scan goes stale,
+	// does not read hundreds.
+	scanBatch = 1024
+	scanFirst = 16
 	scanBytes = 1 << 20
 	// aheadMax and aheadBytes bound what a scan holds, for every key.
-	aheadMax   = 8192
-	aheadBytes = 8 << 20
+	aheadMax   = 16384
+	aheadBytes = 16 << 20
 	// aheadFor is how long a scan is trusted after it began.
 	aheadFor = time.Second
 )
@@ -75,6 +79,7 @@ type aheadMsg struct {
 	hdr  nats.Header
 	data []byte
 	at   time.Time
+	size int // its payload and headers, as received
 }
 
 // ahead is what the scan read, as of its start at born: every live message
@@ -87,6 +92,8 @@ type ahead struct {
 	void   map[string]struct{}
 	n      int
 	bytes  int
+	// batch is the next request's size.
+	batch int
 	// scanning lets one scan request be under way at a time.
 	scanning sync.Mutex
 	// noBatch: the server answered a batch request with one message.
@@ -104,7 +111,7 @@ func (a *ahead) restart(from uint64, now time.Time) {
 	a.lo, a.hi, a.born = from, from-1, now
 	clear(a.keys)
 	clear(a.void)
-	a.n, a.bytes = 0, 0
+	a.n, a.bytes, a.batch = 0, 0, 0
 }
 
 // stale reports whether the scan is too old to answer from. a.mu is held.
@@ -140,7 +147,7 @@ func (a *ahead) drop(key string, seq uint64) {
 	for i := range msgs {
 		if msgs[i].seq == seq {
 			a.n--
-			a.bytes -= len(msgs[i].data)
+			a.bytes -= msgs[i].size
 			a.keys[key] = append(msgs[:i:i], msgs[i+1:]...)
 			if len(a.keys[key]) == 0 {
 				delete(a.keys, key)
@@ -177,6 +184,8 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 	if a.noBatch.Load() {
 		return false, false, nil
 	}
+	// A read that finds another scan under way waits for it: that scan
+	// most often answers it too, sooner than a read of its own key.
 	a.scanning.Lock()
 	defer a.scanning.Unlock()
 	now := time.Now()
@@ -192,10 +201,12 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 		return false, false, nil
 	}
 	born := a.born
+	a.batch = min(max(2*a.batch, scanFirst), r.scanBatch)
+	batch := a.batch
 	a.mu.Unlock()
 
 	prefix := InternalSubject(r.ls.spec.Name, "") + "."
-	msgs, last, err := r.batchGet(ctx, scanReq{Seq: from, NextBy: prefix + ">", Batch: r.scanBatch, MaxBytes: scanBytes})
+	msgs, last, err := r.batchGet(ctx, scanReq{Seq: from, NextBy: prefix + ">", Batch: batch, MaxBytes: scanBytes})
 	if errors.Is(err, errNoBatch) {
 		a.noBatch.Store(true)
 		r.q.log.Info("the NATS server answers no batch direct get; keyed lane reads one job per request", "lane", r.ls.spec.Name)
@@ -235,7 +246,7 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 		}
 		a.keys[key] = append(a.keys[key], m.aheadMsg)
 		a.n++
-		a.bytes += len(m.data)
+		a.bytes += m.size
 	}
 	a.hi = last
 	return true, false, nil
@@ -246,7 +257,7 @@ func (a *ahead) forgetLocked(key string) {
 	if msgs, ok := a.keys[key]; ok {
 		for _, m := range msgs {
 			a.n--
-			a.bytes -= len(m.data)
+			a.bytes -= m.size
 		}
 		delete(a.keys, key)
 	}
@@ -268,26 +279,33 @@ func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMs
 	if err != nil {
 		return nil, 0, err
 	}
-	ch, tok, reply, err := r.inbox.open(r.q.nc, req.Batch+1)
+	call, reply, err := r.inbox.open(r.q.nc, max(req.Batch, 1))
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, r.ls.spec.Name, err)
 	}
-	defer r.inbox.close(tok)
+	defer r.inbox.close(call)
 	subj := "$JS.API.DIRECT.GET." + r.ls.stream.CachedInfo().Config.Name
 	if err := r.q.nc.PublishRequest(subj, reply, body); err != nil {
 		return nil, 0, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, r.ls.spec.Name, err)
 	}
+	select {
+	case <-call.done:
+	case <-ctx.Done():
+		return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, ctx.Err())
+	}
+	// The answers are complete: deliver adds none after done closed.
+	got := call.msgs
+	if call.over {
+		return nil, 0, fmt.Errorf("%w: read lane %s ahead: more than %d messages", ErrUnavailable, r.ls.spec.Name, req.Batch)
+	}
 	prefix := InternalSubject(r.ls.spec.Name, "") + "."
-	for {
-		var m *nats.Msg
-		select {
-		case m = <-ch:
-		case <-ctx.Done():
-			return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, ctx.Err())
-		}
+	for i, m := range got {
 		if len(m.Data) == 0 && m.Header.Get(hdrStatus) != "" {
 			switch m.Header.Get(hdrStatus) {
 			case statusEOB:
+				if i != len(got)-1 {
+					return nil, 0, fmt.Errorf("%w: read lane %s ahead: EOB before the last answer", ErrUnavailable, r.ls.spec.Name)
+				}
 				ls, _ := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64)
 				if len(msgs) > 0 {
 					last = max(msgs[len(msgs)-1].seq, ls)
@@ -300,21 +318,19 @@ func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMs
 					m.Header.Get(hdrStatus), m.Header.Get("Description"))
 			}
 		}
+		if m.Header.Get(hdrNumPending) == "" {
+			return nil, 0, errNoBatch
+		}
 		km, err := parseAhead(m, prefix)
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, err)
 		}
-		if m.Header.Get(hdrNumPending) == "" {
-			return nil, 0, errNoBatch
-		}
 		if len(msgs) > 0 && km.seq <= msgs[len(msgs)-1].seq {
 			return nil, 0, fmt.Errorf("%w: read lane %s ahead: sequence %d after %d", ErrUnavailable, r.ls.spec.Name, km.seq, msgs[len(msgs)-1].seq)
 		}
-		if len(msgs) >= req.Batch {
-			return nil, 0, fmt.Errorf("%w: read lane %s ahead: more than %d messages", ErrUnavailable, r.ls.spec.Name, req.Batch)
-		}
 		msgs = append(msgs, km)
 	}
+	return nil, 0, fmt.Errorf("%w: read lane %s ahead: the answer ended without EOB", ErrUnavailable, r.ls.spec.Name)
 }
 
 // parseAhead reads a direct get's answer: its sequence, subject (a key of
@@ -332,65 +348,90 @@ func parseAhead(m *nats.Msg, prefix string) (keyedMsg, error) {
 	if !ok || ValidKey(key) != nil {
 		return keyedMsg{}, fmt.Errorf("message %d on subject %q, not a key of the lane", seq, m.Header.Get(hdrStreamSubj))
 	}
-	return keyedMsg{key: key, aheadMsg: aheadMsg{seq: seq, hdr: m.Header, data: m.Data, at: at}}, nil
+	size := len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	return keyedMsg{key: key, aheadMsg: aheadMsg{seq: seq, hdr: m.Header, data: m.Data, at: at, size: size}}, nil
 }
 
 // replies is one wildcard inbox subscription shared by the reads under way:
-// each request has a token, its answers go to the token's channel.
+// each request has a token; its answers are gathered on the subscription's
+// goroutine and handed over at once when the last one came (one wake-up
+// per request, not one per message).
 type replies struct {
 	mu     sync.Mutex
 	sub    *nats.Subscription
 	prefix string
 	next   uint64
-	chans  map[string]chan *nats.Msg
+	calls  map[string]*call
 }
 
-// open returns a channel for a request's answers (room for n), its token
-// and its reply subject; the subscription is made at the first request.
-func (p *replies) open(nc *nats.Conn, n int) (chan *nats.Msg, string, string, error) {
+// call gathers one request's answers: up to max messages and the status
+// that ends them (EOB, an error); done closes after the last one. over
+// says more came than asked for.
+type call struct {
+	tok  string
+	max  int
+	msgs []*nats.Msg
+	over bool
+	done chan struct{}
+}
+
+// open returns a request's call (room for n messages and the EOB) and its
+// reply subject; the subscription is made at the first request.
+func (p *replies) open(nc *nats.Conn, n int) (*call, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sub == nil || !p.sub.IsValid() {
 		prefix := nc.NewInbox() + "."
 		sub, err := nc.Subscribe(prefix+"*", p.deliver)
 		if err != nil {
-			return nil, "", "", err
+			return nil, "", err
 		}
-		// An answer never waits for a slow reader: each request's channel
-		// has room for all of it.
+		// Answers are gathered as they come, never dropped by the client.
 		_ = sub.SetPendingLimits(-1, -1)
 		p.sub, p.prefix = sub, prefix
-		if p.chans == nil {
-			p.chans = map[string]chan *nats.Msg{}
+		if p.calls == nil {
+			p.calls = map[string]*call{}
 		}
 	}
 	p.next++
-	tok := strconv.FormatUint(p.next, 36)
-	ch := make(chan *nats.Msg, n)
-	p.chans[tok] = ch
-	return ch, tok, p.prefix + tok, nil
+	c := &call{tok: strconv.FormatUint(p.next, 36), max: n, done: make(chan struct{})}
+	p.calls[c.tok] = c
+	return c, p.prefix + c.tok, nil
 }
 
-// close forgets a request's token: later answers are dropped.
-func (p *replies) close(tok string) {
+// close forgets a request: later answers are dropped.
+func (p *replies) close(c *call) {
 	p.mu.Lock()
-	delete(p.chans, tok)
+	delete(p.calls, c.tok)
 	p.mu.Unlock()
 }
 
-// deliver hands an answer to its request; one with no request waiting, or
-// more than it asked for, is dropped.
+// deliver adds an answer to its request's call and ends the call at a
+// status (EOB, not found, an error), at a message without batch headers
+// (a server without batch gets answers one), or past the call's room. An
+// answer with no call waiting is dropped.
 func (p *replies) deliver(m *nats.Msg) {
 	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	p.mu.Lock()
-	ch := p.chans[tok]
-	p.mu.Unlock()
-	if ch == nil {
+	defer p.mu.Unlock()
+	c := p.calls[tok]
+	if c == nil {
 		return
 	}
-	select {
-	case ch <- m:
-	default:
+	status := len(m.Data) == 0 && m.Header.Get(hdrStatus) != ""
+	if !status && len(c.msgs) >= c.max {
+		c.over = true
+	} else {
+		c.msgs = append(c.msgs, m)
+	}
+	if status || c.over || m.Header.Get(hdrNumPending) == "" {
+		delete(p.calls, tok)
+		close(c.done)
 	}
 }
 
