@@ -2,9 +2,11 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -220,6 +222,10 @@ type KeyedReader struct {
 	goneSet map[uint64]struct{}
 	idle    *sync.Cond // signalled as deletes end
 	deletes sync.WaitGroup
+	// toDelete are settled jobs whose deletes wait to be sent; sending
+	// says sendDeletes runs.
+	toDelete []settledMsg
+	sending  bool
 }
 
 // goneMsg is a settled job's message deleted at at.
@@ -364,42 +370,141 @@ var testHookDelete func(seq uint64)
 // deleteTimeout bounds a settled job's delete.
 const deleteTimeout = 5 * time.Second
 
-// deleteAsync deletes a settled job's message on a goroutine of its own:
-// its dispatch (and its in-flight permit) ends without waiting for the
-// round trip. Until the delete has ended the job is never read again here
-// (Next, Keys); Settling waits for a key's deletes, WaitDeletes for all.
-// A delete that fails leaves the job stored: it is delivered again (at
-// least once), as after a crash before the delete.
+// deleteAsync deletes a settled job's message off the dispatch: its
+// dispatch (and its in-flight permit) ends without waiting for the round
+// trip. The deletes settled meanwhile go out together (sendDeletes). Until
+// the delete has ended the job is never read again here (Next, Keys);
+// Settling waits for a key's deletes, WaitDeletes for all. A delete that
+// fails leaves the job stored: it is delivered again (at least once), as
+// after a crash before the delete.
 func (r *KeyedReader) deleteAsync(key string, seq uint64) {
 	r.ahead.drop(key, seq)
 	r.mu.Lock()
 	r.deleting[seq] = struct{}{}
 	r.deletingK[key]++
+	r.toDelete = append(r.toDelete, settledMsg{key: key, seq: seq})
+	start := !r.sending
+	r.sending = true
 	r.mu.Unlock()
-	r.deletes.Go(func() {
-		if testHookDelete != nil {
-			testHookDelete(seq)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
-		err := r.deleteMsg(ctx, seq)
-		cancel()
-		if err != nil {
-			r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", key, "seq", seq, "err", err)
-		}
+	if start {
+		r.deletes.Go(r.sendDeletes)
+	}
+}
+
+// settledMsg is a settled job's message to delete.
+type settledMsg struct {
+	key string
+	seq uint64
+}
+
+// deleteBatch bounds the deletes sent together.
+const deleteBatch = 256
+
+// sendDeletes sends the deletes waiting, up to deleteBatch at a time, one
+// request each without waiting between them, and gathers their answers;
+// it returns when none waits. One runs at a time (r.sending).
+func (r *KeyedReader) sendDeletes() {
+	for {
 		r.mu.Lock()
-		delete(r.deleting, seq)
+		n := min(len(r.toDelete), deleteBatch)
+		if n == 0 {
+			r.toDelete, r.sending = nil, false
+			r.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(r.toDelete[:n])
+		r.toDelete = r.toDelete[n:]
+		r.mu.Unlock()
+		errs := r.deleteMany(batch)
+		r.mu.Lock()
 		now := time.Now()
 		r.forgetGone(now)
-		if err == nil {
-			r.gone = append(r.gone, goneMsg{seq: seq, at: now})
-			r.goneSet[seq] = struct{}{}
-		}
-		if r.deletingK[key]--; r.deletingK[key] <= 0 {
-			delete(r.deletingK, key)
+		for i, d := range batch {
+			if errs[i] != nil {
+				r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", d.key, "seq", d.seq, "err", errs[i])
+			}
+			delete(r.deleting, d.seq)
+			if errs[i] == nil {
+				r.gone = append(r.gone, goneMsg{seq: d.seq, at: now})
+				r.goneSet[d.seq] = struct{}{}
+			}
+			if r.deletingK[d.key]--; r.deletingK[d.key] <= 0 {
+				delete(r.deletingK, d.key)
+			}
 		}
 		r.idle.Broadcast()
 		r.mu.Unlock()
-	})
+	}
+}
+
+// deleteMany deletes batch's messages: every request is sent, then the
+// answers are gathered, within deleteTimeout for all. A message gone
+// already counts as deleted, as in deleteMsg.
+func (r *KeyedReader) deleteMany(batch []settledMsg) []error {
+	errs := make([]error, len(batch))
+	calls := make([]*call, len(batch))
+	subj := "$JS.API.STREAM.MSG.DELETE." + r.ls.stream.CachedInfo().Config.Name
+	for i, d := range batch {
+		if testHookDelete != nil {
+			testHookDelete(d.seq)
+		}
+		c, reply, err := r.inbox.open(r.q.nc, 1)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		body := strconv.AppendUint([]byte(`{"seq":`), d.seq, 10)
+		body = append(body, `,"no_erase":true}`...)
+		if err := r.q.nc.PublishRequest(subj, reply, body); err != nil {
+			r.inbox.close(c)
+			errs[i] = err
+			continue
+		}
+		calls[i] = c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	for i, c := range calls {
+		if c == nil {
+			continue
+		}
+		select {
+		case <-c.done:
+			errs[i] = deleteAnswer(c.msgs)
+		case <-ctx.Done():
+			r.inbox.close(c)
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+// deleteAnswer reads a delete's answer: nil when it deleted the message
+// or said it could not (gone already: settled twice, by a former owner of
+// the key), as deleteMsg; an error when it is no JetStream answer (no
+// responders, a status) or none came.
+func deleteAnswer(msgs []*nats.Msg) error {
+	if len(msgs) != 1 {
+		return errors.New("no answer")
+	}
+	m := msgs[0]
+	if st := m.Header.Get(hdrStatus); len(m.Data) == 0 && st != "" {
+		return fmt.Errorf("status %s %s", st, m.Header.Get("Description"))
+	}
+	var resp struct {
+		Success bool `json:"success"`
+		Error   *struct {
+			Code    int `json:"code"`
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("delete answer: %w", err)
+	}
+	if !resp.Success && resp.Error == nil {
+		return errors.New("delete answer: neither success nor an error")
+	}
+	return nil
 }
 
 // deleteMsg deletes the message at seq; one gone already counts as
