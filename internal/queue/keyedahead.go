@@ -51,14 +51,14 @@ const (
 	// scanFirst messages and doubles its request as it goes on, so that a
 	// slow lane, which uses a few messages before the scan goes stale,
 	// does not read hundreds.
-	scanBatch = 1024
-	scanFirst = 16
-	scanBytes = 1 << 20
+	scanBatch = 4096
+	scanFirst = 32
+	scanBytes = 4 << 20
 	// aheadMax and aheadBytes bound what a scan holds, for every key.
 	aheadMax   = 16384
 	aheadBytes = 16 << 20
 	// aheadFor is how long a scan is trusted after it began.
-	aheadFor = time.Second
+	aheadFor = 2 * time.Second
 )
 
 // Headers of a batch direct get's answers (ADR-31).
