@@ -198,10 +198,11 @@ type KeyedReader struct {
 	// OnRequeue hears a message that was handed back unstarted or to
 	// wait in place (Release, Wait): it is again its key's next job.
 	OnRequeue func(key string, seq uint64)
-	// Holds, when set, reports whether this instance holds key (its
-	// claim): only the messages of keys held are kept when the lane is
-	// read ahead (keyedahead.go). Nil holds every key (one reader).
-	Holds func(key string) bool
+	// Holds, when set, reports whether this instance has held key (its
+	// claim) since before the time given: when the lane is read ahead
+	// (keyedahead.go), only the messages of keys held since before the
+	// request was sent are kept. Nil holds every key (one reader).
+	Holds func(key string, since time.Time) bool
 
 	// ahead is what was read ahead across keys; inbox the subscription
 	// its requests share; scanBatch the messages asked per request.

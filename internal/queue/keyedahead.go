@@ -31,11 +31,11 @@ import (
 //     and a read at hi+1 extends the scan (while it holds fewer than
 //     aheadMax messages and aheadBytes);
 //   - a job settled here leaves the scan at once (deleteAsync);
-//   - a key's messages are kept only while this instance holds the key
-//     (KeyedReader.Holds, asked during the scan): another instance may
-//     settle the others' jobs meanwhile, so a key not held at the scan,
-//     and a key given up since (Settling), is read by itself until the
-//     scan starts again;
+//   - a key's messages are kept only when this instance has held the key
+//     since before the request was sent (KeyedReader.Holds): another
+//     instance may settle the others' jobs meanwhile, so such a key, and
+//     a key given up since (Settling), is read by itself until the scan
+//     starts again;
 //   - the scan starts again aheadFor after it began, from the cursor of
 //     the read that finds it stale: nothing read is trusted longer.
 //
@@ -206,6 +206,7 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 	a.mu.Unlock()
 
 	prefix := InternalSubject(r.ls.spec.Name, "") + "."
+	sent := time.Now()
 	msgs, last, err := r.batchGet(ctx, scanReq{Seq: from, NextBy: prefix + ">", Batch: batch, MaxBytes: scanBytes})
 	if errors.Is(err, errNoBatch) {
 		a.noBatch.Store(true)
@@ -219,14 +220,16 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 	if len(msgs) == 0 {
 		return false, true, nil
 	}
-	// Which keys this instance holds, asked once the answer came: a key
-	// taken after that is read by itself until the scan starts again.
+	// Which keys this instance has held since before the request: the
+	// others' jobs may have been settled by another instance while the
+	// server read them. A key taken since is read by itself until the
+	// scan starts again.
 	var notHeld map[string]bool
 	if r.Holds != nil {
 		notHeld = map[string]bool{}
 		for _, m := range msgs {
 			if _, seen := notHeld[m.key]; !seen {
-				notHeld[m.key] = !r.Holds(m.key)
+				notHeld[m.key] = !r.Holds(m.key, sent)
 			}
 		}
 	}

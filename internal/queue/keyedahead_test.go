@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -150,15 +151,20 @@ func TestKeyedReadAheadDeletedInBetween(t *testing.T) {
 	r.WaitDeletes()
 }
 
-// TestKeyedReadAheadKeysNotHeld: the jobs of a key this instance does not
-// hold are not kept from a read ahead (another instance may settle them):
-// the key is read by itself once taken, and sees what was settled since.
+// TestKeyedReadAheadKeysNotHeld: the jobs of a key this instance did not
+// hold since before a read ahead are not kept from it (another instance
+// may settle them): the key is read by itself once taken, and sees what
+// was settled since.
 func TestKeyedReadAheadKeysNotHeld(t *testing.T) {
 	t.Parallel()
 	q, nc := newBareQueue(t)
 	r, seq := aheadLane(t, q, "a/a1", "b/b1", "b/b2")
-	held := map[string]bool{"a": true}
-	r.Holds = func(key string) bool { return held[key] }
+	// a is held from before the read; b only from after it.
+	held := map[string]time.Time{"a": time.Now()}
+	r.Holds = func(key string, since time.Time) bool {
+		at, ok := held[key]
+		return ok && at.Before(since)
+	}
 	if got := nextID(t, r, "a", 0); got != "a1" {
 		t.Fatalf("a's first job %q, want a1", got)
 	}
@@ -175,7 +181,7 @@ func TestKeyedReadAheadKeysNotHeld(t *testing.T) {
 	if err := st.DeleteMsg(ctx, seq["b1"]); err != nil {
 		t.Fatal(err)
 	}
-	held["b"] = true
+	held["b"] = time.Now()
 	if got := nextID(t, r, "b", 0); got != "b2" {
 		t.Fatalf("b's first job, taken after the read ahead: %q, want b2", got)
 	}
