@@ -178,15 +178,20 @@ type scanReq struct {
 
 // scan extends the scan from from (the first sequence it does not cover,
 // or where a stale one starts again) and reports whether it covers from
-// now; none says the lane has no message at or after from.
+// now; none says the lane has no message at or after from. It does
+// nothing (covered false) while another scan is under way.
 func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool, err error) {
 	a := r.ahead
 	if a.noBatch.Load() {
 		return false, false, nil
 	}
-	// A read that finds another scan under way waits for it: that scan
-	// most often answers it too, sooner than a read of its own key.
-	a.scanning.Lock()
+	// A read that finds another scan under way reads its key alone rather
+	// than wait for it: a scan of thousands of messages takes longer than
+	// a direct get, and a read beside a round trip of its own (the Redis
+	// pacer's lease) would make it the longer one.
+	if !a.scanning.TryLock() {
+		return false, false, nil
+	}
 	defer a.scanning.Unlock()
 	now := time.Now()
 	a.mu.Lock()
