@@ -264,27 +264,26 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
 	from = max(from, 1)
-	// Each scan that answers covers more of the stream: a bounded number
-	// of them reach what the reads ahead may hold.
-	for range aheadMax/scanBatch + 2 {
-		m, next, scan := r.ahead.find(key, from, time.Now(), r.isDeleting)
-		if m != nil {
-			return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
-		}
-		from = next
-		if !scan {
-			break
-		}
+	// At most one scan per read: a key whose next job lies further on in
+	// the stream than one scan reaches (a fresh key behind a long backlog)
+	// is read alone at once rather than after scans of other keys' jobs.
+	m, next, scan := r.ahead.find(key, from, time.Now(), r.isDeleting)
+	if m != nil {
+		return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
+	}
+	from = next
+	if scan {
 		covered, none, err := r.scan(ctx, from)
-		if err != nil {
+		switch {
+		case err != nil:
 			r.q.log.Debug("reading a keyed lane ahead failed; reading the key alone", "lane", r.ls.spec.Name, "err", err)
-			break
-		}
-		if none {
+		case none:
 			return nil, nil
-		}
-		if !covered {
-			break
+		case covered:
+			if m, next, _ = r.ahead.find(key, from, time.Now(), r.isDeleting); m != nil {
+				return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
+			}
+			from = next
 		}
 	}
 	var raw *jetstream.RawStreamMsg

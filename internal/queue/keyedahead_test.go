@@ -258,3 +258,26 @@ func TestKeyedReadAheadBounded(t *testing.T) {
 		t.Fatalf("%d reads ahead of 8 for 20 heads, want 3", n)
 	}
 }
+
+// TestKeyedReadAheadFreshKeyBehindBacklog: a key whose only job lies
+// behind another key's long backlog is read after one scan at most, not
+// after scans of the whole backlog.
+func TestKeyedReadAheadFreshKeyBehindBacklog(t *testing.T) {
+	t.Parallel()
+	q, _ := newBareQueue(t)
+	var jobs []string
+	for i := range 60 {
+		jobs = append(jobs, fmt.Sprintf("h/h%d", i))
+	}
+	r, _ := aheadLane(t, q, append(jobs, "f/f0")...)
+	queue.SetScanBatch(r, 8)
+	if got := nextID(t, r, "f", 0); got != "f0" {
+		t.Fatalf("f's first job %q, want f0", got)
+	}
+	if n := queue.AheadScans(r); n != 1 {
+		t.Fatalf("%d reads ahead for a key behind 60 jobs of another, want 1", n)
+	}
+	if got := nextID(t, r, "h", 0); got != "h0" {
+		t.Fatalf("h's first job %q, want h0", got)
+	}
+}
