@@ -378,10 +378,8 @@ const deleteTimeout = 5 * time.Second
 // fails leaves the job stored: it is delivered again (at least once), as
 // after a crash before the delete.
 func (r *KeyedReader) deleteAsync(key string, seq uint64) {
-	r.ahead.drop(key, seq)
+	r.markDeleting(key, seq)
 	r.mu.Lock()
-	r.deleting[seq] = struct{}{}
-	r.deletingK[key]++
 	r.toDelete = append(r.toDelete, settledMsg{key: key, seq: seq})
 	start := !r.sending
 	r.sending = true
@@ -416,25 +414,44 @@ func (r *KeyedReader) sendDeletes() {
 		r.toDelete = r.toDelete[n:]
 		r.mu.Unlock()
 		errs := r.deleteMany(batch)
-		r.mu.Lock()
-		now := time.Now()
-		r.forgetGone(now)
 		for i, d := range batch {
 			if errs[i] != nil {
 				r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", d.key, "seq", d.seq, "err", errs[i])
 			}
-			delete(r.deleting, d.seq)
-			if errs[i] == nil {
-				r.gone = append(r.gone, goneMsg{seq: d.seq, at: now})
-				r.goneSet[d.seq] = struct{}{}
-			}
-			if r.deletingK[d.key]--; r.deletingK[d.key] <= 0 {
-				delete(r.deletingK, d.key)
-			}
 		}
-		r.idle.Broadcast()
-		r.mu.Unlock()
+		r.deleted(batch, errs)
 	}
+}
+
+// markDeleting marks key's message seq as being deleted: it leaves what was
+// read ahead, and no read answers it until its delete ended (deleted).
+func (r *KeyedReader) markDeleting(key string, seq uint64) {
+	r.ahead.drop(key, seq)
+	r.mu.Lock()
+	r.deleting[seq] = struct{}{}
+	r.deletingK[key]++
+	r.mu.Unlock()
+}
+
+// deleted ends the deletes of batch (errs[i] is the i-th's outcome): one
+// that succeeded stays passed over for a read's timeout (gone), in case a
+// read sent before it brings it back.
+func (r *KeyedReader) deleted(batch []settledMsg, errs []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	r.forgetGone(now)
+	for i, d := range batch {
+		delete(r.deleting, d.seq)
+		if errs[i] == nil {
+			r.gone = append(r.gone, goneMsg{seq: d.seq, at: now})
+			r.goneSet[d.seq] = struct{}{}
+		}
+		if r.deletingK[d.key]--; r.deletingK[d.key] <= 0 {
+			delete(r.deletingK, d.key)
+		}
+	}
+	r.idle.Broadcast()
 }
 
 // deleteMany deletes batch's messages: every request is sent, then the
@@ -566,10 +583,17 @@ func (a *keyedAck) Ack() error {
 
 // DoubleAck deletes the message and waits for the server's answer (a
 // stopping instance).
+//
+// As Ack's, the message is not answered by a read meanwhile, nor by what
+// was read ahead of it (a job retried or dead-lettered must not start
+// again from its original).
 func (a *keyedAck) DoubleAck(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	return a.r.deleteMsg(ctx, a.seq)
+	a.r.markDeleting(a.key, a.seq)
+	err := a.r.deleteMsg(ctx, a.seq)
+	a.r.deleted([]settledMsg{{key: a.key, seq: a.seq}}, []error{err})
+	return err
 }
 
 func (a *keyedAck) Nak() error { return a.NakWithDelay(0) }

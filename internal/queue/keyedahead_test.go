@@ -281,3 +281,31 @@ func TestKeyedReadAheadFreshKeyBehindBacklog(t *testing.T) {
 		t.Fatalf("h's first job %q, want h0", got)
 	}
 }
+
+// TestKeyedReadAheadConfirmedAck: a job settled with a confirmed ack (its
+// retry or dead letter stored first) leaves what was read ahead: a read
+// from before it, after an earlier job of its key went back, does not
+// answer it again.
+func TestKeyedReadAheadConfirmedAck(t *testing.T) {
+	t.Parallel()
+	q, _ := newBareQueue(t)
+	r, seq := aheadLane(t, q, "a/a1", "a/a2", "a/a3")
+	ctx := context.Background()
+	if got := nextID(t, r, "a", 0); got != "a1" {
+		t.Fatalf("a's first job %q, want a1", got)
+	}
+	m, err := r.Next(ctx, "a", seq["a1"]+1)
+	if err != nil || m == nil || m.Job().ID != "a2" {
+		t.Fatalf("a's next after a1: %v, %v; want a2", m, err)
+	}
+	if err := m.AckSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// a1 went back (its cursor moves back to it); a2 is gone.
+	if got := nextID(t, r, "a", seq["a1"]+1); got != "a3" {
+		t.Fatalf("a's next after a1 with a2 settled: %q, want a3", got)
+	}
+	if n := queue.AheadScans(r); n != 1 {
+		t.Fatalf("%d reads ahead, want 1", n)
+	}
+}
