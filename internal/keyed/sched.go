@@ -60,6 +60,7 @@ type entry struct {
 	inflight int
 	more     bool // a job was stored while busy: an empty read may be stale
 	seq      uint64
+	since    time.Time // when it became known (Add)
 }
 
 // Sched chooses the next key. The zero value is not ready; use New.
@@ -112,7 +113,7 @@ func (s *Sched) Add(key string, now time.Time) (isNew bool) {
 	e, ok := s.keys[key]
 	if !ok {
 		s.seq++
-		e = &entry{key: key, opts: norm(s.optsFor(key)), eligible: now, seq: s.seq, finish: s.vtime}
+		e = &entry{key: key, opts: norm(s.optsFor(key)), eligible: now, seq: s.seq, finish: s.vtime, since: now}
 		s.keys[key] = e
 		s.toWaiting(e, now)
 		s.signal()
@@ -336,6 +337,9 @@ type KeyState struct {
 	Inflight int
 	Paused   time.Time
 	Eligible time.Time
+	// Since is when the key became known (Add), not moved by later Adds
+	// while it stays known.
+	Since time.Time
 }
 
 // Key reports key's state.
@@ -346,7 +350,7 @@ func (s *Sched) Key(key string) KeyState {
 	if e == nil {
 		return KeyState{}
 	}
-	return KeyState{Known: true, Inflight: e.inflight, Paused: e.paused, Eligible: e.eligible}
+	return KeyState{Known: true, Inflight: e.inflight, Paused: e.paused, Eligible: e.eligible, Since: e.since}
 }
 
 // Keys lists the known keys (for refreshing claims).

@@ -339,3 +339,31 @@ func TestHeldKeyIsNotChosen(t *testing.T) {
 		}
 	}
 }
+
+// TestKeySinceIsWhenItBecameKnown: a key's Since is the time of the Add
+// that made it known; later Adds while it stays known leave it, and a key
+// forgotten and added again counts from the new Add.
+func TestKeySinceIsWhenItBecameKnown(t *testing.T) {
+	t0 := time.Unix(1_000, 0)
+	t1, t3 := t0.Add(time.Second), t0.Add(3*time.Second)
+	s := keyed.New(nil)
+	steps := []struct {
+		name  string
+		do    func()
+		known bool
+		since time.Time
+	}{
+		{"unknown", func() {}, false, time.Time{}},
+		{"added at t0", func() { s.Add("a", t0) }, true, t0},
+		{"added again at t1", func() { s.Add("a", t1) }, true, t0},
+		{"forgotten", func() { s.Forget("a") }, false, time.Time{}},
+		{"added at t3", func() { s.Add("a", t3) }, true, t3},
+	}
+	for _, st := range steps {
+		st.do()
+		got := s.Key("a")
+		if got.Known != st.known || !got.Since.Equal(st.since) {
+			t.Fatalf("%s: known %v since %v, want %v since %v", st.name, got.Known, got.Since, st.known, st.since)
+		}
+	}
+}

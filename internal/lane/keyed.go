@@ -52,6 +52,12 @@ func (l *Lane) newKeyed() (*keyed.Pacer[*queue.Msg], error) {
 		return nil, err
 	}
 	r.OnRequeue = p.Requeue
+	// Read ahead only the keys this instance has held since before the
+	// read: another instance may settle the others' jobs.
+	r.Holds = func(key string, since time.Time) bool {
+		st := p.Key(key)
+		return st.Known && st.Since.Before(since)
+	}
 	l.d.Queue.OnStored(name, p.Announce)
 	l.keyedQ = r
 	return p, nil
@@ -67,6 +73,7 @@ func (l *Lane) runKeyed(ctx, dispatch context.Context) {
 	l.keyed.Run(ctx, dispatch)
 	helpers.Wait()
 	l.keyedQ.WaitDeletes()
+	l.keyedQ.Close()
 }
 
 // retryInPlace holds an ordered key's failing job in place for d, counting

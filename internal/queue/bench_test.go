@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 
@@ -91,4 +92,68 @@ func BenchmarkPublishAsync(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchBatch), "ns/job")
+}
+
+// BenchmarkKeyedRead: one read of each of 2,000 keys' first job (two jobs
+// stored a key, in rounds, as throttler-bench's keyed rows store them), the
+// keys visited in a shuffled order as a sweep claims them, through a fresh
+// reader each round: out of the read-ahead across keys ("ahead"), and one
+// direct get a key as a server without batch gets makes it ("alone").
+// Reports ns and NATS requests per key read.
+//
+//	go test -run '^$' -bench KeyedRead -benchtime 20x ./internal/queue/
+func BenchmarkKeyedRead(b *testing.B) {
+	const keys = 2000
+	q, nc := newBareQueue(b)
+	ctx := context.Background()
+	s := intakeSpec(10 * keys)
+	if err := q.EnsureKeyedLane(ctx, s); err != nil {
+		b.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var futures []jetstream.PubAckFuture
+	for i := range 2 * keys {
+		f, err := js.PublishAsync(queue.InternalSubject("demo", "k"+strconv.Itoa(i%keys)), benchPayload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		}
+	}
+	order := rand.New(rand.NewPCG(1, 2)).Perm(keys)
+	for _, mode := range []string{"ahead", "alone"} {
+		b.Run(mode, func(b *testing.B) {
+			var reqs uint64
+			for b.Loop() {
+				r, err := q.KeyedReader("demo")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode == "alone" {
+					queue.SetScanBatch(r, 0)
+				}
+				before := nc.Stats().OutMsgs
+				for _, i := range order {
+					m, err := r.Next(ctx, "k"+strconv.Itoa(i), 0)
+					if err != nil || m == nil {
+						b.Fatalf("key %d: %v, %v", i, m, err)
+					}
+				}
+				reqs += nc.Stats().OutMsgs - before
+				r.Close()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*keys), "ns/key")
+			b.ReportMetric(float64(reqs)/float64(b.N*keys), "requests/key")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
 }

@@ -29,3 +29,18 @@ func OnDelete(f func(seq uint64)) (undo func()) {
 	testHookDelete = f
 	return func() { testHookDelete = nil }
 }
+
+// AheadScans counts the requests r read the lane ahead with.
+func AheadScans(r *KeyedReader) uint64 { return r.ahead.scans.Load() }
+
+// SetScanBatch makes r ask n messages per read ahead; 0 asks a plain
+// direct get, which the server answers with one message and no batch
+// headers (as a server without batch gets does).
+func SetScanBatch(r *KeyedReader, n int) { r.scanBatch = n }
+
+// AgeAhead makes what r read ahead as old as it may ever be trusted.
+func AgeAhead(r *KeyedReader) {
+	r.ahead.mu.Lock()
+	r.ahead.born = r.ahead.born.Add(-aheadFor)
+	r.ahead.mu.Unlock()
+}

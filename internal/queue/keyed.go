@@ -2,13 +2,16 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -195,6 +198,17 @@ type KeyedReader struct {
 	// OnRequeue hears a message that was handed back unstarted or to
 	// wait in place (Release, Wait): it is again its key's next job.
 	OnRequeue func(key string, seq uint64)
+	// Holds, when set, reports whether this instance has held key (its
+	// claim) since before the time given: when the lane is read ahead
+	// (keyedahead.go), only the messages of keys held since before the
+	// request was sent are kept. Nil holds every key (one reader).
+	Holds func(key string, since time.Time) bool
+
+	// ahead is what was read ahead across keys; inbox the subscription
+	// its requests share; scanBatch the messages asked per request.
+	ahead     *ahead
+	inbox     replies
+	scanBatch int
 
 	// Settled jobs' deletes under way (Ack does not wait for them): by
 	// sequence, and their number per key. A read passes over them and
@@ -209,6 +223,10 @@ type KeyedReader struct {
 	goneSet map[uint64]struct{}
 	idle    *sync.Cond // signalled as deletes end
 	deletes sync.WaitGroup
+	// toDelete are settled jobs whose deletes wait to be sent; sending
+	// says sendDeletes runs.
+	toDelete []settledMsg
+	sending  bool
 }
 
 // goneMsg is a settled job's message deleted at at.
@@ -227,7 +245,8 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 		return nil, fmt.Errorf("queue: lane %s is not keyed", lane)
 	}
 	r := &KeyedReader{q: q, ls: ls, c: &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), outstanding: map[*Msg]time.Time{}},
-		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{}}
+		deleting: map[uint64]struct{}{}, deletingK: map[string]int{}, goneSet: map[uint64]struct{}{},
+		ahead: newAhead(), scanBatch: scanBatch}
 	r.idle = sync.NewCond(&r.mu)
 	return r, nil
 }
@@ -236,14 +255,39 @@ func (q *Queue) KeyedReader(lane string) (*KeyedReader, error) {
 const getTimeout = 2 * time.Second
 
 // Next returns key's first stored job at or after the stream sequence from
-// (1 for the oldest), or nil when there is none.
+// (1 for the oldest), or nil when there is none: out of what was read ahead
+// across keys when that covers from (keyedahead.go), else by a direct get
+// of the key's subject.
 //
 // A settled job whose delete is still on its way is passed over.
 func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
+	from = max(from, 1)
+	// At most one scan per read: a key whose next job lies further on in
+	// the stream than one scan reaches (a fresh key behind a long backlog)
+	// is read alone at once rather than after scans of other keys' jobs.
+	m, next, scan := r.ahead.find(key, from, time.Now(), r.isDeleting)
+	if m != nil {
+		return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
+	}
+	from = next
+	if scan {
+		covered, none, err := r.scan(ctx, from)
+		switch {
+		case err != nil:
+			r.q.log.Debug("reading a keyed lane ahead failed; reading the key alone", "lane", r.ls.spec.Name, "err", err)
+		case none:
+			return nil, nil
+		case covered:
+			if m, next, _ = r.ahead.find(key, from, time.Now(), r.isDeleting); m != nil {
+				return r.msg(key, m.seq, m.hdr, m.data, m.at), nil
+			}
+			from = next
+		}
+	}
 	var raw *jetstream.RawStreamMsg
-	for from = max(from, 1); ; from = raw.Sequence + 1 {
+	for ; ; from = raw.Sequence + 1 {
 		var err error
 		raw, err = r.ls.stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(InternalSubject(r.ls.spec.Name, key)))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -256,13 +300,17 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 			break
 		}
 	}
-	lane := r.ls.spec.Name
-	job := decodeJob(lane, raw.Header, raw.Data, key, raw.Sequence, true, time.Now())
+	return r.msg(key, raw.Sequence, raw.Header, raw.Data, raw.Time), nil
+}
+
+// msg is the job of key's message seq, stored at at.
+func (r *KeyedReader) msg(key string, seq uint64, hdr nats.Header, data []byte, at time.Time) *Msg {
+	job := decodeJob(r.ls.spec.Name, hdr, data, key, seq, true, time.Now())
 	if job.EnqueuedAt.IsZero() {
-		job.EnqueuedAt = raw.Time
+		job.EnqueuedAt = at
 	}
-	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: raw.Sequence}, NumDelivered: 1, Timestamp: raw.Time, Stream: r.ls.stream.CachedInfo().Config.Name}
-	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: raw.Sequence}, meta: meta, c: r.c, origin: r.c.origin, maxAge: r.ls.spec.MaxAge}, nil
+	meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: seq}, NumDelivered: 1, Timestamp: at, Stream: r.ls.stream.CachedInfo().Config.Name}
+	return &Msg{job: job, m: &keyedAck{r: r, key: key, seq: seq}, meta: meta, c: r.c, origin: r.c.origin, maxAge: r.ls.spec.MaxAge}
 }
 
 // Release hands msgs back unstarted: each is again its key's next job.
@@ -322,41 +370,158 @@ var testHookDelete func(seq uint64)
 // deleteTimeout bounds a settled job's delete.
 const deleteTimeout = 5 * time.Second
 
-// deleteAsync deletes a settled job's message on a goroutine of its own:
-// its dispatch (and its in-flight permit) ends without waiting for the
-// round trip. Until the delete has ended the job is never read again here
-// (Next, Keys); Settling waits for a key's deletes, WaitDeletes for all.
-// A delete that fails leaves the job stored: it is delivered again (at
-// least once), as after a crash before the delete.
+// deleteAsync deletes a settled job's message off the dispatch: its
+// dispatch (and its in-flight permit) ends without waiting for the round
+// trip. The deletes settled meanwhile go out together (sendDeletes). Until
+// the delete has ended the job is never read again here (Next, Keys);
+// Settling waits for a key's deletes, WaitDeletes for all. A delete that
+// fails leaves the job stored: it is delivered again (at least once), as
+// after a crash before the delete.
 func (r *KeyedReader) deleteAsync(key string, seq uint64) {
+	r.markDeleting(key, seq)
+	r.mu.Lock()
+	r.toDelete = append(r.toDelete, settledMsg{key: key, seq: seq})
+	start := !r.sending
+	r.sending = true
+	r.mu.Unlock()
+	if start {
+		r.deletes.Go(r.sendDeletes)
+	}
+}
+
+// settledMsg is a settled job's message to delete.
+type settledMsg struct {
+	key string
+	seq uint64
+}
+
+// deleteBatch bounds the deletes sent together.
+const deleteBatch = 256
+
+// sendDeletes sends the deletes waiting, up to deleteBatch at a time, one
+// request each without waiting between them, and gathers their answers;
+// it returns when none waits. One runs at a time (r.sending).
+func (r *KeyedReader) sendDeletes() {
+	for {
+		r.mu.Lock()
+		n := min(len(r.toDelete), deleteBatch)
+		if n == 0 {
+			r.toDelete, r.sending = nil, false
+			r.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(r.toDelete[:n])
+		r.toDelete = r.toDelete[n:]
+		r.mu.Unlock()
+		errs := r.deleteMany(batch)
+		for i, d := range batch {
+			if errs[i] != nil {
+				r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", d.key, "seq", d.seq, "err", errs[i])
+			}
+		}
+		r.deleted(batch, errs)
+	}
+}
+
+// markDeleting marks key's message seq as being deleted: it leaves what was
+// read ahead, and no read answers it until its delete ended (deleted).
+func (r *KeyedReader) markDeleting(key string, seq uint64) {
+	r.ahead.drop(key, seq)
 	r.mu.Lock()
 	r.deleting[seq] = struct{}{}
 	r.deletingK[key]++
 	r.mu.Unlock()
-	r.deletes.Go(func() {
+}
+
+// deleted ends the deletes of batch (errs[i] is the i-th's outcome): one
+// that succeeded stays passed over for a read's timeout (gone), in case a
+// read sent before it brings it back.
+func (r *KeyedReader) deleted(batch []settledMsg, errs []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	r.forgetGone(now)
+	for i, d := range batch {
+		delete(r.deleting, d.seq)
+		if errs[i] == nil {
+			r.gone = append(r.gone, goneMsg{seq: d.seq, at: now})
+			r.goneSet[d.seq] = struct{}{}
+		}
+		if r.deletingK[d.key]--; r.deletingK[d.key] <= 0 {
+			delete(r.deletingK, d.key)
+		}
+	}
+	r.idle.Broadcast()
+}
+
+// deleteMany deletes batch's messages: every request is sent, then the
+// answers are gathered, within deleteTimeout for all. A message gone
+// already counts as deleted, as in deleteMsg.
+func (r *KeyedReader) deleteMany(batch []settledMsg) []error {
+	errs := make([]error, len(batch))
+	calls := make([]*call, len(batch))
+	subj := "$JS.API.STREAM.MSG.DELETE." + r.ls.stream.CachedInfo().Config.Name
+	for i, d := range batch {
 		if testHookDelete != nil {
-			testHookDelete(seq)
+			testHookDelete(d.seq)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
-		err := r.deleteMsg(ctx, seq)
-		cancel()
+		c, reply, err := r.inbox.open(r.q.nc, 1)
 		if err != nil {
-			r.q.log.Warn("deleting a settled keyed job failed; it may be delivered again", "lane", r.ls.spec.Name, "key", key, "seq", seq, "err", err)
+			errs[i] = err
+			continue
 		}
-		r.mu.Lock()
-		delete(r.deleting, seq)
-		now := time.Now()
-		r.forgetGone(now)
-		if err == nil {
-			r.gone = append(r.gone, goneMsg{seq: seq, at: now})
-			r.goneSet[seq] = struct{}{}
+		body := strconv.AppendUint([]byte(`{"seq":`), d.seq, 10)
+		body = append(body, `,"no_erase":true}`...)
+		if err := r.q.nc.PublishRequest(subj, reply, body); err != nil {
+			r.inbox.close(c)
+			errs[i] = err
+			continue
 		}
-		if r.deletingK[key]--; r.deletingK[key] <= 0 {
-			delete(r.deletingK, key)
+		calls[i] = c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	for i, c := range calls {
+		if c == nil {
+			continue
 		}
-		r.idle.Broadcast()
-		r.mu.Unlock()
-	})
+		select {
+		case <-c.done:
+			errs[i] = deleteAnswer(c.msgs)
+		case <-ctx.Done():
+			r.inbox.close(c)
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+// deleteAnswer reads a delete's answer: nil when it deleted the message
+// or said it could not (gone already: settled twice, by a former owner of
+// the key), as deleteMsg; an error when it is no JetStream answer (no
+// responders, a status) or none came.
+func deleteAnswer(msgs []*nats.Msg) error {
+	if len(msgs) != 1 {
+		return errors.New("no answer")
+	}
+	m := msgs[0]
+	if st := m.Header.Get(hdrStatus); len(m.Data) == 0 && st != "" {
+		return fmt.Errorf("status %s %s", st, m.Header.Get("Description"))
+	}
+	var resp struct {
+		Success bool `json:"success"`
+		Error   *struct {
+			Code    int `json:"code"`
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("delete answer: %w", err)
+	}
+	if !resp.Success && resp.Error == nil {
+		return errors.New("delete answer: neither success nor an error")
+	}
+	return nil
 }
 
 // deleteMsg deletes the message at seq; one gone already counts as
@@ -372,7 +537,11 @@ func (r *KeyedReader) deleteMsg(ctx context.Context, seq uint64) error {
 // Settling waits until key's settled jobs' deletes have ended (or ctx):
 // before its claim is given up, so that no instance that takes the key
 // over reads one of them again.
+//
+// What was read ahead of key is forgotten: once given up, the key's jobs
+// may be settled by another instance.
 func (r *KeyedReader) Settling(ctx context.Context, key string) error {
+	r.ahead.forget(key)
 	stop := context.AfterFunc(ctx, func() {
 		r.mu.Lock()
 		r.idle.Broadcast()
@@ -394,6 +563,10 @@ func (r *KeyedReader) Settling(ctx context.Context, key string) error {
 // connection closes after.
 func (r *KeyedReader) WaitDeletes() { r.deletes.Wait() }
 
+// Close ends the subscription the reads ahead share (the lane stopped);
+// a later read makes it again.
+func (r *KeyedReader) Close() { r.inbox.stop() }
+
 // keyedAck settles a message read by subject: done deletes it; handed back
 // it stays, the oldest of its key again.
 type keyedAck struct {
@@ -410,10 +583,17 @@ func (a *keyedAck) Ack() error {
 
 // DoubleAck deletes the message and waits for the server's answer (a
 // stopping instance).
+//
+// As Ack's, the message is not answered by a read meanwhile, nor by what
+// was read ahead of it (a job retried or dead-lettered must not start
+// again from its original).
 func (a *keyedAck) DoubleAck(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	return a.r.deleteMsg(ctx, a.seq)
+	a.r.markDeleting(a.key, a.seq)
+	err := a.r.deleteMsg(ctx, a.seq)
+	a.r.deleted([]settledMsg{{key: a.key, seq: a.seq}}, []error{err})
+	return err
 }
 
 func (a *keyedAck) Nak() error { return a.NakWithDelay(0) }

@@ -2,9 +2,12 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/internal/queue"
 )
@@ -81,5 +84,93 @@ func TestKeyedAckDeletesAfterwards(t *testing.T) {
 	}
 	if m := next("b"); m != nil {
 		t.Fatalf("b1 read after its delete: %s", m.Job().ID)
+	}
+}
+
+// TestKeyedDeletesSentTogether: the deletes of jobs settled while one is
+// under way go out together once it ended, every one answered: the lane
+// is empty after, a job deleted already (settled twice) counts as
+// deleted, and Settling returns for each key.
+func TestKeyedDeletesSentTogether(t *testing.T) {
+	q, nc := newBareQueue(t)
+	ctx := context.Background()
+	if err := q.EnsureKeyedLane(ctx, intakeSpec(100)); err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	var sent []uint64
+	undo := queue.OnDelete(func(seq uint64) {
+		sent = append(sent, seq) // one sender at a time
+		if len(sent) == 1 {
+			<-hold
+		}
+	})
+	defer undo()
+	keys := []string{"a", "b", "c"}
+	for i := range 21 {
+		key := keys[i%3]
+		if _, err := q.Publish(ctx, queue.Job{ID: fmt.Sprintf("j%d", i), Lane: "demo", Key: key, Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := q.KeyedReader("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var msgs []*queue.Msg
+	for _, key := range keys {
+		for from := uint64(1); ; {
+			m, err := r.Next(ctx, key, from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m == nil {
+				break
+			}
+			msgs = append(msgs, m)
+			from = m.Seq() + 1
+		}
+	}
+	if len(msgs) != 21 {
+		t.Fatalf("read %d jobs, want 21", len(msgs))
+	}
+	// The last job is deleted by someone else first: its delete finds it gone.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, queue.StreamName("demo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, msgs[20].Seq()); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, key := range keys {
+		if m, err := r.Next(ctx, key, 1); err != nil || m != nil {
+			t.Fatalf("%s's next with every job's delete on its way: %v, %v; want none", key, m, err)
+		}
+	}
+	close(hold)
+	for _, key := range keys {
+		if err := r.Settling(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.WaitDeletes()
+	if len(sent) != 21 {
+		t.Fatalf("%d deletes sent, want 21", len(sent))
+	}
+	if n, err := q.Backlog(ctx, "demo", 0); err != nil || n != 0 {
+		t.Fatalf("backlog %d, %v once the deletes ended; want 0", n, err)
+	}
+	if got, err := r.Keys(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("keys %v, %v once every job was deleted; want none", got, err)
 	}
 }
