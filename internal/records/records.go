@@ -560,19 +560,41 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	return Claim{Record: rec, Rev: rev}, nil
 }
 
+// Waiting is a job that waits in its lane's stream without a record: one
+// stored with a SeqID id, or one published over NATS.
+type Waiting struct {
+	Lane, ID, Key string
+	// Reply is the Throttle-Reply the job names, if any: kept in its
+	// record when the lane allows it (Replies.Check).
+	Reply string
+	// Stored is when the job was stored.
+	Stored time.Time
+}
+
 // CancelStored cancels a job that waits in its lane's stream without a
-// record (stored with a SeqID id): it creates the record as cancelled,
-// which the drain's claim (a create as well) then finds. When the job has
-// a record by now, it is Cancel.
-func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error) {
-	rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.StateCancelled,
-		StoredAt: &stored, FinishedAt: &now, Attempts: []api.JobAttempt{}}
+// record: it creates the record as cancelled (create-if-absent), which the
+// drain's claim (a create as well, or a compare-and-set after a read) then
+// finds, so exactly one of the two wins. The record is then published like
+// any settled one. When the job has a record by now, it is Cancel.
+func (s *Store) CancelStored(ctx context.Context, w Waiting, now time.Time) (api.JobRecord, error) {
+	reply := w.Reply
+	if reply != "" {
+		s.mu.RLock()
+		r := s.replies[w.Lane]
+		s.mu.RUnlock()
+		if r.Check(reply) != nil {
+			reply = ""
+		}
+	}
+	rec := api.JobRecord{V: api.JobRecordVersion, ID: w.ID, Lane: w.Lane, Key: w.Key, State: api.StateCancelled,
+		StoredAt: &w.Stored, FinishedAt: &now, Attempts: []api.JobAttempt{}, Reply: reply}
 	if _, ok, err := s.update(ctx, rec, 0); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
+		s.settled(ctx, rec)
 		return rec, nil
 	}
-	return s.Cancel(ctx, lane, id, now)
+	return s.Cancel(ctx, w.Lane, w.ID, now)
 }
 
 // Finish writes the end of an attempt: fn sets the state (retrying,

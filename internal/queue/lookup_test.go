@@ -1,0 +1,124 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// publishOutside publishes body on subject as an outside publisher would,
+// with msgID as its Nats-Msg-Id when it is not empty.
+func publishOutside(t *testing.T, js jetstream.JetStream, subject, msgID, body string, h nats.Header) *jetstream.PubAck {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = []byte(body)
+	for k, v := range h {
+		m.Header[k] = v
+	}
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	ack, err := js.PublishMsg(context.Background(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack
+}
+
+// TestLookupPublished: a job published on a plain lane's public subject is
+// found by its Nats-Msg-Id, or by "<lane>-<seq>" when it had none, while it
+// waits; an id nobody published, an HTTP job's msg id and a job that
+// started and left are not found. The lookups store nothing.
+func TestLookupPublished(t *testing.T) {
+	q, nc := newQueue(t, queue.LaneSpec{Name: "demo", MaxBacklog: 100, MaxInflight: 2, Prefetch: 1, AckWait: 5 * time.Second,
+		MaxBody: 1024, DedupWindow: time.Minute})
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	publishOutside(t, js, "throttle.demo", "order-1", "one", nats.Header{"Throttle-Reply": {"replies.shop.1"}})
+	anon := publishOutside(t, js, "throttle.demo.k", "", "two", nil)
+	if _, err := q.Publish(ctx, queue.Job{ID: "http-1", Lane: "demo", Payload: []byte("h")}); err != nil {
+		t.Fatal(err)
+	}
+	before := msgsIn(t, js, queue.StreamName("demo"))
+
+	for _, c := range []struct {
+		id, body, key, reply string
+	}{
+		{"order-1", "one", "", "replies.shop.1"},
+		{"demo-" + strconv.FormatUint(anon.Sequence, 10), "two", "k", ""},
+	} {
+		job, at, err := q.Lookup(ctx, "demo", c.id)
+		if err != nil {
+			t.Fatalf("lookup %s: %v", c.id, err)
+		}
+		if job.ID != c.id || string(job.Payload) != c.body || job.Key != c.key || job.Reply != c.reply || !job.Outside || at.IsZero() {
+			t.Errorf("lookup %s: %+v at %v", c.id, job, at)
+		}
+	}
+	for _, id := range []string{"order-2", "http-1", "demo-999", "demo-0" + strconv.FormatUint(anon.Sequence, 10)} {
+		if _, _, err := q.Lookup(ctx, "demo", id); !errors.Is(err, queue.ErrNoSuchJob) {
+			t.Errorf("lookup %s: %v, want ErrNoSuchJob", id, err)
+		}
+	}
+	if after := msgsIn(t, js, queue.StreamName("demo")); after != before {
+		t.Fatalf("the lookups changed the stream: %d messages, were %d", after, before)
+	}
+
+	// Started and acked: gone from the stream.
+	c := consumer(t, q, "demo")
+	for range 3 {
+		m := nextJob(t, c, "a stored job")
+		if err := m.AckSync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the acked jobs gone", func() bool {
+		_, _, err := q.Lookup(ctx, "demo", "order-1")
+		return errors.Is(err, queue.ErrNoSuchJob)
+	})
+}
+
+// TestLookupPublishedOnAKeyedLane: on a keyed lane a public job is found
+// in the intake stream before it is moved, and on its key's subject after.
+func TestLookupPublishedOnAKeyedLane(t *testing.T) {
+	q, nc := newBareQueue(t)
+	ctx := context.Background()
+	if err := q.EnsureKeyedLane(ctx, intakeSpec(100)); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	publishOutside(t, js, "throttle.demo.k1", "order-1", "one", nil)
+	anon := publishOutside(t, js, "throttle.demo.k2", "", "two", nil)
+	ids := map[string]string{"order-1": "k1", "demo-" + strconv.FormatUint(anon.Sequence, 10): "k2"}
+	for id, key := range ids {
+		if job, _, err := q.Lookup(ctx, "demo", id); err != nil || job.Key != key || job.ID != id {
+			t.Fatalf("lookup %s before the move: %+v %v", id, job, err)
+		}
+	}
+	runIntake(t, q)
+	testenv.Eventually(t, 10*time.Second, "the public jobs moved", func() bool {
+		return msgsIn(t, js, queue.IntakeStreamName("demo")) == 0
+	})
+	for id, key := range ids {
+		if job, _, err := q.Lookup(ctx, "demo", id); err != nil || job.Key != key || job.ID != id || !job.Outside {
+			t.Fatalf("lookup %s after the move: %+v %v", id, job, err)
+		}
+	}
+	if _, _, err := q.Lookup(ctx, "demo", "order-2"); !errors.Is(err, queue.ErrNoSuchJob) {
+		t.Errorf("lookup of an unknown id: %v", err)
+	}
+}
+
+func msgsIn(t *testing.T, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	n, _ := streamMsgs(t, js, name)
+	return n
+}
