@@ -66,6 +66,10 @@ const (
 // ProblemJobStarted: a cancel came after the job started or settled.
 const ProblemJobStarted = "urn:throttler:problem:job-started"
 
+// ProblemJobExpired: a replay of a dead letter whose job's expiry
+// (Throttle-Expires) has passed.
+const ProblemJobExpired = "urn:throttler:problem:job-expired"
+
 // waitPoll is how often a waiting request reads the record of a job whose
 // stored copy does not name this instance (a resubmission, a GET ?wait).
 const waitPoll = 250 * time.Millisecond
