@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -110,7 +111,7 @@ func (q *Queue) lookupPublished(ctx context.Context, ls *laneState, id string) (
 			// Not there: the id may be a Nats-Msg-Id of that form.
 		}
 	}
-	seq, found, err := q.probeMsgID(ctx, Subject(lane, ""), id)
+	seq, found, err := q.probeMsgID(ctx, from, Subject(lane, ""), id)
 	switch {
 	case err != nil:
 		return Job{}, time.Time{}, err
@@ -149,7 +150,7 @@ func (q *Queue) publishedAt(ctx context.Context, ls *laneState, from jetstream.S
 // stream.
 func (q *Queue) lookupMoved(ctx context.Context, ls *laneState, id string, intakeSeq uint64) (Job, time.Time, error) {
 	lane := ls.spec.Name
-	seq, found, err := q.probeMsgID(ctx, InternalSubject(lane, ""), fmt.Sprintf("%s intake-%d-%d", id, ls.inEpoch, intakeSeq))
+	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(lane, ""), fmt.Sprintf("%s intake-%d-%d", id, ls.inEpoch, intakeSeq))
 	switch {
 	case err != nil:
 		return Job{}, time.Time{}, err
@@ -178,13 +179,25 @@ func (q *Queue) lookupMoved(ctx context.Context, ls *laneState, id string, intak
 	return job, at, nil
 }
 
-// probeMsgID asks the stream that takes subject at which sequence it stored
+// probeMsgID asks st, which takes subject, at which sequence it stored
 // msgID, while its de-duplication window holds it. The probe is a publish
-// that stores nothing: it names the msg id and expects the stream's last
-// msg id to be a value no message has. nats-server checks the msg id
-// first: a duplicate answers the stored sequence, anything else the
-// expectation's refusal (JSStreamWrongLastMsgIDErr).
-func (q *Queue) probeMsgID(ctx context.Context, subject, msgID string) (uint64, bool, error) {
+// that stores nothing: it names the msg id and an expectation no stream
+// meets, which nats-server checks after the msg id. Which one depends on
+// how the stream stores:
+//
+//   - a stream without replicas checks the msg id before an expected last
+//     msg id (and an expected last sequence before the msg id): the probe
+//     expects a last msg id no message has;
+//   - a replicated stream's leader checks the msg id, then an expected last
+//     sequence, before it proposes the write to its peers (an expected
+//     last msg id it checks only when it applies the write, and a probe
+//     refused there left the stream answering no publish): the probe
+//     expects a last sequence no stream reaches.
+//
+// A duplicate answers the stored sequence; the expectation's refusal says
+// the stream does not remember the id. The stream's replicas are read
+// each time: the probe that suits one kind must never reach the other.
+func (q *Queue) probeMsgID(ctx context.Context, st jetstream.Stream, subject, msgID string) (uint64, bool, error) {
 	if !q.nc.IsConnected() {
 		return 0, false, fmt.Errorf("%w: not connected to NATS (%v)", ErrUnavailable, q.nc.Status())
 	}
@@ -193,27 +206,37 @@ func (q *Queue) probeMsgID(ctx context.Context, subject, msgID string) (uint64, 
 		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
 	}
-	m := nats.NewMsg(subject)
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: lookup of %q: stream info: %v", ErrUnavailable, msgID, err)
+	}
 	// A space: no job id, and so no stored msg id, holds one alone
 	// after "lookup" (an intake move's holds its job id first).
-	ack, err := q.js.PublishMsg(ctx, m, jetstream.WithExpectLastMsgID("lookup "+nuid.Next()))
+	expect, refused := jetstream.WithExpectLastMsgID("lookup "+nuid.Next()), codeWrongLastMsgID
+	if info.Config.Replicas > 1 || (info.Cluster != nil && info.Cluster.RaftGroup != "") {
+		expect, refused = jetstream.WithExpectLastSequence(math.MaxInt64), codeWrongLastSeq
+	}
+	m := nats.NewMsg(subject)
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	m.Header.Set(jetstream.ExpectedStreamHeader, info.Config.Name)
+	ack, err := q.js.PublishMsg(ctx, m, expect)
 	var apiErr *jetstream.APIError
 	switch {
 	case err == nil && ack.Duplicate && ack.Sequence > 0:
 		return ack.Sequence, true, nil
 	case err == nil:
-		// Stored: the stream's last msg id was the probe's. It cannot
-		// be, but if it were, the empty job must not stay.
-		if st, serr := q.js.Stream(ctx, ack.Stream); serr == nil {
-			_ = st.DeleteMsg(ctx, ack.Sequence)
-		}
+		// Stored: the stream met the expectation. It cannot, but if it
+		// did, the empty job must not stay.
+		_ = st.DeleteMsg(ctx, ack.Sequence)
 		return 0, false, fmt.Errorf("%w: a lookup of %q was stored on %s", ErrUnavailable, msgID, subject)
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeWrongLastMsgID:
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == refused:
 		return 0, false, nil
 	}
 	return 0, false, fmt.Errorf("%w: lookup of %q on %s: %v", ErrUnavailable, msgID, subject, err)
 }
 
-// codeWrongLastMsgID is JetStream's refusal of an expected last msg id.
-const codeWrongLastMsgID jetstream.ErrorCode = 10070 // JSStreamWrongLastMsgIDErr
+// JetStream's refusals of the probe's expectations.
+const (
+	codeWrongLastMsgID jetstream.ErrorCode = 10070 // JSStreamWrongLastMsgIDErr
+	codeWrongLastSeq   jetstream.ErrorCode = 10071 // JSStreamWrongLastSequenceErr
+)

@@ -122,3 +122,52 @@ func msgsIn(t *testing.T, js jetstream.JetStream, name string) uint64 {
 	n, _ := streamMsgs(t, js, name)
 	return n
 }
+
+// TestLookupPublishedOnReplicas: on a three-node JetStream cluster with a
+// three-replica lane stream, where the stream's leader checks the msg id
+// before it proposes a write and the expected last msg id only when it
+// applies it, a lookup still finds a published job and stores nothing for
+// an id nobody published.
+func TestLookupPublishedOnReplicas(t *testing.T) {
+	cluster := testenv.StartNATSCluster(t, 3)
+	nc, err := nats.Connect(cluster.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	q, err := queue.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	testenv.EventuallyNil(t, 30*time.Second, "a three-replica lane stream", func() error {
+		if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20, Replicas: 3}); err != nil {
+			return err
+		}
+		return q.EnsureLane(ctx, queue.LaneSpec{Name: "demo", MaxBacklog: 100, MaxInflight: 2, Prefetch: 1, AckWait: 5 * time.Second,
+			MaxBody: 1024, DedupWindow: time.Minute, Replicas: 3})
+	})
+	js, _ := jetstream.New(nc)
+	publishOutside(t, js, "throttle.demo", "order-1", "one", nil)
+	before := msgsIn(t, js, queue.StreamName("demo"))
+	if job, _, err := q.Lookup(ctx, "demo", "order-1"); err != nil || job.ID != "order-1" || string(job.Payload) != "one" {
+		t.Fatalf("lookup order-1: %+v %v", job, err)
+	}
+	for range 3 {
+		if _, _, err := q.Lookup(ctx, "demo", "order-2"); !errors.Is(err, queue.ErrNoSuchJob) {
+			t.Fatalf("lookup of an unknown id: %v, want ErrNoSuchJob", err)
+		}
+	}
+	if after := msgsIn(t, js, queue.StreamName("demo")); after != before {
+		t.Fatalf("the lookups changed the stream: %d messages, were %d", after, before)
+	}
+	// The stream goes on taking jobs and de-duplicating them.
+	publishOutside(t, js, "throttle.demo", "order-2", "two", nil)
+	if ack := publishOutside(t, js, "throttle.demo", "order-2", "two", nil); !ack.Duplicate {
+		t.Fatal("a repeat of order-2 was stored again")
+	}
+	if job, _, err := q.Lookup(ctx, "demo", "order-2"); err != nil || job.ID != "order-2" {
+		t.Fatalf("lookup order-2 once published: %+v %v", job, err)
+	}
+}
