@@ -171,3 +171,38 @@ func TestLookupPublishedOnReplicas(t *testing.T) {
 		t.Fatalf("lookup order-2 once published: %+v %v", job, err)
 	}
 }
+
+// BenchmarkLookupPublished: the cost of finding a job published over NATS
+// by its Nats-Msg-Id (stream info, the probe, a direct get), and of not
+// finding an unknown id (stream info, the probe), on a lane stream holding
+// 1,000 jobs.
+func BenchmarkLookupPublished(b *testing.B) {
+	q, nc := newQueue(b, queue.LaneSpec{Name: "demo", MaxBacklog: 10000, MaxInflight: 2, Prefetch: 1, AckWait: 5 * time.Second,
+		MaxBody: 1024, DedupWindow: time.Minute})
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	for i := range 1000 {
+		m := nats.NewMsg("throttle.demo")
+		m.Data = []byte("x")
+		m.Header.Set(jetstream.MsgIDHeader, "order-"+strconv.Itoa(i))
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("found", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if _, _, err := q.Lookup(ctx, "demo", "order-"+strconv.Itoa(i%1000)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unknown", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := q.Lookup(ctx, "demo", "nobody"); !errors.Is(err, queue.ErrNoSuchJob) {
+				b.Fatal(err)
+			}
+		}
+	})
+}
