@@ -177,7 +177,7 @@ func BenchmarkLifecycleWithCallback(b *testing.B) {
 // record that is gone. The claim then starts it; its settled record names
 // the replay (replays), keeps the attempts before it and the callback the
 // dead letter kept, and its callback is sent again. undo puts a record
-// back as it was.
+// back as it was. A cancelled job stays cancelled.
 func TestReplayingPutsTheRecordBack(t *testing.T) {
 	s := newStore(t, time.Hour)
 	ctx := context.Background()
@@ -263,6 +263,23 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 	}
 	if strings.Join(sent, "|") != strings.Join(want, "|") {
 		t.Fatalf("callbacks:\n%s\nwant\n%s", strings.Join(sent, "\n"), strings.Join(want, "\n"))
+	}
+
+	// A cancelled job stays cancelled (a job cancelled after its expiry
+	// passed is dead-lettered as expired before the drain meets the
+	// cancel): its replayed copy is dropped by the claim.
+	now := time.Now().UTC()
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "cancelled", Stored: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: "cancelled"}, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "demo", "cancelled"); err != nil || got.State != api.StateCancelled || got.Replays != 0 {
+		t.Fatalf("a cancelled job's record after a replay: %+v, %v; want cancelled", got, err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "cancelled", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("claim of a replayed cancelled job: %v, want ErrNotStartable", err)
 	}
 
 	// undo: the record as it was, or none when the replay made it.

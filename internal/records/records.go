@@ -510,13 +510,18 @@ type Replay struct {
 // not answer the old end, and the replay's settled record is a callback of
 // its own (Replays counts up). The attempts stay; the end (finished_at,
 // reason, response) goes; the reply subject is the one the claim checks
-// again. A job whose record is gone (older than keep) gets a new one.
-// undo puts the record back as it was, for a replay whose store failed.
+// again. A job whose record is gone (older than keep) gets a new one. A
+// cancelled job stays cancelled: a cancel is never undone, and the drain
+// drops the replayed copy as it drops any cancelled job. undo puts the
+// record back as it was, for a replay whose store failed.
 func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo func(), err error) {
 	var old api.JobRecord
 	var existed bool
 	rec, rev, err := s.change(ctx, r.Lane, r.ID, func(rec *api.JobRecord, found bool) error {
 		old, existed = *rec, found
+		if found && rec.State == api.StateCancelled {
+			return errSame
+		}
 		if !found {
 			rec.Key, rec.StoredAt, rec.Attempts = r.Key, &now, []api.JobAttempt{}
 		}
@@ -527,6 +532,9 @@ func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo fu
 		rec.FinishedAt, rec.Reason, rec.Response, rec.Reply = nil, "", nil, ""
 		return nil
 	})
+	if errors.Is(err, errSame) {
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
