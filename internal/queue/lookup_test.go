@@ -71,10 +71,18 @@ func TestLookupPublished(t *testing.T) {
 	if after := msgsIn(t, js, queue.StreamName("demo")); after != before {
 		t.Fatalf("the lookups changed the stream: %d messages, were %d", after, before)
 	}
+	// A lookup leaves no trace in the de-duplication window: the id
+	// looked for is stored when it is published, and found then.
+	if ack := publishOutside(t, js, "throttle.demo", "order-2", "three", nil); ack.Duplicate {
+		t.Fatal("order-2, looked for before it was published, was taken for a duplicate")
+	}
+	if job, _, err := q.Lookup(ctx, "demo", "order-2"); err != nil || string(job.Payload) != "three" {
+		t.Fatalf("lookup order-2 once published: %+v %v", job, err)
+	}
 
 	// Started and acked: gone from the stream.
 	c := consumer(t, q, "demo")
-	for range 3 {
+	for range 4 {
 		m := nextJob(t, c, "a stored job")
 		if err := m.AckSync(ctx); err != nil {
 			t.Fatal(err)
