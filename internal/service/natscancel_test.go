@@ -84,7 +84,7 @@ func natsPublisher(t *testing.T, url string) (*nats.Conn, func(subject, msgID, b
 // at once on the job's reply subject. Resumed, the lanes never deliver
 // them and deliver the rest; their records stay cancelled. An id nobody
 // published answers 404 naming id, to GET and DELETE, and leaves nothing
-// behind.
+// behind: published later, that job is delivered.
 func TestCancelNATSJobsBeforeTheyStart(t *testing.T) {
 	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
@@ -192,6 +192,16 @@ func TestCancelNATSJobsBeforeTheyStart(t *testing.T) {
 		if code, _ := getRecord(t, addr, lane, "never-published"); code != http.StatusNotFound {
 			t.Errorf("an unknown id has a record on %s after its cancel: %d", lane, code)
 		}
+	}
+	// Nobody cancels a job before it is published: the id refused above
+	// is delivered once it is.
+	publish("throttle.demo", "never-published", "late", nil)
+	testenv.Eventually(t, 20*time.Second, "never-published delivered", func() bool {
+		_, rec := getRecord(t, addr, "demo", "never-published")
+		return rec.State == api.StateDelivered
+	})
+	if n := deliveries("never-published"); n != 1 {
+		t.Errorf("never-published delivered %d times, want once", n)
 	}
 }
 
