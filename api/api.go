@@ -242,6 +242,9 @@ type DeadLetter struct {
 	Path    string   `json:"path,omitempty"`
 	URL     string   `json:"url,omitempty"`
 	Headers []string `json:"headers,omitempty"`
+	// Expires is the expiry the job named (Throttle-Expires), kept for a
+	// replay: once it has passed, the dead letter is not replayed.
+	Expires *time.Time `json:"expires,omitempty"`
 	// Payload is the job's body (base64 in JSON); only GET of one dead
 	// letter carries it.
 	Payload []byte `json:"payload,omitempty"`

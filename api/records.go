@@ -60,6 +60,10 @@ type JobRecord struct {
 	// Reply is the NATS subject the settled record is published to
 	// (Throttle-Reply on a job published over NATS); empty for none.
 	Reply string `json:"reply,omitempty"`
+	// Replays counts the times the job was replayed from the dead
+	// letters while this record was kept; 0 for none. Each replay's
+	// settled record is a callback of its own (a new Idempotency-Key).
+	Replays int `json:"replays,omitempty"`
 }
 
 // JobAttempt is one delivery attempt of a job.

@@ -11,6 +11,7 @@ import (
 	"github.com/throttler/throttler/api"
 
 	"github.com/throttler/throttler/internal/bucket"
+	"github.com/throttler/throttler/internal/queue"
 )
 
 // DeadLetters is the dead-letter store the admin endpoints work on.
@@ -18,7 +19,7 @@ type DeadLetters interface {
 	ListDead(ctx context.Context, lane string, after uint64, limit int) ([]api.DeadLetter, error)
 	GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
 	ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
-	ReplayAllDead(ctx context.Context, lane string, max int) (int, error)
+	ReplayAllDead(ctx context.Context, lane string, max int) (queue.Replayed, error)
 	DeleteDead(ctx context.Context, lane string, seq uint64) error
 	PurgeDead(ctx context.Context, lane string) error
 }
@@ -157,10 +158,14 @@ func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string)
 	}
 	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, limit)
 	if err != nil {
-		return refusalOf(err, "replayed %d, then: %v", n, err)
+		return refusalOf(err, "replayed %d, then: %v", n.Replayed, err)
 	}
-	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n)
-	writeJSON(w, http.StatusOK, map[string]any{"replayed": n})
+	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n.Replayed, "expired", n.Expired)
+	out := map[string]any{"replayed": n.Replayed}
+	if n.Expired > 0 {
+		out["expired"] = n.Expired
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

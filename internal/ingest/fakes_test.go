@@ -157,9 +157,9 @@ func (f *fakeDead) ReplayDead(_ context.Context, lane string, seq uint64) (api.D
 	return f.letter(lane, seq)
 }
 
-func (f *fakeDead) ReplayAllDead(context.Context, string, int) (int, error) {
+func (f *fakeDead) ReplayAllDead(context.Context, string, int) (queue.Replayed, error) {
 	f.call("replay_all")
-	return 1, nil
+	return queue.Replayed{Replayed: 1}, nil
 }
 
 func (f *fakeDead) DeleteDead(_ context.Context, lane string, seq uint64) error {

@@ -25,15 +25,16 @@ type JobRecords interface {
 	Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error)
 	Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error)
 	// CancelStored cancels a job found in its lane's stream without a
-	// record (a SeqID id).
-	CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error)
+	// record (a SeqID id, or a job published over NATS).
+	CancelStored(ctx context.Context, w records.Waiting, now time.Time) (api.JobRecord, error)
 	// Wait waits for a job to settle: from ch (nil: none), else by
 	// reading its record every poll.
 	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool)
 }
 
-// StoredJobs finds a job that waits in its lane's stream by its SeqID id
-// (queue.Queue.Lookup): such a job has no record until it starts.
+// StoredJobs finds a job that waits in its lane's stream without a record
+// (queue.Queue.Lookup): one stored with a SeqID id, or one published over
+// NATS; such a job has no record until the drain claims it.
 type StoredJobs interface {
 	Lookup(ctx context.Context, lane, id string) (queue.Job, time.Time, error)
 }
@@ -64,6 +65,10 @@ const (
 
 // ProblemJobStarted: a cancel came after the job started or settled.
 const ProblemJobStarted = "urn:throttler:problem:job-started"
+
+// ProblemJobExpired: a replay of a dead letter whose job's expiry
+// (Throttle-Expires) has passed.
+const ProblemJobExpired = "urn:throttler:problem:job-expired"
 
 // waitPoll is how often a waiting request reads the record of a job whose
 // stored copy does not name this instance (a resubmission, a GET ?wait).
@@ -177,9 +182,13 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	rec, err := h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
 	if errors.Is(err, api.ErrJobNotFound) {
-		if job, stored, ok := h.stored(r.Context(), name, id); ok {
-			rec, err = h.cfg.Records.CancelStored(r.Context(), name, id, job.Key, stored.UTC(), time.Now().UTC())
-		} else {
+		job, stored, found, lerr := h.stored(r.Context(), name, id)
+		switch {
+		case lerr != nil:
+			err = lerr
+		case found:
+			rec, err = h.cfg.Records.CancelStored(r.Context(), records.Waiting{Lane: name, ID: id, Key: job.Key, Reply: job.Reply, Stored: stored.UTC()}, time.Now().UTC())
+		default:
 			// Not in the stream either: the job may have started, and
 			// even left, between the two reads. Its claim was written
 			// before its start, so its record is there now.
@@ -198,11 +207,16 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // readRecord reads a job's record; a job without one that waits in its
-// lane's stream (a SeqID id) is queued.
+// lane's stream (a SeqID id, or published over NATS) is queued: a job
+// that started has a record, written by its claim before it started.
 func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecord, error) {
 	rec, _, err := h.cfg.Records.Get(ctx, lane, id)
 	if errors.Is(err, api.ErrJobNotFound) {
-		if job, stored, ok := h.stored(ctx, lane, id); ok {
+		job, stored, found, lerr := h.stored(ctx, lane, id)
+		if lerr != nil {
+			return api.JobRecord{}, lerr
+		}
+		if found {
 			at := stored.UTC()
 			return api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: job.Key, State: api.StateQueued,
 				StoredAt: &at, Attempts: []api.JobAttempt{}}, nil
@@ -213,13 +227,20 @@ func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecor
 	return rec, err
 }
 
-// stored finds a job without a record in its lane's stream.
-func (h *Handler) stored(ctx context.Context, lane, id string) (queue.Job, time.Time, bool) {
+// stored finds a job without a record in its lane's stream; found is
+// false when it is not there, err says the stream could not be read.
+func (h *Handler) stored(ctx context.Context, lane, id string) (job queue.Job, at time.Time, found bool, err error) {
 	if h.cfg.Stored == nil {
-		return queue.Job{}, time.Time{}, false
+		return queue.Job{}, time.Time{}, false, nil
 	}
-	job, at, err := h.cfg.Stored.Lookup(ctx, lane, id)
-	return job, at, err == nil
+	job, at, err = h.cfg.Stored.Lookup(ctx, lane, id)
+	switch {
+	case err == nil:
+		return job, at, true, nil
+	case errors.Is(err, queue.ErrNoSuchJob):
+		return queue.Job{}, time.Time{}, false, nil
+	}
+	return queue.Job{}, time.Time{}, false, err
 }
 
 // recordRefusal names the job of a record store's refusal.
@@ -227,7 +248,7 @@ func recordRefusal(err error, id string) error {
 	if errors.Is(err, api.ErrJobNotFound) {
 		var rf *Refusal
 		if !errors.As(err, &rf) {
-			return &Refusal{Err: api.ErrJobNotFound, Cause: err, Field: "id", Detail: "no record of job " + clip(id) + ": never stored, or older than the lane's results.keep"}
+			return &Refusal{Err: api.ErrJobNotFound, Cause: err, Field: "id", Detail: "no record of job " + clip(id) + ": never stored, older than the lane's results.keep, or published over NATS with a Nats-Msg-Id longer than nats.dedup_window ago and not started yet"}
 		}
 	}
 	return err

@@ -87,6 +87,7 @@ var problemRows = []struct {
 	{ErrBadParam, ProblemBadQuery, http.StatusBadRequest, "", 0},
 	{ErrNotKeyed, ProblemNotFound, http.StatusNotFound, "lane", 0},
 	{queue.ErrNotFound, ProblemNotFound, http.StatusNotFound, "seq", 0},
+	{queue.ErrReplayExpired, ProblemJobExpired, http.StatusConflict, "expires", 0},
 	{ErrNotFound, ProblemNotFound, http.StatusNotFound, "", 0},
 	// Job records (jobs.go).
 	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
@@ -38,8 +39,15 @@ func (l *Lane) ensureRecords(ctx context.Context) error {
 	if r == nil || l.d.Records == nil {
 		return nil
 	}
+	var urls *dest.Prefixes
+	if len(r.CallbackURLs) > 0 {
+		var err error
+		if urls, err = dest.NewPrefixes(r.CallbackURLs); err != nil {
+			return fmt.Errorf("results.callback_urls: %w", err)
+		}
+	}
 	return l.d.Records.EnsureLane(ctx, records.LaneSpec{Name: l.cfg.Name, Keep: r.Keep.D(),
-		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane, Replies: l.replies})
+		MaxRecord: int32(r.MaxRecord()), Replicas: l.d.Replicas, CallbackLane: r.CallbackLane, CallbackURLs: urls, Replies: l.replies})
 }
 
 // reasonReplyRefused is the dead-letter reason of a job whose

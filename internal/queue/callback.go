@@ -6,19 +6,33 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/dest"
 )
 
-// CallbackSuffix ends the id of a job's callback: "<lane>.<id>.callback".
-// The id is the callback's Idempotency-Key, so a second send of the same
-// settled record (a crash between the record's write and the send, two
-// instances settling one job) is de-duplicated by its lane's stream.
+// CallbackSuffix ends the id of a job's callback: "<lane>.<id>.callback",
+// or "<lane>.<id>.callback-<n>" for the record of its n-th replay from the
+// dead letters. The id is the callback's Idempotency-Key, so a second send
+// of the same settled record (a crash between the record's write and the
+// send, two instances settling one job) is de-duplicated by its lane's
+// stream, and a replay's record, a new one, is not.
 const CallbackSuffix = ".callback"
 
-// CallbackID is the id of the callback job of job id of lane.
-func CallbackID(lane, id string) string { return lane + "." + id + CallbackSuffix }
+// CallbackID is the id of the callback of the job id of lane, after
+// replays replays. Two different (id, replays) never share an id: a job
+// id ends the first form with ".callback", the other with digits.
+func CallbackID(lane, id string, replays int) string {
+	return lane + "." + id + callbackEnd(replays)
+}
+
+func callbackEnd(replays int) string {
+	if replays <= 0 {
+		return CallbackSuffix
+	}
+	return CallbackSuffix + "-" + strconv.Itoa(replays)
+}
 
 // SendCallback stores the callback of settled record rec as a job of
 // callbackLane: its payload is the record's JSON, its URL the record's
@@ -31,11 +45,11 @@ func (q *Queue) SendCallback(ctx context.Context, callbackLane string, rec api.J
 	if err != nil {
 		return fmt.Errorf("queue: callback of %s/%s: %w", rec.Lane, rec.ID, err)
 	}
-	id := CallbackID(rec.Lane, rec.ID)
+	id := CallbackID(rec.Lane, rec.ID, rec.Replays)
 	if len(id) > MaxJobID {
 		// The job's own id fills the bound: its digest stands for it.
 		sum := sha256.Sum256([]byte(rec.Lane + "\x00" + rec.ID))
-		id = "cb." + hex.EncodeToString(sum[:]) + CallbackSuffix
+		id = "cb." + hex.EncodeToString(sum[:]) + callbackEnd(rec.Replays)
 	}
 	_, err = q.Publish(ctx, Job{ID: id, Lane: callbackLane, ContentType: "application/json", Payload: body,
 		Dest: dest.Request{URL: rec.Callback}})

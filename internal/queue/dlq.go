@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/dest"
+	"github.com/throttler/throttler/internal/records"
 	"github.com/throttler/throttler/internal/tracectx"
 	"strconv"
 	"time"
@@ -107,6 +108,17 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	h.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	setTrace(h, job.Trace)
 	setDest(h, job.Dest)
+	// Where its settled record goes, and when it may no longer start:
+	// a replay keeps them (ReplayDead).
+	if job.Callback != "" {
+		h.Set(HeaderCallback, job.Callback)
+	}
+	if job.Reply != "" {
+		h.Set(HeaderReplyStored, job.Reply)
+	}
+	if !job.Expires.IsZero() {
+		h.Set(headerExpiresAt, strconv.FormatInt(job.Expires.UnixMilli(), 10))
+	}
 	// De-duplicate a repeat after a crash between store and ack.
 	h.Set(jetstream.MsgIDHeader, m.deadMsgID())
 	st, err := m.c.q.deadStream()
@@ -133,6 +145,10 @@ func deadFromRaw(raw *jetstream.RawStreamMsg) api.DeadLetter {
 	d.Attempts, _ = strconv.Atoi(h.Get(HeaderAttempts))
 	d.LastStatus, _ = strconv.Atoi(h.Get(HeaderLastStatus))
 	d.DeadAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderDeadAt))
+	if ms, err := strconv.ParseInt(h.Get(headerExpiresAt), 10, 64); err == nil && ms > 0 {
+		at := time.UnixMilli(ms).UTC()
+		d.Expires = &at
+	}
 	if jd := decodeDest(h); !jd.IsZero() {
 		// Method, path, URL and the names of the forwarded headers; the
 		// values stay in the stream for a replay and are never shown.
@@ -182,10 +198,29 @@ func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadL
 }
 
 // jobShape is what a replay keeps of a dead job besides its listing: its
-// trace context and where it goes, forwarded values included.
+// trace context, where it goes (forwarded values included), where its
+// settled record goes (its callback and reply subject, checked again
+// against the lane's lists when the record is sent) and its expiry.
 type jobShape struct {
-	trace tracectx.Context
-	dest  dest.Request
+	trace    tracectx.Context
+	dest     dest.Request
+	callback string
+	reply    string
+	expires  time.Time
+}
+
+// shapeOf reads a dead letter's shape; its headers were written by the
+// throttler (Dead), and are bounded as a stored job's are.
+func shapeOf(h nats.Header) jobShape {
+	tc, _ := decodeTrace(h) // stored by the throttler: checked already
+	sh := jobShape{trace: tc, dest: decodeDest(h), reply: replyOf(h.Values(HeaderReplyStored))}
+	if cb := h.Get(HeaderCallback); len(cb) <= dest.MaxURL {
+		sh.callback = cb
+	}
+	if ms, err := strconv.ParseInt(h.Get(headerExpiresAt), 10, 64); err == nil && ms > 0 {
+		sh.expires = time.UnixMilli(ms)
+	}
+	return sh
 }
 
 // getDead is GetDead with the dead job's shape.
@@ -201,67 +236,113 @@ func (q *Queue) getDead(ctx context.Context, lane string, seq uint64) (api.DeadL
 	if err != nil {
 		return api.DeadLetter{}, jobShape{}, fmt.Errorf("%w: dead letter %s #%d: %v", ErrUnavailable, lane, seq, err)
 	}
-	tc, _ := decodeTrace(raw.Header) // stored by the throttler: checked already
-	return deadFromRaw(raw), jobShape{trace: tc, dest: decodeDest(raw.Header)}, nil
+	return deadFromRaw(raw), shapeOf(raw.Header), nil
+}
+
+// ErrReplayExpired: the dead letter's job named an expiry
+// (Throttle-Expires) that has passed; it is not replayed, and stays.
+var ErrReplayExpired = errors.New("queue: the job's expiry has passed; it is not replayed")
+
+// ReplayHook hears a dead letter replayed (records.Hook): before the job
+// is stored again, Replaying puts its record back to queued (when its
+// lane keeps records); when the store then fails, undo (never nil when
+// err is nil) puts the record back as it was.
+type ReplayHook interface {
+	Replaying(ctx context.Context, r records.Replay) (undo func(), err error)
+}
+
+// SetReplayHook makes h hear the replays of dead letters; nil hears none.
+// Set it before the queue is used.
+func (q *Queue) SetReplayHook(h ReplayHook) {
+	q.mu.Lock()
+	q.replays = h
+	q.mu.Unlock()
 }
 
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
-// keeps its id.
+// keeps its id, trace context, destination, callback, reply subject and
+// expiry; a job whose expiry has passed is not replayed
+// (ErrReplayExpired). Its not-before time is not kept: it started once.
 func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	d, shape, err := q.getDead(ctx, lane, seq)
 	if err != nil {
 		return d, err
 	}
+	if !shape.expires.IsZero() && !time.Now().Before(shape.expires) {
+		return d, fmt.Errorf("%w: %s #%d (job %s) expired at %s", ErrReplayExpired, lane, seq, d.ID, shape.expires.UTC().Format(time.RFC3339Nano))
+	}
 	q.mu.Lock()
-	epoch := q.deadEpoch
+	epoch, hook := q.deadEpoch, q.replays
 	q.mu.Unlock()
+	undo := func() {}
+	if hook != nil {
+		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback}); err != nil {
+			return d, fmt.Errorf("%w: the record of %s: %w", ErrUnavailable, d.ID, err)
+		}
+	}
 	if err := q.republish(ctx, Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: shape.trace, Dest: shape.dest,
+		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
+		undo()
 		return d, err
 	}
 	return d, q.DeleteDead(ctx, lane, seq)
 }
 
-// ReplayAllDead replays every dead letter of lane, oldest first, up to max;
-// it returns how many it replayed. Only the dead letters stored when it
-// began are replayed: a replayed job that dies again during the call (its
-// target still refuses it) is stored behind them and stays dead, instead of
-// being replayed over and over up to max.
-func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+// Replayed counts what ReplayAllDead did.
+type Replayed struct {
+	// Replayed dead letters, at most the call's max.
+	Replayed int
+	// Expired dead letters passed over (ErrReplayExpired): they stay,
+	// and do not count against max.
+	Expired int
+}
+
+// ReplayAllDead replays every dead letter of lane, oldest first, up to max,
+// passing over those whose expiry has passed. Only the dead letters stored
+// when it began are replayed: a replayed job that dies again during the
+// call (its target still refuses it) is stored behind them and stays dead,
+// instead of being replayed over and over up to max.
+func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (Replayed, error) {
+	var out Replayed
 	st, err := q.deadStream()
 	if err != nil {
-		return 0, err
+		return out, err
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
+		return out, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
 	}
 	last := info.State.LastSeq
-	n := 0
 	var after uint64
-	for n < max {
-		page, err := q.ListDead(ctx, lane, after, min(256, max-n))
+	for out.Replayed < max {
+		page, err := q.ListDead(ctx, lane, after, min(256, max-out.Replayed))
 		if err != nil {
-			return n, err
+			return out, err
 		}
 		if len(page) == 0 {
-			return n, nil
+			return out, nil
 		}
 		for _, d := range page {
 			if d.Seq > last {
-				return n, nil
+				return out, nil
 			}
-			if _, err := q.ReplayDead(ctx, lane, d.Seq); err != nil {
-				return n, err
-			}
-			n++
 			after = d.Seq
+			_, err := q.ReplayDead(ctx, lane, d.Seq)
+			switch {
+			case errors.Is(err, ErrReplayExpired):
+				out.Expired++
+				continue
+			case err != nil:
+				return out, err
+			}
+			out.Replayed++
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // DeleteDead removes one dead letter.

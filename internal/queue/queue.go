@@ -256,6 +256,8 @@ type Queue struct {
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64
+	// replays hears replayed dead letters (SetReplayHook).
+	replays ReplayHook
 	// hook hears delayed and expiring jobs (schedule.go).
 	hook scheduleHook
 	// id tells this Queue's read-ahead counts from other instances'.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 	"github.com/throttler/throttler/internal/testenv"
@@ -28,15 +30,27 @@ func (c *sentCallbacks) SendCallback(_ context.Context, lane string, rec api.Job
 	return nil
 }
 
+// prefixes are callback URL prefixes (results.callback_urls).
+func prefixes(t testing.TB, urls ...string) *dest.Prefixes {
+	t.Helper()
+	p, err := dest.NewPrefixes(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestCallbackOnEverySettlement: a record naming a callback is sent, on
 // its lane's callback lane, when a write settles it (delivered by Finish,
 // cancelled, expired): not while it is retried, not for a second cancel,
-// and never for a record without a callback; the drain meeting a
+// never for a record without a callback, and never to a URL outside the
+// lane's results.callback_urls as they are now; the drain meeting a
 // cancelled job stores it again.
 func TestCallbackOnEverySettlement(t *testing.T) {
 	s := newStore(t, time.Hour)
 	ctx := context.Background()
-	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, CallbackLane: "hooks"}); err != nil {
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, CallbackLane: "hooks",
+		CallbackURLs: prefixes(t, "https://h.example/")}); err != nil {
 		t.Fatal(err)
 	}
 	cb := &sentCallbacks{}
@@ -85,6 +99,10 @@ func TestCallbackOnEverySettlement(t *testing.T) {
 	// No callback: nothing sent.
 	rev = create("n", "")
 	finish("n", rev, "", api.StateDelivered)
+	// A callback under a prefix the lane no longer lists (it was
+	// removed since the job was stored): nothing sent.
+	rev = create("gone", "https://old.example/gone")
+	finish("gone", rev, "https://old.example/gone", api.StateDelivered)
 
 	want := []struct {
 		id, url string
@@ -111,7 +129,8 @@ func BenchmarkLifecycleWithCallback(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, CallbackLane: "hooks"}); err != nil {
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, CallbackLane: "hooks",
+		CallbackURLs: prefixes(b, "https://h.example/cb/")}); err != nil {
 		b.Fatal(err)
 	}
 	q, err := queue.New(nc, nil)
@@ -149,5 +168,136 @@ func BenchmarkLifecycleWithCallback(b *testing.B) {
 	b.StopTimer()
 	if d, err := q.Depth(ctx, "hooks"); err != nil || d.Stored != uint64(b.N) {
 		b.Fatalf("the callback lane holds %d jobs (%v); want %d", d.Stored, err, b.N)
+	}
+}
+
+// TestReplayingPutsTheRecordBack: a job replayed from the dead letters
+// gets its record back to queued before it is stored again: a dead
+// record, an expired one (whose claim would otherwise drop the job) and a
+// record that is gone. The claim then starts it; its settled record names
+// the replay (replays), keeps the attempts before it and the callback the
+// dead letter kept, and its callback is sent again. undo puts a record
+// back as it was. A cancelled job stays cancelled.
+func TestReplayingPutsTheRecordBack(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 1 << 20, CallbackLane: "hooks",
+		CallbackURLs: prefixes(t, "https://h.example/")}); err != nil {
+		t.Fatal(err)
+	}
+	cb := &sentCallbacks{}
+	s.SetCallbacks(cb)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const url = "https://h.example/d"
+
+	// Dead after one attempt.
+	rec := queued("d")
+	rec.Callback = url
+	rev, _, err := s.Create(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "d", Hint: rev, Stored: t0, Now: t0, Callback: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+		r.State, r.Reason, r.FinishedAt = api.StateDead, "rejected by target", &t0
+		r.Attempts = append(r.Attempts, api.JobAttempt{At: t0, Status: 400})
+		r.Response = &api.JobResponse{Status: 400}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Expired before it started.
+	if _, err := s.Mark(ctx, "demo", "e", api.StateExpired, "expired", t0); err != nil {
+		t.Fatal(err)
+	}
+
+	steps := []struct {
+		id, callback string
+		replays      int
+		end          api.JobState
+	}{
+		{"d", url, 1, api.StateDead},         // dead: replayed, dies again
+		{"e", "", 1, api.StateDelivered},     // expired
+		{"gone", url, 1, api.StateDelivered}, // no record: a new one
+		{"d", url, 2, api.StateDelivered},    // replayed again
+	}
+	for i, st := range steps {
+		undo, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: st.id, Callback: st.callback}, t0.Add(time.Minute))
+		if err != nil {
+			t.Fatalf("step %d: replaying %s: %v", i, st.id, err)
+		}
+		if undo == nil {
+			t.Fatalf("step %d: no undo", i)
+		}
+		got, _, err := s.Get(ctx, "demo", st.id)
+		if err != nil || got.State != api.StateQueued || got.Replays != st.replays || got.FinishedAt != nil || got.Response != nil ||
+			got.Reason != "" || got.Callback != st.callback {
+			t.Fatalf("step %d: %s after its replay: %+v, %v; want queued, replays %d, no end, callback %q", i, st.id, got, err, st.replays, st.callback)
+		}
+		// The drain's claim of the stored copy (Fresh, no hint) starts it.
+		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: st.id, Fresh: true, Stored: t0, Now: t0.Add(time.Minute)})
+		if err != nil {
+			t.Fatalf("step %d: claim of replayed %s: %v", i, st.id, err)
+		}
+		end, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+			r.State = st.end
+			r.Attempts = append(r.Attempts, api.JobAttempt{At: t0, Status: 200})
+		})
+		if err != nil || end.Replays != st.replays {
+			t.Fatalf("step %d: %s settled: %+v, %v", i, st.id, end, err)
+		}
+		if i == 0 && len(end.Attempts) != 2 {
+			t.Fatalf("the replayed record lost the attempts before the replay: %+v", end.Attempts)
+		}
+	}
+	// One callback per settlement, each replay's under an id of its own.
+	var sent []string
+	for _, r := range cb.sent {
+		sent = append(sent, r.ID+" "+string(r.State)+" "+strconv.Itoa(r.Replays)+" "+queue.CallbackID(r.Lane, r.ID, r.Replays))
+	}
+	want := []string{
+		"d dead 0 demo.d.callback", "d dead 1 demo.d.callback-1", "gone delivered 1 demo.gone.callback-1",
+		"d delivered 2 demo.d.callback-2",
+	}
+	if strings.Join(sent, "|") != strings.Join(want, "|") {
+		t.Fatalf("callbacks:\n%s\nwant\n%s", strings.Join(sent, "\n"), strings.Join(want, "\n"))
+	}
+
+	// A cancelled job stays cancelled (a job cancelled after its expiry
+	// passed is dead-lettered as expired before the drain meets the
+	// cancel): its replayed copy is dropped by the claim.
+	now := time.Now().UTC()
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "cancelled", Stored: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: "cancelled"}, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "demo", "cancelled"); err != nil || got.State != api.StateCancelled || got.Replays != 0 {
+		t.Fatalf("a cancelled job's record after a replay: %+v, %v; want cancelled", got, err)
+	}
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "cancelled", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
+		t.Fatalf("claim of a replayed cancelled job: %v, want ErrNotStartable", err)
+	}
+
+	// undo: the record as it was, or none when the replay made it.
+	before, _, _ := s.Get(ctx, "demo", "d")
+	undo, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: "d", Callback: url}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo()
+	if after, _, err := s.Get(ctx, "demo", "d"); err != nil || after.State != before.State || after.Replays != before.Replays {
+		t.Fatalf("undone replay: %+v, %v; want %+v", after, err, before)
+	}
+	undo, err = s.Replaying(ctx, records.Replay{Lane: "demo", ID: "new"}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo()
+	if _, _, err := s.Get(ctx, "demo", "new"); !errors.Is(err, records.ErrNotFound) {
+		t.Fatalf("undone replay of a job without a record: %v; want no record", err)
 	}
 }

@@ -60,3 +60,12 @@ func (h *Hook) Entered(lane, id string) { h.mark(lane, id, api.StateQueued, "", 
 func (h *Hook) Expired(lane, id, reply string) {
 	h.mark(lane, id, api.StateExpired, "expired", reply)
 }
+
+// Replaying puts a replayed job's record back to queued (Store.Replaying);
+// a lane without results has nothing to do. It is the queue's ReplayHook.
+func (h *Hook) Replaying(ctx context.Context, r Replay) (func(), error) {
+	if !h.s.Keeps(r.Lane) {
+		return func() {}, nil
+	}
+	return h.s.Replaying(ctx, r, h.now().UTC())
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/dest"
 )
 
 // Errors of a Store.
@@ -68,8 +69,11 @@ type Store struct {
 	// callbackLane is each lane's results.callback_lane.
 	callbackLane map[string]string
 	// replies are each lane's reply subjects (LaneSpec.Replies).
-	replies   map[string]*Replies
-	callbacks Callbacks
+	replies map[string]*Replies
+	// callbackURLs are each lane's results.callback_urls
+	// (LaneSpec.CallbackURLs).
+	callbackURLs map[string]*dest.Prefixes
+	callbacks    Callbacks
 }
 
 // Callbacks stores the callback of a settled record as a job of the
@@ -101,10 +105,17 @@ func (s *Store) settledAs(ctx context.Context, rec api.JobRecord, b []byte) {
 		return
 	}
 	s.mu.RLock()
-	lane := s.callbackLane[rec.Lane]
+	lane, urls := s.callbackLane[rec.Lane], s.callbackURLs[rec.Lane]
 	s.mu.RUnlock()
 	if lane == "" {
 		s.log.Warn("a job names a callback but its lane has no results.callback_lane; not sent", "lane", rec.Lane, "id", rec.ID)
+		return
+	}
+	// Checked at intake, and again here against the lane's list as it
+	// is now: a job stored before a prefix was removed (a replayed dead
+	// letter, a long backlog) must not be sent there.
+	if _, err := urls.CheckCallback(rec.Callback); err != nil {
+		s.log.Warn("a job's callback is not under its lane's results.callback_urls now; not sent", "lane", rec.Lane, "id", rec.ID, "err", err)
 		return
 	}
 	if err := s.callbacks.SendCallback(ctx, lane, rec); err != nil {
@@ -157,7 +168,8 @@ func New(nc *nats.Conn, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}, callbackLane: map[string]string{}, replies: map[string]*Replies{}}, nil
+	return &Store{nc: nc, js: js, log: logger.With("component", "records"), lanes: map[string]jetstream.KeyValue{}, callbackLane: map[string]string{}, replies: map[string]*Replies{},
+		callbackURLs: map[string]*dest.Prefixes{}}, nil
 }
 
 // LaneSpec is what the store needs of a lane.
@@ -173,6 +185,10 @@ type LaneSpec struct {
 	// CallbackLane is the lane callbacks of this lane's jobs go through
 	// (results.callback_lane); empty for none.
 	CallbackLane string
+	// CallbackURLs are the prefixes a callback must be under
+	// (results.callback_urls), checked again when a record is sent; nil
+	// sends none.
+	CallbackURLs *dest.Prefixes
 	// Replies are the subjects a settled record may be published on
 	// besides its results subject (results.reply_subjects); nil for none.
 	Replies *Replies
@@ -195,6 +211,7 @@ func (s *Store) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	s.mu.Lock()
 	s.lanes[spec.Name] = kv
 	s.callbackLane[spec.Name] = spec.CallbackLane
+	s.callbackURLs[spec.Name] = spec.CallbackURLs
 	s.replies[spec.Name] = spec.Replies
 	s.mu.Unlock()
 	return nil
@@ -480,6 +497,65 @@ func (s *Store) mark(ctx context.Context, lane, id string, state api.JobState, r
 	return rec, err
 }
 
+// Replay is a dead letter being replayed (queue.Queue.ReplayDead).
+type Replay struct {
+	Lane, ID, Key string
+	// Callback is the job's callback URL, kept with its dead letter.
+	Callback string
+}
+
+// Replaying puts the record of a job replayed from the dead letters back
+// to queued before the job is stored again: its claim must not meet a
+// settled cancelled or expired record (it would drop the job), GET must
+// not answer the old end, and the replay's settled record is a callback of
+// its own (Replays counts up). The attempts stay; the end (finished_at,
+// reason, response) goes; the reply subject is the one the claim checks
+// again. A job whose record is gone (older than keep) gets a new one. A
+// cancelled job stays cancelled: a cancel is never undone, and the drain
+// drops the replayed copy as it drops any cancelled job. undo puts the
+// record back as it was, for a replay whose store failed.
+func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo func(), err error) {
+	var old api.JobRecord
+	var existed bool
+	rec, rev, err := s.change(ctx, r.Lane, r.ID, func(rec *api.JobRecord, found bool) error {
+		old, existed = *rec, found
+		if found && rec.State == api.StateCancelled {
+			return errSame
+		}
+		if !found {
+			rec.Key, rec.StoredAt, rec.Attempts = r.Key, &now, []api.JobAttempt{}
+		}
+		if r.Callback != "" {
+			rec.Callback = r.Callback
+		}
+		rec.State, rec.Replays = api.StateQueued, rec.Replays+1
+		rec.FinishedAt, rec.Reason, rec.Response, rec.Reply = nil, "", nil, ""
+		return nil
+	})
+	if errors.Is(err, errSame) {
+		return func() {}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+		defer cancel()
+		var err error
+		if existed {
+			_, _, err = s.update(uctx, old, rev)
+		} else {
+			err = s.Undo(uctx, rec.Lane, rec.ID, rev)
+		}
+		if err != nil {
+			s.log.Warn("putting back the record of a job whose replay failed", "lane", rec.Lane, "id", rec.ID, "err", err)
+		}
+	}, nil
+}
+
+// undoTimeout bounds the write that puts a record back.
+const undoTimeout = 2 * time.Second
+
 // Claim is a job's record held by the attempt that claimed it.
 type Claim struct {
 	Record api.JobRecord
@@ -560,19 +636,41 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	return Claim{Record: rec, Rev: rev}, nil
 }
 
+// Waiting is a job that waits in its lane's stream without a record: one
+// stored with a SeqID id, or one published over NATS.
+type Waiting struct {
+	Lane, ID, Key string
+	// Reply is the Throttle-Reply the job names, if any: kept in its
+	// record when the lane allows it (Replies.Check).
+	Reply string
+	// Stored is when the job was stored.
+	Stored time.Time
+}
+
 // CancelStored cancels a job that waits in its lane's stream without a
-// record (stored with a SeqID id): it creates the record as cancelled,
-// which the drain's claim (a create as well) then finds. When the job has
-// a record by now, it is Cancel.
-func (s *Store) CancelStored(ctx context.Context, lane, id, key string, stored, now time.Time) (api.JobRecord, error) {
-	rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.StateCancelled,
-		StoredAt: &stored, FinishedAt: &now, Attempts: []api.JobAttempt{}}
+// record: it creates the record as cancelled (create-if-absent), which the
+// drain's claim (a create as well, or a compare-and-set after a read) then
+// finds, so exactly one of the two wins. The record is then published like
+// any settled one. When the job has a record by now, it is Cancel.
+func (s *Store) CancelStored(ctx context.Context, w Waiting, now time.Time) (api.JobRecord, error) {
+	reply := w.Reply
+	if reply != "" {
+		s.mu.RLock()
+		r := s.replies[w.Lane]
+		s.mu.RUnlock()
+		if r.Check(reply) != nil {
+			reply = ""
+		}
+	}
+	rec := api.JobRecord{V: api.JobRecordVersion, ID: w.ID, Lane: w.Lane, Key: w.Key, State: api.StateCancelled,
+		StoredAt: &w.Stored, FinishedAt: &now, Attempts: []api.JobAttempt{}, Reply: reply}
 	if _, ok, err := s.update(ctx, rec, 0); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
+		s.settled(ctx, rec)
 		return rec, nil
 	}
-	return s.Cancel(ctx, lane, id, now)
+	return s.Cancel(ctx, w.Lane, w.ID, now)
 }
 
 // Finish writes the end of an attempt: fn sets the state (retrying,

@@ -100,11 +100,53 @@ func TestCancelStoredRacesFreshStart(t *testing.T) {
 	for i := range 100 {
 		id := "abcdefghijk." + strconv.Itoa(i+1)
 		oneWins(t, id,
-			func() error { _, err := s.CancelStored(ctx, "demo", id, "", time.Now(), time.Now()); return err },
+			func() error {
+				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, time.Now())
+				return err
+			},
 			func() error {
 				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: time.Now(), Now: time.Now()})
 				return err
 			})
+	}
+}
+
+// TestCancelOfANATSJobRacesItsClaim: a job published over NATS has no
+// record until the drain claims it. A cancel (CancelStored, create-only)
+// races the drain's first claim (Fresh: a create) and a claim of a
+// delivery made again (not Fresh: read, then create): exactly one wins
+// each time, and a lost claim is ErrNotStartable.
+func TestCancelOfANATSJobRacesItsClaim(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	for i := range 100 {
+		id := "nats-" + strconv.Itoa(i)
+		fresh := i%2 == 0
+		cancelled := oneWins(t, id,
+			func() error {
+				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Reply: "replies.x", Stored: time.Now()}, time.Now())
+				return err
+			},
+			func() error {
+				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: fresh, Stored: time.Now(), Now: time.Now(), Reply: "replies.x"})
+				return err
+			})
+		rec, _, err := s.Get(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]api.JobState{true: api.StateCancelled, false: api.StateInFlight}[cancelled]; rec.State != want {
+			t.Fatalf("%s: state %s, want %s", id, rec.State, want)
+		}
+		// The loser tries again (JetStream delivers the job once more,
+		// the caller repeats the cancel): the outcome stands.
+		if cancelled {
+			if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Stored: time.Now(), Now: time.Now()}); !errors.Is(err, records.ErrNotStartable) {
+				t.Fatalf("%s: a claim after the cancel: %v, want ErrNotStartable", id, err)
+			}
+		} else if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, time.Now()); !errors.Is(err, records.ErrStarted) {
+			t.Fatalf("%s: a cancel after the claim: %v, want ErrStarted", id, err)
+		}
 	}
 }
 
@@ -281,7 +323,7 @@ func TestCompareAndSetOnReplicas(t *testing.T) {
 			})
 	}
 	now := time.Now().UTC()
-	if _, err := s.CancelStored(ctx, "demo", "r3-fresh", "", now, now); err != nil {
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "r3-fresh", Stored: now}, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "r3-fresh", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {

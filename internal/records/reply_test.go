@@ -213,10 +213,19 @@ func TestSettledRecordsArePublished(t *testing.T) {
 	finish(start("job.1", "replies.shop.1"), api.StateDelivered)
 	// Dead.
 	finish(start("d", "replies.shop.d"), api.StateDead)
-	// Cancelled before any claim (a job stored without a record), then
-	// met by the drain: published on the reply subject the drain knows.
-	if _, err := s.CancelStored(ctx, "demo", "c", "", now, now); err != nil {
+	// Cancelled before any claim (a job stored without a record):
+	// published at once, then again when the drain meets it, on the reply
+	// subject the drain knows.
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "c", Stored: now}, now); err != nil {
 		t.Fatal(err)
+	}
+	// A job published over NATS, cancelled before any claim: its reply
+	// subject, when the lane allows it, hears the cancel at once.
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n", Reply: "replies.shop.n", Stored: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n2", Reply: "elsewhere.n2", Stored: now}, now); err != nil || rec.Reply != "" {
+		t.Fatalf("cancel of a waiting job naming a refused reply: %+v, %v; want no reply kept", rec, err)
 	}
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "c", Fresh: true, Stored: now, Now: now, Reply: "replies.shop.c"}); !errors.Is(err, records.ErrNotStartable) {
 		t.Fatalf("start of a cancelled job: %v", err)
@@ -239,7 +248,7 @@ func TestSettledRecordsArePublished(t *testing.T) {
 	// No reply: results only.
 	finish(start("plain", ""), api.StateDelivered)
 
-	testenv.Eventually(t, 10*time.Second, "the results of 7 settlements", func() bool { return results.count() >= 7 })
+	testenv.Eventually(t, 10*time.Second, "the results of 10 settlements", func() bool { return results.count() >= 10 })
 	// One connection publishes all: the last result heard means every
 	// earlier message was heard too.
 	got := map[string]api.JobState{}
@@ -247,8 +256,8 @@ func TestSettledRecordsArePublished(t *testing.T) {
 		got[r.ID] = r.State
 	}
 	want := map[string]api.JobState{"job.1": api.StateDelivered, "d": api.StateDead, "c": api.StateCancelled, "e": api.StateExpired,
-		"s": api.StateCancelled, "r": api.StateDelivered, "plain": api.StateDelivered}
-	if len(got) != len(want) || results.count() != 7 {
+		"s": api.StateCancelled, "r": api.StateDelivered, "plain": api.StateDelivered, "n": api.StateCancelled, "n2": api.StateCancelled}
+	if len(got) != len(want) || results.count() != 10 {
 		t.Fatalf("results: %v (%d messages), want %v", got, results.count(), want)
 	}
 	for id, st := range want {
@@ -261,8 +270,8 @@ func TestSettledRecordsArePublished(t *testing.T) {
 		gotReply[r.Reply] = r.ID + " " + string(r.State)
 	}
 	wantReply := map[string]string{"replies.shop.1": "job.1 delivered", "replies.shop.d": "d dead", "replies.shop.c": "c cancelled",
-		"replies.shop.e": "e expired", "replies.shop.s": "s cancelled"}
-	if len(gotReply) != len(wantReply) || reply.count() != 5 {
+		"replies.shop.e": "e expired", "replies.shop.s": "s cancelled", "replies.shop.n": "n cancelled"}
+	if len(gotReply) != len(wantReply) || reply.count() != 6 {
 		t.Fatalf("replies: %v (%d messages), want %v", gotReply, reply.count(), wantReply)
 	}
 	for k, v := range wantReply {

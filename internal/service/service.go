@@ -195,8 +195,10 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	// Delayed and expiring jobs move their records too.
-	q.SetScheduleHook(records.NewHook(recs, s.log))
+	// Delayed, expiring and replayed jobs move their records too.
+	hook := records.NewHook(recs, s.log)
+	q.SetScheduleHook(hook)
+	q.SetReplayHook(hook)
 	// A settled job that names a callback sends its record as a job of its
 	// lane's results.callback_lane.
 	recs.SetCallbacks(q)

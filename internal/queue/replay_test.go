@@ -1,0 +1,125 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
+)
+
+// replayHook records what the queue tells it of replays, and can refuse.
+type replayHook struct {
+	mu     sync.Mutex
+	heard  []records.Replay
+	undone int
+	fail   error
+}
+
+func (h *replayHook) Replaying(_ context.Context, r records.Replay) (func(), error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fail != nil {
+		return nil, h.fail
+	}
+	h.heard = append(h.heard, r)
+	return func() {
+		h.mu.Lock()
+		h.undone++
+		h.mu.Unlock()
+	}, nil
+}
+
+// TestReplayKeepsWhereTheRecordGoes: a dead letter keeps the job's
+// callback, reply subject and expiry, and a replay stores them with the
+// job again, after it told the replay hook. A job whose expiry passed is
+// not replayed (ErrReplayExpired) and stays; replay-all passes over it
+// without counting it against max. A hook that cannot write the record
+// stops the replay: nothing is stored, the dead letter stays.
+func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
+	q, _ := newQueue(t, queue.LaneSpec{Name: "demo", MaxBacklog: 100, MaxInflight: 4, Prefetch: 1, AckWait: 5 * time.Second,
+		MaxBody: 1024, DedupWindow: time.Minute})
+	hook := &replayHook{}
+	q.SetReplayHook(hook)
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	past := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	jobs := []queue.Job{
+		{ID: "gone", Lane: "demo", Payload: []byte("c"), Expires: past},
+		{ID: "cb", Lane: "demo", Payload: []byte("a"), Callback: "https://h.example/cb"},
+		{ID: "reply", Lane: "demo", Payload: []byte("b"), Reply: "replies.shop.1", Expires: later},
+	}
+	for _, j := range jobs {
+		if _, err := q.Publish(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The expired one is dead-lettered as it is fetched; the others by
+	// their target.
+	c := consumer(t, q, "demo")
+	for range 2 {
+		m := nextJob(t, c, "a stored job")
+		if err := m.Dead(ctx, queue.DeadInfo{Reason: "rejected by target", LastStatus: 400}, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dead []api.DeadLetter
+	waitForCond(t, "three dead letters", func() bool {
+		dead, _ = q.ListDead(ctx, "demo", 0, 10)
+		return len(dead) == 3
+	})
+	seq := map[string]uint64{}
+	for _, d := range dead {
+		seq[d.ID] = d.Seq
+		if want := map[string]time.Time{"reply": later, "gone": past}[d.ID]; (d.Expires == nil) != want.IsZero() || (d.Expires != nil && !d.Expires.Equal(want)) {
+			t.Errorf("dead letter %s: expires %v, want %v", d.ID, d.Expires, want)
+		}
+	}
+
+	if _, err := q.ReplayDead(ctx, "demo", seq["gone"]); !errors.Is(err, queue.ErrReplayExpired) {
+		t.Fatalf("replay of an expired job: %v, want ErrReplayExpired", err)
+	}
+	hook.fail = errors.New("records down")
+	if _, err := q.ReplayDead(ctx, "demo", seq["cb"]); !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("replay whose record cannot be written: %v, want ErrUnavailable", err)
+	}
+	hook.fail = nil
+	if n, _ := q.CountDead(ctx, "demo"); n != 3 {
+		t.Fatalf("%d dead letters after two refused replays, want 3", n)
+	}
+	got, err := q.ReplayAllDead(ctx, "demo", 2)
+	if err != nil || got.Replayed != 2 || got.Expired != 1 {
+		t.Fatalf("replay all: %+v %v; want 2 replayed, 1 expired passed over", got, err)
+	}
+	if len(hook.heard) != 2 || hook.heard[0] != (records.Replay{Lane: "demo", ID: "cb", Callback: "https://h.example/cb"}) ||
+		hook.heard[1] != (records.Replay{Lane: "demo", ID: "reply"}) || hook.undone != 0 {
+		t.Fatalf("the hook heard %+v (undone %d)", hook.heard, hook.undone)
+	}
+	for range 2 {
+		m := nextJob(t, c, "a replayed job")
+		j := m.Job()
+		switch j.ID {
+		case "cb":
+			if j.Callback != "https://h.example/cb" || j.Reply != "" || !j.Expires.IsZero() {
+				t.Errorf("replayed cb: %+v", j)
+			}
+		case "reply":
+			if j.Reply != "replies.shop.1" || j.Callback != "" || !j.Expires.Equal(later) {
+				t.Errorf("replayed reply: %+v", j)
+			}
+		default:
+			t.Errorf("replayed %s", j.ID)
+		}
+		if j.Attempts != 0 || j.RecordRev != 0 {
+			t.Errorf("replayed %s: attempts %d, record revision %d; want none", j.ID, j.Attempts, j.RecordRev)
+		}
+		m.Ack()
+	}
+	if dead, _ := q.ListDead(ctx, "demo", 0, 10); len(dead) != 1 || dead[0].ID != "gone" {
+		t.Fatalf("dead letters left: %+v; want the expired one", dead)
+	}
+}
