@@ -50,7 +50,8 @@ func recordLen(rec api.JobRecord) int {
 // dropping the field.
 var wireFields = map[reflect.Type][]string{
 	reflect.TypeFor[api.JobRecord](): {"v", "id", "lane", "key,omitempty", "state", "stored_at,omitempty", "started_at,omitempty",
-		"finished_at,omitempty", "attempts", "reason,omitempty", "response,omitempty", "callback,omitempty", "reply,omitempty"},
+		"finished_at,omitempty", "attempts", "reason,omitempty", "response,omitempty", "callback,omitempty", "reply,omitempty",
+		"replays,omitempty"},
 	reflect.TypeFor[api.JobAttempt]():  {"at", "status,omitempty", "error,omitempty", "duration_ms"},
 	reflect.TypeFor[api.JobResponse](): {"status", "headers,omitempty", "body,omitempty", "body_base64,omitempty", "truncated,omitempty"},
 }
@@ -128,6 +129,10 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	if rec.Reply != "" {
 		b = append(b, `,"reply":`...)
 		b = appendString(b, rec.Reply)
+	}
+	if rec.Replays != 0 {
+		b = append(b, `,"replays":`...)
+		b = strconv.AppendInt(b, int64(rec.Replays), 10)
 	}
 	return append(b, '}'), true
 }
