@@ -61,6 +61,9 @@ type Service struct {
 	// historyEvery is the lanes' throughput sampling interval; zero:
 	// lane.DefaultHistoryEvery.
 	historyEvery time.Duration
+	// maxWaiters bounds the requests waiting for their jobs' answers;
+	// zero: records.DefaultMaxWaiters.
+	maxWaiters int
 
 	handlers map[string]dispatch.Target
 
@@ -202,7 +205,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	recs.SetCallbacks(q)
 	// One subscription for every caller of this instance that waits for
 	// its job's answer (?wait=), made before any job is taken.
-	waiters := records.NewWaiters(nc, claim.ID(), 0, s.log)
+	waiters := records.NewWaiters(nc, claim.ID(), s.maxWaiters, s.log)
 	if err := waiters.Listen(); err != nil {
 		return err
 	}
