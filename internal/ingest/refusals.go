@@ -92,6 +92,7 @@ var problemRows = []struct {
 	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},
 	{api.ErrJobStarted, ProblemJobStarted, http.StatusConflict, "id", 0},
 	{records.ErrTooManyWaiters, ProblemOverloaded, http.StatusServiceUnavailable, "wait", time.Second},
+	{records.ErrCallerWaits, ProblemOverloaded, http.StatusTooManyRequests, "wait", time.Second},
 	// The admission decision's refusal (a *admission.RejectError names
 	// its field and when to retry) and the queue's.
 	{admission.ErrBacklogFull, ProblemBacklogFull, http.StatusTooManyRequests, "max_backlog", 0},

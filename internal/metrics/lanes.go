@@ -25,7 +25,7 @@ var (
 		"missing_throttle_key", "invalid_throttle_key", "invalid_trace_context", "invalid_schedule", "invalid_destination", "invalid_callback", "invalid_reply",
 		"body_too_large", "body_inflight_full", "body_inflight_caller_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
-		"invalid_wait", "too_many_waiters", "records_unavailable",
+		"invalid_wait", "too_many_waiters", "caller_waiters_full", "records_unavailable",
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}
