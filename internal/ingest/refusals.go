@@ -49,6 +49,10 @@ var (
 	ErrForbidden    = errors.New("the API key lacks the scope")
 	ErrUnknownHost  = errors.New("unknown Host")
 	ErrCrossSite    = errors.New("cross-site request")
+	// ErrCallbackLane: a submission to a lane that carries other lanes'
+	// callbacks (results.callback_lane), on which only the throttler
+	// stores jobs: it signs them as records the throttler settled.
+	ErrCallbackLane = errors.New("the lane carries callbacks; only the throttler stores jobs on it")
 )
 
 // problemRows is the table: the first row whose error the refusal matches
@@ -101,6 +105,7 @@ var problemRows = []struct {
 	{ErrOverPlan, ProblemOverPlan, http.StatusRequestEntityTooLarge, "cost", 0},
 	{ErrUnauthorized, ProblemUnauthorized, http.StatusUnauthorized, "Authorization", 0},
 	{ErrForbidden, ProblemForbidden, http.StatusForbidden, "Authorization", 0},
+	{ErrCallbackLane, ProblemForbidden, http.StatusForbidden, "lane", 0},
 	{ErrUnknownHost, ProblemUnknownHost, http.StatusMisdirectedRequest, "Host", 0},
 	{ErrCrossSite, ProblemCrossSite, http.StatusForbidden, "Origin", 0},
 }

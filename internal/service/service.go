@@ -220,7 +220,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Metrics: m, Logger: s.log, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Records: recs,
 		Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
-		Traces:  s.traces, HistoryEvery: s.historyEvery,
+		Traces:  s.traces, HistoryEvery: s.historyEvery, CallbackLanes: callbackLanes(s.cfg.Lanes),
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -427,4 +427,15 @@ func (s *Service) noRoom(field string, err error) error {
 		}
 	}
 	return &config.Error{Field: field, Msg: err.Error() + "; " + fix}
+}
+
+// callbackLanes are the lanes some lane names as its results.callback_lane.
+func callbackLanes(lanes []config.Lane) map[string]bool {
+	out := map[string]bool{}
+	for _, lc := range lanes {
+		if r := lc.Results; r != nil && r.CallbackLane != "" {
+			out[r.CallbackLane] = true
+		}
+	}
+	return out
 }
