@@ -31,6 +31,9 @@ type Lanes struct {
 	held map[string]func() bool
 	// callbacks are the lanes' results.callback_urls.
 	callbacks map[string]*dest.Prefixes
+	// callbackLanes are the lanes some lane names as its
+	// results.callback_lane.
+	callbackLanes map[string]bool
 }
 
 var (
@@ -57,7 +60,7 @@ type keyFns struct {
 
 // NewLanes returns an empty directory.
 func NewLanes() *Lanes {
-	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, held: map[string]func() bool{}, callbacks: map[string]*dest.Prefixes{}}
+	return &Lanes{byName: map[string]*lane.Lane{}, cfg: map[string]config.Lane{}, keyFns: map[string]keyFns{}, dest: map[string]*dest.Rules{}, held: map[string]func() bool{}, callbacks: map[string]*dest.Prefixes{}, callbackLanes: map[string]bool{}}
 }
 
 // Add lists l, started from lc, after the lanes added before it.
@@ -70,6 +73,9 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 		if r, err := dest.New(h.DestConfig()); err == nil { // validated with the config
 			d.dest[lc.Name] = r
 		}
+	}
+	if r := lc.Results; r != nil && r.CallbackLane != "" {
+		d.callbackLanes[r.CallbackLane] = true
 	}
 	if r := lc.Results; r != nil && len(r.CallbackURLs) > 0 {
 		if p, err := dest.NewPrefixes(r.CallbackURLs); err == nil { // validated with the config
@@ -104,6 +110,7 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	il.KeyFromURL = c.PerKey != nil && c.PerKey.KeyFrom == dest.KeyFromURLHost && il.Dest != nil
 	il.Held = d.held[name]
 	il.Callbacks = d.callbacks[name]
+	il.CallbacksOnly = d.callbackLanes[name]
 	return il, true
 }
 

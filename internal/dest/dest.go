@@ -8,10 +8,12 @@
 // A job may ask for:
 //
 //   - a path and query under the lane's base URL (Throttle-Path): it never
-//     leaves the base's path. Dot segments, repeated slashes, backslashes,
-//     control characters and the percent-encoded forms of '/', '\', '.' and
-//     '%' (double encoding) are refused, so no decoding of the result, once
-//     or twice, can climb out of the base;
+//     leaves the base's path. Dot segments (also with path parameters,
+//     "..;"), backslashes, control characters, the percent-encoded forms of
+//     '/', '\', '.', ';' and '%' (double encoding), and encoded characters
+//     that Unicode normalisation turns into one of those are refused, so no
+//     decoding or normalising of the result, once or twice, can climb out
+//     of the base; repeated slashes and "." segments are dropped;
 //   - a method listed in target.http.methods (Throttle-Method);
 //   - a whole URL under one of target.http.job_urls (Throttle-URL), compared
 //     after parsing and normalising: scheme, host, port, and the path on a
@@ -606,7 +608,13 @@ func checkPath(p string) (string, error) {
 }
 
 // checkSegment checks one path segment other than "", "." and "..".
+// A "." or ".." followed by path parameters (";…") is a dot segment too:
+// Tomcat, Jetty and Spring drop the parameters before they resolve dot
+// segments, so "..;/admin" climbs out of the base there.
 func checkSegment(seg string) error {
+	if head, _, ok := strings.Cut(seg, ";"); ok && (head == "." || head == "..") {
+		return fmt.Errorf("%w: a dot segment with path parameters", ErrPathEscapes)
+	}
 	encoded := false
 	for i := 0; i < len(seg); i++ {
 		c := seg[i]
@@ -619,7 +627,7 @@ func checkSegment(seg string) error {
 			}
 			d := unhex(seg[i+1])<<4 | unhex(seg[i+2])
 			switch {
-			case d == '/' || d == '\\' || d == '.' || d == '%':
+			case d == '/' || d == '\\' || d == '.' || d == '%' || d == ';':
 				return fmt.Errorf("%w: an encoded %q", ErrPathEscapes, rune(d))
 			case d < ' ' || d == 0x7f:
 				return fmt.Errorf("%w: an encoded control byte", ErrBadPath)
@@ -632,13 +640,38 @@ func checkSegment(seg string) error {
 	}
 	// Without a '%' the segment is printable ASCII: nothing to decode.
 	if encoded {
-		if dec, err := url.PathUnescape(seg); err != nil || !utf8.ValidString(dec) {
+		dec, err := url.PathUnescape(seg)
+		if err != nil || !utf8.ValidString(dec) {
 			// Overlong forms (%c0%ae is '.' to a lax decoder) and other
 			// invalid UTF-8.
 			return fmt.Errorf("%w: the encoded bytes are not valid UTF-8", ErrPathEscapes)
 		}
+		for _, c := range dec {
+			if lookalike[c] {
+				return fmt.Errorf("%w: an encoded %U, which a normalising server reads as '.', '/', '\\', ';' or '%%'", ErrPathEscapes, c)
+			}
+		}
 	}
 	return nil
+}
+
+// lookalike are the characters that Unicode compatibility normalisation
+// (NFKC), a Windows best-fit mapping or an IDNA-style reading turn into a
+// '.', '/', '\\', ';' or '%': a server that normalises a path after
+// decoding it would see a dot segment, a new segment or a second encoding
+// where the check saw a name.
+var lookalike = map[rune]bool{
+	// '.' and runs of them
+	'\u2024': true, '\u2025': true, '\u2026': true, '\uFE19': true, '\uFE30': true,
+	'\uFE52': true, '\uFF0E': true, '\u3002': true, '\uFF61': true,
+	// '/'
+	'\u2044': true, '\u2215': true, '\u2571': true, '\u29F8': true, '\uFF0F': true,
+	// '\\'
+	'\u2216': true, '\u2572': true, '\u29F9': true, '\uFE68': true, '\uFF3C': true,
+	// ';'
+	'\u037E': true, '\uFE54': true, '\uFF1B': true,
+	// '%'
+	'\uFE6A': true, '\uFF05': true,
 }
 
 // setPath sets u's path to escaped, an escaped path checkPath allowed.

@@ -78,6 +78,26 @@ func TestRefusals(t *testing.T) {
 		{"space", dest.Request{Path: "a b"}, dest.HeaderPath, dest.ErrBadPath},
 		{"overlong dots", dest.Request{Path: "%c0%ae%c0%ae/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
 		{"bad escape", dest.Request{Path: "a%zz"}, dest.HeaderPath, dest.ErrBadPath},
+		// A dot segment with path parameters: Tomcat, Jetty and Spring drop
+		// ";…" from a segment before they resolve dot segments.
+		{"dotdot params", dest.Request{Path: "..;/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"inner dotdot params", dest.Request{Path: "a/..;x=1/..;/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"dot params", dest.Request{Path: ".;/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"dotdot encoded params", dest.Request{Path: "..%3b/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"encoded semicolon", dest.Request{Path: "a%3Bb"}, dest.HeaderPath, dest.ErrPathEscapes},
+		// Characters a Unicode normalisation (NFKC) or a Windows best-fit
+		// mapping turns into '.', '/', '\', ';' or '%'.
+		{"fullwidth dots", dest.Request{Path: "%ef%bc%8e%ef%bc%8e/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"one dot leader", dest.Request{Path: "%e2%80%a4%e2%80%a4/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"two dot leader", dest.Request{Path: "%e2%80%a5/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"small full stop", dest.Request{Path: "%ef%b9%92%ef%b9%92/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"ideographic full stop", dest.Request{Path: "%e3%80%82%e3%80%82/admin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"fullwidth slash", dest.Request{Path: "a%ef%bc%8f..%ef%bc%8fadmin"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"division slash", dest.Request{Path: "a%e2%88%95b"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"fullwidth backslash", dest.Request{Path: "a%ef%bc%bcb"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"fullwidth percent", dest.Request{Path: "a%ef%bc%852e"}, dest.HeaderPath, dest.ErrPathEscapes},
+		{"url dotdot params", dest.Request{URL: "https://api.example.com/v2/..;/admin"}, dest.HeaderURL, dest.ErrPathEscapes},
+		{"url fullwidth dots", dest.Request{URL: "https://api.example.com/v2/%ef%bc%8e%ef%bc%8e/admin"}, dest.HeaderURL, dest.ErrPathEscapes},
 		{"query control", dest.Request{Path: "a?x=%0d%0aHost:evil"}, dest.HeaderPath, dest.ErrBadPath},
 		{"too long", dest.Request{Path: strings.Repeat("a", dest.MaxPath+1)}, dest.HeaderPath, dest.ErrBadPath},
 		{"method", dest.Request{Method: "PUT"}, dest.HeaderMethod, dest.ErrMethodNotAllowed},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/throttler/throttler/internal/dest"
 )
@@ -57,6 +58,33 @@ func fieldName(key string) string {
 	return key
 }
 
+// keyHeadersGo reports whether a key's headers go with a job: they are
+// its receiver's credentials, so not to a job URL (jobURL, "" for none) of
+// another origin (scheme, host, port) than the key's URL. A key without a
+// URL sends them wherever its jobs go (the lane's URL or its job_urls).
+func keyHeadersGo(keyURL *url.URL, jobURL string) bool {
+	if keyURL == nil || jobURL == "" {
+		return true
+	}
+	u, err := url.Parse(jobURL)
+	if err != nil {
+		return false // refused below anyway
+	}
+	return strings.EqualFold(u.Scheme, keyURL.Scheme) && strings.EqualFold(u.Hostname(), keyURL.Hostname()) &&
+		portOf(u) == portOf(keyURL)
+}
+
+// portOf is u's port, or its scheme's default.
+func portOf(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
+}
+
 // route points req where job (and its key) asks to go and returns the
 // method and the job's own URL (nil for the target's); a refused
 // destination comes back as a Dead Result.
@@ -67,8 +95,10 @@ func (h *HTTP) route(req *http.Request, job Job) (method string, to *url.URL, re
 			return h.method, nil, Result{Verdict: Dead, Err: fmt.Errorf("%w: key %s: %w", ErrDestRefused, job.Key, kt.Err)}
 		}
 		keyURL = kt.URL
-		for k, v := range kt.Header {
-			req.Header[k] = v
+		if len(kt.Header) > 0 && keyHeadersGo(kt.URL, job.Dest.URL) {
+			for k, v := range kt.Header {
+				req.Header[k] = v
+			}
 		}
 	}
 	// The job's own headers go in after its key's: they win.

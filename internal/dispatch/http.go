@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/throttler/throttler/internal/clock"
@@ -41,6 +42,13 @@ const (
 	// maxDrain is how much of a response body is read so that the
 	// connection can be reused; a larger body closes the connection.
 	maxDrain = 64 << 10
+	// maxAnswerHeader bounds the status line and headers of a target's
+	// answer (the transport's default is 10 MiB, held per delivery in
+	// flight); an answer over it is a failed attempt, retried.
+	maxAnswerHeader = 64 << 10
+	// maxErrorPart bounds a reason phrase or Location a target chose, as
+	// an attempt's error quotes it (logs, dead letters).
+	maxErrorPart = 256
 )
 
 // ErrRedirected is the error of a delivery answered with a 3xx: redirects
@@ -249,14 +257,15 @@ func NewHTTP(cfg HTTPConfig, guard *Guard) (*HTTP, error) {
 	h.transport = &http.Transport{
 		// No proxy: the guard must see the target's address, not a
 		// proxy's.
-		Proxy:                 nil,
-		DialContext:           dial,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          0, // no global limit; per host below
-		MaxIdleConnsPerHost:   max(maxIdlePerHost, cfg.MaxInflight),
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
+		Proxy:                  nil,
+		DialContext:            dial,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           0, // no global limit; per host below
+		MaxIdleConnsPerHost:    max(maxIdlePerHost, cfg.MaxInflight),
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  time.Second,
+		MaxResponseHeaderBytes: maxAnswerHeader,
 	}
 	tmpl, err := http.NewRequest(h.method, h.url, nil)
 	if err != nil {
@@ -419,7 +428,7 @@ func (h *HTTP) classify(resp *http.Response, method string, to *url.URL) Result 
 		if u, err := resp.Request.URL.Parse(loc); err == nil && loc != "" {
 			loc = redactURL(u)
 		}
-		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, h.logURLOf(to), ErrRedirected, resp.Status, loc)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, h.logURLOf(to), ErrRedirected, clipAnswer(resp.Status), clipAnswer(loc))
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
 		code == http.StatusTooManyRequests, code >= 500, code < 200:
 		res.Verdict = Retry
@@ -429,7 +438,7 @@ func (h *HTTP) classify(resp *http.Response, method string, to *url.URL) Result 
 		res.Verdict = Dead
 	}
 	if res.Verdict != Done && res.Err == nil {
-		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", method, h.logURLOf(to), ErrStatus, resp.Status)
+		res.Err = fmt.Errorf("dispatch: %s %s: %w %s", method, h.logURLOf(to), ErrStatus, clipAnswer(resp.Status))
 	}
 	res.RetryAfter, res.PauseLane = downstreamSignals(code, resp.Header, h.clock.Now())
 	if res.Verdict == Retry && res.RetryAfter == 0 {
@@ -439,6 +448,15 @@ func (h *HTTP) classify(resp *http.Response, method string, to *url.URL) Result 
 		res.RetryAfter = 0
 	}
 	return res
+}
+
+// clipAnswer bounds a part of a target's answer (its status line's reason
+// phrase, a Location) quoted in an error.
+func clipAnswer(s string) string {
+	if len(s) <= maxErrorPart {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxErrorPart], "") + "…"
 }
 
 // redactURL returns scheme://host/path, without user info or query, which

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -579,5 +580,56 @@ func TestHTTPBasicAuthFromURL(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(got, want) {
 		t.Errorf("Authorization sent: %q, want %q", got, want)
+	}
+}
+
+// TestHTTPHugeAnswerHeaders: a target that answers with huge headers
+// neither holds megabytes per delivery nor puts them in the attempt's
+// error, which goes into logs, dead letters and their listings: an
+// answer whose headers are over maxAnswerHeader bytes is a failed attempt,
+// and a long reason phrase or Location is cut in the error.
+func TestHTTPHugeAnswerHeaders(t *testing.T) {
+	t.Parallel()
+	// A raw server: net/http writes no reason phrase of its own choosing.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	answers := map[string]string{
+		"/reason":   "HTTP/1.1 500 " + strings.Repeat("r", 60<<10) + "\r\nContent-Length: 0\r\n\r\n",
+		"/location": "HTTP/1.1 302 Found\r\nLocation: /" + strings.Repeat("l", 60<<10) + "\r\nContent-Length: 0\r\n\r\n",
+		"/headers":  "HTTP/1.1 200 OK\r\nX-Junk: " + strings.Repeat("j", 4<<20) + "\r\nContent-Length: 0\r\n\r\n",
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, answers[req.URL.Path])
+			}()
+		}
+	}()
+	base := "http://" + ln.Addr().String()
+	for _, tc := range []struct {
+		path    string
+		verdict Verdict
+	}{{"/reason", Retry}, {"/location", Dead}, {"/headers", Retry}} {
+		t.Run(tc.path, func(t *testing.T) {
+			res := newHTTP(t, HTTPConfig{URL: base + tc.path, Timeout: 5 * time.Second}, nil).Deliver(context.Background(), testJob())
+			if res.Verdict != tc.verdict || res.Err == nil {
+				t.Fatalf("verdict %v, err %v; want %v with an error", res.Verdict, res.Err, tc.verdict)
+			}
+			if n := len(res.Err.Error()); n > 1024 {
+				t.Errorf("the error is %d bytes; want at most 1024", n)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/throttler/throttler/api"
@@ -108,6 +109,11 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 	list, err := h.cfg.DeadLetters.ListDead(r.Context(), lane, after, limit)
 	if err != nil {
 		return err
+	}
+	for i := range list {
+		// A read-only key sees the listing: a query may hold a
+		// credential (?api_key=…); GET of one (admin) shows it whole.
+		list[i].Path, list[i].URL = hideQuery(list[i].Path), hideQuery(list[i].URL)
 	}
 	out := api.DeadLetters{Dead: list}
 	if out.Dead == nil {
@@ -243,4 +249,13 @@ func (h *Handler) setLimit(w http.ResponseWriter, r *http.Request, lane string) 
 		"rate", lim.Rate, "burst", lim.Burst)
 	writeJSON(w, http.StatusOK, st)
 	return nil
+}
+
+// hideQuery is a job's path or URL with its query replaced by "…", as the
+// dead-letter listing shows it.
+func hideQuery(s string) string {
+	if i := strings.IndexByte(s, '?'); i >= 0 {
+		return s[:i+1] + "…"
+	}
+	return s
 }

@@ -109,6 +109,10 @@ type Lane struct {
 	// Callbacks are the lane's results.callback_urls; nil refuses
 	// Throttle-Callback.
 	Callbacks *dest.Prefixes
+	// CallbacksOnly: the lane is another lane's results.callback_lane. It
+	// signs what it sends as records the throttler settled, so it takes
+	// no submission (ErrCallbackLane).
+	CallbacksOnly bool
 	// KeyFromURL: a keyed lane with per_key.key_from: url_host. A job
 	// without a key that names a URL gets the URL's host as its key
 	// (Dest.KeyOf); a key that disagrees with its job's URL is refused.
@@ -335,8 +339,13 @@ func (h *Handler) openLane(w http.ResponseWriter, r *http.Request, what string) 
 	}
 	if lane, ok = h.cfg.Lanes.Lane(name); !ok {
 		rj.reject(refusal(ErrUnknownLane, "", "no lane named %q is configured", clip(name)), "unknown_lane")
+		return name, lane, rj, false
 	}
-	return name, lane, rj, ok
+	if lane.CallbacksOnly {
+		rj.reject(refusal(ErrCallbackLane, "lane", "lane %s is the results.callback_lane of other lanes: it signs what it sends as their settled records, so only the throttler stores jobs on it", name), "callback_lane")
+		return name, lane, rj, false
+	}
+	return name, lane, rj, true
 }
 
 // readBody reads a submission's body of at most limit bytes, within the

@@ -43,7 +43,7 @@ type StoredJobs interface {
 // (records.Waiters).
 type Waiting interface {
 	Address() string
-	Expect(lane, id string) (<-chan api.JobRecord, func(), error)
+	Expect(lane, id, caller string) (<-chan api.JobRecord, func(), error)
 }
 
 var (
@@ -164,9 +164,17 @@ func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait > 0 && !rec.State.Settled() {
+		// The wait holds a slot of the instance's waits, as a waited
+		// submission does: it reads the record every waitPoll.
+		ch, release, err := h.expectWait(r, name, id)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		defer release()
 		ctx, cancel := h.waitContext(r.Context(), wait)
 		defer cancel()
-		if got, settled := h.cfg.Records.Wait(ctx, nil, name, id, waitPoll); settled || got.ID != "" {
+		if got, settled := h.cfg.Records.Wait(ctx, ch, name, id, waitPoll); settled || got.ID != "" {
 			rec = got
 		}
 	}
@@ -305,8 +313,12 @@ func (s *submission) done() {
 // job: its state, or with a wait its answer, and handled is true.
 func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecter, job *queue.Job, s *submission) (handled bool) {
 	if s.wait > 0 {
-		ch, release, err := h.cfg.Waiters.Expect(job.Lane, job.ID)
-		if err != nil {
+		ch, release, err := h.expectWait(r, job.Lane, job.ID)
+		switch {
+		case errors.Is(err, records.ErrCallerWaits):
+			rj.reject(err, "caller_waiters_full")
+			return true
+		case err != nil:
 			rj.reject(err, "too_many_waiters")
 			return true
 		}
@@ -340,6 +352,20 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 	s.rev = rev
 	job.RecordRev = rev
 	return false
+}
+
+// expectWait registers a wait of r's caller (its API key, else its client
+// address) for lane's job id; without Waiters (no lane keeps records) it
+// refuses as a full instance does.
+func (h *Handler) expectWait(r *http.Request, lane, id string) (<-chan api.JobRecord, func(), error) {
+	if h.cfg.Waiters == nil {
+		return nil, nil, records.ErrTooManyWaiters
+	}
+	caller := callerOf(r)
+	if caller == "anonymous" {
+		caller = "ip:" + ipKey(clientIP(r))
+	}
+	return h.cfg.Waiters.Expect(lane, id, caller)
 }
 
 // createRecord creates a job's record, queued, before the job is stored.

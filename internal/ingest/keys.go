@@ -87,6 +87,11 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request, lane string) er
 	if err != nil {
 		return keyRefusal(err)
 	}
+	if s, ok := r.Context().Value(scopesCtx{}).(Scopes); ok && !s.Admin {
+		// A receiver's token may sit in the URL's query; the admin who
+		// set it sees it whole.
+		st.URL = hideQuery(st.URL)
+	}
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }

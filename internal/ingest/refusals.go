@@ -49,6 +49,10 @@ var (
 	ErrForbidden    = errors.New("the API key lacks the scope")
 	ErrUnknownHost  = errors.New("unknown Host")
 	ErrCrossSite    = errors.New("cross-site request")
+	// ErrCallbackLane: a submission to a lane that carries other lanes'
+	// callbacks (results.callback_lane), on which only the throttler
+	// stores jobs: it signs them as records the throttler settled.
+	ErrCallbackLane = errors.New("the lane carries callbacks; only the throttler stores jobs on it")
 )
 
 // problemRows is the table: the first row whose error the refusal matches
@@ -93,6 +97,7 @@ var problemRows = []struct {
 	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},
 	{api.ErrJobStarted, ProblemJobStarted, http.StatusConflict, "id", 0},
 	{records.ErrTooManyWaiters, ProblemOverloaded, http.StatusServiceUnavailable, "wait", time.Second},
+	{records.ErrCallerWaits, ProblemOverloaded, http.StatusTooManyRequests, "wait", time.Second},
 	// The admission decision's refusal (a *admission.RejectError names
 	// its field and when to retry) and the queue's.
 	{admission.ErrBacklogFull, ProblemBacklogFull, http.StatusTooManyRequests, "max_backlog", 0},
@@ -101,6 +106,7 @@ var problemRows = []struct {
 	{ErrOverPlan, ProblemOverPlan, http.StatusRequestEntityTooLarge, "cost", 0},
 	{ErrUnauthorized, ProblemUnauthorized, http.StatusUnauthorized, "Authorization", 0},
 	{ErrForbidden, ProblemForbidden, http.StatusForbidden, "Authorization", 0},
+	{ErrCallbackLane, ProblemForbidden, http.StatusForbidden, "lane", 0},
 	{ErrUnknownHost, ProblemUnknownHost, http.StatusMisdirectedRequest, "Host", 0},
 	{ErrCrossSite, ProblemCrossSite, http.StatusForbidden, "Origin", 0},
 }

@@ -56,6 +56,10 @@ type Deps struct {
 	// Workers are the worker users of each pull-mode lane by lane name
 	// (config.NATS.WorkersOf); a lane with none answers any worker inbox.
 	Workers map[string][]string
+	// CallbackLanes are the lanes some lane names as its
+	// results.callback_lane: they take no job published on their public
+	// subject (queue.LaneSpec.CallbacksOnly).
+	CallbackLanes map[string]bool
 	// Records keeps the job records of the lanes with results; nil keeps
 	// none (a lane's results are then refused at New).
 	Records Records

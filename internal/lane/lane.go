@@ -186,7 +186,7 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 		Name: name, MaxBacklog: l.cfg.MaxBacklog, MaxInflight: l.cfg.MaxInflight, Prefetch: batch,
 		AckWait: l.cfg.AckWait.D(), MaxBody: int64(l.cfg.MaxBody), MaxBytes: int64(l.cfg.MaxBytes),
 		DedupWindow: l.d.DedupWindow, Replicas: l.d.Replicas,
-		MaxAge: l.cfg.MaxAge.D(), MaxDelay: l.cfg.MaxDelay.D(),
+		MaxAge: l.cfg.MaxAge.D(), MaxDelay: l.cfg.MaxDelay.D(), CallbacksOnly: l.d.CallbackLanes[name],
 	}
 	if l.cfg.PerKey != nil {
 		spec.Ordered = l.cfg.PerKey.Ordered

@@ -21,11 +21,11 @@ var (
 	submittedAs = [][2]string{{"admitted", "http"}, {"queued", "http"}, {"duplicate", "http"}, {"scheduled", "http"}, {"queued", "nats"}}
 	// rejectReasons are the reasons of Rejected (ingest's refusals).
 	rejectReasons = []string{
-		"shutting_down", "unknown_lane", "invalid_idempotency_key", "invalid_content_type",
+		"shutting_down", "unknown_lane", "callback_lane", "invalid_idempotency_key", "invalid_content_type",
 		"missing_throttle_key", "invalid_throttle_key", "invalid_trace_context", "invalid_schedule", "invalid_destination", "invalid_callback", "invalid_reply",
 		"body_too_large", "body_inflight_full", "body_inflight_caller_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
-		"invalid_wait", "too_many_waiters", "records_unavailable",
+		"invalid_wait", "too_many_waiters", "caller_waiters_full", "records_unavailable",
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}

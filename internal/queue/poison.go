@@ -41,6 +41,9 @@ const maxLoggedSubject = 256
 // poisonReason says why a job published on one of lane's public subjects
 // can never be delivered, or "" when it can. keyed says the lane is keyed.
 func poisonReason(spec LaneSpec, job Job, keyed bool) string {
+	if spec.CallbacksOnly {
+		return "the lane is a results.callback_lane: it carries other lanes' callbacks, signed as their settled records, and takes no job published on throttle." + spec.Name
+	}
 	switch kerr := ValidKey(job.Key); {
 	case keyed && job.Key == "" && spec.URLKey != nil:
 		return "no Throttle-Key: a keyed lane's jobs are published on throttle." + spec.Name + ".<key>, or on throttle." + spec.Name +

@@ -164,6 +164,10 @@ type LaneSpec struct {
 	// MaxDelay bounds the delay a publisher may ask for on the lane's
 	// public subject; 0: DefaultMaxDelay.
 	MaxDelay time.Duration
+	// CallbacksOnly: the lane is another lane's results.callback_lane; a
+	// job published on its public subject is poison (only the throttler
+	// stores jobs on it: it signs them as records the throttler settled).
+	CallbacksOnly bool
 	// URLKey, on a keyed lane with per_key.key_from: url_host, is the key
 	// of a job's URL (dest.Rules.KeyOf): a job published on throttle.<lane>
 	// with a Throttle-URL gets it as its key, and one published on a key

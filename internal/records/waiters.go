@@ -42,6 +42,10 @@ func WaitAddress(v string) string {
 // ErrTooManyWaiters: the instance holds its most waiting callers.
 var ErrTooManyWaiters = errors.New("records: too many callers wait on this instance")
 
+// ErrCallerWaits: the caller holds its share of the instance's waits
+// (a quarter of them, at least one).
+var ErrCallerWaits = errors.New("records: this caller holds its most waiting requests on this instance")
+
 // DefaultMaxWaiters bounds the callers one instance holds waiting.
 const DefaultMaxWaiters = 10_000
 
@@ -58,21 +62,25 @@ type Waiters struct {
 	mu      sync.Mutex
 	waiting map[waitKey][]chan api.JobRecord
 	n       int
+	// share bounds the waits of one caller; byCaller counts them.
+	share    int
+	byCaller map[string]int
 }
 
 type waitKey struct{ lane, id string }
 
-// NewWaiters returns the waiters of instance, at most max at once (0:
-// DefaultMaxWaiters). It starts nothing: Listen subscribes.
-func NewWaiters(nc *nats.Conn, instance string, max int, logger *slog.Logger) *Waiters {
-	if max <= 0 {
-		max = DefaultMaxWaiters
+// NewWaiters returns the waiters of instance, at most most at once (0:
+// DefaultMaxWaiters), of which one caller holds at most a quarter (at
+// least one). It starts nothing: Listen subscribes.
+func NewWaiters(nc *nats.Conn, instance string, most int, logger *slog.Logger) *Waiters {
+	if most <= 0 {
+		most = DefaultMaxWaiters
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Waiters{nc: nc, address: WaitSubject(instance), max: max, log: logger.With("component", "waiters"),
-		waiting: map[waitKey][]chan api.JobRecord{}}
+	return &Waiters{nc: nc, address: WaitSubject(instance), max: most, log: logger.With("component", "waiters"),
+		waiting: map[waitKey][]chan api.JobRecord{}, share: max(1, most/4), byCaller: map[string]int{}}
 }
 
 // Listen subscribes to the instance's wait subject.
@@ -102,25 +110,36 @@ func (w *Waiters) Waiting() int {
 	return w.n
 }
 
-// Expect registers a wait for the settled record of lane's job id. Call it
-// before the job is stored; then wait, and call cancel when done.
-func (w *Waiters) Expect(lane, id string) (ch <-chan api.JobRecord, cancel func(), err error) {
+// Expect registers a wait of caller (who waits: an API key, else a client
+// address) for the settled record of lane's job id. Call it before the job
+// is stored; then wait, and call cancel when done. ErrTooManyWaiters: the
+// instance holds its most waits; ErrCallerWaits: caller holds its share.
+func (w *Waiters) Expect(lane, id, caller string) (ch <-chan api.JobRecord, cancel func(), err error) {
 	k := waitKey{lane, id}
 	c := make(chan api.JobRecord, 1)
 	w.mu.Lock()
-	if w.n >= w.max {
+	switch {
+	case w.n >= w.max:
 		w.mu.Unlock()
 		return nil, nil, ErrTooManyWaiters
+	case w.byCaller[caller] >= w.share:
+		w.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w (%d)", ErrCallerWaits, w.share)
 	}
 	w.waiting[k] = append(w.waiting[k], c)
 	w.n++
+	w.byCaller[caller]++
 	w.mu.Unlock()
-	return c, func() { w.remove(k, c) }, nil
+	var once sync.Once
+	return c, func() { once.Do(func() { w.remove(k, c, caller) }) }, nil
 }
 
-func (w *Waiters) remove(k waitKey, c chan api.JobRecord) {
+func (w *Waiters) remove(k waitKey, c chan api.JobRecord, caller string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.byCaller[caller]--; w.byCaller[caller] <= 0 {
+		delete(w.byCaller, caller)
+	}
 	cs := w.waiting[k]
 	for i, x := range cs {
 		if x == c {

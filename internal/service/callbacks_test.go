@@ -164,9 +164,10 @@ func TestCallbacksEndToEnd(t *testing.T) {
 				t.Fatalf("%s: a refused job has a record (%d)", u, code)
 			}
 		}
-		// A lane without callback_urls refuses the header.
-		if c := submitWithCallback(t, addr, "callbacks", "no-cb", recv.srv.URL+"/hooks/x", "x"); c.code != http.StatusBadRequest || !strings.Contains(string(c.body), "Throttle-Callback") {
-			t.Fatalf("callback on a lane without callback_urls: %d %q", c.code, c.body)
+		// The callback lane takes no submission at all
+		// (TestCallbackLaneTakesNoOutsideJobs).
+		if c := submitWithCallback(t, addr, "callbacks", "no-cb", recv.srv.URL+"/hooks/x", "x"); c.code != http.StatusForbidden || !strings.Contains(string(c.body), `"field":"lane"`) {
+			t.Fatalf("callback on the callback lane: %d %q", c.code, c.body)
 		}
 	})
 

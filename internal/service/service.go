@@ -61,6 +61,9 @@ type Service struct {
 	// historyEvery is the lanes' throughput sampling interval; zero:
 	// lane.DefaultHistoryEvery.
 	historyEvery time.Duration
+	// maxWaiters bounds the requests waiting for their jobs' answers;
+	// zero: records.DefaultMaxWaiters.
+	maxWaiters int
 
 	handlers map[string]dispatch.Target
 
@@ -204,7 +207,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	recs.SetCallbacks(q)
 	// One subscription for every caller of this instance that waits for
 	// its job's answer (?wait=), made before any job is taken.
-	waiters := records.NewWaiters(nc, claim.ID(), 0, s.log)
+	waiters := records.NewWaiters(nc, claim.ID(), s.maxWaiters, s.log)
 	if err := waiters.Listen(); err != nil {
 		return err
 	}
@@ -219,7 +222,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		Metrics: m, Logger: s.log, DedupWindow: s.cfg.NATS.DedupWindow.D(),
 		Replicas: s.cfg.NATS.Replicas, Instance: claim.ID(), Hub: hub, Records: recs,
 		Workers: backend.PullWorkers(s.cfg.NATS, s.cfg.Lanes),
-		Traces:  s.traces, HistoryEvery: s.historyEvery,
+		Traces:  s.traces, HistoryEvery: s.historyEvery, CallbackLanes: callbackLanes(s.cfg.Lanes),
 	}
 	lanes := apiserver.NewLanes()
 	laneNames := make([]string, 0, len(s.cfg.Lanes))
@@ -426,4 +429,15 @@ func (s *Service) noRoom(field string, err error) error {
 		}
 	}
 	return &config.Error{Field: field, Msg: err.Error() + "; " + fix}
+}
+
+// callbackLanes are the lanes some lane names as its results.callback_lane.
+func callbackLanes(lanes []config.Lane) map[string]bool {
+	out := map[string]bool{}
+	for _, lc := range lanes {
+		if r := lc.Results; r != nil && r.CallbackLane != "" {
+			out[r.CallbackLane] = true
+		}
+	}
+	return out
 }
