@@ -18,6 +18,7 @@ import (
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/dest"
+	"github.com/throttler/throttler/internal/jsonenc"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -638,7 +639,7 @@ func oneKey(jobs []batchJob, fresh []int) bool {
 // through encoding/json.
 func appendBatchAccepted(b []byte, a api.BatchAccepted) []byte {
 	b = append(b, `{"lane":`...)
-	b = appendJSONString(b, a.Lane)
+	b = jsonenc.AppendString(b, a.Lane)
 	b = append(b, `,"accepted":`...)
 	b = strconv.AppendInt(b, int64(a.Accepted), 10)
 	b = append(b, `,"failed":`...)
@@ -663,10 +664,10 @@ func appendBatchResult(b []byte, r api.BatchResult) []byte {
 	b = append(b, `{"status":`...)
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	b = append(b, `,"id":`...)
-	b = appendJSONString(b, r.ID)
+	b = jsonenc.AppendString(b, r.ID)
 	if r.State != "" {
 		b = append(b, `,"state":`...)
-		b = appendJSONString(b, string(r.State))
+		b = jsonenc.AppendString(b, string(r.State))
 	}
 	b = append(b, `,"eta_ms":`...)
 	b = strconv.AppendInt(b, r.ETAMillis, 10)

@@ -82,28 +82,6 @@ func validMethod(m string) bool {
 	return true
 }
 
-// FuzzAppendJSONString: appendJSONString writes exactly what encoding/json
-// writes for the same string, after any prefix already in the buffer.
-func FuzzAppendJSONString(f *testing.F) {
-	for _, s := range []string{
-		"", "plain", `a"b\c`, "<script>&</script>", "tab\tnl\ncr\r\b\f\x00\x1f",
-		"é", "<é", `"é`, `\é`, "\x01é", "a<b>c&d\"e\\fé🚀", "🚀<",
-		"\xff", "<\xff", "a\xc3", "\u2028<\u2029", "ok<\x7f>é\xe2\x82",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		want, err := json.Marshal(s)
-		if err != nil {
-			t.Fatalf("encoding/json: %v", err)
-		}
-		got := appendJSONString([]byte(`{"x":`), s)
-		if !bytes.Equal(got, append([]byte(`{"x":`), want...)) {
-			t.Fatalf("appendJSONString(%q)\n got %s\nwant {\"x\":%s", s, got, want)
-		}
-	})
-}
-
 // FuzzParseBatch: the one-pass decode of a batch and the item-by-item read
 // agree on every body: the same problem, or the same jobs (an id the server
 // made is a fresh nuid on each side, so only its presence is compared).

@@ -33,6 +33,7 @@ import (
 	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/dest"
+	"github.com/throttler/throttler/internal/jsonenc"
 	"github.com/throttler/throttler/internal/metrics"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/quota"
@@ -824,58 +825,17 @@ var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &
 // included, without reflection.
 func appendAccepted(b []byte, a api.Accepted) []byte {
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, a.ID)
+	b = jsonenc.AppendString(b, a.ID)
 	b = append(b, `,"lane":`...)
-	b = appendJSONString(b, a.Lane)
+	b = jsonenc.AppendString(b, a.Lane)
 	b = append(b, `,"state":`...)
-	b = appendJSONString(b, string(a.State))
+	b = jsonenc.AppendString(b, string(a.State))
 	b = append(b, `,"eta_ms":`...)
 	b = strconv.AppendInt(b, a.ETAMillis, 10)
 	if a.Duplicate {
 		b = append(b, `,"duplicate":true`...)
 	}
 	return append(b, "}\n"...)
-}
-
-// appendJSONString appends s as a JSON string, escaped as encoding/json
-// escapes it (HTML characters included).
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	open := len(b)
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' && c < 0x80 {
-			continue
-		}
-		if c >= 0x80 {
-			// Not in ids or lane names; leave UTF-8 (U+2028, invalid
-			// bytes) to encoding/json, dropping what was escaped so far.
-			q, _ := json.Marshal(s)
-			return append(b[:open], q...)
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		case '\b':
-			b = append(b, '\\', 'b')
-		case '\f':
-			b = append(b, '\\', 'f')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // laneCache holds what intake computes once per lane: the quoted name of

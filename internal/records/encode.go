@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/jsonenc"
 )
 
 // encode is a record in its wire format: what encoding/json makes of
@@ -78,15 +78,15 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(rec.V), 10)
 	b = append(b, `,"id":`...)
-	b = appendString(b, rec.ID)
+	b = jsonenc.AppendString(b, rec.ID)
 	b = append(b, `,"lane":`...)
-	b = appendString(b, rec.Lane)
+	b = jsonenc.AppendString(b, rec.Lane)
 	if rec.Key != "" {
 		b = append(b, `,"key":`...)
-		b = appendString(b, rec.Key)
+		b = jsonenc.AppendString(b, rec.Key)
 	}
 	b = append(b, `,"state":`...)
-	b = appendString(b, string(rec.State))
+	b = jsonenc.AppendString(b, string(rec.State))
 	for _, t := range []struct {
 		name string
 		at   *time.Time
@@ -116,7 +116,7 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	}
 	if rec.Reason != "" {
 		b = append(b, `,"reason":`...)
-		b = appendString(b, rec.Reason)
+		b = jsonenc.AppendString(b, rec.Reason)
 	}
 	if r := rec.Response; r != nil {
 		b = append(b, `,"response":`...)
@@ -124,11 +124,11 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	}
 	if rec.Callback != "" {
 		b = append(b, `,"callback":`...)
-		b = appendString(b, rec.Callback)
+		b = jsonenc.AppendString(b, rec.Callback)
 	}
 	if rec.Reply != "" {
 		b = append(b, `,"reply":`...)
-		b = appendString(b, rec.Reply)
+		b = jsonenc.AppendString(b, rec.Reply)
 	}
 	if rec.Replays != 0 {
 		b = append(b, `,"replays":`...)
@@ -148,7 +148,7 @@ func appendAttempt(b []byte, a api.JobAttempt) (_ []byte, ok bool) {
 	}
 	if a.Error != "" {
 		b = append(b, `,"error":`...)
-		b = appendString(b, a.Error)
+		b = jsonenc.AppendString(b, a.Error)
 	}
 	b = append(b, `,"duration_ms":`...)
 	if b, ok = appendFloat(b, a.DurationMillis); !ok {
@@ -171,19 +171,19 @@ func appendResponse(b []byte, r *api.JobResponse) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, k)
+			b = jsonenc.AppendString(b, k)
 			b = append(b, ':')
-			b = appendString(b, r.Headers[k])
+			b = jsonenc.AppendString(b, r.Headers[k])
 		}
 		b = append(b, '}')
 	}
 	if r.Body != "" {
 		b = append(b, `,"body":`...)
-		b = appendString(b, r.Body)
+		b = jsonenc.AppendString(b, r.Body)
 	}
 	if r.BodyBase64 != "" {
 		b = append(b, `,"body_base64":`...)
-		b = appendString(b, r.BodyBase64)
+		b = jsonenc.AppendString(b, r.BodyBase64)
 	}
 	if r.Truncated {
 		b = append(b, `,"truncated":true`...)
@@ -221,58 +221,4 @@ func appendFloat(b []byte, f float64) (_ []byte, ok bool) {
 		}
 	}
 	return b, true
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString is encoding/json's string, HTML-safe as json.Marshal
-// writes it: `"`, `\`, control characters, `<`, `>`, `&`, U+2028 and
-// U+2029 escaped, invalid UTF-8 as U+FFFD.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
