@@ -24,22 +24,8 @@ import (
 // delivered (the lane here has no target: a delivery would fail the
 // test), counted, and its permit is given back.
 func TestStartExpiresOnTheLanesClock(t *testing.T) {
-	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	q, err := queue.New(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, q := laneQueue(t)
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 100, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	if err := q.EnsureLane(ctx, queue.LaneSpec{Name: "demo", MaxBacklog: 10, MaxInflight: 2, Prefetch: 1,
 		AckWait: 5 * time.Second, MaxBody: 1024, DedupWindow: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -79,4 +65,27 @@ func TestStartExpiresOnTheLanesClock(t *testing.T) {
 	if n := testutil.ToFloat64(m.DeadLettered.WithLabelValues("demo")); n != 1 {
 		t.Fatalf("dead-lettered counter %v, want 1", n)
 	}
+}
+
+// laneQueue connects to a fresh NATS server and makes the queue a lane
+// needs: its retry and dead-letter streams.
+func laneQueue(t *testing.T) (*nats.Conn, *queue.Queue) {
+	t.Helper()
+	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	q, err := queue.New(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 100, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	return nc, q
 }

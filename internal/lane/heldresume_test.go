@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -42,22 +41,8 @@ func TestHeldLaneResumedDrainsEveryJobOnce(t *testing.T) {
 		rounds  = 3
 		within  = 10 * time.Second
 	)
-	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	q, err := queue.New(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, q := laneQueue(t)
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 100, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	limits, err := q.EnsureLimits(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
