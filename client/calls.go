@@ -263,19 +263,36 @@ func (c *Client) ReplayDead(ctx context.Context, lane string, seq uint64) (strin
 // ReplayAllDead replays a lane's dead letters, oldest first, at most max
 // of them in this call (0: the server's bound of 100000), and returns how
 // many it replayed. Call it again until it returns fewer than max to
-// replay more, reporting progress in between.
+// replay more, reporting progress in between. ReplayAll says also how
+// many it passed over.
 func (c *Client) ReplayAllDead(ctx context.Context, lane string, max int) (int, error) {
+	r, err := c.ReplayAll(ctx, lane, max)
+	return r.Replayed, err
+}
+
+// Replayed is what one replay of all dead letters did.
+type Replayed struct {
+	// Replayed dead letters, at most the call's max.
+	Replayed int `json:"replayed"`
+	// Expired dead letters passed over: their Throttle-Expires has
+	// passed, so they are not replayed and stay dead (they do not count
+	// against max). Each call counts those it passed, so calls in a row
+	// count the same ones again.
+	Expired int `json:"expired"`
+}
+
+// ReplayAll is ReplayAllDead, with the count of dead letters it passed
+// over.
+func (c *Client) ReplayAll(ctx context.Context, lane string, max int) (Replayed, error) {
 	q := url.Values{}
 	if max > 0 {
 		q.Set("max", strconv.Itoa(max))
 	}
-	var out struct {
-		Replayed int `json:"replayed"`
-	}
+	var out Replayed
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "dead", "replay"}, query: q}, &out); err != nil {
-		return 0, err
+		return Replayed{}, err
 	}
-	return out.Replayed, nil
+	return out, nil
 }
 
 // DeleteDead deletes one dead letter.

@@ -306,6 +306,27 @@ func TestCLIAgainstServer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, ops, "dead", "ls", "nope")
 	want(t, "dead ls of an unknown lane", code, out, errOut, 3, "", `no lane named "nope"`)
+
+	// A replay of all says how many it passed over: two dead letters
+	// past their Throttle-Expires stay dead, the third is replayed.
+	expires := time.Now().Add(2 * time.Second)
+	for i, exp := range []time.Time{expires, expires, {}} {
+		if _, err := c.Submit(ctx, "failing", []byte("x"), &client.SubmitOptions{IdempotencyKey: fmt.Sprintf("exp-%d", i), Expires: exp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDead(3)
+	time.Sleep(time.Until(expires.Add(100 * time.Millisecond)))
+	code, out, errOut = cli(t, ops, "dead", "replay", "failing", "--chunk", "1")
+	want(t, "dead replay all with expired ones", code, out, errOut, 0, "replayed 1 dead letters", "")
+	if !strings.Contains(out, "2 dead letters past their Throttle-Expires were not replayed") {
+		t.Fatalf("dead replay all: the expired ones not counted:\n%s", out)
+	}
+	waitDead(3)
+	code, out, errOut = cli(t, ops, "dead", "replay", "failing", "--json")
+	if code != 0 || !strings.Contains(out, `"expired": 2`) || !strings.Contains(out, `"replayed": 1`) {
+		t.Fatalf("dead replay all --json: exit %d\n%s%s", code, out, errOut)
+	}
 }
 
 // TestCLIWatch: lanes --watch refreshes until interrupted, then exits 0.

@@ -188,7 +188,9 @@ func printDead(w io.Writer, d *api.DeadLetter) {
 // replayAll replays a lane's dead letters chunk by chunk, printing
 // progress on stderr after each. It replays as many as the lane held when
 // it began (those are the oldest, replayed first): a replayed job that dies
-// again lands behind them and is not replayed a second time.
+// again lands behind them and is not replayed a second time. Dead letters
+// past their expiry are passed over and stay; they count towards what the
+// lane held, so that the chunks stop at the jobs that died again.
 func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 	total := -1 // unknown
 	if lanes, err := e.c.Lanes(ctx); err == nil {
@@ -198,16 +200,20 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 			}
 		}
 	}
-	done := 0
+	// expired is the count of the latest call: each call passes over the
+	// expired dead letters ahead of what it replays, the ones earlier
+	// calls passed included, so the latest has seen every one so far.
+	done, expired := 0, 0
 	start := time.Now()
 	tty := isTerminal(e.stderr)
-	for total < 0 || done < total || done == 0 {
+	for total < 0 || done+expired < total || done == 0 {
 		want := chunk
 		if total > 0 {
-			want = min(chunk, total-done)
+			want = max(1, min(chunk, total-done-expired))
 		}
-		n, err := e.c.ReplayAllDead(ctx, lane, want)
-		done += n
+		r, err := e.c.ReplayAll(ctx, lane, want)
+		done += r.Replayed
+		expired = max(expired, r.Expired)
 		if err != nil {
 			if done > 0 {
 				fmt.Fprintf(e.stderr, "\nreplayed %d before the error\n", done)
@@ -216,7 +222,11 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 		}
 		line := fmt.Sprintf("replayed %d", done)
 		if total > 0 {
-			line += fmt.Sprintf(" of %d (%d%%)", total, min(100, done*100/total))
+			line += fmt.Sprintf(" of %d", total)
+			if expired > 0 {
+				line += fmt.Sprintf(", %d expired passed over", expired)
+			}
+			line += fmt.Sprintf(" (%d%%)", min(100, (done+expired)*100/total))
 		}
 		line += fmt.Sprintf(", %.1fs", time.Since(start).Seconds())
 		if tty {
@@ -224,7 +234,7 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 		} else {
 			fmt.Fprintln(e.stderr, line)
 		}
-		if n < want {
+		if r.Replayed < want {
 			break // no more
 		}
 	}
@@ -232,8 +242,11 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 		fmt.Fprintln(e.stderr)
 	}
 	if e.json {
-		return e.printJSON(map[string]any{"replayed": done})
+		return e.printJSON(map[string]any{"replayed": done, "expired": expired})
 	}
 	fmt.Fprintf(e.stdout, "replayed %d dead letters into lane %s\n", done, lane)
+	if expired > 0 {
+		fmt.Fprintf(e.stdout, "%d dead letters past their Throttle-Expires were not replayed; they stay dead\n", expired)
+	}
 	return nil
 }
