@@ -306,13 +306,27 @@ func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMs
 	if call.over {
 		return nil, 0, fmt.Errorf("%w: read lane %s ahead: more than %d messages", ErrUnavailable, r.ls.spec.Name, req.Batch)
 	}
-	prefix := InternalSubject(r.ls.spec.Name, "") + "."
+	msgs, last, err = readBatch(got, InternalSubject(r.ls.spec.Name, "")+".")
+	if err != nil && !errors.Is(err, errNoBatch) {
+		return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, err)
+	}
+	return msgs, last, err
+}
+
+// readBatch reads the answers of a batch direct get, in the order they
+// came, up to its EOB; last is the highest sequence the answer covers.
+// Each message names the one sent before it (Nats-Last-Sequence, 0 on the
+// first): an answer whose first messages were lost (a reconnect while the
+// server was sending it) or with a gap is refused, not trusted for a range
+// it did not show.
+func readBatch(got []*nats.Msg, prefix string) (msgs []keyedMsg, last uint64, err error) {
+	prev := uint64(0)
 	for i, m := range got {
 		if len(m.Data) == 0 && m.Header.Get(hdrStatus) != "" {
 			switch m.Header.Get(hdrStatus) {
 			case statusEOB:
 				if i != len(got)-1 {
-					return nil, 0, fmt.Errorf("%w: read lane %s ahead: EOB before the last answer", ErrUnavailable, r.ls.spec.Name)
+					return nil, 0, errors.New("EOB before the last answer")
 				}
 				ls, _ := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64)
 				if len(msgs) > 0 {
@@ -322,8 +336,7 @@ func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMs
 			case statusNoMsg:
 				return nil, 0, nil
 			default:
-				return nil, 0, fmt.Errorf("%w: read lane %s ahead: status %s %s", ErrUnavailable, r.ls.spec.Name,
-					m.Header.Get(hdrStatus), m.Header.Get("Description"))
+				return nil, 0, fmt.Errorf("status %s %s", m.Header.Get(hdrStatus), m.Header.Get("Description"))
 			}
 		}
 		if m.Header.Get(hdrNumPending) == "" {
@@ -331,14 +344,18 @@ func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMs
 		}
 		km, err := parseAhead(m, prefix)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, err)
+			return nil, 0, err
 		}
-		if len(msgs) > 0 && km.seq <= msgs[len(msgs)-1].seq {
-			return nil, 0, fmt.Errorf("%w: read lane %s ahead: sequence %d after %d", ErrUnavailable, r.ls.spec.Name, km.seq, msgs[len(msgs)-1].seq)
+		if ls, err := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64); err != nil || ls != prev {
+			return nil, 0, fmt.Errorf("message %d follows %q, not %d: part of the answer is missing", km.seq, m.Header.Get(hdrLastSeq), prev)
+		}
+		if km.seq <= prev {
+			return nil, 0, fmt.Errorf("sequence %d after %d", km.seq, prev)
 		}
 		msgs = append(msgs, km)
+		prev = km.seq
 	}
-	return nil, 0, fmt.Errorf("%w: read lane %s ahead: the answer ended without EOB", ErrUnavailable, r.ls.spec.Name)
+	return nil, 0, errors.New("the answer ended without EOB")
 }
 
 // parseAhead reads a direct get's answer: its sequence, subject (a key of
