@@ -64,6 +64,13 @@ type JobRecord struct {
 	// letters while this record was kept; 0 for none. Each replay's
 	// settled record is a callback of its own (a new Idempotency-Key).
 	Replays int `json:"replays,omitempty"`
+	// Owner is the id of the API key that submitted the job over HTTP
+	// when the server takes API keys (auth.keys); empty for a job
+	// published over NATS and for every job of a server without keys.
+	// With keys, a key sees (GET, DELETE, the list) only the jobs it
+	// owns; an admin key sees every job, and only it sees a job without
+	// an owner.
+	Owner string `json:"owner,omitempty"`
 }
 
 // JobAttempt is one delivery attempt of a job.

@@ -163,7 +163,17 @@ var (
 	ErrThrottled = errors.New("throttled")
 	// ErrInvalid: 400, 413 and other refusals of the request itself.
 	ErrInvalid = errors.New("invalid request")
+	// ErrIdempotencyKeyConflict: 409 idempotency-key-conflict, on a server
+	// with API keys: the submission's idempotency key is the id of a job
+	// of the lane that another key submitted. Nothing was stored; submit
+	// under another key. It matches ErrInvalid too. A batch item's
+	// refusal is its api.BatchResult.Problem (ProblemIdempotencyKeyConflict).
+	ErrIdempotencyKeyConflict = errors.New("idempotency key in use by another caller")
 )
+
+// ProblemIdempotencyKeyConflict is the problem type of
+// ErrIdempotencyKeyConflict.
+const ProblemIdempotencyKeyConflict = "urn:throttler:problem:idempotency-key-conflict"
 
 // Error is a non-2xx answer of the server. Its Problem is the RFC 9457
 // body when the server sent one (match on Problem.Type, not on Detail).
@@ -204,9 +214,12 @@ func (e *Error) Error() string {
 }
 
 // Is matches the sentinel of the status: ErrNotFound, ErrUnauthorized,
-// ErrForbidden, ErrThrottled, ErrInvalid.
+// ErrForbidden, ErrThrottled, ErrInvalid; and of the problem:
+// ErrIdempotencyKeyConflict.
 func (e *Error) Is(target error) bool {
 	switch target {
+	case ErrIdempotencyKeyConflict:
+		return e.Problem != nil && e.Problem.Type == ProblemIdempotencyKeyConflict
 	case ErrNotFound:
 		return e.StatusCode == http.StatusNotFound
 	case ErrUnauthorized:

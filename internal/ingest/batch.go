@@ -388,6 +388,16 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		p.Lane, p.Instance = name, clip(r.URL.Path)
 		results[i] = api.BatchResult{Status: p.Status, ID: jobs[i].job.ID, Problem: &p}
 		h.cfg.Metrics.Rejected.WithLabelValues(name, reason).Inc()
+		if reason == "idempotency_key_conflict" {
+			// Who tried another caller's key is logged, as a single
+			// submission's refusal is.
+			h.cfg.Logger.Info("batch item rejected", "caller", callerOf(r), "ip", clientIP(r), "lane", name, "reason", reason, "status", p.Status, "field", p.Field)
+		}
+	}
+	// Every job is the caller's (its API key's, with keys).
+	owner := h.ownerOf(r)
+	for i := range jobs {
+		jobs[i].job.Owner = owner
 	}
 	// The items that are new in this batch, decided as if they came one
 	// after the other. (Keyed lanes decide per key.)
@@ -462,6 +472,9 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			// (create-if-absent), as a single submission's.
 			rev, first, err := created[k].rev, created[k].first, created[k].err
 			switch {
+			case errors.Is(err, records.ErrExists) && first.Owner != job.Owner:
+				fail(i, itemConflict(name, i), "idempotency_key_conflict")
+				continue
 			case errors.Is(err, records.ErrExists):
 				results[i] = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: first.State, Duplicate: true}
 				recorded = append(recorded, i)
@@ -574,7 +587,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		results[i] = out
 	}
 	for _, i := range delayed {
-		h.storeDelayedItem(ctx, name, lane, jobs[i].job, &results[i], counts, func(err error, reason string) { fail(i, err, reason) }, keeps)
+		h.storeDelayedItem(ctx, name, lane, delayedItem{i: i, job: jobs[i].job, out: &results[i], fail: func(err error, reason string) { fail(i, err, reason) }}, counts, keeps)
 	}
 	// A repeated id within the batch: the answer of its first item, as a
 	// duplicate (or the same refusal).

@@ -580,7 +580,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sched.NotBefore.IsZero() {
 		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
-			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd, Callback: callback}, &rj, keeps)
+			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd, Callback: callback, Owner: h.ownerOf(r)}, &rj, keeps)
 		return
 	}
 	var dec admission.Decision
@@ -598,7 +598,11 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires, Dest: jd, Callback: callback}
+	// The job is its caller's (its API key's, with keys): the owner
+	// travels with it, so that the drain's claim of a job stored without
+	// a record (below) writes it.
+	job := queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc, Expires: sched.Expires, Dest: jd, Callback: callback,
+		Owner: h.ownerOf(r)}
 	// A job without an Idempotency-Key on a lane with records gets an id
 	// that says where it is stored (queue.SeqID): it is found by that id
 	// while it waits, and no record is written for it at intake. It waits

@@ -18,15 +18,25 @@ import (
 // (records.Store): intake creates a job's record before it stores the job
 // (create-if-absent: an Idempotency-Key lasts as long as the record), and
 // GET and DELETE of a job read and cancel it.
+//
+// With API keys, a record belongs to the key that submitted its job
+// (api.JobRecord.Owner): a key reads, waits for, cancels and lists only
+// its own jobs, an admin key every job (viewerOf); a job it may not see
+// answers 404 as an id never stored does. A resubmission of an
+// Idempotency-Key whose record another key owns is refused (409,
+// ErrIdempotencyKeyConflict), never answered as that job's duplicate.
 type JobRecords interface {
 	Create(ctx context.Context, rec api.JobRecord) (uint64, api.JobRecord, error)
 	Undo(ctx context.Context, lane, id string, rev uint64) error
 	Get(ctx context.Context, lane, id string) (api.JobRecord, uint64, error)
-	Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error)
-	Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error)
+	Cancel(ctx context.Context, lane, id string, v records.Viewer, now time.Time) (api.JobRecord, error)
+	Recent(ctx context.Context, lane string, v records.Viewer, state api.JobState, limit int) ([]api.JobRecord, error)
 	// CancelStored cancels a job found in its lane's stream without a
 	// record (a SeqID id, or a job published over NATS).
-	CancelStored(ctx context.Context, w records.Waiting, now time.Time) (api.JobRecord, error)
+	CancelStored(ctx context.Context, w records.Waiting, v records.Viewer, now time.Time) (api.JobRecord, error)
+	// Queued is the record of a job found in its lane's stream without
+	// one.
+	Queued(w records.Waiting) api.JobRecord
 	// Wait waits for a job to settle: from ch (nil: none), else by
 	// reading its record every poll.
 	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool)
@@ -70,6 +80,42 @@ const ProblemJobStarted = "urn:throttler:problem:job-started"
 // (Throttle-Expires) has passed.
 const ProblemJobExpired = "urn:throttler:problem:job-expired"
 
+// ProblemIdempotencyKeyConflict: with API keys, a submission's
+// Idempotency-Key names a job of the lane that another key submitted.
+const ProblemIdempotencyKeyConflict = "urn:throttler:problem:idempotency-key-conflict"
+
+// ownerOf is the owner of the jobs r submits (api.JobRecord.Owner): the
+// id of its API key when the server takes keys, else "" (one principal).
+func (h *Handler) ownerOf(r *http.Request) string {
+	if h.keys.Load() == nil {
+		return ""
+	}
+	id, _ := r.Context().Value(callerCtx{}).(string)
+	return id
+}
+
+// viewerOf is who r reads and cancels jobs as: without API keys, and with
+// an admin key, every job; with another key, the jobs it submitted.
+func (h *Handler) viewerOf(r *http.Request) records.Viewer {
+	if h.keys.Load() == nil {
+		return records.Everyone
+	}
+	s, _ := r.Context().Value(scopesCtx{}).(Scopes)
+	return records.Viewer{All: s.Admin, Key: h.ownerOf(r)}
+}
+
+// idempotencyConflict refuses a submission whose Idempotency-Key names
+// another key's job of lane. Nothing of that job is in it.
+func idempotencyConflict(lane string) *Refusal {
+	return refusal(ErrIdempotencyKeyConflict, "Idempotency-Key", "the Idempotency-Key is in use in lane %s by another caller; choose another", lane)
+}
+
+// itemConflict is idempotencyConflict for batch item i, naming its
+// idempotency_key.
+func itemConflict(lane string, i int) *Refusal {
+	return refusal(ErrIdempotencyKeyConflict, "/"+strconv.Itoa(i)+"/idempotency_key", "item %d: the idempotency_key is in use in lane %s by another caller; choose another", i, lane)
+}
+
 // waitPoll is how often a waiting request reads the record of a job whose
 // stored copy does not name this instance (a resubmission, a GET ?wait).
 const waitPoll = 250 * time.Millisecond
@@ -108,8 +154,11 @@ const (
 	maxJobList     = 200
 )
 
-// listJobs answers a lane's most recently changed records, newest first;
-// ?state= keeps one state, ?limit= (1 to 200, default 50) bounds them.
+// listJobs answers a lane's most recently changed records that the caller
+// sees (viewerOf), newest first; ?state= keeps one state, ?limit= (1 to
+// 200, default 50) bounds them. A key that sees only its own jobs gets up
+// to limit of them from among the lane's last 2,000 changed records
+// (records.Store.Recent reads no more for one answer).
 func (h *Handler) listJobs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("lane")
 	lane, ok := h.cfg.Lanes.Lane(name)
@@ -138,7 +187,7 @@ func (h *Handler) listJobs(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.JobList{Jobs: []api.JobRecord{}})
 		return
 	}
-	recs, err := h.cfg.Records.Recent(r.Context(), name, state, limit)
+	recs, err := h.cfg.Records.Recent(r.Context(), name, h.viewerOf(r), state, limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -159,6 +208,11 @@ func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := h.readRecord(r.Context(), name, id)
+	if err == nil && !h.viewerOf(r).Sees(rec) {
+		// Another key's job, or one published over NATS: answered as an
+		// id never stored, so that its existence is not told.
+		err = api.ErrJobNotFound
+	}
 	if err != nil {
 		writeError(w, r, recordRefusal(err, id))
 		return
@@ -188,19 +242,22 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rec, err := h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
+	// A job the caller does not see is not found, as an id never stored
+	// is; the check is part of each cancel's compare-and-set.
+	v := h.viewerOf(r)
+	rec, err := h.cfg.Records.Cancel(r.Context(), name, id, v, time.Now())
 	if errors.Is(err, api.ErrJobNotFound) {
 		job, stored, found, lerr := h.stored(r.Context(), name, id)
 		switch {
 		case lerr != nil:
 			err = lerr
 		case found:
-			rec, err = h.cfg.Records.CancelStored(r.Context(), records.Waiting{Lane: name, ID: id, Key: job.Key, Reply: job.Reply, Stored: stored.UTC()}, time.Now().UTC())
+			rec, err = h.cfg.Records.CancelStored(r.Context(), waitingOf(name, id, job, stored), v, time.Now().UTC())
 		default:
 			// Not in the stream either: the job may have started, and
 			// even left, between the two reads. Its claim was written
 			// before its start, so its record is there now.
-			rec, err = h.cfg.Records.Cancel(r.Context(), name, id, time.Now())
+			rec, err = h.cfg.Records.Cancel(r.Context(), name, id, v, time.Now())
 		}
 	}
 	if err != nil {
@@ -215,8 +272,9 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // readRecord reads a job's record; a job without one that waits in its
-// lane's stream (a SeqID id, or published over NATS) is queued: a job
-// that started has a record, written by its claim before it started.
+// lane's stream (a SeqID id, or published over NATS) is queued, with what
+// its claim will keep (records.Store.Queued): a job that started has a
+// record, written by its claim before it started.
 func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecord, error) {
 	rec, _, err := h.cfg.Records.Get(ctx, lane, id)
 	if errors.Is(err, api.ErrJobNotFound) {
@@ -225,14 +283,18 @@ func (h *Handler) readRecord(ctx context.Context, lane, id string) (api.JobRecor
 			return api.JobRecord{}, lerr
 		}
 		if found {
-			at := stored.UTC()
-			return api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: job.Key, State: api.StateQueued,
-				StoredAt: &at, Attempts: []api.JobAttempt{}}, nil
+			return h.cfg.Records.Queued(waitingOf(lane, id, job, stored)), nil
 		}
 		// Settled and gone from the stream since the first read.
 		rec, _, err = h.cfg.Records.Get(ctx, lane, id)
 	}
 	return rec, err
+}
+
+// waitingOf is a job found in its lane's stream without a record, stored
+// at stored.
+func waitingOf(lane, id string, job queue.Job, stored time.Time) records.Waiting {
+	return records.Waiting{Lane: lane, ID: id, Key: job.Key, Reply: job.Reply, Owner: job.Owner, Stored: stored.UTC()}
 }
 
 // stored finds a job without a record in its lane's stream; found is
@@ -310,7 +372,9 @@ func (s *submission) done() {
 // openRecord registers the caller's wait and creates the job's record
 // before the job is stored. When the job has a record already (its
 // Idempotency-Key was used within results.keep) it answers the first
-// job: its state, or with a wait its answer, and handled is true.
+// job: its state, or with a wait its answer, and handled is true; when
+// that record is another owner's, it refuses the submission (409)
+// instead, telling nothing of that job.
 func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecter, job *queue.Job, s *submission) (handled bool) {
 	if s.wait > 0 {
 		ch, release, err := h.expectWait(r, job.Lane, job.ID)
@@ -327,6 +391,9 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 	}
 	rev, old, err := h.createRecord(r.Context(), *job)
 	switch {
+	case errors.Is(err, records.ErrExists) && old.Owner != job.Owner:
+		rj.reject(idempotencyConflict(job.Lane), "idempotency_key_conflict")
+		return true
 	case errors.Is(err, records.ErrExists):
 		h.laneCache(job.Lane).submitted("duplicate").Inc()
 		setLocation(w, old.Lane, old.ID)
@@ -372,7 +439,7 @@ func (h *Handler) expectWait(r *http.Request, lane, id string) (<-chan api.JobRe
 func (h *Handler) createRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
 	now := time.Now().UTC()
 	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
-		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback})
+		State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback, Owner: job.Owner})
 }
 
 // undoRecord removes the record of a job that could not be stored.

@@ -53,6 +53,10 @@ var (
 	// callbacks (results.callback_lane), on which only the throttler
 	// stores jobs: it signs them as records the throttler settled.
 	ErrCallbackLane = errors.New("the lane carries callbacks; only the throttler stores jobs on it")
+	// ErrIdempotencyKeyConflict: with API keys, a submission's
+	// Idempotency-Key names a job of the lane another key submitted; it
+	// is neither that job's duplicate nor stored.
+	ErrIdempotencyKeyConflict = errors.New("the Idempotency-Key is in use in the lane by another caller")
 )
 
 // problemRows is the table: the first row whose error the refusal matches
@@ -96,6 +100,7 @@ var problemRows = []struct {
 	// Job records (jobs.go).
 	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},
 	{api.ErrJobStarted, ProblemJobStarted, http.StatusConflict, "id", 0},
+	{ErrIdempotencyKeyConflict, ProblemIdempotencyKeyConflict, http.StatusConflict, "Idempotency-Key", 0},
 	{records.ErrTooManyWaiters, ProblemOverloaded, http.StatusServiceUnavailable, "wait", time.Second},
 	{records.ErrCallerWaits, ProblemOverloaded, http.StatusTooManyRequests, "wait", time.Second},
 	// The admission decision's refusal (a *admission.RejectError names

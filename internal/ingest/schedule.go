@@ -74,6 +74,9 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 	if keeps {
 		rev, old, err := h.scheduledRecord(r.Context(), job)
 		switch {
+		case errors.Is(err, records.ErrExists) && old.Owner != job.Owner:
+			rj.reject(idempotencyConflict(name), "idempotency_key_conflict")
+			return
 		case errors.Is(err, records.ErrExists):
 			h.laneCache(name).submitted("duplicate").Inc()
 			setLocation(w, old.Lane, old.ID)
@@ -141,9 +144,19 @@ func batchSchedules(jobs []batchJob, lane Lane, now time.Time) *Refusal {
 	return nil
 }
 
-// storeDelayedItem stores a batch item that asked for a delay, answering it
-// in out (or through fail), and counts its state.
-func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, job queue.Job, out *api.BatchResult, counts map[string]int, fail func(error, string), keeps bool) {
+// delayedItem is a batch item that asked for a delay: its index in the
+// batch, its job, and where its answer goes (out, or fail for a refusal).
+type delayedItem struct {
+	i    int
+	job  queue.Job
+	out  *api.BatchResult
+	fail func(err error, reason string)
+}
+
+// storeDelayedItem stores a batch item that asked for a delay, answering it,
+// and counts its state.
+func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, it delayedItem, counts map[string]int, keeps bool) {
+	job, out, fail := it.job, it.out, it.fail
 	if h.cfg.Scheduler == nil {
 		fail(&Refusal{Err: ErrBadBody, Field: "delay", Detail: "this server does not take delayed jobs"}, "invalid_schedule")
 		return
@@ -152,6 +165,9 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 	if keeps {
 		rev, old, err := h.scheduledRecord(ctx, job)
 		switch {
+		case errors.Is(err, records.ErrExists) && old.Owner != job.Owner:
+			fail(itemConflict(name, it.i), "idempotency_key_conflict")
+			return
 		case errors.Is(err, records.ErrExists):
 			*out = api.BatchResult{Status: http.StatusAccepted, ID: old.ID, State: old.State, Duplicate: true}
 			counts["duplicate"]++
@@ -184,5 +200,5 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 func (h *Handler) scheduledRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
 	now := time.Now().UTC()
 	return h.cfg.Records.Create(ctx, api.JobRecord{ID: job.ID, Lane: job.Lane, Key: job.Key,
-		State: api.StateScheduled, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback})
+		State: api.StateScheduled, StoredAt: &now, Attempts: []api.JobAttempt{}, Callback: job.Callback, Owner: job.Owner})
 }

@@ -26,6 +26,7 @@ var (
 		"body_too_large", "body_inflight_full", "body_inflight_caller_full", "body_timeout", "bad_body",
 		"backlog_full", "admission_error", "storage_full", "queue_unavailable",
 		"invalid_wait", "too_many_waiters", "caller_waiters_full", "records_unavailable",
+		"idempotency_key_conflict",
 	}
 	// outcomes are the verdicts of Dispatched (dispatch.Verdict).
 	outcomes = []string{"done", "retry", "dead"}

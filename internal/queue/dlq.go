@@ -119,6 +119,11 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 	if !job.Expires.IsZero() {
 		h.Set(headerExpiresAt, strconv.FormatInt(job.Expires.UnixMilli(), 10))
 	}
+	// Whose job it is: a replay whose record is gone gives the new one
+	// its owner.
+	if job.Owner != "" && !job.Outside {
+		h.Set(HeaderOwner, job.Owner)
+	}
 	// De-duplicate a repeat after a crash between store and ack.
 	h.Set(jetstream.MsgIDHeader, m.deadMsgID())
 	st, err := m.c.q.deadStream()
@@ -200,13 +205,15 @@ func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadL
 // jobShape is what a replay keeps of a dead job besides its listing: its
 // trace context, where it goes (forwarded values included), where its
 // settled record goes (its callback and reply subject, checked again
-// against the lane's lists when the record is sent) and its expiry.
+// against the lane's lists when the record is sent), its expiry and its
+// owner.
 type jobShape struct {
 	trace    tracectx.Context
 	dest     dest.Request
 	callback string
 	reply    string
 	expires  time.Time
+	owner    string
 }
 
 // shapeOf reads a dead letter's shape; its headers were written by the
@@ -216,6 +223,9 @@ func shapeOf(h nats.Header) jobShape {
 	sh := jobShape{trace: tc, dest: decodeDest(h), reply: replyOf(h.Values(HeaderReplyStored))}
 	if cb := h.Get(HeaderCallback); len(cb) <= dest.MaxURL {
 		sh.callback = cb
+	}
+	if o := h.Get(HeaderOwner); ValidJobID(o) == nil {
+		sh.owner = o
 	}
 	if ms, err := strconv.ParseInt(h.Get(headerExpiresAt), 10, 64); err == nil && ms > 0 {
 		sh.expires = time.UnixMilli(ms)
@@ -261,8 +271,8 @@ func (q *Queue) SetReplayHook(h ReplayHook) {
 
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
-// keeps its id, trace context, destination, callback, reply subject and
-// expiry; a job whose expiry has passed is not replayed
+// keeps its id, trace context, destination, callback, reply subject,
+// expiry and owner; a job whose expiry has passed is not replayed
 // (ErrReplayExpired). Its not-before time is not kept: it started once.
 func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	d, shape, err := q.getDead(ctx, lane, seq)
@@ -277,13 +287,13 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	q.mu.Unlock()
 	undo := func() {}
 	if hook != nil {
-		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback}); err != nil {
+		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback, Owner: shape.owner}); err != nil {
 			return d, fmt.Errorf("%w: the record of %s: %w", ErrUnavailable, d.ID, err)
 		}
 	}
 	if err := q.republish(ctx, Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: shape.trace, Dest: shape.dest,
-		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires,
+		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires, Owner: shape.owner,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
 		undo()

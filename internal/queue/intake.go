@@ -31,7 +31,7 @@ import (
 //     is its Nats-Msg-Id when that is a valid job id (else
 //     <lane>-<sequence>), its Content-Type is kept when valid, and every
 //     Throttler-* header is ignored (no forged attempts, not-before or
-//     notify address); its Throttle-Reply is kept as written, and checked
+//     notify address, no owner); its Throttle-Reply is kept as written, and checked
 //     against the lane's results.reply_subjects before anything is
 //     published there;
 //   - a message on an internal subject is believed, within bounds.
@@ -149,6 +149,10 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	}
 	job.Notify = notifyAddress(h.Get(HeaderNotify))
 	job.Outside = h.Get(HeaderVia) == "nats"
+	if o := h.Get(HeaderOwner); !job.Outside && ValidJobID(o) == nil {
+		// An owner is a key id: bounded as a job id is.
+		job.Owner = o
+	}
 	job.Wait = records.WaitAddress(h.Get(HeaderWait)) // a wait subject, or nothing
 	if cb := h.Get(HeaderCallback); len(cb) <= dest.MaxURL {
 		job.Callback = cb

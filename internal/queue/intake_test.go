@@ -79,6 +79,40 @@ func TestDecodeJob(t *testing.T) {
 	}
 }
 
+// TestDecodeJobOwner: a job's owner is believed only from the throttler's
+// own subject, of a job it took over HTTP: never from a public subject,
+// nor from a public job the throttler moved (Throttler-Via: nats), and
+// jobMsg never writes one for such a job.
+func TestDecodeJobOwner(t *testing.T) {
+	now := time.Now()
+	h := nats.Header{}
+	h.Set(HeaderOwner, "victim")
+	if j := decodeJob("demo", h, nil, "", 1, false, now); j.Owner != "" {
+		t.Errorf("public subject: owner %q", j.Owner)
+	}
+	if j := decodeJob("demo", h, nil, "", 1, true, now); j.Owner != "victim" {
+		t.Errorf("internal subject: owner %q, want victim", j.Owner)
+	}
+	moved := nats.Header{}
+	moved.Set(HeaderOwner, "victim")
+	moved.Set(HeaderVia, "nats")
+	if j := decodeJob("demo", moved, nil, "", 1, true, now); j.Owner != "" || !j.Outside {
+		t.Errorf("moved public job: owner %q, outside %v", j.Owner, j.Outside)
+	}
+	if m := jobMsg(Job{ID: "x", Lane: "demo", Outside: true, Owner: "victim"}); m.Header.Get(HeaderOwner) != "" {
+		t.Errorf("jobMsg wrote an owner for a job from outside: %v", m.Header)
+	}
+	m := jobMsg(Job{ID: "x", Lane: "demo", Owner: "shop"})
+	if j := decodeJob("demo", m.Header, nil, "", 1, true, now); j.Owner != "shop" {
+		t.Errorf("round trip: owner %q, want shop", j.Owner)
+	}
+	bad := nats.Header{}
+	bad.Set(HeaderOwner, "has space")
+	if j := decodeJob("demo", bad, nil, "", 1, true, now); j.Owner != "" {
+		t.Errorf("out-of-bounds owner decoded as %q", j.Owner)
+	}
+}
+
 func TestNotifyAddress(t *testing.T) {
 	for in, want := range map[string]string{
 		"throttler.notify.abc-1_Z":                    "throttler.notify.abc-1_Z",

@@ -82,6 +82,12 @@ const (
 	// its slot under (Hub.Expect), when the id is not known before the job
 	// is stored (HeaderIDPrefix). Set only by the throttler.
 	HeaderNotifyID = "Throttler-Notify-Id"
+	// HeaderOwner is the id of the API key that submitted the job over
+	// HTTP (api.JobRecord.Owner). Set only by the throttler, and read only
+	// on its own subject from a job it took over HTTP (never from one
+	// published over NATS, moved or not): an outside publisher cannot
+	// make a job someone's.
+	HeaderOwner = "Throttler-Owner"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -226,6 +232,10 @@ type Job struct {
 	// RecordRev is the revision of the job's record when it was stored;
 	// zero for none or unknown.
 	RecordRev uint64
+	// Owner is the id of the API key that submitted the job over HTTP
+	// (HeaderOwner); empty without API keys and for a job published over
+	// NATS.
+	Owner string
 	// Dest is where the job asks to go (package dest); checked at intake
 	// and again by the HTTP target.
 	Dest dest.Request
@@ -597,7 +607,8 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
-// jobHeaders is the most headers jobMsg sets on a message.
+// jobHeaders is the most headers jobMsg sets on a message (never both
+// Throttler-Via and Throttler-Owner: a job from outside has no owner).
 const jobHeaders = 16
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
@@ -648,6 +659,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.RecordRev != 0 {
 		add(HeaderRecordRev, strconv.FormatUint(job.RecordRev, 10))
+	}
+	if job.Owner != "" && !job.Outside {
+		add(HeaderOwner, job.Owner)
 	}
 	if job.Attempts > 0 {
 		add(HeaderAttempts, strconv.Itoa(job.Attempts))

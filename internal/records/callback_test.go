@@ -81,7 +81,7 @@ func TestCallbackOnEverySettlement(t *testing.T) {
 	// Cancelled twice: one callback.
 	create("c", "https://h.example/c")
 	for range 2 {
-		if _, err := s.Cancel(ctx, "demo", "c", now); err != nil {
+		if _, err := s.Cancel(ctx, "demo", "c", records.Everyone, now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -269,7 +269,7 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 	// passed is dead-lettered as expired before the drain meets the
 	// cancel): its replayed copy is dropped by the claim.
 	now := time.Now().UTC()
-	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "cancelled", Stored: now}, now); err != nil {
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "cancelled", Stored: now}, records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: "cancelled"}, now); err != nil {

@@ -37,7 +37,7 @@ func encode(rec api.JobRecord) ([]byte, error) {
 
 // recordLen is about the bytes rec's strings take.
 func recordLen(rec api.JobRecord) int {
-	n := len(rec.ID) + len(rec.Lane) + len(rec.Key) + len(rec.Reason) + len(rec.Callback) + len(rec.Reply) + 64*len(rec.Attempts)
+	n := len(rec.ID) + len(rec.Lane) + len(rec.Key) + len(rec.Reason) + len(rec.Callback) + len(rec.Reply) + len(rec.Owner) + 64*len(rec.Attempts)
 	if r := rec.Response; r != nil {
 		n += len(r.Body) + len(r.BodyBase64) + 64*len(r.Headers)
 	}
@@ -51,7 +51,7 @@ func recordLen(rec api.JobRecord) int {
 var wireFields = map[reflect.Type][]string{
 	reflect.TypeFor[api.JobRecord](): {"v", "id", "lane", "key,omitempty", "state", "stored_at,omitempty", "started_at,omitempty",
 		"finished_at,omitempty", "attempts", "reason,omitempty", "response,omitempty", "callback,omitempty", "reply,omitempty",
-		"replays,omitempty"},
+		"replays,omitempty", "owner,omitempty"},
 	reflect.TypeFor[api.JobAttempt]():  {"at", "status,omitempty", "error,omitempty", "duration_ms"},
 	reflect.TypeFor[api.JobResponse](): {"status", "headers,omitempty", "body,omitempty", "body_base64,omitempty", "truncated,omitempty"},
 }
@@ -133,6 +133,10 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	if rec.Replays != 0 {
 		b = append(b, `,"replays":`...)
 		b = strconv.AppendInt(b, int64(rec.Replays), 10)
+	}
+	if rec.Owner != "" {
+		b = append(b, `,"owner":`...)
+		b = jsonenc.AppendString(b, rec.Owner)
 	}
 	return append(b, '}'), true
 }

@@ -35,7 +35,7 @@ func TestEncodeIsJSON(t *testing.T) {
 		{name: "zero", rec: api.JobRecord{}},
 		{name: "queued", rec: api.JobRecord{ID: "order-1", Lane: "demo", Key: "k", State: api.StateQueued, StoredAt: &t0}},
 		{name: "claim", rec: api.JobRecord{ID: "d-1", Lane: "demo", State: api.StateInFlight, StoredAt: &t0, StartedAt: &t0,
-			Attempts: []api.JobAttempt{}, Callback: "https://cb.example/x?a=1&b=<2>", Reply: "replies.a", Replays: 2}},
+			Attempts: []api.JobAttempt{}, Callback: "https://cb.example/x?a=1&b=<2>", Reply: "replies.a", Replays: 2, Owner: "shop"}},
 		{name: "delivered", rec: api.JobRecord{ID: "d-1", Lane: "demo", State: api.StateDelivered, StoredAt: &t0, StartedAt: &t1, FinishedAt: &t2,
 			Attempts: []api.JobAttempt{{At: t0, Status: 503, DurationMillis: 1.5}, {At: t1, Error: "timeout", DurationMillis: 30000},
 				{At: t2, Status: 200, DurationMillis: 0.000123}, {At: t0, DurationMillis: 1e21}, {At: t0, DurationMillis: 0}, {At: t0, DurationMillis: -2.5e-9}},
@@ -45,6 +45,7 @@ func TestEncodeIsJSON(t *testing.T) {
 			Response: &api.JobResponse{Status: 500, BodyBase64: "AAEC/w=="}}},
 		{name: "escapes", rec: api.JobRecord{ID: "a\x00\x01\x1f\x7f\b\f\t\r\n", Lane: "\u2028\u2029é€𝄞", Key: "bad\xff\xfe utf8\xe2\x82",
 			Reason: `"quoted" <tag> & \ back`, State: "odd state"}},
+		{name: "owner only", rec: api.JobRecord{ID: "o", Lane: "demo", State: api.StateQueued, Attempts: []api.JobAttempt{}, Owner: "a\"<b>\u2028"}},
 		{name: "empty response", rec: api.JobRecord{ID: "e", Response: &api.JobResponse{}}},
 		{name: "year out of range", rec: api.JobRecord{ID: "y", StoredAt: ptr(time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC))}, err: true},
 		{name: "NaN duration", rec: api.JobRecord{ID: "n", Attempts: []api.JobAttempt{{At: t0, DurationMillis: math.NaN()}}}, err: true},
@@ -90,7 +91,7 @@ func FuzzEncode(f *testing.F) {
 		at := time.Unix(0, ns).UTC()
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.JobState(hdr), StoredAt: &at,
 			Attempts: []api.JobAttempt{{At: at, Status: status, Error: hdr, DurationMillis: ms}},
-			Response: &api.JobResponse{Status: status, Headers: map[string]string{hdr: body, key: id}, Body: body, BodyBase64: hdr}, Callback: hdr, Reply: key, Replays: status}
+			Response: &api.JobResponse{Status: status, Headers: map[string]string{hdr: body, key: id}, Body: body, BodyBase64: hdr}, Callback: hdr, Reply: key, Replays: status, Owner: lane}
 		got, err := encode(rec)
 		want, werr := json.Marshal(rec)
 		if (err != nil) != (werr != nil) || !bytes.Equal(got, want) {

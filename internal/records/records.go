@@ -247,14 +247,34 @@ func (s *Store) Usage(ctx context.Context, lane string) (records uint64, bytes u
 	return st.Values(), st.Bytes(), nil
 }
 
+// Viewer is who reads or cancels records. A server without API keys has
+// one principal, who sees every record (All), as does an admin key; any
+// other key (Key) sees only the records it owns (api.JobRecord.Owner),
+// never one without an owner (a job published over NATS). The zero Viewer
+// sees nothing.
+type Viewer struct {
+	All bool
+	Key string
+}
+
+// Everyone sees every record: the one principal of a server without keys.
+var Everyone = Viewer{All: true}
+
+// Sees reports whether v may see rec.
+func (v Viewer) Sees(rec api.JobRecord) bool { return v.All || v.Key != "" && rec.Owner == v.Key }
+
 // maxScan bounds the records Recent reads for one answer.
 const maxScan = 2000
 
-// Recent lists a lane's most recently changed records, newest first: at
-// most limit, of state when it is not empty, among the last maxScan
-// changes. It reads the bucket's stream backwards by sequence (a record's
-// older revisions are gone: History is 1).
-func (s *Store) Recent(ctx context.Context, lane string, state api.JobState, limit int) ([]api.JobRecord, error) {
+// Recent lists a lane's most recently changed records that v sees, newest
+// first: at most limit, of state when it is not empty, among the last
+// maxScan changes. It reads the bucket's stream backwards by sequence (a
+// record's older revisions are gone: History is 1) and stops at limit
+// matches. The records v does not see are passed over within the same
+// scan, so a key gets up to limit of its own jobs when they are among the
+// last maxScan changes of the lane, and one answer never reads more than
+// maxScan records, however few of them are the caller's.
+func (s *Store) Recent(ctx context.Context, lane string, v Viewer, state api.JobState, limit int) ([]api.JobRecord, error) {
 	if _, err := s.bucket(lane); err != nil {
 		return nil, err
 	}
@@ -279,7 +299,7 @@ func (s *Store) Recent(ctx context.Context, lane string, state api.JobState, lim
 			continue // a delete or purge marker
 		}
 		rec, err := decode(m.Data)
-		if err != nil || (state != "" && rec.State != state) {
+		if err != nil || (state != "" && rec.State != state) || !v.Sees(rec) {
 			continue
 		}
 		out = append(out, rec)
@@ -412,11 +432,13 @@ func (s *Store) change(ctx context.Context, lane, id string, fn func(rec *api.Jo
 // Cancel moves a job that has not started (scheduled or queued) to
 // cancelled: the drain's claim then fails and the job is never delivered.
 // A job that started or settled answers ErrStarted with its record; one
-// without a record ErrNotFound. A cancelled job answers its record again.
-func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api.JobRecord, error) {
+// without a record, or whose record v does not see, ErrNotFound (and
+// nothing of it). The check of v and the cancel are one compare-and-set.
+// A cancelled job answers its record again.
+func (s *Store) Cancel(ctx context.Context, lane, id string, v Viewer, now time.Time) (api.JobRecord, error) {
 	rec, _, err := s.change(ctx, lane, id, func(rec *api.JobRecord, found bool) error {
 		switch {
-		case !found:
+		case !found, !v.Sees(*rec):
 			return ErrNotFound
 		case rec.State == api.StateCancelled:
 			return errSame
@@ -427,11 +449,13 @@ func (s *Store) Cancel(ctx context.Context, lane, id string, now time.Time) (api
 		rec.FinishedAt = &now
 		return nil
 	})
-	if err == nil {
+	switch {
+	case err == nil:
 		s.settled(ctx, rec)
-	}
-	if errors.Is(err, errSame) {
+	case errors.Is(err, errSame):
 		err = nil
+	case errors.Is(err, ErrNotFound):
+		rec = api.JobRecord{}
 	}
 	return rec, err
 }
@@ -455,14 +479,7 @@ func (s *Store) Mark(ctx context.Context, lane, id string, state api.JobState, r
 // A reply the lane refuses is not kept: the drain dead-letters such a job
 // when it meets it.
 func (s *Store) mark(ctx context.Context, lane, id string, state api.JobState, reason, reply string, now time.Time) (api.JobRecord, error) {
-	if reply != "" {
-		s.mu.RLock()
-		r := s.replies[lane]
-		s.mu.RUnlock()
-		if r.Check(reply) != nil {
-			reply = ""
-		}
-	}
+	reply = s.allowedReply(lane, reply)
 	if state != api.StateScheduled && state != api.StateExpired && state != api.StateQueued {
 		return api.JobRecord{}, fmt.Errorf("records: Mark takes scheduled, queued or expired, not %s", state)
 	}
@@ -502,6 +519,9 @@ type Replay struct {
 	Lane, ID, Key string
 	// Callback is the job's callback URL, kept with its dead letter.
 	Callback string
+	// Owner is the API key that submitted the job (api.JobRecord.Owner),
+	// kept with its dead letter: the owner of a new record.
+	Owner string
 }
 
 // Replaying puts the record of a job replayed from the dead letters back
@@ -523,7 +543,7 @@ func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo fu
 			return errSame
 		}
 		if !found {
-			rec.Key, rec.StoredAt, rec.Attempts = r.Key, &now, []api.JobAttempt{}
+			rec.Key, rec.StoredAt, rec.Attempts, rec.Owner = r.Key, &now, []api.JobAttempt{}, r.Owner
 		}
 		if r.Callback != "" {
 			rec.Callback = r.Callback
@@ -580,6 +600,10 @@ type Attempt struct {
 	// Reply is the job's reply subject (queue.Job.Reply), checked by the
 	// lane (Replies.Check), kept in its record.
 	Reply string
+	// Owner is the API key that submitted the job (queue.Job.Owner, read
+	// only from what the throttler stored): the owner of a record the
+	// claim creates. A record that exists keeps its own.
+	Owner string
 }
 
 // Start claims a job's record for an attempt: queued, scheduled or
@@ -590,7 +614,7 @@ type Attempt struct {
 func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	if a.Hint != 0 || a.Fresh {
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
-			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback, Reply: a.Reply}
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback, Reply: a.Reply, Owner: a.Owner}
 		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
 			return Claim{}, err
 		} else if ok {
@@ -608,7 +632,7 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 			return ErrNotStartable
 		}
 		if !found {
-			rec.Key, rec.StoredAt = a.Key, &a.Stored
+			rec.Key, rec.StoredAt, rec.Owner = a.Key, &a.Stored, a.Owner
 		}
 		if rec.Callback == "" {
 			rec.Callback = a.Callback
@@ -643,34 +667,54 @@ type Waiting struct {
 	// Reply is the Throttle-Reply the job names, if any: kept in its
 	// record when the lane allows it (Replies.Check).
 	Reply string
+	// Owner is the API key that submitted the job (queue.Job.Owner);
+	// empty for a job published over NATS.
+	Owner string
 	// Stored is when the job was stored.
 	Stored time.Time
+}
+
+// Queued is the record a waiting job has until the drain claims it:
+// queued, with what its claim would keep (its owner, and its reply
+// subject when the lane allows it).
+func (s *Store) Queued(w Waiting) api.JobRecord {
+	return api.JobRecord{V: api.JobRecordVersion, ID: w.ID, Lane: w.Lane, Key: w.Key, State: api.StateQueued,
+		StoredAt: &w.Stored, Attempts: []api.JobAttempt{}, Reply: s.allowedReply(w.Lane, w.Reply), Owner: w.Owner}
+}
+
+// allowedReply is reply when lane allows it (Replies.Check), else "".
+func (s *Store) allowedReply(lane, reply string) string {
+	if reply == "" {
+		return ""
+	}
+	s.mu.RLock()
+	r := s.replies[lane]
+	s.mu.RUnlock()
+	if r.Check(reply) != nil {
+		return ""
+	}
+	return reply
 }
 
 // CancelStored cancels a job that waits in its lane's stream without a
 // record: it creates the record as cancelled (create-if-absent), which the
 // drain's claim (a create as well, or a compare-and-set after a read) then
 // finds, so exactly one of the two wins. The record is then published like
-// any settled one. When the job has a record by now, it is Cancel.
-func (s *Store) CancelStored(ctx context.Context, w Waiting, now time.Time) (api.JobRecord, error) {
-	reply := w.Reply
-	if reply != "" {
-		s.mu.RLock()
-		r := s.replies[w.Lane]
-		s.mu.RUnlock()
-		if r.Check(reply) != nil {
-			reply = ""
-		}
+// any settled one. When the job has a record by now, it is Cancel. A job
+// v does not see is ErrNotFound, untouched.
+func (s *Store) CancelStored(ctx context.Context, w Waiting, v Viewer, now time.Time) (api.JobRecord, error) {
+	rec := s.Queued(w)
+	if !v.Sees(rec) {
+		return api.JobRecord{}, ErrNotFound
 	}
-	rec := api.JobRecord{V: api.JobRecordVersion, ID: w.ID, Lane: w.Lane, Key: w.Key, State: api.StateCancelled,
-		StoredAt: &w.Stored, FinishedAt: &now, Attempts: []api.JobAttempt{}, Reply: reply}
+	rec.State, rec.FinishedAt = api.StateCancelled, &now
 	if _, ok, err := s.update(ctx, rec, 0); err != nil {
 		return api.JobRecord{}, err
 	} else if ok {
 		s.settled(ctx, rec)
 		return rec, nil
 	}
-	return s.Cancel(ctx, w.Lane, w.ID, now)
+	return s.Cancel(ctx, w.Lane, w.ID, v, now)
 }
 
 // Finish writes the end of an attempt: fn sets the state (retrying,

@@ -68,7 +68,7 @@ func TestCancelRacesStart(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := oneWins(t, id,
-			func() error { _, err := s.Cancel(ctx, "demo", id, time.Now()); return err },
+			func() error { _, err := s.Cancel(ctx, "demo", id, records.Everyone, time.Now()); return err },
 			func() error {
 				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
 				return err
@@ -101,7 +101,7 @@ func TestCancelStoredRacesFreshStart(t *testing.T) {
 		id := "abcdefghijk." + strconv.Itoa(i+1)
 		oneWins(t, id,
 			func() error {
-				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, time.Now())
+				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, records.Everyone, time.Now())
 				return err
 			},
 			func() error {
@@ -124,7 +124,7 @@ func TestCancelOfANATSJobRacesItsClaim(t *testing.T) {
 		fresh := i%2 == 0
 		cancelled := oneWins(t, id,
 			func() error {
-				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Reply: "replies.x", Stored: time.Now()}, time.Now())
+				_, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Reply: "replies.x", Stored: time.Now()}, records.Everyone, time.Now())
 				return err
 			},
 			func() error {
@@ -144,7 +144,7 @@ func TestCancelOfANATSJobRacesItsClaim(t *testing.T) {
 			if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Stored: time.Now(), Now: time.Now()}); !errors.Is(err, records.ErrNotStartable) {
 				t.Fatalf("%s: a claim after the cancel: %v, want ErrNotStartable", id, err)
 			}
-		} else if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, time.Now()); !errors.Is(err, records.ErrStarted) {
+		} else if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: id, Stored: time.Now()}, records.Everyone, time.Now()); !errors.Is(err, records.ErrStarted) {
 			t.Fatalf("%s: a cancel after the claim: %v, want ErrStarted", id, err)
 		}
 	}
@@ -163,7 +163,7 @@ func TestStartAfterSettleAndCancelAfterStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Cancel(ctx, "demo", "j", t0); !errors.Is(err, records.ErrStarted) {
+	if _, err := s.Cancel(ctx, "demo", "j", records.Everyone, t0); !errors.Is(err, records.ErrStarted) {
 		t.Fatalf("cancel of a started job: %v, want ErrStarted", err)
 	}
 	rec, err := s.Finish(ctx, c, func(r *api.JobRecord) {
@@ -274,7 +274,7 @@ func TestStaleClaimLoses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Cancel(ctx, "demo", "stale", now); err != nil {
+	if _, err := s.Cancel(ctx, "demo", "stale", records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "stale", Hint: rev, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {
@@ -316,14 +316,14 @@ func TestCompareAndSetOnReplicas(t *testing.T) {
 			t.Fatalf("%s: second create: %v, want ErrExists", id, err)
 		}
 		oneWins(t, id,
-			func() error { _, err := s.Cancel(ctx, "demo", id, time.Now()); return err },
+			func() error { _, err := s.Cancel(ctx, "demo", id, records.Everyone, time.Now()); return err },
 			func() error {
 				_, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Hint: rev, Stored: time.Now(), Now: time.Now()})
 				return err
 			})
 	}
 	now := time.Now().UTC()
-	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "r3-fresh", Stored: now}, now); err != nil {
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "r3-fresh", Stored: now}, records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "r3-fresh", Fresh: true, Stored: now, Now: now}); !errors.Is(err, records.ErrNotStartable) {

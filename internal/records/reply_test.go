@@ -216,15 +216,15 @@ func TestSettledRecordsArePublished(t *testing.T) {
 	// Cancelled before any claim (a job stored without a record):
 	// published at once, then again when the drain meets it, on the reply
 	// subject the drain knows.
-	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "c", Stored: now}, now); err != nil {
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "c", Stored: now}, records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
 	// A job published over NATS, cancelled before any claim: its reply
 	// subject, when the lane allows it, hears the cancel at once.
-	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n", Reply: "replies.shop.n", Stored: now}, now); err != nil {
+	if _, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n", Reply: "replies.shop.n", Stored: now}, records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n2", Reply: "elsewhere.n2", Stored: now}, now); err != nil || rec.Reply != "" {
+	if rec, err := s.CancelStored(ctx, records.Waiting{Lane: "demo", ID: "n2", Reply: "elsewhere.n2", Stored: now}, records.Everyone, now); err != nil || rec.Reply != "" {
 		t.Fatalf("cancel of a waiting job naming a refused reply: %+v, %v; want no reply kept", rec, err)
 	}
 	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "c", Fresh: true, Stored: now, Now: now, Reply: "replies.shop.c"}); !errors.Is(err, records.ErrNotStartable) {
@@ -236,7 +236,7 @@ func TestSettledRecordsArePublished(t *testing.T) {
 	// A delayed job keeps its reply from the moment it is scheduled, so a
 	// cancel of it answers there; a refused one is not kept.
 	hook.Scheduled("demo", "s", now, "replies.shop.s")
-	if _, err := s.Cancel(ctx, "demo", "s", now); err != nil {
+	if _, err := s.Cancel(ctx, "demo", "s", records.Everyone, now); err != nil {
 		t.Fatal(err)
 	}
 	hook.Scheduled("demo", "s2", now, "elsewhere.s2")

@@ -37,7 +37,7 @@ dispatch: {allow_networks: [127.0.0.0/8]}
 auth:
   keys:
     - {id: a, sha256: %s, scopes: [submit]}
-    - {id: b, sha256: %s, scopes: [submit]}
+    - {id: b, sha256: %s, scopes: [admin]}
 lanes:
   - name: demo
     rate: 50
@@ -117,7 +117,8 @@ lanes:
 	if code, _, _ := call("GET", base+"/refused-1", "secret-a", ""); code != http.StatusNotFound {
 		t.Errorf("the refused submission's record: %d, want 404", code)
 	}
-	// b has its own share.
+	// b has its own share (an admin key: a job is its submitter's, and
+	// only an admin key sees another key's job).
 	if code, _, rec := call("GET", base+"/hold-1?wait=0.2s", "secret-b", ""); code != http.StatusOK || rec.State != api.StateInFlight {
 		t.Errorf("b's wait: %d %s, want 200 in_flight", code, rec.State)
 	}

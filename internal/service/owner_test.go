@@ -1,0 +1,274 @@
+package service_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// ownerConfig: keys a and b may submit to demo, ops is admin; demo keeps
+// results and allows replies on replies.shop.
+func ownerConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
+	t.Helper()
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+auth:
+  keys:
+    - {id: a, sha256: %s, scopes: ["submit:demo"]}
+    - {id: b, sha256: %s, scopes: ["submit:demo"]}
+    - {id: ops, sha256: %s, scopes: [admin]}
+lanes:
+  - name: demo
+    rate: 50
+    burst: 5
+    max_inflight: 8
+    results: {keep: 1h, max_body: 64, max_wait: 20s, reply_subjects: [replies.shop]}
+    target: {http: {url: %q}}
+`, natsURL, t.TempDir(), redisURL, hexSum("secret-a"), hexSum("secret-b"), hexSum("secret-ops"), target)
+	cfg, err := config.Parse("owner.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// asKey sends one request with the API key secret and optional headers
+// (name, value pairs).
+func asKey(t *testing.T, secret, method, url, body string, headers ...string) jobCall {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewBufferString(body))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Content-Type", "text/plain")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return jobCall{resp.StatusCode, resp.Header, b}
+}
+
+// TestJobRecordsBelongToTheirKey: with API keys, a job's record is its
+// submitting key's. Another key cannot read, wait for or cancel it (404,
+// the body of an id never stored), lists only its own jobs, and gets 409
+// naming Idempotency-Key (learning nothing of the job) when it resubmits
+// the id, single, waited, delayed or in a batch; the owner's resubmission
+// is its duplicate. A job stored without a record (no Idempotency-Key) is
+// its key's after the drain's claim too. A job published over NATS has no
+// owner, whatever header it carries: only admin keys see it, and its
+// record carries its reply subject while it waits. The admin key sees
+// every job.
+func TestJobRecordsBelongToTheirKey(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, _ := recordsTarget(t)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const a, b, ops = "secret-a", "secret-b", "secret-ops"
+	if c := asKey(t, ops, "PATCH", "http://"+svc.Addr()+"/v1/lanes/demo", `{"paused":true}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+		t.Fatalf("pause: %d %s", c.code, c.body)
+	}
+
+	// While the lane is held: a's jobs (two with an Idempotency-Key, one
+	// without, which is stored without a record), b's, and one published
+	// over NATS with a forged owner header.
+	for _, s := range []struct{ key, id string }{{a, "order-1"}, {a, "order-2"}, {b, "b-1"}} {
+		if c := asKey(t, s.key, "POST", base, "body of "+s.id, "Idempotency-Key", s.id); c.code != http.StatusAccepted {
+			t.Fatalf("submit %s: %d %s", s.id, c.code, c.body)
+		}
+	}
+	c := asKey(t, a, "POST", base, "a-seq")
+	var acc api.Accepted
+	if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted {
+		t.Fatalf("submit without Idempotency-Key: %d %s", c.code, c.body)
+	}
+	seqID := acc.ID
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	publish("throttle.demo", "nats-1", "from nats", nats.Header{"Throttler-Owner": {"a"}, "Throttle-Reply": {"replies.shop.nats-1"}})
+
+	get := func(secret, id string) (jobCall, api.JobRecord) {
+		t.Helper()
+		c := asKey(t, secret, "GET", base+"/"+id, "")
+		var rec api.JobRecord
+		if c.code == http.StatusOK {
+			if err := json.Unmarshal(c.body, &rec); err != nil {
+				t.Fatalf("GET %s: %q: %v", id, c.body, err)
+			}
+		}
+		return c, rec
+	}
+	// notFound: what secret is answered for id is what it is answered for
+	// an id never stored, byte for byte but the id.
+	notFound := func(secret, method, id, query string) {
+		t.Helper()
+		got := asKey(t, secret, method, base+"/"+id+query, "")
+		unknown := "zz-" + strings.Repeat("9", max(len(id)-3, 1))
+		want := asKey(t, secret, method, base+"/"+unknown+query, "")
+		if want.code != http.StatusNotFound {
+			t.Fatalf("%s of an unknown id: %d %s", method, want.code, want.body)
+		}
+		if got.code != http.StatusNotFound || string(got.body) != strings.ReplaceAll(string(want.body), unknown, id) ||
+			got.header.Get("Content-Type") != want.header.Get("Content-Type") || got.header.Get("Location") != "" {
+			t.Errorf("%s %s%s: %d %s; want the 404 of an id never stored: %s", method, id, query, got.code, got.body, want.body)
+		}
+	}
+	for _, id := range []string{"order-1", seqID} {
+		notFound(b, "GET", id, "")
+		notFound(b, "GET", id, "?wait=1s")
+		notFound(b, "DELETE", id, "")
+	}
+	for _, secret := range []string{a, b} {
+		notFound(secret, "GET", "nats-1", "")
+		notFound(secret, "DELETE", "nats-1", "")
+	}
+	// b's cancels changed nothing.
+	for _, id := range []string{"order-1", seqID} {
+		if c, rec := get(a, id); c.code != http.StatusOK || rec.State != api.StateQueued || rec.Owner != "a" {
+			t.Fatalf("a's GET %s: %d %s; want queued, owner a", id, c.code, c.body)
+		}
+	}
+	if c, rec := get(ops, "nats-1"); c.code != http.StatusOK || rec.State != api.StateQueued || rec.Owner != "" || rec.Reply != "replies.shop.nats-1" {
+		t.Fatalf("admin's GET of the NATS job: %d %s; want queued, no owner, its reply subject", c.code, c.body)
+	}
+	if c, rec := get(ops, "order-1"); c.code != http.StatusOK || rec.Owner != "a" {
+		t.Fatalf("admin's GET of a's job: %d %s", c.code, c.body)
+	}
+
+	// The list: each key its own, the admin every one.
+	list := func(secret string) []string {
+		t.Helper()
+		c := asKey(t, secret, "GET", base+"?limit=10", "")
+		var l api.JobList
+		if err := json.Unmarshal(c.body, &l); err != nil || c.code != http.StatusOK {
+			t.Fatalf("list: %d %s", c.code, c.body)
+		}
+		var ids []string
+		for _, r := range l.Jobs {
+			ids = append(ids, r.ID)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	if got := list(a); !slices.Equal(got, []string{"order-1", "order-2"}) {
+		t.Errorf("a lists %v", got)
+	}
+	if got := list(b); !slices.Equal(got, []string{"b-1"}) {
+		t.Errorf("b lists %v", got)
+	}
+	if got := list(ops); !slices.Equal(got, []string{"b-1", "order-1", "order-2"}) {
+		t.Errorf("admin lists %v", got)
+	}
+	// limit counts the caller's own jobs: b's one job is older than a's
+	// two, yet limit=1 finds it.
+	if c := asKey(t, b, "GET", base+"?limit=1", ""); !strings.Contains(string(c.body), `"id":"b-1"`) {
+		t.Errorf("b's list with limit=1: %s", c.body)
+	}
+
+	// b resubmits a's Idempotency-Key: refused, nothing of a's job told.
+	conflict := func(what string, c jobCall, field string) {
+		t.Helper()
+		var p api.Problem
+		_ = json.Unmarshal(c.body, &p)
+		if c.code != http.StatusConflict || p.Type != "urn:throttler:problem:idempotency-key-conflict" || p.Field != field ||
+			c.header.Get("Location") != "" || c.header.Get("Throttle-Job-Id") != "" {
+			t.Errorf("%s: %d %v %s; want 409 idempotency-key-conflict naming %s", what, c.code, c.header, c.body, field)
+		}
+		for _, leak := range []string{"body of order-1", "echo", `"state"`, "queued", "delivered", `"owner"`} {
+			if strings.Contains(string(c.body), leak) {
+				t.Errorf("%s: the answer tells %q of a's job: %s", what, leak, c.body)
+			}
+		}
+	}
+	conflict("single", asKey(t, b, "POST", base, "b's", "Idempotency-Key", "order-1"), "Idempotency-Key")
+	conflict("waited", asKey(t, b, "POST", base+"?wait=2s", "b's", "Idempotency-Key", "order-1"), "Idempotency-Key")
+	conflict("delayed", asKey(t, b, "POST", base, "b's", "Idempotency-Key", "order-1", "Throttle-Delay", "10s"), "Idempotency-Key")
+	batch := func(secret, body string) api.BatchAccepted {
+		t.Helper()
+		c := asKey(t, secret, "POST", base+":batch", body, "Content-Type", "application/json")
+		var out api.BatchAccepted
+		if err := json.Unmarshal(c.body, &out); err != nil {
+			t.Fatalf("batch: %d %s", c.code, c.body)
+		}
+		if strings.Contains(string(c.body), "body of order-1") || strings.Contains(string(c.body), "echo") {
+			t.Errorf("batch answer tells of a's job: %s", c.body)
+		}
+		return out
+	}
+	out := batch(b, `[{"idempotency_key":"b-2","payload":"x"},{"idempotency_key":"order-1","payload":"x"},{"idempotency_key":"order-2","payload":"x","delay":"10s"}]`)
+	if len(out.Results) != 3 || out.Results[0].Status != http.StatusAccepted || out.Accepted != 1 || out.Failed != 2 {
+		t.Fatalf("b's batch: %+v", out)
+	}
+	for i, r := range out.Results[1:] {
+		field := fmt.Sprintf("/%d/idempotency_key", i+1)
+		if r.Status != http.StatusConflict || r.State != "" || r.Duplicate || r.Problem == nil ||
+			r.Problem.Type != "urn:throttler:problem:idempotency-key-conflict" || r.Problem.Field != field {
+			t.Errorf("b's batch item %d: %+v; want 409 naming %s", i+1, r, field)
+		}
+	}
+	// a resubmits its own: the duplicate, as without keys.
+	c = asKey(t, a, "POST", base, "again", "Idempotency-Key", "order-1")
+	if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted || !acc.Duplicate || acc.ID != "order-1" ||
+		c.header.Get("Location") == "" {
+		t.Fatalf("a resubmits order-1: %d %s", c.code, c.body)
+	}
+	if out := batch(a, `[{"idempotency_key":"order-1","payload":"x"}]`); len(out.Results) != 1 || !out.Results[0].Duplicate {
+		t.Fatalf("a's batch of order-1: %+v", out)
+	}
+	// a cancels its own.
+	if c := asKey(t, a, "DELETE", base+"/order-2", ""); c.code != http.StatusOK {
+		t.Fatalf("a cancels order-2: %d %s", c.code, c.body)
+	}
+
+	// Resumed: everything not cancelled is delivered.
+	if c := asKey(t, ops, "PATCH", "http://"+svc.Addr()+"/v1/lanes/demo", `{"paused":false}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+		t.Fatalf("resume: %d %s", c.code, c.body)
+	}
+	for _, j := range []struct{ secret, id string }{{a, "order-1"}, {a, seqID}, {b, "b-1"}, {b, "b-2"}, {ops, "nats-1"}} {
+		testenv.Eventually(t, 20*time.Second, j.id+" delivered", func() bool {
+			_, rec := get(j.secret, j.id)
+			return rec.State == api.StateDelivered
+		})
+	}
+	if _, rec := get(a, "order-1"); rec.Owner != "a" || rec.Response == nil || !strings.Contains(rec.Response.Body, "body of order-1") {
+		t.Errorf("a's order-1: %+v; want a's own job delivered", rec)
+	}
+	if _, rec := get(a, seqID); rec.Owner != "a" {
+		t.Errorf("a's job without an Idempotency-Key, after its claim: owner %q, want a", rec.Owner)
+	}
+	if _, rec := get(ops, "nats-1"); rec.Owner != "" {
+		t.Errorf("the NATS job's record: owner %q; a header must never make one", rec.Owner)
+	}
+	notFound(b, "GET", "order-1", "")
+	notFound(b, "GET", seqID, "")
+	notFound(a, "GET", "nats-1", "")
+	// Settled: a waited resubmission by b is still refused, without a's
+	// answer.
+	conflict("waited, settled", asKey(t, b, "POST", base+"?wait=2s", "b's", "Idempotency-Key", "order-1"), "Idempotency-Key")
+	want := []string{seqID, "order-1", "order-2"}
+	slices.Sort(want)
+	if got := list(a); !slices.Equal(got, want) {
+		t.Errorf("a lists %v after the drain", got)
+	}
+	if got := list(b); !slices.Equal(got, []string{"b-1", "b-2"}) {
+		t.Errorf("b lists %v after the drain", got)
+	}
+}
