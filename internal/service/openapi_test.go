@@ -56,11 +56,13 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	failing, full := cfg.Lanes[0], cfg.Lanes[0]
+	failing, full, recs := cfg.Lanes[0], cfg.Lanes[0], cfg.Lanes[0]
 	failing.Name = "failing"
 	failing.Target = config.Target{HTTP: &config.HTTPTarget{URL: refuse.URL, Method: "POST", Timeout: config.Duration(5 * time.Second)}}
 	full.Name, full.Rate, full.Burst, full.MaxBacklog = "full", slow, 1, 1
-	cfg.Lanes = append(cfg.Lanes, failing, full)
+	// recs keeps job records: its routes and answers are checked too.
+	recs.Name, recs.Results = "recs", &config.Results{}
+	cfg.Lanes = append(cfg.Lanes, failing, full, recs)
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -173,6 +175,26 @@ func TestOpenAPIAnswersOfARunningServer(t *testing.T) {
 	call(true, "POST", "/v1/lanes/failing/dead/replay", nil, "", 200)
 	call(true, "DELETE", "/v1/lanes/failing/dead", nil, "", 204)
 	call(true, "GET", "/v1/lanes/nope/dead", nil, "", 404)
+
+	// Job records: a waited answer, a record, the list, a duplicate of a
+	// delivered job (single and batch), cancels.
+	ctJSON := map[string]string{"Content-Type": "application/json"}
+	call(true, "POST", "/v1/lanes/recs/jobs?wait=10s", map[string]string{"Content-Type": "application/json", "Idempotency-Key": "r-1"}, `{"r":1}`, 200)
+	call(true, "GET", "/v1/lanes/recs/jobs/r-1", nil, "", 200)
+	call(true, "GET", "/v1/lanes/recs/jobs/r-1?wait=1s", nil, "", 200)
+	call(true, "GET", "/v1/lanes/recs/jobs", nil, "", 200)
+	call(true, "GET", "/v1/lanes/recs/jobs?state=delivered&limit=5", nil, "", 200)
+	call(false, "GET", "/v1/lanes/recs/jobs?state=lost", nil, "", 400)
+	call(true, "GET", "/v1/lanes/recs/jobs/nope", nil, "", 404)
+	if b := call(true, "POST", "/v1/lanes/recs/jobs", map[string]string{"Content-Type": "application/json", "Idempotency-Key": "r-1"}, `{"r":1}`, 202); !bytes.Contains(b, []byte(`"state":"delivered"`)) {
+		t.Errorf("a duplicate of a delivered job: %s", b)
+	}
+	call(true, "POST", "/v1/lanes/recs/jobs:batch", ctJSON, `[{"idempotency_key":"r-1","payload":{"r":1}},{"payload":{"r":2}}]`, 0)
+	call(true, "DELETE", "/v1/lanes/recs/jobs/r-1", nil, "", 409)
+	call(true, "POST", "/v1/lanes/recs/jobs", map[string]string{"Content-Type": "application/json", "Idempotency-Key": "r-2", "Throttle-Delay": "1h"}, `{"r":2}`, 202)
+	call(true, "DELETE", "/v1/lanes/recs/jobs/r-2", nil, "", 200)
+	call(true, "DELETE", "/v1/lanes/recs/jobs/nope", nil, "", 404)
+	call(false, "POST", "/v1/lanes/recs/jobs?wait=forever", ctJSON, `{"r":3}`, 400)
 
 	// Operations.
 	call(true, "GET", "/v1/whoami", nil, "", 200)
