@@ -874,7 +874,7 @@ func (h *Handler) laneCache(name string) *laneCache {
 }
 
 func validKey(k string) error {
-	if err := queue.ValidJobID(k); err != nil {
+	if err := queue.ValidGivenID(k); err != nil {
 		return fmt.Errorf("Idempotency-Key: %w", err)
 	}
 	return nil

@@ -29,6 +29,15 @@ func TestValidKey(t *testing.T) {
 		{"has space", false},
 		{"tab\there", false},
 		{"ünicode", false},
+		// The shape of the ids the throttler makes (queue.SeqID) is
+		// another caller's job; near misses are anyone's.
+		{"n2DFr7os7Ga.1", false},
+		{"n2DFr7os7Ga.18446744073709551615", false},
+		{"n2DFr7os7Ga.0", true},
+		{"n2DFr7os7Ga.01", true},
+		{"n2DFr7os7G.1", true},
+		{"n2DFr7os7Ga-1", true},
+		{"n2DFr7os7Ga.1x", true},
 	} {
 		if err := validKey(tc.key); (err == nil) != tc.ok {
 			t.Errorf("validKey(%q) = %v, want ok=%v", tc.key, err, tc.ok)

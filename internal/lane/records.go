@@ -89,7 +89,9 @@ func (l *Lane) keepsRecords() bool { return l.cfg.Results != nil && l.d.Records 
 // claim claims msg's record for the attempt about to start. ok is false
 // when the job must not start: it was cancelled or expired (then it has
 // been acked and is gone), or the record could not be read (then it waits
-// in place and comes again).
+// in place and comes again). A job whose id has another caller's record
+// (records.ErrOtherOwner) starts with the empty Claim: no record is
+// written for it.
 //
 // replyOK says the job's reply subject passed the lane's check: only then
 // is it kept in the record.
@@ -106,6 +108,12 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (record
 	switch {
 	case err == nil:
 		return c, true
+	case errors.Is(err, records.ErrOtherOwner):
+		// Another caller made a record under this job's id: the job is
+		// delivered without one (record writes nothing for the empty
+		// claim), and that record keeps its own state.
+		l.log.Warn("job's id has another caller's record; delivered without a record", "id", job.ID)
+		return records.Claim{}, true
 	case errors.Is(err, records.ErrNotStartable):
 		l.log.Info("job cancelled or expired before it started; not delivered", "id", job.ID)
 		if err := msg.AckSync(ctx); err != nil {
@@ -125,6 +133,9 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (record
 // the waiting caller of a settled job. A failure is logged: the job's
 // delivery stands whatever its record says.
 func (l *Lane) record(dctx context.Context, msg *queue.Msg, c records.Claim, res dispatch.Result, act Action) {
+	if c.Rev == 0 {
+		return // claimed without a record (records.ErrOtherOwner)
+	}
 	now := l.d.Clock.Now()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()

@@ -54,6 +54,19 @@ func ParseSeqID(id string) (prefix string, seq uint64, ok bool) {
 	return id[:IDPrefixLen], seq, true
 }
 
+// ValidGivenID checks an id a caller chooses (an Idempotency-Key): a valid
+// job id, and not shaped like the ids SeqID makes, which name a job the
+// throttler stored for another caller.
+func ValidGivenID(id string) error {
+	if err := ValidJobID(id); err != nil {
+		return err
+	}
+	if _, _, ok := ParseSeqID(id); ok {
+		return fmt.Errorf("%q has the shape of the ids the throttler makes for jobs without one (%d letters or digits, '.', a number); choose another", id, IDPrefixLen-1)
+	}
+	return nil
+}
+
 // ErrNoSuchJob: the lane's stream holds no waiting job with that id.
 var ErrNoSuchJob = errors.New("queue: no such job waiting")
 

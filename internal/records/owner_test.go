@@ -116,8 +116,26 @@ func TestRecordsOfAKey(t *testing.T) {
 			t.Fatalf("record of %s: owner %q, want a", id, rec.Owner)
 		}
 	}
-	if c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "nats", Stored: now, Now: now, Owner: "a"}); err != nil || c.Record.Owner != "" {
-		t.Fatalf("claim of a record without an owner: %+v, %v; the claim must not give it one", c.Record, err)
+	// A claim meeting another caller's record under the job's id (a
+	// record without an owner, or b's, even cancelled) takes nothing of
+	// it: ErrOtherOwner, and the record is as it was.
+	before, _, _ := s.Get(ctx, "demo", "nats")
+	if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "nats", Stored: now, Now: now, Owner: "a"}); !errors.Is(err, records.ErrOtherOwner) {
+		t.Fatalf("claim by a's job of a record without an owner: %v; want ErrOtherOwner", err)
+	}
+	if after, _, _ := s.Get(ctx, "demo", "nats"); after.State != before.State || after.Owner != "" {
+		t.Fatalf("the record without an owner after a's claim: %+v, was %+v", after, before)
+	}
+	if _, _, err := s.Create(ctx, api.JobRecord{ID: "taken", Lane: "demo", State: api.StateQueued, StoredAt: &now, Attempts: []api.JobAttempt{}, Owner: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(ctx, "demo", "taken", records.Viewer{Key: "b"}, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, owner := range []string{"", "a"} {
+		if _, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "taken", Stored: now, Now: now, Owner: owner}); !errors.Is(err, records.ErrOtherOwner) {
+			t.Fatalf("claim by a job of owner %q of b's cancelled record: %v; want ErrOtherOwner, not a cancel", owner, err)
+		}
 	}
 }
 

@@ -47,6 +47,10 @@ var (
 	ErrNotStartable = errors.New("records: the job was cancelled or expired")
 	// ErrUnavailable: JetStream did not answer; the state is unknown.
 	ErrUnavailable = errors.New("records: JetStream unavailable")
+	// ErrOtherOwner: the job's id has a record that another caller owns
+	// (an id named by a caller who is not the job's): the job is delivered
+	// without a record, and that record is left alone.
+	ErrOtherOwner = errors.New("records: the job's id has another caller's record")
 	// ErrNoLane: the lane keeps no records.
 	ErrNoLane = errors.New("records: the lane keeps no records")
 )
@@ -622,6 +626,13 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 		}
 	}
 	rec, rev, err := s.change(ctx, a.Lane, a.ID, func(rec *api.JobRecord, found bool) error {
+		if found && rec.Owner != a.Owner {
+			// Not this job's record: another caller named the job's id
+			// (a job published over NATS is found by its Nats-Msg-Id
+			// while it waits). Neither its state (a cancel of it) nor
+			// this job's answer crosses over.
+			return ErrOtherOwner
+		}
 		if rec.Reply == "" {
 			// Before the check: a job cancelled before any instance
 			// claimed it (CancelStored) has its record published on

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -271,4 +273,78 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 	if got := list(b); !slices.Equal(got, []string{"b-1", "b-2"}) {
 		t.Errorf("b lists %v after the drain", got)
 	}
+}
+
+// TestATakenIDGivesNoJobAway: a key cannot take another caller's job by
+// naming its id. An id shaped like the ones the throttler makes for jobs
+// without an Idempotency-Key is refused (400 naming Idempotency-Key). A
+// record b made under the id of a job published over NATS (found by its
+// Nats-Msg-Id while it waits) is b's alone: the NATS job is delivered all
+// the same, even after b cancelled that record, and b's record never gets
+// its answer.
+func TestATakenIDGivesNoJobAway(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	got := map[string][]string{}
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[r.Header.Get("Idempotency-Key")] = append(got[r.Header.Get("Idempotency-Key")], string(b))
+		mu.Unlock()
+		_, _ = fmt.Fprintf(w, "answer to %s", b)
+	}))
+	t.Cleanup(target.Close)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const a, b, ops = "secret-a", "secret-b", "secret-ops"
+	lane := "http://" + svc.Addr() + "/v1/lanes/demo"
+	if c := asKey(t, ops, "PATCH", lane, `{"paused":true}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+		t.Fatalf("pause: %d %s", c.code, c.body)
+	}
+	c := asKey(t, a, "POST", base, "a's secret work")
+	var acc api.Accepted
+	if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted {
+		t.Fatalf("a's job without an Idempotency-Key: %d %s", c.code, c.body)
+	}
+	for _, c := range []jobCall{
+		asKey(t, b, "POST", base, "b's", "Idempotency-Key", acc.ID),
+		asKey(t, b, "POST", base+":batch", fmt.Sprintf(`[{"idempotency_key":%q,"payload":"x"}]`, acc.ID), "Content-Type", "application/json"),
+	} {
+		if !strings.Contains(string(c.body), "idempotency_key") && !strings.Contains(string(c.body), `"field":"Idempotency-Key"`) || c.code == http.StatusAccepted && !strings.Contains(string(c.body), `"status":400`) {
+			t.Errorf("b names a's id %s: %d %s; want it refused naming the Idempotency-Key", acc.ID, c.code, c.body)
+		}
+	}
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	publish("throttle.demo", "n-7", "nats work", nil)
+	if c := asKey(t, b, "POST", base, "b's", "Idempotency-Key", "n-7"); c.code != http.StatusAccepted {
+		t.Fatalf("b names the NATS job's id: %d %s", c.code, c.body)
+	}
+	if c := asKey(t, b, "DELETE", base+"/n-7", ""); c.code != http.StatusOK {
+		t.Fatalf("b cancels its record n-7: %d %s", c.code, c.body)
+	}
+	if c := asKey(t, ops, "PATCH", lane, `{"paused":false}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+		t.Fatalf("resume: %d %s", c.code, c.body)
+	}
+	testenv.Eventually(t, 20*time.Second, "a's job and the NATS job delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got[acc.ID]) == 1 && len(got["n-7"]) == 1
+	})
+	mu.Lock()
+	if got[acc.ID][0] != "a's secret work" || got["n-7"][0] != "nats work" {
+		t.Errorf("delivered: %q", got)
+	}
+	mu.Unlock()
+	c = asKey(t, b, "GET", base+"/n-7", "")
+	var rec api.JobRecord
+	if err := json.Unmarshal(c.body, &rec); err != nil || c.code != http.StatusOK || rec.State != api.StateCancelled || rec.Response != nil ||
+		strings.Contains(string(c.body), "nats work") {
+		t.Errorf("b's record n-7: %d %s; want b's own cancelled record, without the NATS job's answer", c.code, c.body)
+	}
+	testenv.Eventually(t, 10*time.Second, "a's record delivered", func() bool {
+		c := asKey(t, a, "GET", base+"/"+acc.ID, "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"delivered"`) && strings.Contains(string(c.body), "answer to a's secret work")
+	})
 }
