@@ -33,6 +33,7 @@ func TestResults(t *testing.T) {
 	}
 	for _, s := range []struct{ results, field string }{
 		{"{keep: 500ms}", "lanes[0].results.keep"},
+		{"{keep: 90s}", "lanes[0].results.keep"}, // under nats.dedup_window's 2m
 		{"{keep: 400d}", "lanes[0].results.keep"},
 		{"{max_body: 2MiB}", "lanes[0].results.max_body"},
 		{"{max_wait: 16m}", "lanes[0].results.max_wait"},

@@ -257,6 +257,12 @@ func (c *Config) Validate() error {
 		if err := l.validate(p); err != nil {
 			return err
 		}
+		if r := l.Results; r != nil && r.Keep < c.NATS.DedupWindow {
+			// A resubmission after the record is gone but within the
+			// window would create a record afresh while JetStream drops
+			// its job as a duplicate: a record no job ever settles.
+			return fail(p+".results.keep", "is %v, shorter than nats.dedup_window (%v): an Idempotency-Key must be remembered by the record at least as long as by JetStream", r.Keep.D(), c.NATS.DedupWindow.D())
+		}
 	}
 	if err := c.validateWorkSubjects(); err != nil {
 		return err
