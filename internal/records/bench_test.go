@@ -51,12 +51,15 @@ func BenchmarkDrainWrites(b *testing.B) {
 	s := newStore(b, time.Hour)
 	ctx := context.Background()
 	var n atomic.Int64
+	// Ids of this run: a server of its own (THROTTLER_BENCH_NATS_URL)
+	// keeps the records of the runs before.
+	run := "d-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	b.SetParallelism(16) // × GOMAXPROCS goroutines
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			id := "d-" + strconv.FormatInt(n.Add(1), 10)
+			id := run + strconv.FormatInt(n.Add(1), 10)
 			now := time.Now().UTC()
 			c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: id, Fresh: true, Stored: now, Now: now})
 			if err != nil {

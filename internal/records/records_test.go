@@ -3,6 +3,7 @@ package records_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -15,8 +16,7 @@ import (
 
 func newStore(t testing.TB, keep time.Duration) *records.Store {
 	t.Helper()
-	srv := testenv.StartNATS(t)
-	nc, _ := testenv.JetStream(t, srv.ClientURL())
+	nc, _ := testenv.JetStream(t, natsURL(t))
 	s, err := records.New(nc, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -25,6 +25,18 @@ func newStore(t testing.TB, keep time.Duration) *records.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// natsURL is an in-process nats-server's, started for t; a benchmark takes
+// THROTTLER_BENCH_NATS_URL instead when it is set (a nats-server of its own
+// process: the benchmark's CPU figures are then the client's alone).
+func natsURL(t testing.TB) string {
+	if u := os.Getenv("THROTTLER_BENCH_NATS_URL"); u != "" {
+		if _, ok := t.(*testing.B); ok {
+			return u
+		}
+	}
+	return testenv.StartNATS(t).ClientURL()
 }
 
 func queued(id string) api.JobRecord {
