@@ -536,14 +536,17 @@ type Replay struct {
 // reason, response) goes; the reply subject is the one the claim checks
 // again. A job whose record is gone (older than keep) gets a new one. A
 // cancelled job stays cancelled: a cancel is never undone, and the drain
-// drops the replayed copy as it drops any cancelled job. undo puts the
-// record back as it was, for a replay whose store failed.
+// drops the replayed copy as it drops any cancelled job. A record of
+// another owner (the dead job's own outlived results.keep and another
+// caller chose its id since) is not the job's: it stays as it is, and the
+// replayed job's claim (ErrOtherOwner) delivers it without a record. undo
+// puts the record back as it was, for a replay whose store failed.
 func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo func(), err error) {
 	var old api.JobRecord
 	var existed bool
 	rec, rev, err := s.change(ctx, r.Lane, r.ID, func(rec *api.JobRecord, found bool) error {
 		old, existed = *rec, found
-		if found && rec.State == api.StateCancelled {
+		if found && (rec.State == api.StateCancelled || rec.Owner != r.Owner) {
 			return errSame
 		}
 		if !found {

@@ -348,3 +348,92 @@ func TestATakenIDGivesNoJobAway(t *testing.T) {
 		return c.code == http.StatusOK && strings.Contains(string(c.body), `"delivered"`) && strings.Contains(string(c.body), "answer to a's secret work")
 	})
 }
+
+// TestAReplayLeavesAnotherKeysRecordAlone: a dead letter's id may name a
+// record another key made since (b's job died and its record outlived
+// results.keep; a then chose the same id). An admin's replay of the dead
+// letter leaves a's record as it is: not put back to queued, its answer
+// kept, no replay counted, and the dead job's callback (b's URL) not
+// written into it (a's record would then be sent there when it settles).
+// The replayed job is delivered without a record, as any job whose id has
+// another caller's record.
+func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	got := map[string][]string{}
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[r.Header.Get("Idempotency-Key")] = append(got[r.Header.Get("Idempotency-Key")], string(b))
+		mu.Unlock()
+		if string(b) == "die" {
+			http.Error(w, "refused", http.StatusBadRequest)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "answer to %s", b)
+	}))
+	t.Cleanup(target.Close)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(receiver.Close)
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q, dedup_window: 1s}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+auth:
+  keys:
+    - {id: a, sha256: %s, scopes: ["submit:demo"]}
+    - {id: b, sha256: %s, scopes: ["submit:demo"]}
+    - {id: ops, sha256: %s, scopes: [admin]}
+lanes:
+  - name: demo
+    rate: 50
+    burst: 5
+    results: {keep: 1s, max_body: 64, max_wait: 20s, callback_urls: [%q], callback_lane: callbacks}
+    target: {http: {url: %q}}
+  - name: callbacks
+    rate: 20
+    burst: 5
+    target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
+`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), hexSum("secret-a"), hexSum("secret-b"), hexSum("secret-ops"),
+		receiver.URL+"/hooks", target.URL, receiver.URL+"/hooks", receiver.URL+"/hooks", callbackSecret)
+	cfg, err := config.Parse("owner.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := runWithRegistry(t, cfg, prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const a, b, ops = "secret-a", "secret-b", "secret-ops"
+
+	// b's job x dies at once, with b's callback; its record goes after
+	// results.keep, its dead letter stays.
+	if c := asKey(t, b, "POST", base+"?wait=10s", "die", "Idempotency-Key", "x", "Throttle-Callback", receiver.URL+"/hooks/b"); c.code != http.StatusOK {
+		t.Fatalf("b's job x: %d %s", c.code, c.body)
+	}
+	testenv.Eventually(t, 20*time.Second, "b's record of x gone", func() bool {
+		return asKey(t, b, "GET", base+"/x", "").code == http.StatusNotFound
+	})
+	// a chooses the id x now: its own job, delivered.
+	c := asKey(t, a, "POST", base+"?wait=10s", "a's work", "Idempotency-Key", "x")
+	if c.code != http.StatusOK || string(c.body) != "answer to a's work" {
+		t.Fatalf("a's job x: %d %s", c.code, c.body)
+	}
+	before := asKey(t, a, "GET", base+"/x", "")
+	if c := asKey(t, ops, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/dead/replay", ""); c.code != http.StatusOK || !strings.Contains(string(c.body), `"replayed":1`) {
+		t.Fatalf("replay of b's dead letter: %d %s", c.code, c.body)
+	}
+	after := asKey(t, a, "GET", base+"/x", "")
+	var rec api.JobRecord
+	if err := json.Unmarshal(after.body, &rec); err != nil || after.code != http.StatusOK {
+		t.Fatalf("a's record x after the replay: %d %s (before: %s)", after.code, after.body, before.body)
+	}
+	if rec.Owner != "a" || rec.State != api.StateDelivered || rec.Replays != 0 || rec.Callback != "" || rec.Response == nil {
+		t.Errorf("a's record x after an admin replayed b's dead letter x: %s\nbefore: %s\nwant it unchanged", after.body, before.body)
+	}
+	testenv.Eventually(t, 20*time.Second, "b's replayed job delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got["x"]) == 3
+	})
+}
