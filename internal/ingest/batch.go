@@ -553,6 +553,13 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 			continue
 		}
 		id := jobs[i].job.ID
+		if pub.Duplicate && keeps && toStore[j].RecordRev != 0 && h.storedByAnother(ctx, toStore[j], pub.Seq) {
+			// As a single submission's: the id is another caller's
+			// job, stored without a record.
+			h.undoRecord(toStore[j], &submission{rev: toStore[j].RecordRev})
+			fail(i, itemConflict(name, i), "idempotency_key_conflict")
+			continue
+		}
 		out := api.BatchResult{Status: http.StatusAccepted, ID: id, State: api.StateQueued}
 		wait := waits[i]
 		switch {

@@ -636,6 +636,14 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		id = queue.SeqID(h.idPrefix, res.Seq)
 		job.ID = id
 	}
+	if res.Duplicate && sub.rev != 0 && h.storedByAnother(r.Context(), job, res.Seq) {
+		// A record was made for the id just now, yet JetStream holds a
+		// job of that id: another caller's (one published over NATS,
+		// waiting without a record). Nothing of it is told.
+		h.undoRecord(job, &sub)
+		rj.reject(idempotencyConflict(name), "idempotency_key_conflict")
+		return
+	}
 	out := api.Accepted{ID: id, Lane: name, State: api.StateQueued}
 	switch {
 	case res.Duplicate:

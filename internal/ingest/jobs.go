@@ -47,6 +47,8 @@ type JobRecords interface {
 // NATS; such a job has no record until the drain claims it.
 type StoredJobs interface {
 	Lookup(ctx context.Context, lane, id string) (queue.Job, time.Time, error)
+	// JobAt reads the job stored at seq (a duplicate's first copy).
+	JobAt(ctx context.Context, lane string, seq uint64) (queue.Job, error)
 }
 
 // Waiting holds this instance's callers that wait for their jobs
@@ -433,6 +435,28 @@ func (h *Handler) expectWait(r *http.Request, lane, id string) (<-chan api.JobRe
 		caller = "ip:" + ipKey(clientIP(r))
 	}
 	return h.cfg.Waiters.Expect(lane, id, caller)
+}
+
+// storedByAnother reports whether the first copy of a duplicate, stored at
+// seq, is another caller's job: job's record was created just now (no
+// record had its id), so the copy JetStream kept is not this caller's
+// unless it is their own earlier submission whose record was undone (a
+// publish that failed but was stored). With API keys only: without them
+// there is one principal. A copy gone from the stream counts as
+// another's; an error reading it as not (the duplicate answer stands).
+func (h *Handler) storedByAnother(ctx context.Context, job queue.Job, seq uint64) bool {
+	if h.keys.Load() == nil || h.cfg.Stored == nil {
+		return false
+	}
+	first, err := h.cfg.Stored.JobAt(ctx, job.Lane, seq)
+	switch {
+	case errors.Is(err, queue.ErrNoSuchJob):
+		return true
+	case err != nil:
+		h.cfg.Logger.Warn("reading a duplicate's first copy failed; answered as a duplicate", "lane", job.Lane, "id", job.ID, "err", err)
+		return false
+	}
+	return first.Outside || first.Owner != job.Owner
 }
 
 // createRecord creates a job's record, queued, before the job is stored.

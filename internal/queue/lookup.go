@@ -101,6 +101,29 @@ func (q *Queue) Lookup(ctx context.Context, lane, id string) (Job, time.Time, er
 	return job, raw.Time, nil
 }
 
+// JobAt reads the job stored at seq of lane's stream, where JetStream
+// keeps a duplicate's first copy (PubResult.Seq of a duplicate): the job
+// as the drain would read it, its owner and whether it came from outside
+// included. A job gone from the stream is ErrNoSuchJob.
+func (q *Queue) JobAt(ctx context.Context, lane string, seq uint64) (Job, error) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return Job{}, err
+	}
+	raw, err := ls.stream.GetMsg(ctx, seq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return Job{}, ErrNoSuchJob
+	case err != nil:
+		return Job{}, fmt.Errorf("%w: get %s/%d: %v", ErrUnavailable, lane, seq, err)
+	}
+	internal, key, ok := subjectKey(lane, raw.Subject)
+	if !ok {
+		return Job{}, ErrNoSuchJob
+	}
+	return decodeJob(lane, raw.Header, raw.Data, key, seq, internal, time.Now()), nil
+}
+
 // lookupPublished finds a job published on lane's public subject (over
 // NATS) that no drain has claimed yet: its id is "<lane>-<seq>" (published
 // without a Nats-Msg-Id) or its Nats-Msg-Id. JetStream keeps no index of
