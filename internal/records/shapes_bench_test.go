@@ -140,3 +140,58 @@ func BenchmarkStoredMessage(b *testing.B) {
 func casMsg(subject string, body []byte) *nats.Msg {
 	return &nats.Msg{Subject: subject, Data: body, Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: {"0"}}}
 }
+
+// BenchmarkClientWrites: this process's CPU per record-sized write by how
+// it is sent: a request each, 32 at once (as the drain's writes go), or
+// pipelined from one goroutine (32 published back to back, then their
+// answers read). With THROTTLER_BENCH_NATS_URL naming a nats-server of its
+// own process the figure is the client's alone (docs/DESIGN.md, "The
+// drain's two writes").
+func BenchmarkClientWrites(b *testing.B) {
+	body := []byte(`{"v":1,"id":"d-123456","lane":"demo","state":"in_flight","stored_at":"2026-12-06T08:00:00.123456789Z","started_at":"2026-12-06T08:00:00.123456789Z","attempts":[]}`)
+	nc, js := testenv.JetStream(b, natsURL(b))
+	ctx := context.Background()
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "CLIENTW", History: 1, TTL: time.Hour}); err != nil {
+		b.Fatal(err)
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var n atomic.Int64
+	b.Run("request", func(b *testing.B) {
+		b.SetParallelism(16)
+		cpu0 := cpuTime()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				m := &nats.Msg{Subject: "$KV.CLIENTW.k" + run + strconv.FormatInt(n.Add(1), 10), Data: body, Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: {"0"}}}
+				if _, err := nc.RequestMsg(m, 5*time.Second); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/msg")
+	})
+	b.Run("pipelined", func(b *testing.B) {
+		const w = 32
+		inbox := nc.NewInbox()
+		answers := make(chan *nats.Msg, w)
+		sub, err := nc.ChanSubscribe(inbox+".*", answers)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		cpu0 := cpuTime()
+		for i := 0; i < b.N; i += w {
+			for j := range w {
+				m := &nats.Msg{Subject: "$KV.CLIENTW.k" + run + strconv.FormatInt(n.Add(1), 10), Data: body, Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: {"0"}}}
+				m.Reply = inbox + "." + strconv.Itoa(j)
+				if err := nc.PublishMsg(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range w {
+				<-answers
+			}
+		}
+		b.ReportMetric(float64(cpuTime()-cpu0)/float64((b.N+w-1)/w*w)/1e3, "cpu-µs/msg")
+	})
+}
