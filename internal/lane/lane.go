@@ -71,10 +71,10 @@ type Lane struct {
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
-	hot       hotMetrics  // the per-job series, looked up once
-	recWrites recordWrites
-	starts    startWindow // for the utilization gauge
-	limited   startWindow // the target's 429 answers, for the status
+	hot       hotMetrics   // the per-job series, looked up once
+	recWrites recordWrites // the drain's record write series, when the lane keeps records
+	starts    startWindow  // for the utilization gauge
+	limited   startWindow  // the target's 429 answers, for the status
 	// startsTotal counts the lane's starts on this instance; hist holds
 	// its samples (history.go).
 	startsTotal atomic.Uint64

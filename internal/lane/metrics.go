@@ -186,7 +186,9 @@ type recordWrites struct {
 // newRecordWrites makes the series of a lane that keeps records, at 0.
 func newRecordWrites(m *metrics.Metrics, lane string) recordWrites {
 	m.InitRecordWrites(lane)
-	c := func(write, result string) prometheus.Counter { return m.RecordWrites.WithLabelValues(lane, write, result) }
+	c := func(write, result string) prometheus.Counter {
+		return m.RecordWrites.WithLabelValues(lane, write, result)
+	}
 	return recordWrites{
 		claimOK:           c(metrics.RecordClaim, metrics.RecordOK),
 		claimOtherOwner:   c(metrics.RecordClaim, metrics.RecordOtherOwner),
