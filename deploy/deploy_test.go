@@ -224,7 +224,8 @@ func TestPrometheusRuleMatchesRules(t *testing.T) {
 }
 
 // registry runs a service the way cmd/throttler does (its registry holds
-// throttler_build_info) until the test ends, and gathers its metrics.
+// throttler_build_info) until the test ends, and gathers its metrics. Its
+// lane keeps records, so that the series of lanes with results exist.
 func registry(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	y := fmt.Sprintf(`listen: 127.0.0.1:0
@@ -237,6 +238,7 @@ lanes:
   - name: demo
     rate: 20
     burst: 10
+    results: {keep: 1h}
     target: {http: {url: "http://127.0.0.1:1/never"}}
 `, t.TempDir())
 	cfg, err := config.Parse("deploy-test.yaml", []byte(y), nil)

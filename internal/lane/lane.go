@@ -71,9 +71,10 @@ type Lane struct {
 	delivered atomic.Uint64
 	runDone   <-chan struct{} // Run's context's Done, set before any delivery starts
 	rateGauge prometheus.Gauge
-	hot       hotMetrics  // the per-job series, looked up once
-	starts    startWindow // for the utilization gauge
-	limited   startWindow // the target's 429 answers, for the status
+	hot       hotMetrics   // the per-job series, looked up once
+	recWrites recordWrites // the drain's record write series, when the lane keeps records
+	starts    startWindow  // for the utilization gauge
+	limited   startWindow  // the target's 429 answers, for the status
 	// startsTotal counts the lane's starts on this instance; hist holds
 	// its samples (history.go).
 	startsTotal atomic.Uint64
@@ -173,6 +174,9 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	l.rateGauge.Set(lim.Rate)
 	l.hot = newHotMetrics(m, name)
 	m.PausedSeconds.WithLabelValues(name).Set(0)
+	if l.keepsRecords() {
+		l.recWrites = newRecordWrites(m, name)
+	}
 	if err := l.ensureRecords(ctx); err != nil {
 		return fmt.Errorf("results: %w", err)
 	}

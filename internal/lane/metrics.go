@@ -174,3 +174,27 @@ func (h hotMetrics) dispatched(v dispatch.Verdict) prometheus.Counter {
 	}
 	return h.m.Dispatched.WithLabelValues(h.lane, v.String())
 }
+
+// recordWrites are the lane's throttler_job_record_writes_total series,
+// looked up once when the lane starts; nil counters for a lane that keeps
+// no records (its drain writes none).
+type recordWrites struct {
+	claimOK, claimOtherOwner, claimNotStartable, claimError prometheus.Counter
+	endOK, endError                                         prometheus.Counter
+}
+
+// newRecordWrites makes the series of a lane that keeps records, at 0.
+func newRecordWrites(m *metrics.Metrics, lane string) recordWrites {
+	m.InitRecordWrites(lane)
+	c := func(write, result string) prometheus.Counter {
+		return m.RecordWrites.WithLabelValues(lane, write, result)
+	}
+	return recordWrites{
+		claimOK:           c(metrics.RecordClaim, metrics.RecordOK),
+		claimOtherOwner:   c(metrics.RecordClaim, metrics.RecordOtherOwner),
+		claimNotStartable: c(metrics.RecordClaim, metrics.RecordNotStartable),
+		claimError:        c(metrics.RecordClaim, metrics.RecordError),
+		endOK:             c(metrics.RecordEnd, metrics.RecordOK),
+		endError:          c(metrics.RecordEnd, metrics.RecordError),
+	}
+}

@@ -107,14 +107,17 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (record
 		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback, Reply: reply, Owner: job.Owner})
 	switch {
 	case err == nil:
+		l.recWrites.claimOK.Inc()
 		return c, true
 	case errors.Is(err, records.ErrOtherOwner):
+		l.recWrites.claimOtherOwner.Inc()
 		// Another caller made a record under this job's id: the job is
 		// delivered without one (record writes nothing for the empty
 		// claim), and that record keeps its own state.
 		l.log.Warn("job's id has another caller's record; delivered without a record", "id", job.ID)
 		return records.Claim{}, true
 	case errors.Is(err, records.ErrNotStartable):
+		l.recWrites.claimNotStartable.Inc()
 		l.log.Info("job cancelled or expired before it started; not delivered", "id", job.ID)
 		if err := msg.AckSync(ctx); err != nil {
 			l.log.Warn("ack of a cancelled job failed; it comes again and is dropped again", "id", job.ID, "err", err)
@@ -123,6 +126,7 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (record
 		return records.Claim{}, false
 	default:
 		// Whether the job was cancelled is unknown: it must not start.
+		l.recWrites.claimError.Inc()
 		l.log.Warn("job record unavailable; the job waits and comes again", "id", job.ID, "err", err)
 		_ = msg.Wait(time.Second)
 		return records.Claim{}, false
@@ -159,9 +163,11 @@ func (l *Lane) record(dctx context.Context, msg *queue.Msg, c records.Claim, res
 		}
 	})
 	if err != nil {
+		l.recWrites.endError.Inc()
 		l.log.Warn("writing the job's record failed", "id", msg.Job().ID, "err", err)
 		return
 	}
+	l.recWrites.endOK.Inc()
 	if w := msg.Job().Wait; w != "" && rec.State.Settled() {
 		l.d.Records.Settled(w, rec)
 	}

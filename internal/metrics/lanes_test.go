@@ -56,7 +56,8 @@ func TestInitLaneMakesEverySeries(t *testing.T) {
 	// Callers' series exist when caller quotas are on (Callers.Init, tested
 	// in TestCallersInit). PullRepliesRefused's series are made by
 	// pull-mode lanes only, with the reasons package dispatch names.
-	setByLane := map[string]bool{"PacerUp": true, "EffectiveRate": true, "Callers": true, "PullRepliesRefused": true}
+	// RecordWrites' by lanes that keep records (TestRecordWritesInit).
+	setByLane := map[string]bool{"PacerUp": true, "EffectiveRate": true, "Callers": true, "PullRepliesRefused": true, "RecordWrites": true}
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		f := v.Type().Field(i)

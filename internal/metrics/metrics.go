@@ -59,6 +59,12 @@ type Metrics struct {
 	// not_inbox, not_worker).
 	PullRepliesRefused *prometheus.CounterVec
 
+	// RecordWrites counts the drain's writes of job records (lanes with
+	// results) by lane, write (RecordClaim, RecordEnd) and result
+	// (RecordOK, RecordOtherOwner, RecordNotStartable, RecordError). Its
+	// series exist for lanes that keep records (InitRecordWrites).
+	RecordWrites *prometheus.CounterVec
+
 	// Callers are the caller quota collectors.
 	Callers *Callers
 	// HTTP are the API's own requests.
@@ -160,8 +166,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		PullRepliesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "throttler_pull_replies_refused_total", Help: "Reply subjects of pull-mode workers refused and never answered (outside the inbox of a worker of the lane), by lane and reason.",
 		}, []string{"lane", "reason"}),
+		RecordWrites: newRecordWrites(),
 	}
-	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes, m.PullRepliesRefused)
+	reg.MustRegister(m.QueueWait, m.EndToEnd, m.lanes, m.PullRepliesRefused, m.RecordWrites)
 	m.Callers = newCallers(reg)
 	m.HTTP = newHTTP(reg)
 	m.Backends = newBackends(reg)

@@ -212,6 +212,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, waiters.Close)
+	m.WatchWaiters(waiters.Waiting)
 	limits, err := q.EnsureLimits(ctx, s.cfg.NATS.Replicas)
 	if err != nil {
 		return err
