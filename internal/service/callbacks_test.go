@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -116,17 +115,7 @@ lanes:
 // Throttle-Callback.
 func submitWithCallback(t *testing.T, addr, lane, idem, callback, body string) jobCall {
 	t.Helper()
-	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/"+lane+"/jobs", bytes.NewBufferString(body))
-	req.Header.Set("Content-Type", "text/plain")
-	req.Header.Set("Idempotency-Key", idem)
-	req.Header.Set("Throttle-Callback", callback)
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return jobCall{resp.StatusCode, resp.Header, b}
+	return asKey(t, "", "POST", "http://"+addr+"/v1/lanes/"+lane+"/jobs", body, "Idempotency-Key", idem, "Throttle-Callback", callback)
 }
 
 func TestCallbacksEndToEnd(t *testing.T) {

@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,12 +21,17 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
-// ownerConfig: keys a and b may submit to demo, ops is admin; demo keeps
-// results and allows replies on replies.shop.
-func ownerConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
-	t.Helper()
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
+// ownerHead is the head of the owner tests' configs, up to their lanes:
+// the nats-server at natsURL (its dedup_window when not empty) and the
+// Redis at redisURL; keys a and b (secrets secret-a, secret-b) may submit
+// to demo, ops (secret-ops) is admin.
+func ownerHead(t *testing.T, natsURL, dedupWindow, redisURL string) string {
+	window := ""
+	if dedupWindow != "" {
+		window = ", dedup_window: " + dedupWindow
+	}
+	return fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q%s}
 redis: {url: %q}
 dispatch: {allow_networks: [127.0.0.0/8]}
 auth:
@@ -35,38 +39,26 @@ auth:
     - {id: a, sha256: %s, scopes: ["submit:demo"]}
     - {id: b, sha256: %s, scopes: ["submit:demo"]}
     - {id: ops, sha256: %s, scopes: [admin]}
-lanes:
+`, natsURL, t.TempDir(), window, redisURL, hexSum("secret-a"), hexSum("secret-b"), hexSum("secret-ops"))
+}
+
+// ownerConfig: ownerHead's keys; demo keeps results and allows replies on
+// replies.shop.
+func ownerConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
+	t.Helper()
+	y := ownerHead(t, natsURL, "", redisURL) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 5
     max_inflight: 8
     results: {keep: 1h, max_body: 64, max_wait: 20s, reply_subjects: [replies.shop]}
     target: {http: {url: %q}}
-`, natsURL, t.TempDir(), redisURL, hexSum("secret-a"), hexSum("secret-b"), hexSum("secret-ops"), target)
+`, target)
 	cfg, err := config.Parse("owner.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg
-}
-
-// asKey sends one request with the API key secret and optional headers
-// (name, value pairs).
-func asKey(t *testing.T, secret, method, url, body string, headers ...string) jobCall {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, bytes.NewBufferString(body))
-	req.Header.Set("Authorization", "Bearer "+secret)
-	req.Header.Set("Content-Type", "text/plain")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return jobCall{resp.StatusCode, resp.Header, b}
 }
 
 // TestJobRecordsBelongToTheirKey: with API keys, a job's record is its
@@ -390,16 +382,7 @@ func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
 	t.Cleanup(target.Close)
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(receiver.Close)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q, dedup_window: 1s}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-auth:
-  keys:
-    - {id: a, sha256: %s, scopes: ["submit:demo"]}
-    - {id: b, sha256: %s, scopes: ["submit:demo"]}
-    - {id: ops, sha256: %s, scopes: [admin]}
-lanes:
+	y := ownerHead(t, natsSrv.ClientURL(), "1s", redis.URL()) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 5
@@ -409,8 +392,7 @@ lanes:
     rate: 20
     burst: 5
     target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), hexSum("secret-a"), hexSum("secret-b"), hexSum("secret-ops"),
-		receiver.URL+"/hooks", target.URL, receiver.URL+"/hooks", receiver.URL+"/hooks", callbackSecret)
+`, receiver.URL+"/hooks", target.URL, receiver.URL+"/hooks", receiver.URL+"/hooks", callbackSecret)
 	cfg, err := config.Parse("owner.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -93,10 +93,23 @@ type jobCall struct {
 
 func callJob(t *testing.T, method, url, idem, body string) jobCall {
 	t.Helper()
+	if idem == "" {
+		return asKey(t, "", method, url, body)
+	}
+	return asKey(t, "", method, url, body, "Idempotency-Key", idem)
+}
+
+// asKey sends one text/plain request with the API key secret (none when
+// empty) and optional headers (name, value pairs).
+func asKey(t *testing.T, secret, method, url, body string, headers ...string) jobCall {
+	t.Helper()
 	req, _ := http.NewRequest(method, url, bytes.NewBufferString(body))
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
 	req.Header.Set("Content-Type", "text/plain")
-	if idem != "" {
-		req.Header.Set("Idempotency-Key", idem)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
