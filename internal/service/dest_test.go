@@ -354,7 +354,26 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 	}
 	type connKey struct{}
 	dialled := map[string]time.Time{}
+	// Warm-up jobs (keys w000…, to the lane's base URL /api/) are held
+	// until max_inflight of them are in flight at once, so that the lane
+	// has a connection open for each delivery it can run before the
+	// measured jobs come: a job waiting for a connection arrives late by a
+	// dial, which under load took up to 118 ms.
+	const inflight = 256
+	var warmArrived sync.WaitGroup
+	warmArrived.Add(inflight)
+	allWarm := make(chan struct{})
+	go func() { warmArrived.Wait(); close(allWarm) }()
+	var warmDone atomic.Int64
 	mux := http.NewServeMux()
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		warmArrived.Done()
+		select {
+		case <-allWarm:
+		case <-time.After(20 * time.Second):
+		}
+		warmDone.Add(1)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c := r.Context().Value(connKey{}).(*conn)
 		sigMu.Lock()
@@ -432,6 +451,24 @@ func TestThousandReceiversEachWithItsURL(t *testing.T) {
 			t.Errorf("PATCH %s: %d %+v, want a 400 naming %s", body, resp.StatusCode, p, field)
 		}
 	}
+
+	// The warm-up: max_inflight jobs of keys of their own, all in flight
+	// at once, then the lane's burst back (max_inflight tokens at its
+	// rate take 51 ms; twice that is waited).
+	var warm []string
+	for i := range inflight {
+		warm = append(warm, fmt.Sprintf(`{"idempotency_key":"warm-%d","throttle_key":"w%03d","payload":0}`, i, i))
+	}
+	resp, err = batchClient.Post("http://"+addr+"/v1/lanes/demo/jobs:batch", "application/json", strings.NewReader("["+strings.Join(warm, ",")+"]"))
+	if err != nil {
+		t.Fatalf("warm-up batch: %v", err)
+	}
+	resp.Body.Close()
+	waitFor(t, 30*time.Second, "the warm-up jobs delivered", func() bool { return warmDone.Load() == inflight })
+	if cfg.Lanes[0].MaxInflight != inflight {
+		t.Fatalf("the lane's max_inflight is %d; the warm-up holds %d", cfg.Lanes[0].MaxInflight, inflight)
+	}
+	time.Sleep(2 * time.Duration(float64(inflight)/cfg.Lanes[0].Rate.PerSecond()*float64(time.Second)))
 
 	// per jobs per receiver, in batches of 1,000 items: job j of each
 	// receiver before job j+1. Stalls count from here: the deliveries'.
