@@ -55,6 +55,8 @@ type batchJob struct {
 	// when is the item's delay, not_before and expires, read into the
 	// job's NotBefore and Expires by batchSchedules.
 	when queue.When
+	// given: the item named its id (idempotency_key).
+	given bool
 }
 
 func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
@@ -219,7 +221,7 @@ func parseBatch(body []byte, lane string, maxBody int64, maxItems int) ([]batchJ
 		if rf != nil {
 			return nil, rf
 		}
-		jobs[i] = batchJob{job: job, first: -1, when: itemWhen(items[i])}
+		jobs[i] = batchJob{job: job, first: -1, when: itemWhen(items[i]), given: items[i].IdempotencyKey != ""}
 		if f, ok := seen[job.ID]; ok {
 			jobs[i].first = f
 		} else {
@@ -269,7 +271,7 @@ func parseBatchItems(body []byte, lane string, maxBody int64, maxItems int) ([]b
 		if rf != nil {
 			return nil, rf
 		}
-		bj := batchJob{job: job, first: -1, when: itemWhen(it)}
+		bj := batchJob{job: job, first: -1, when: itemWhen(it), given: it.IdempotencyKey != ""}
 		if f, ok := seen[job.ID]; ok {
 			bj.first = f
 		} else {
@@ -594,7 +596,7 @@ func (h *Handler) storeBatch(w http.ResponseWriter, r *http.Request, name string
 		results[i] = out
 	}
 	for _, i := range delayed {
-		h.storeDelayedItem(ctx, name, lane, delayedItem{i: i, job: jobs[i].job, out: &results[i], fail: func(err error, reason string) { fail(i, err, reason) }}, counts, keeps)
+		h.storeDelayedItem(ctx, name, lane, delayedItem{i: i, job: jobs[i].job, given: jobs[i].given, out: &results[i], fail: func(err error, reason string) { fail(i, err, reason) }}, counts, keeps)
 	}
 	// A repeated id within the batch: the answer of its first item, as a
 	// duplicate (or the same refusal).

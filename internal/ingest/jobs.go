@@ -459,6 +459,23 @@ func (h *Handler) storedByAnother(ctx context.Context, job queue.Job, seq uint64
 	return first.Outside || first.Owner != job.Owner
 }
 
+// waitsAsAnother reports whether a job of another caller waits under
+// job's id without a record (one published over NATS, found by its
+// Nats-Msg-Id): a delayed job, whose record was created just now, must not
+// take that id, as an immediate one may not (storedByAnother). With API
+// keys only; an error reading the stream counts as no such job.
+func (h *Handler) waitsAsAnother(ctx context.Context, job queue.Job) bool {
+	if h.keys.Load() == nil {
+		return false
+	}
+	other, _, found, err := h.stored(ctx, job.Lane, job.ID)
+	if err != nil {
+		h.cfg.Logger.Warn("looking for a waiting job of a delayed job's id failed", "lane", job.Lane, "id", job.ID, "err", err)
+		return false
+	}
+	return found && (other.Outside || other.Owner != job.Owner)
+}
+
 // createRecord creates a job's record, queued, before the job is stored.
 func (h *Handler) createRecord(ctx context.Context, job queue.Job) (uint64, api.JobRecord, error) {
 	now := time.Now().UTC()

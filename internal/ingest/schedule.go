@@ -65,7 +65,7 @@ func (l Lane) maxDelay() time.Duration {
 // On a lane that keeps results its record is created first, scheduled:
 // GET finds it, DELETE cancels it (the drain's claim then refuses it when it
 // comes due), and an Idempotency-Key lasts as long as the record.
-func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter, keeps bool) {
+func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter, keeps, given bool) {
 	if h.cfg.Scheduler == nil {
 		rj.reject(&Refusal{Err: ErrBadHeader, Field: queue.HeaderThrottleDelay, Detail: "this server does not take delayed jobs"}, "invalid_schedule")
 		return
@@ -89,6 +89,11 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 			return
 		}
 		rec.rev, job.RecordRev = rev, rev
+		if given && h.waitsAsAnother(r.Context(), job) {
+			h.undoRecord(job, &rec)
+			rj.reject(idempotencyConflict(name), "idempotency_key_conflict")
+			return
+		}
 	}
 	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
 	if err != nil {
@@ -145,12 +150,14 @@ func batchSchedules(jobs []batchJob, lane Lane, now time.Time) *Refusal {
 }
 
 // delayedItem is a batch item that asked for a delay: its index in the
-// batch, its job, and where its answer goes (out, or fail for a refusal).
+// batch, its job, whether it named its id, and where its answer goes (out,
+// or fail for a refusal).
 type delayedItem struct {
-	i    int
-	job  queue.Job
-	out  *api.BatchResult
-	fail func(err error, reason string)
+	i     int
+	job   queue.Job
+	given bool
+	out   *api.BatchResult
+	fail  func(err error, reason string)
 }
 
 // storeDelayedItem stores a batch item that asked for a delay, answering it,
@@ -177,6 +184,11 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 			return
 		}
 		rec.rev, job.RecordRev = rev, rev
+		if it.given && h.waitsAsAnother(ctx, job) {
+			h.undoRecord(job, &rec)
+			fail(itemConflict(name, it.i), "idempotency_key_conflict")
+			return
+		}
 	}
 	res, err := h.cfg.Scheduler.Schedule(ctx, job)
 	if err != nil {

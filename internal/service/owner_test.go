@@ -272,8 +272,9 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 // naming its id. An id shaped like the ones the throttler makes for jobs
 // without an Idempotency-Key is refused (400 naming Idempotency-Key); the
 // id of a job published over NATS that waits without a record (its
-// Nats-Msg-Id) is refused as another caller's (409), leaving no record:
-// the NATS job is delivered, its record is not b's. (A claim that meets
+// Nats-Msg-Id) is refused as another caller's (409), leaving no record,
+// for a job to start now or a delayed one, single or in a batch: the NATS
+// job is delivered, its record is not b's. (A claim that meets
 // another caller's record under its job's id is records.ErrOtherOwner,
 // tested in internal/records and by TestAReplayLeavesAnotherKeysRecordAlone.)
 func TestATakenIDGivesNoJobAway(t *testing.T) {
@@ -318,6 +319,10 @@ func TestATakenIDGivesNoJobAway(t *testing.T) {
 		asKey(t, b, "POST", base, "b's", "Idempotency-Key", "n-7"),
 		asKey(t, b, "POST", base+"?wait=1s", "b's", "Idempotency-Key", "n-7"),
 		asKey(t, b, "POST", base+":batch", `[{"idempotency_key":"n-7","payload":"x"}]`, "Content-Type", "application/json"),
+		// Delayed: the job would wait elsewhere until due, yet its
+		// record would take the id now.
+		asKey(t, b, "POST", base, "b's", "Idempotency-Key", "n-7", "Throttle-Delay", "1h"),
+		asKey(t, b, "POST", base+":batch", `[{"idempotency_key":"n-7","payload":"x","delay":"1h"}]`, "Content-Type", "application/json"),
 	} {
 		if !strings.Contains(string(c.body), "idempotency-key-conflict") || strings.Contains(string(c.body), `"state"`) ||
 			strings.Contains(string(c.body), `"duplicate"`) || regexp.MustCompile(`"eta_ms":[1-9]`).Match(c.body) || c.header.Get("Location") != "" {
