@@ -168,17 +168,19 @@ func printDead(w io.Writer, d *api.DeadLetter) {
 	row("id", d.ID)
 	row("lane", d.Lane)
 	row("key", d.Key)
-	row("reason", d.Reason)
+	row("reason", shown(d.Reason))
 	row("attempts", strconv.Itoa(d.Attempts))
 	if d.LastStatus != 0 {
 		row("last status", strconv.Itoa(d.LastStatus))
 	}
-	row("last error", d.LastError)
+	row("last error", shown(d.LastError)) // the target's status text is in it
 	row("dead at", d.DeadAt.UTC().Format(time.RFC3339Nano))
 	row("content type", d.ContentType)
 	row("size", strconv.Itoa(d.Size))
 	tw.Flush()
-	if utf8.Valid(d.Payload) && !strings.ContainsFunc(string(d.Payload), func(r rune) bool { return r < 0x20 && r != '\n' && r != '\t' && r != '\r' }) {
+	// Text with no control character a terminal acts on (CRLF lines
+	// allowed) is printed as it is; anything else as base64.
+	if utf8.Valid(d.Payload) && !strings.ContainsFunc(string(d.Payload), func(r rune) bool { return r != '\r' && unsafeRune(r) }) {
 		fmt.Fprintf(w, "payload:\n%s\n", d.Payload)
 	} else {
 		fmt.Fprintf(w, "payload (base64):\n%s\n", base64Std(d.Payload))

@@ -78,19 +78,19 @@ func printRecord(w io.Writer, r *api.JobRecord) {
 	}
 	fmt.Fprintf(tw, "stored\t%s\nstarted\t%s\nfinished\t%s\n", at(r.StoredAt), at(r.StartedAt), at(r.FinishedAt))
 	if r.Reason != "" {
-		fmt.Fprintf(tw, "reason\t%s\n", r.Reason)
+		fmt.Fprintf(tw, "reason\t%s\n", shown(r.Reason))
 	}
 	for i, a := range r.Attempts {
 		what := fmt.Sprint(a.Status)
 		if a.Status == 0 {
-			what = a.Error
+			what = shown(a.Error)
 		}
 		fmt.Fprintf(tw, "attempt %d\t%s  %s  %.1f ms\n", i+1, a.At.Format(time.RFC3339Nano), what, a.DurationMillis)
 	}
 	if p := r.Response; p != nil {
 		fmt.Fprintf(tw, "response\t%d\n", p.Status)
 		for k, v := range p.Headers {
-			fmt.Fprintf(tw, "  %s\t%s\n", k, v)
+			fmt.Fprintf(tw, "  %s\t%s\n", shown(k), shown(v))
 		}
 		body := p.Body
 		if p.BodyBase64 != "" {
@@ -99,7 +99,8 @@ func printRecord(w io.Writer, r *api.JobRecord) {
 		if p.Truncated {
 			body += " … (cut at results.max_body)"
 		}
-		fmt.Fprintf(tw, "body\t%s\n", body)
+		// The target's own text: shown, as every string it chose.
+		fmt.Fprintf(tw, "body\t%s\n", shown(body))
 	}
 	_ = tw.Flush()
 }
