@@ -82,8 +82,12 @@ func seqParam(r *http.Request) (uint64, error) {
 	return seq, nil
 }
 
+// writeJSON answers v as JSON. No cache keeps it: these answers are one
+// caller's view (a job's record may hold its target's answer, a key's
+// status its limits), and a shared cache must not serve them to another.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }

@@ -108,6 +108,11 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 			if err := json.Unmarshal(c.body, &rec); err != nil {
 				t.Fatalf("GET %s: %q: %v", id, c.body, err)
 			}
+			// One key's view, perhaps with its target's answer: no
+			// shared cache may keep it.
+			if cc := c.header.Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("GET %s: Cache-Control %q, want no-store", id, cc)
+			}
 		}
 		return c, rec
 	}
