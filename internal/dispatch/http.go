@@ -424,9 +424,14 @@ func (h *HTTP) classify(resp *http.Response, method string, to *url.URL) Result 
 		res.Verdict = Done
 	case code >= 300 && code < 400:
 		res.Verdict = Dead
+		// Where it points, without the query or user info (they may hold
+		// a token, and the error goes into logs and dead letters); a
+		// Location that is not a URL is not shown.
 		loc := resp.Header.Get("Location")
 		if u, err := resp.Request.URL.Parse(loc); err == nil && loc != "" {
 			loc = redactURL(u)
+		} else if loc != "" {
+			loc = "(not a URL)"
 		}
 		res.Err = fmt.Errorf("dispatch: %s %s: %w with %s to %q", method, h.logURLOf(to), ErrRedirected, clipAnswer(resp.Status), clipAnswer(loc))
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,

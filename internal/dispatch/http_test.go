@@ -587,7 +587,8 @@ func TestHTTPBasicAuthFromURL(t *testing.T) {
 // neither holds megabytes per delivery nor puts them in the attempt's
 // error, which goes into logs, dead letters and their listings: an
 // answer whose headers are over maxAnswerHeader bytes is a failed attempt,
-// and a long reason phrase or Location is cut in the error.
+// and a long reason phrase or Location is cut in the error; a Location that
+// is not a URL is not shown at all (it may hold a token).
 func TestHTTPHugeAnswerHeaders(t *testing.T) {
 	t.Parallel()
 	// A raw server: net/http writes no reason phrase of its own choosing.
@@ -600,6 +601,8 @@ func TestHTTPHugeAnswerHeaders(t *testing.T) {
 		"/reason":   "HTTP/1.1 500 " + strings.Repeat("r", 60<<10) + "\r\nContent-Length: 0\r\n\r\n",
 		"/location": "HTTP/1.1 302 Found\r\nLocation: /" + strings.Repeat("l", 60<<10) + "\r\nContent-Length: 0\r\n\r\n",
 		"/headers":  "HTTP/1.1 200 OK\r\nX-Junk: " + strings.Repeat("j", 4<<20) + "\r\nContent-Length: 0\r\n\r\n",
+		// Not a URL (an IPv6 host left open), with a token in it.
+		"/badlocation": "HTTP/1.1 302 Found\r\nLocation: http://[::1%zz/cb?token=SECRET\r\nContent-Length: 0\r\n\r\n",
 	}
 	go func() {
 		for {
@@ -621,7 +624,7 @@ func TestHTTPHugeAnswerHeaders(t *testing.T) {
 	for _, tc := range []struct {
 		path    string
 		verdict Verdict
-	}{{"/reason", Retry}, {"/location", Dead}, {"/headers", Retry}} {
+	}{{"/reason", Retry}, {"/location", Dead}, {"/headers", Retry}, {"/badlocation", Dead}} {
 		t.Run(tc.path, func(t *testing.T) {
 			res := newHTTP(t, HTTPConfig{URL: base + tc.path, Timeout: 5 * time.Second}, nil).Deliver(context.Background(), testJob())
 			if res.Verdict != tc.verdict || res.Err == nil {
@@ -629,6 +632,9 @@ func TestHTTPHugeAnswerHeaders(t *testing.T) {
 			}
 			if n := len(res.Err.Error()); n > 1024 {
 				t.Errorf("the error is %d bytes; want at most 1024", n)
+			}
+			if strings.Contains(res.Err.Error(), "SECRET") {
+				t.Errorf("the error shows the Location's token: %v", res.Err)
 			}
 		})
 	}
