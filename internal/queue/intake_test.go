@@ -66,6 +66,9 @@ func TestDecodeJob(t *testing.T) {
 		!j.EnqueuedAt.IsZero() {
 		t.Fatalf("public message decoded as %+v", j)
 	}
+	if j := decodeJob("demo", h("Nats-Msg-Id", "AbCdEfGhIjK.8"), nil, "", 7, false, now); j.ID != "demo-7" {
+		t.Fatalf("public message with an id of the throttler's shape (SeqID) decoded with id %q, want demo-7", j.ID)
+	}
 	j = decodeJob("demo", forged, nil, "", 7, true, now)
 	if j.ID != "victim" || j.Attempts != 9 || j.NotBefore.UnixMilli() != soon || j.Notify != "throttler.notify.abc" || j.Outside ||
 		j.EnqueuedAt.UnixMilli() != hourAgo {
