@@ -54,6 +54,18 @@ func ParseSeqID(id string) (prefix string, seq uint64, ok bool) {
 	return id[:IDPrefixLen], seq, true
 }
 
+// LaneSeqID splits "<lane>-<seq>", the id of a job published on lane
+// without a Nats-Msg-Id (seq a positive number without leading zeros); ok
+// is false for any other id.
+func LaneSeqID(lane, id string) (seq uint64, ok bool) {
+	s, found := strings.CutPrefix(id, lane+"-")
+	if !found || s == "" || s[0] == '0' {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(s, 10, 64)
+	return seq, err == nil
+}
+
 // ValidGivenID checks an id a caller chooses (an Idempotency-Key): a valid
 // job id, and not shaped like the ids SeqID makes, which name a job the
 // throttler stored for another caller.
@@ -138,14 +150,9 @@ func (q *Queue) lookupPublished(ctx context.Context, ls *laneState, id string) (
 	if ls.in != nil {
 		from = ls.in
 	}
-	if s, ok := strings.CutPrefix(id, lane+"-"); ok && s != "" && s[0] != '0' {
-		if seq, err := strconv.ParseUint(s, 10, 64); err == nil {
-			job, at, err := q.publishedAt(ctx, ls, from, id, seq)
-			if !errors.Is(err, ErrNoSuchJob) {
-				return job, at, err
-			}
-			// Not there: the id may be a Nats-Msg-Id of that form.
-		}
+	if seq, ok := LaneSeqID(lane, id); ok {
+		// No Nats-Msg-Id names a job with an id of this form.
+		return q.publishedAt(ctx, ls, from, id, seq)
 	}
 	seq, found, err := q.probeMsgID(ctx, from, Subject(lane, ""), id)
 	switch {

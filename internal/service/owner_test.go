@@ -494,3 +494,51 @@ func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
 		t.Errorf("the publisher's job is not scheduled under %s", squatter)
 	}
 }
+
+// TestNATSMsgIDCannotTakeAPublishedJobsID: a job published without a
+// Nats-Msg-Id gets the id "<lane>-<seq>". Another publisher that names
+// the next such id in its own Nats-Msg-Id, on a delayed job that expires
+// at once, must not leave that id an expired record: the job that gets
+// the id later would find it and be dropped, never delivered. Its id is
+// not the publisher's to choose: its job gets "<lane>-<seq>" of its own.
+func TestNATSMsgIDCannotTakeAPublishedJobsID(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	got := map[string]string{}
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[r.Header.Get("Idempotency-Key")] = string(b)
+		mu.Unlock()
+	}))
+	t.Cleanup(target.Close)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const ops = "secret-ops"
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	seq := publish("throttle.demo", "", "first", nil)
+	next := fmt.Sprintf("demo-%d", seq+2)
+	expires := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+	if at := publish("throttle.demo", next, "squatter", nats.Header{"Throttle-Delay": {"1h"}, "Throttle-Expires": {expires}}); at != seq+1 {
+		t.Fatalf("the squatter's job stored at %d, want %d", at, seq+1)
+	}
+	squatter := fmt.Sprintf("demo-%d", seq+1)
+	expired := func(id string) bool {
+		c := asKey(t, ops, "GET", base+"/"+id, "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"expired"`)
+	}
+	testenv.Eventually(t, 10*time.Second, "the squatter's job expired", func() bool { return expired(squatter) || expired(next) })
+	if at := publish("throttle.demo", "", "victim", nil); at != seq+2 {
+		t.Fatalf("the victim's job stored at %d, want %d", at, seq+2)
+	}
+	testenv.Eventually(t, 10*time.Second, "the victim's job delivered as "+next, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[next] == "victim"
+	})
+	if !expired(squatter) {
+		t.Errorf("the squatter's job is not expired under %s", squatter)
+	}
+}
