@@ -29,7 +29,7 @@ import (
 //
 //   - a message on a public subject is a fresh job and nothing else: its id
 //     is its Nats-Msg-Id when that is a valid job id not shaped like the
-//     ids the throttler makes (ValidGivenID, LaneSeqID; else
+//     ids the throttler makes (ValidGivenID; else
 //     <lane>-<sequence>), its Content-Type is kept when valid, and every
 //     Throttler-* header is ignored (no forged attempts, not-before or
 //     notify address, no owner); its Throttle-Reply is kept as written, and checked
@@ -133,7 +133,7 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	}
 	if ValidJobID(job.ID) != nil {
 		job.ID = h.Get(jetstream.MsgIDHeader)
-		if _, own := LaneSeqID(lane, job.ID); !trusted && (own || ValidGivenID(job.ID) != nil) {
+		if !trusted && ValidGivenID(lane, job.ID) != nil {
 			// A publisher's id must not be one the throttler makes
 			// (SeqID, LaneSeqID): that id names another job.
 			job.ID = ""

@@ -66,15 +66,19 @@ func LaneSeqID(lane, id string) (seq uint64, ok bool) {
 	return seq, err == nil
 }
 
-// ValidGivenID checks an id a caller chooses (an Idempotency-Key): a valid
-// job id, and not shaped like the ids SeqID makes, which name a job the
-// throttler stored for another caller.
-func ValidGivenID(id string) error {
+// ValidGivenID checks an id a caller chooses for a job of lane (an
+// Idempotency-Key, a Nats-Msg-Id): a valid job id, and not shaped like the
+// ids the throttler makes for jobs without one, SeqID's and LaneSeqID's,
+// which name another caller's job.
+func ValidGivenID(lane, id string) error {
 	if err := ValidJobID(id); err != nil {
 		return err
 	}
 	if _, _, ok := ParseSeqID(id); ok {
 		return fmt.Errorf("%q has the shape of the ids the throttler makes for jobs without one (%d letters or digits, '.', a number); choose another", id, IDPrefixLen-1)
+	}
+	if _, ok := LaneSeqID(lane, id); ok {
+		return fmt.Errorf("%q has the shape of the ids the throttler gives jobs published on lane %s without a Nats-Msg-Id (%s-<number>); choose another", id, lane, lane)
 	}
 	return nil
 }
