@@ -325,7 +325,7 @@ func checkItem(it api.BatchItem, i int, lane string, maxBody int64) (queue.Job, 
 	}
 	job := queue.Job{ID: it.IdempotencyKey, Lane: lane, Key: it.ThrottleKey, ContentType: it.ContentType, Dest: itemDest(it), Callback: it.Callback}
 	if job.ID != "" {
-		if err := queue.ValidGivenID(job.ID); err != nil {
+		if err := queue.ValidGivenID(lane, job.ID); err != nil {
 			return bad(ErrBadBody, "/idempotency_key", "idempotency_key: %v", err)
 		}
 	} else {

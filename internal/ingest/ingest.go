@@ -501,7 +501,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("Idempotency-Key")
 	given := id != ""
 	if given {
-		if err := validKey(id); err != nil {
+		if err := validKey(name, id); err != nil {
 			rj.reject(&Refusal{Err: ErrBadHeader, Cause: err, Field: "Idempotency-Key", Detail: err.Error()}, "invalid_idempotency_key")
 			return
 		}
@@ -881,8 +881,8 @@ func (h *Handler) laneCache(name string) *laneCache {
 	return v.(*laneCache)
 }
 
-func validKey(k string) error {
-	if err := queue.ValidGivenID(k); err != nil {
+func validKey(lane, k string) error {
+	if err := queue.ValidGivenID(lane, k); err != nil {
 		return fmt.Errorf("Idempotency-Key: %w", err)
 	}
 	return nil

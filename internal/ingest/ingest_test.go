@@ -38,8 +38,15 @@ func TestValidKey(t *testing.T) {
 		{"n2DFr7os7G.1", true},
 		{"n2DFr7os7Ga-1", true},
 		{"n2DFr7os7Ga.1x", true},
+		// "<lane>-<number>" is the id of a job published on the lane
+		// without a Nats-Msg-Id; another lane's, or with a leading
+		// zero, is anyone's.
+		{"demo-17", false},
+		{"demo-0", true},
+		{"demo-017", true},
+		{"other-17", true},
 	} {
-		if err := validKey(tc.key); (err == nil) != tc.ok {
+		if err := validKey("demo", tc.key); (err == nil) != tc.ok {
 			t.Errorf("validKey(%q) = %v, want ok=%v", tc.key, err, tc.ok)
 		}
 	}

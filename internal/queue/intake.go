@@ -28,7 +28,8 @@ import (
 // (docs/OPERATIONS.md), so:
 //
 //   - a message on a public subject is a fresh job and nothing else: its id
-//     is its Nats-Msg-Id when that is a valid job id (else
+//     is its Nats-Msg-Id when that is a valid job id not shaped like the
+//     ids the throttler makes (ValidGivenID; else
 //     <lane>-<sequence>), its Content-Type is kept when valid, and every
 //     Throttler-* header is ignored (no forged attempts, not-before or
 //     notify address, no owner); its Throttle-Reply is kept as written, and checked
@@ -132,6 +133,11 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	}
 	if ValidJobID(job.ID) != nil {
 		job.ID = h.Get(jetstream.MsgIDHeader)
+		if !trusted && ValidGivenID(lane, job.ID) != nil {
+			// A publisher's id must not be one the throttler makes
+			// (SeqID, LaneSeqID): that id names another job.
+			job.ID = ""
+		}
 	}
 	if p := h.Get(HeaderIDPrefix); trusted && ValidJobID(job.ID) != nil && ValidIDPrefix(p) == nil {
 		job.ID = SeqID(p, seq)

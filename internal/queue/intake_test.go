@@ -66,6 +66,11 @@ func TestDecodeJob(t *testing.T) {
 		!j.EnqueuedAt.IsZero() {
 		t.Fatalf("public message decoded as %+v", j)
 	}
+	for id, want := range map[string]string{"AbCdEfGhIjK.8": "demo-7", "demo-9": "demo-7", "demo-09": "demo-09", "other-9": "other-9"} {
+		if j := decodeJob("demo", h("Nats-Msg-Id", id), nil, "", 7, false, now); j.ID != want {
+			t.Errorf("public message with Nats-Msg-Id %q decoded with id %q, want %q (the throttler's ids are not a publisher's)", id, j.ID, want)
+		}
+	}
 	j = decodeJob("demo", forged, nil, "", 7, true, now)
 	if j.ID != "victim" || j.Attempts != 9 || j.NotBefore.UnixMilli() != soon || j.Notify != "throttler.notify.abc" || j.Outside ||
 		j.EnqueuedAt.UnixMilli() != hourAgo {

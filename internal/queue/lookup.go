@@ -54,15 +54,31 @@ func ParseSeqID(id string) (prefix string, seq uint64, ok bool) {
 	return id[:IDPrefixLen], seq, true
 }
 
-// ValidGivenID checks an id a caller chooses (an Idempotency-Key): a valid
-// job id, and not shaped like the ids SeqID makes, which name a job the
-// throttler stored for another caller.
-func ValidGivenID(id string) error {
+// LaneSeqID splits "<lane>-<seq>", the id of a job published on lane
+// without a Nats-Msg-Id (seq a positive number without leading zeros); ok
+// is false for any other id.
+func LaneSeqID(lane, id string) (seq uint64, ok bool) {
+	s, found := strings.CutPrefix(id, lane+"-")
+	if !found || s == "" || s[0] == '0' {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(s, 10, 64)
+	return seq, err == nil
+}
+
+// ValidGivenID checks an id a caller chooses for a job of lane (an
+// Idempotency-Key, a Nats-Msg-Id): a valid job id, and not shaped like the
+// ids the throttler makes for jobs without one, SeqID's and LaneSeqID's,
+// which name another caller's job.
+func ValidGivenID(lane, id string) error {
 	if err := ValidJobID(id); err != nil {
 		return err
 	}
 	if _, _, ok := ParseSeqID(id); ok {
 		return fmt.Errorf("%q has the shape of the ids the throttler makes for jobs without one (%d letters or digits, '.', a number); choose another", id, IDPrefixLen-1)
+	}
+	if _, ok := LaneSeqID(lane, id); ok {
+		return fmt.Errorf("%q has the shape of the ids the throttler gives jobs published on lane %s without a Nats-Msg-Id (%s-<number>); choose another", id, lane, lane)
 	}
 	return nil
 }
@@ -138,14 +154,9 @@ func (q *Queue) lookupPublished(ctx context.Context, ls *laneState, id string) (
 	if ls.in != nil {
 		from = ls.in
 	}
-	if s, ok := strings.CutPrefix(id, lane+"-"); ok && s != "" && s[0] != '0' {
-		if seq, err := strconv.ParseUint(s, 10, 64); err == nil {
-			job, at, err := q.publishedAt(ctx, ls, from, id, seq)
-			if !errors.Is(err, ErrNoSuchJob) {
-				return job, at, err
-			}
-			// Not there: the id may be a Nats-Msg-Id of that form.
-		}
+	if seq, ok := LaneSeqID(lane, id); ok {
+		// No Nats-Msg-Id names a job with an id of this form.
+		return q.publishedAt(ctx, ls, from, id, seq)
 	}
 	seq, found, err := q.probeMsgID(ctx, from, Subject(lane, ""), id)
 	switch {

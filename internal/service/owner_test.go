@@ -18,6 +18,7 @@ import (
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -441,4 +442,108 @@ func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
 		defer mu.Unlock()
 		return len(got["x"]) == 3
 	})
+}
+
+// TestNATSMsgIDCannotTakeAnHTTPJobsID: a NATS publisher learns the id the
+// throttler gave a job submitted without an Idempotency-Key (the results
+// subject shows every record of the lane) and publishes a delayed job whose
+// Nats-Msg-Id is the id the next such job will get. That id is not the
+// publisher's to choose (over HTTP it is refused): its job gets
+// "<lane>-<seq>", and the next HTTP job keeps its own id and record, read
+// by its owner with its answer, never the publisher's scheduled one.
+func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = fmt.Fprintf(w, "answer to %s", b)
+	}))
+	t.Cleanup(target.Close)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const a, ops = "secret-a", "secret-ops"
+	submit := func(body string) string {
+		t.Helper()
+		c := asKey(t, a, "POST", base, body)
+		var acc api.Accepted
+		if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted {
+			t.Fatalf("a's job without an Idempotency-Key: %d %s", c.code, c.body)
+		}
+		return acc.ID
+	}
+	first := submit("first")
+	prefix, seq, ok := queue.ParseSeqID(first)
+	if !ok {
+		t.Fatalf("a's first job has id %q, not one the throttler makes", first)
+	}
+	next := queue.SeqID(prefix, seq+2)
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	if at := publish("throttle.demo", next, "squatter", nats.Header{"Throttle-Delay": {"1h"}}); at != seq+1 {
+		t.Fatalf("the publisher's job stored at %d, want %d", at, seq+1)
+	}
+	squatter := fmt.Sprintf("demo-%d", seq+1)
+	scheduled := func(id string) bool {
+		c := asKey(t, ops, "GET", base+"/"+id, "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"scheduled"`)
+	}
+	testenv.Eventually(t, 10*time.Second, "the publisher's job scheduled", func() bool { return scheduled(squatter) || scheduled(next) })
+	if second := submit("second"); second != next {
+		t.Fatalf("a's second job has id %q, want %q", second, next)
+	}
+	testenv.Eventually(t, 10*time.Second, "a's second job's own record delivered", func() bool {
+		c := asKey(t, a, "GET", base+"/"+next, "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"delivered"`) && strings.Contains(string(c.body), "answer to second")
+	})
+	if !scheduled(squatter) {
+		t.Errorf("the publisher's job is not scheduled under %s", squatter)
+	}
+}
+
+// TestNATSMsgIDCannotTakeAPublishedJobsID: a job published without a
+// Nats-Msg-Id gets the id "<lane>-<seq>". Another publisher that names
+// the next such id in its own Nats-Msg-Id, on a delayed job that expires
+// at once, must not leave that id an expired record: the job that gets
+// the id later would find it and be dropped, never delivered. Its id is
+// not the publisher's to choose: its job gets "<lane>-<seq>" of its own.
+func TestNATSMsgIDCannotTakeAPublishedJobsID(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	var mu sync.Mutex
+	got := map[string]string{}
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[r.Header.Get("Idempotency-Key")] = string(b)
+		mu.Unlock()
+	}))
+	t.Cleanup(target.Close)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	const ops = "secret-ops"
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	seq := publish("throttle.demo", "", "first", nil)
+	next := fmt.Sprintf("demo-%d", seq+2)
+	expires := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+	if at := publish("throttle.demo", next, "squatter", nats.Header{"Throttle-Delay": {"1h"}, "Throttle-Expires": {expires}}); at != seq+1 {
+		t.Fatalf("the squatter's job stored at %d, want %d", at, seq+1)
+	}
+	squatter := fmt.Sprintf("demo-%d", seq+1)
+	expired := func(id string) bool {
+		c := asKey(t, ops, "GET", base+"/"+id, "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"expired"`)
+	}
+	testenv.Eventually(t, 10*time.Second, "the squatter's job expired", func() bool { return expired(squatter) || expired(next) })
+	if at := publish("throttle.demo", "", "victim", nil); at != seq+2 {
+		t.Fatalf("the victim's job stored at %d, want %d", at, seq+2)
+	}
+	testenv.Eventually(t, 10*time.Second, "the victim's job delivered as "+next, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[next] == "victim"
+	})
+	if !expired(squatter) {
+		t.Errorf("the squatter's job is not expired under %s", squatter)
+	}
 }
