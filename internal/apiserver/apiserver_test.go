@@ -421,3 +421,57 @@ func startAPI(t *testing.T, s *apiserver.Server) *fakeAPI {
 	})
 	return api
 }
+
+// TestReloadWithoutKeysRefused: a file with no keys at all, read again by
+// a server started with keys, is refused as a whole, naming auth.keys:
+// turning the keys off needs a restart. The keys in use used to stay
+// (those of the file read at start) while the log said they were replaced,
+// so the key an operator removed kept working without a word.
+func TestReloadWithoutKeysRefused(t *testing.T) {
+	t.Parallel()
+	var logs testenv.LogBuffer
+	s, err := apiserver.New(parse(t, `auth:
+  keys:
+    - {id: ops, sha256: `+hexSum("one")+`, scopes: [admin]}
+callers:
+  plans: {free: {rate: 10/min, burst: 10}}
+`), logs.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := startAPI(t, s)
+	err = s.Reload(func() (config.Config, error) {
+		return parse(t, "callers:\n  plans: {free: {rate: 1000/min, burst: 1000}}\n"), nil
+	})
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.Field != "auth.keys" {
+		t.Fatalf("Reload of a file without keys: %v, want a config error naming auth.keys", err)
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if len(api.keys) != 0 || len(api.callers) != 0 {
+		t.Fatalf("a refused file changed the API: %d key sets, %d policies", len(api.keys), len(api.callers))
+	}
+	if !strings.Contains(logs.String(), "reload: config file refused") || strings.Contains(logs.String(), "API keys replaced") {
+		t.Fatalf("log:\n%s", logs.String())
+	}
+}
+
+// TestReloadWithKeysOnOpenAPIRefused: keys added to the file of a server
+// started without any are refused naming auth.keys (they need a restart);
+// the reload used to pass in silence and the API stayed open.
+func TestReloadWithKeysOnOpenAPIRefused(t *testing.T) {
+	t.Parallel()
+	s, err := apiserver.New(parse(t, ""), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAPI(t, s)
+	err = s.Reload(func() (config.Config, error) {
+		return parse(t, "auth:\n  keys:\n    - {id: ops, sha256: "+hexSum("one")+", scopes: [admin]}\n"), nil
+	})
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.Field != "auth.keys" {
+		t.Fatalf("Reload of a file with keys on an open API: %v, want a config error naming auth.keys", err)
+	}
+}

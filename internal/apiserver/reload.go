@@ -10,8 +10,8 @@ import (
 // swaps them in at once, without dropping a connection or a request in
 // flight. With load (the config file read again), the file's auth keys and
 // callers section take effect too; its other settings need a restart. A
-// file that fails its checks is logged and the keys, quotas or certificate
-// in use stay. It returns what failed.
+// file that fails its checks, or that turns API keys on or off, is logged
+// and the keys, quotas or certificate in use stay. It returns what failed.
 func (s *Server) Reload(load func() (config.Config, error)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -26,6 +26,18 @@ func (s *Server) Reload(load func() (config.Config, error)) error {
 			s.log.Error("reload: config file refused; the keys and caller quotas in use stay", "err", err)
 			return err
 		}
+		if next.HasKeys() != s.cfg.HasKeys() {
+			// Keys on or off need a restart; keeping the keys in use (or
+			// none) while taking the rest would let a removed key work,
+			// or leave open an API the file now closes, without a word.
+			msg := "the file has no keys and the API started with some: turning API keys off needs a restart"
+			if next.HasKeys() {
+				msg = "the file has keys and the API started without: turning API keys on needs a restart"
+			}
+			err := &config.Error{Field: "auth.keys", Msg: msg}
+			s.log.Error("reload: config file refused; the keys and caller quotas in use stay", "err", err)
+			return err
+		}
 		// The section in force changes only when the API took it: one
 		// that is ignored (quotas turned on or off) or refused leaves the
 		// quotas in use, and the next reload compares with them.
@@ -34,9 +46,7 @@ func (s *Server) Reload(load func() (config.Config, error)) error {
 		} else if (s.cfg.Callers == nil) == (next.Callers == nil) {
 			cfg.Callers = next.Callers
 		}
-		if next.HasKeys() && s.cfg.HasKeys() {
-			cfg.Auth = next.Auth
-		}
+		cfg.Auth = next.Auth
 	}
 	if cfg.HasKeys() && (load != nil || cfg.Auth.KeysFile != "") {
 		keys, err := cfg.LoadKeys()

@@ -503,9 +503,12 @@ func writeRateHeaders(h http.Header, pols []ratePolicy, primary int) {
 }
 
 // resolveClientIP finds the client's address: the socket peer, or, when
-// the peer is a trusted proxy, the rightmost hop of Forwarded (else
-// X-Forwarded-For) that is not a trusted proxy. A hop that does not parse
-// ends the walk at the last trusted one.
+// the peer is a trusted proxy, the rightmost hop of Forwarded or
+// X-Forwarded-For that is not a trusted proxy. A hop that does not parse
+// ends the walk at the last trusted one. A proxy writes one of the two
+// headers and passes the other on as its client sent it, so when both are
+// present and name different clients the peer is the client: a caller
+// cannot pick its address by sending the header its proxy does not write.
 func resolveClientIP(r *http.Request, trusted []netip.Prefix) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -527,46 +530,68 @@ func resolveClientIP(r *http.Request, trusted []netip.Prefix) string {
 	if !isTrusted(peer) {
 		return peer.String()
 	}
-	hops := forwardedFor(r)
-	for i := len(hops) - 1; i >= 0; i-- {
-		a, ok := parseHop(hops[i])
-		if !ok {
-			break
+	walk := func(hops []string) netip.Addr {
+		client := peer
+		for i := len(hops) - 1; i >= 0; i-- {
+			a, ok := parseHop(hops[i])
+			if !ok {
+				break
+			}
+			client = a
+			if !isTrusted(a) {
+				break
+			}
 		}
-		peer = a
-		if !isTrusted(a) {
-			break
-		}
+		return client
 	}
-	return peer.String()
+	fw, xff := r.Header.Values("Forwarded"), r.Header.Values("X-Forwarded-For")
+	switch {
+	case len(fw) > 0 && len(xff) > 0:
+		if a, b := walk(forwardedHops(fw)), walk(xffHops(xff)); a == b {
+			return a.String()
+		}
+		return peer.String()
+	case len(fw) > 0:
+		return walk(forwardedHops(fw)).String()
+	default:
+		return walk(xffHops(xff)).String()
+	}
 }
 
-// forwardedFor lists the client addresses the proxies recorded, oldest
-// first: the for= parameters of Forwarded (RFC 7239) when present, else
-// X-Forwarded-For. Both may span several header lines. At most 64 hops
-// are read.
-func forwardedFor(r *http.Request) []string {
+// maxHops is how many hops of a header are read (the last ones).
+const maxHops = 64
+
+// forwardedHops lists the for= parameters of Forwarded lines (RFC 7239),
+// oldest first.
+func forwardedHops(lines []string) []string {
 	var hops []string
-	if fw := r.Header.Values("Forwarded"); len(fw) > 0 {
-		for _, line := range fw {
-			for _, elem := range strings.Split(line, ",") {
-				for _, pair := range strings.Split(elem, ";") {
-					k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
-					if ok && strings.EqualFold(k, "for") {
-						hops = append(hops, strings.Trim(v, `"`))
-					}
+	for _, line := range lines {
+		for _, elem := range strings.Split(line, ",") {
+			for _, pair := range strings.Split(elem, ";") {
+				k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+				if ok && strings.EqualFold(k, "for") {
+					hops = append(hops, strings.Trim(v, `"`))
 				}
 			}
 		}
-	} else {
-		for _, line := range r.Header.Values("X-Forwarded-For") {
-			for _, h := range strings.Split(line, ",") {
-				hops = append(hops, strings.TrimSpace(h))
-			}
+	}
+	return lastHops(hops)
+}
+
+// xffHops lists the addresses of X-Forwarded-For lines, oldest first.
+func xffHops(lines []string) []string {
+	var hops []string
+	for _, line := range lines {
+		for _, h := range strings.Split(line, ",") {
+			hops = append(hops, strings.TrimSpace(h))
 		}
 	}
-	if len(hops) > 64 {
-		hops = hops[len(hops)-64:]
+	return lastHops(hops)
+}
+
+func lastHops(hops []string) []string {
+	if len(hops) > maxHops {
+		return hops[len(hops)-maxHops:]
 	}
 	return hops
 }

@@ -428,7 +428,14 @@ func TestResolveClientIP(t *testing.T) {
 		{"all trusted: the leftmost", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"10.2.2.2, 10.1.1.1"}}, "10.2.2.2"},
 		{"garbage stops the walk", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"198.51.100.7, nonsense"}}, "10.0.0.1"},
 		{"Forwarded", "[::1]:1", map[string][]string{"Forwarded": {`for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
-		{"Forwarded wins", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=192.0.2.60"}, "X-Forwarded-For": {"6.6.6.6"}}, "192.0.2.60"},
+		// A proxy writes one of the two headers and passes the other on
+		// as the client sent it: when both name different clients, the
+		// one the proxy wrote cannot be told, and the client is the
+		// proxy (a client rotating for= escapes no per-IP window).
+		{"both headers disagree: the peer", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=192.0.2.60"}, "X-Forwarded-For": {"6.6.6.6"}}, "10.0.0.1"},
+		{"a client's Forwarded through a proxy writing X-Forwarded-For", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=6.6.6.7"}, "X-Forwarded-For": {"198.51.100.7"}}, "10.0.0.1"},
+		{"a client's X-Forwarded-For through a proxy writing Forwarded", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=198.51.100.7"}, "X-Forwarded-For": {"6.6.6.7"}}, "10.0.0.1"},
+		{"both headers agree", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=198.51.100.7"}, "X-Forwarded-For": {"198.51.100.7, 10.1.1.1"}}, "198.51.100.7"},
 		{"no header", "10.0.0.1:1", nil, "10.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

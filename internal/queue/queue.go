@@ -527,6 +527,14 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		spec.Prefetch = 1
 	}
 	maxMsgSize := int32(spec.MaxBody + HeaderRoom)
+	if st, err := q.js.Stream(ctx, StreamName(spec.Name)); err == nil && st.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
+		// The lane was keyed: its jobs wait in this stream and in its
+		// intake stream, which no unkeyed lane reads.
+		name, in := StreamName(spec.Name), IntakeStreamName(spec.Name)
+		return fmt.Errorf("queue: lane %s is not keyed but its stream %s was made for a keyed lane (per_key); "+
+			"its jobs are kept: put per_key back and let the lane drain, then delete its streams (nats stream rm %s; nats stream rm %s) "+
+			"before making the lane unkeyed", spec.Name, name, name, in)
+	}
 	st, err := ensureStream(ctx, q.js, jetstream.StreamConfig{
 		Name:        StreamName(spec.Name),
 		Description: "throttler lane " + spec.Name,
