@@ -356,12 +356,23 @@ func parseWait(r *http.Request, lane Lane) (time.Duration, error) {
 }
 
 // submission is what a submission to a lane with results carries between
-// its steps: the record's revision and the wait.
+// its steps: the record's revision, the wait, and the body's part of the
+// budget of bodies read at once, given back before a wait (dropBody).
 type submission struct {
 	rev     uint64
 	wait    time.Duration
 	ch      <-chan api.JobRecord
 	release func()
+	body    reservation
+}
+
+// dropBody gives back the body's bytes of the budget of bodies read at
+// once and lets go of the payload: a waited submission no longer needs
+// its body (stored, or a duplicate), and a wait of up to results.max_wait
+// must not hold the bytes that bound the bodies being read.
+func (h *Handler) dropBody(s *submission, job *queue.Job) {
+	h.bodies.giveOnce(&s.body)
+	job.Payload = nil
 }
 
 // done releases the submission's waiter.
@@ -400,6 +411,7 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 		h.laneCache(job.Lane).submitted("duplicate").Inc()
 		setLocation(w, old.Lane, old.ID)
 		if s.wait > 0 && !old.State.Settled() {
+			h.dropBody(s, job)
 			ctx, cancel := h.waitContext(r.Context(), s.wait)
 			defer cancel()
 			if got, settled := h.cfg.Records.Wait(ctx, s.ch, old.Lane, old.ID, h.viewerOf(r), waitPoll); settled {
