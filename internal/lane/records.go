@@ -14,6 +14,7 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/jsonenc"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -209,8 +210,12 @@ func responseOf(r *dispatch.Response) *api.JobResponse {
 	if len(r.Header) > 0 {
 		out.Headers = r.Header
 	}
-	if utf8.Valid(r.Body) {
-		out.Body = string(r.Body)
+	// A record holds at most twice max_body of answer
+	// (config.Results.MaxRecord): a body that JSON escapes longer (<, >,
+	// & and control characters take six bytes each) goes as base64, or
+	// the bucket would refuse the settling write.
+	if s := string(r.Body); utf8.ValidString(s) && jsonenc.StringLen(s) <= 2*len(s)+2 {
+		out.Body = s
 	} else {
 		out.BodyBase64 = base64.StdEncoding.EncodeToString(r.Body)
 	}
