@@ -47,7 +47,8 @@ type JobRecord struct {
 	StoredAt   *time.Time `json:"stored_at,omitempty"`
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	// Attempts are the delivery attempts, oldest first.
+	// Attempts are the delivery attempts, oldest first: the last 100
+	// (a target answering 429 adds one per answer).
 	Attempts []JobAttempt `json:"attempts"`
 	// Reason says why a job is dead or expired.
 	Reason string `json:"reason,omitempty"`
