@@ -47,7 +47,8 @@ type JobRecord struct {
 	StoredAt   *time.Time `json:"stored_at,omitempty"`
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	// Attempts are the delivery attempts, oldest first.
+	// Attempts are the delivery attempts, oldest first: the last 100
+	// (a target answering 429 adds one per answer).
 	Attempts []JobAttempt `json:"attempts"`
 	// Reason says why a job is dead or expired.
 	Reason string `json:"reason,omitempty"`
@@ -91,8 +92,9 @@ type JobResponse struct {
 	// Headers are the answer's headers the lane lists (results.headers),
 	// and Content-Type.
 	Headers map[string]string `json:"headers,omitempty"`
-	// Body is the answer's body when it is valid UTF-8, else BodyBase64
-	// holds it (standard base64); at most the lane's results.max_body.
+	// Body is the answer's body when it is valid UTF-8 that JSON escapes
+	// to at most twice its length, else BodyBase64 holds it (standard
+	// base64); at most the lane's results.max_body.
 	Body       string `json:"body,omitempty"`
 	BodyBase64 string `json:"body_base64,omitempty"`
 	// Truncated: the body was longer than results.max_body and was cut.

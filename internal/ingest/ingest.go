@@ -573,7 +573,8 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer h.bodies.give(reserved)
+	sub.body = reserved
+	defer h.bodies.giveOnce(&sub.body)
 	if isJSON(ct) && !utf8.Valid(body) {
 		rj.reject(refusal(ErrBadBody, "", "the body is sent as JSON (Content-Type %s) and is not valid UTF-8", ct), "bad_body")
 		return
@@ -689,6 +690,9 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if keeps {
 		setLocation(w, name, id)
+		if sub.wait > 0 {
+			h.dropBody(&sub, &job)
+		}
 		if sub.wait > 0 && h.awaitAnswer(w, r, job, &sub) {
 			return
 		}

@@ -38,8 +38,8 @@ type JobRecords interface {
 	// one.
 	Queued(w records.Waiting) api.JobRecord
 	// Wait waits for a job to settle: from ch (nil: none), else by
-	// reading its record every poll.
-	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool)
+	// reading its record every poll; only records v sees count.
+	Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, v records.Viewer, poll time.Duration) (api.JobRecord, bool)
 }
 
 // StoredJobs finds a job that waits in its lane's stream without a record
@@ -230,7 +230,7 @@ func (h *Handler) getJob(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		ctx, cancel := h.waitContext(r.Context(), wait)
 		defer cancel()
-		if got, settled := h.cfg.Records.Wait(ctx, ch, name, id, waitPoll); settled || got.ID != "" {
+		if got, settled := h.cfg.Records.Wait(ctx, ch, name, id, h.viewerOf(r), waitPoll); settled || got.ID != "" {
 			rec = got
 		}
 	}
@@ -356,12 +356,23 @@ func parseWait(r *http.Request, lane Lane) (time.Duration, error) {
 }
 
 // submission is what a submission to a lane with results carries between
-// its steps: the record's revision and the wait.
+// its steps: the record's revision, the wait, and the body's part of the
+// budget of bodies read at once, given back before a wait (dropBody).
 type submission struct {
 	rev     uint64
 	wait    time.Duration
 	ch      <-chan api.JobRecord
 	release func()
+	body    reservation
+}
+
+// dropBody gives back the body's bytes of the budget of bodies read at
+// once and lets go of the payload: a waited submission no longer needs
+// its body (stored, or a duplicate), and a wait of up to results.max_wait
+// must not hold the bytes that bound the bodies being read.
+func (h *Handler) dropBody(s *submission, job *queue.Job) {
+	h.bodies.giveOnce(&s.body)
+	job.Payload = nil
 }
 
 // done releases the submission's waiter.
@@ -400,9 +411,10 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 		h.laneCache(job.Lane).submitted("duplicate").Inc()
 		setLocation(w, old.Lane, old.ID)
 		if s.wait > 0 && !old.State.Settled() {
+			h.dropBody(s, job)
 			ctx, cancel := h.waitContext(r.Context(), s.wait)
 			defer cancel()
-			if got, settled := h.cfg.Records.Wait(ctx, s.ch, old.Lane, old.ID, waitPoll); settled {
+			if got, settled := h.cfg.Records.Wait(ctx, s.ch, old.Lane, old.ID, h.viewerOf(r), waitPoll); settled {
 				old = got
 			}
 		}
@@ -501,7 +513,7 @@ func (h *Handler) undoRecord(job queue.Job, s *submission) {
 func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.Job, s *submission) bool {
 	ctx, cancel := h.waitContext(r.Context(), s.wait)
 	defer cancel()
-	rec, settled := h.cfg.Records.Wait(ctx, s.ch, job.Lane, job.ID, waitPoll)
+	rec, settled := h.cfg.Records.Wait(ctx, s.ch, job.Lane, job.ID, h.viewerOf(r), waitPoll)
 	if !settled {
 		return false
 	}

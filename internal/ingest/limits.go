@@ -116,6 +116,13 @@ func (b *budget) reserveAll(n int64) bool {
 	}
 }
 
+// giveOnce returns what *res holds and empties it, so that a later call
+// (a deferred one) gives nothing.
+func (b *budget) giveOnce(res *reservation) {
+	b.give(*res)
+	*res = reservation{}
+}
+
 // give returns what reserve took.
 func (b *budget) give(res reservation) {
 	if b == nil || res.n == 0 {

@@ -58,3 +58,34 @@ func AppendString(b []byte, s string) []byte {
 	b = append(b, s[start:]...)
 	return append(b, '"')
 }
+
+// StringLen is how many bytes AppendString appends for s (its quotes
+// included), without writing them: a record that keeps an answer as a
+// string checks with it that the escapes do not make it too long.
+func StringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&':
+				n++
+			case c == '\\', c == '"', c == '\b', c == '\f', c == '\n', c == '\r', c == '\t':
+				n += 2
+			default:
+				n += 6
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1, r == '\u2028', r == '\u2029':
+			n += 6
+		default:
+			n += size
+		}
+		i += size
+	}
+	return n
+}

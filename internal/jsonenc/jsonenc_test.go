@@ -7,7 +7,8 @@ import (
 )
 
 // FuzzAppendString: AppendString writes exactly what encoding/json writes
-// for the same string, after any prefix already in the buffer.
+// for the same string, after any prefix already in the buffer, and
+// StringLen says its length.
 func FuzzAppendString(f *testing.F) {
 	for _, s := range []string{
 		"", "plain", `a"b\c`, "<script>&</script>", "tab\tnl\ncr\r\b\f\x00\x1f",
@@ -24,6 +25,9 @@ func FuzzAppendString(f *testing.F) {
 		got := AppendString([]byte(`{"x":`), s)
 		if !bytes.Equal(got, append([]byte(`{"x":`), want...)) {
 			t.Fatalf("AppendString(%q)\n got %s\nwant {\"x\":%s", s, got, want)
+		}
+		if n := StringLen(s); n != len(want) {
+			t.Fatalf("StringLen(%q) = %d, want %d", s, n, len(want))
 		}
 	})
 }

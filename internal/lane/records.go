@@ -5,8 +5,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/dest"
 	"github.com/throttler/throttler/internal/dispatch"
+	"github.com/throttler/throttler/internal/jsonenc"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -207,12 +210,47 @@ func responseOf(r *dispatch.Response) *api.JobResponse {
 	}
 	out := &api.JobResponse{Status: r.Status, Truncated: r.Truncated}
 	if len(r.Header) > 0 {
-		out.Headers = r.Header
+		out.Headers = keptHeaders(r.Header)
 	}
-	if utf8.Valid(r.Body) {
-		out.Body = string(r.Body)
+	// A record holds at most twice max_body of answer
+	// (config.Results.MaxRecord): a body that JSON escapes longer (<, >,
+	// & and control characters take six bytes each) goes as base64, or
+	// the bucket would refuse the settling write.
+	if s := string(r.Body); utf8.ValidString(s) && jsonenc.StringLen(s) <= 2*len(s)+2 {
+		out.Body = s
 	} else {
 		out.BodyBase64 = base64.StdEncoding.EncodeToString(r.Body)
+	}
+	return out
+}
+
+// maxKeptHeaders bounds the headers a record keeps, JSON-escaped: an
+// answer's headers take up to 64KiB raw, six times that once escaped (<,
+// >, & and control characters), and a record has room for twice
+// results.max_body and 64KiB in all (config.Results.MaxRecord).
+const maxKeptHeaders = 16 << 10
+
+// keptHeaders is h when it fits maxKeptHeaders, else Content-Type and
+// then the other headers by name, each while it fits.
+func keptHeaders(h map[string]string) map[string]string {
+	size := func(k, v string) int { return jsonenc.StringLen(k) + jsonenc.StringLen(v) + 2 }
+	n := 0
+	for k, v := range h {
+		n += size(k, v)
+	}
+	if n <= maxKeptHeaders {
+		return h
+	}
+	out := make(map[string]string, len(h))
+	n = 0
+	names := slices.Sorted(maps.Keys(h))
+	if i := slices.Index(names, "Content-Type"); i > 0 {
+		names = append(append([]string{"Content-Type"}, names[:i]...), names[i+1:]...)
+	}
+	for _, k := range names {
+		if m := size(k, h[k]); n+m <= maxKeptHeaders {
+			out[k], n = h[k], n+m
+		}
 	}
 	return out
 }

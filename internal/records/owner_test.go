@@ -167,3 +167,46 @@ func TestQueuedRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitHearsOnlyWhatTheViewerSees: a wait hears only records its
+// viewer sees. A key's record can go (results.keep passes while its job
+// still waits in the lane) and another key's job take its id; a request of
+// the first key still waiting on that id must not be answered the other
+// job's record, neither from a poll nor from the instance's wait subject.
+func TestWaitHearsOnlyWhatTheViewerSees(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	rec := queued("taken")
+	rec.Owner = "b"
+	rev, _, err := s.Create(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "taken", Hint: rev, Stored: now, Now: now, Owner: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+		r.State, r.FinishedAt = api.StateDelivered, &now
+		r.Response = &api.JobResponse{Status: 200, Body: "b's answer"}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan api.JobRecord, 1)
+	ch <- settled
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	got, ok := s.Wait(wctx, ch, "demo", "taken", records.Viewer{Key: "a"}, 20*time.Millisecond)
+	if ok || got.ID != "" || got.Response != nil {
+		t.Fatalf("a's wait on an id b's record holds: %+v, settled %v; want nothing of it", got, ok)
+	}
+	// b, and an admin, hear it.
+	for _, v := range []records.Viewer{{Key: "b"}, {All: true, Key: "ops"}} {
+		got, ok := s.Wait(ctx, nil, "demo", "taken", v, 20*time.Millisecond)
+		if !ok || got.Response == nil || got.Response.Body != "b's answer" {
+			t.Fatalf("wait of %+v: %+v, %v; want b's settled record", v, got, ok)
+		}
+	}
+}

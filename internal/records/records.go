@@ -738,6 +738,7 @@ func (s *Store) CancelStored(ctx context.Context, w Waiting, v Viewer, now time.
 func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)) (api.JobRecord, error) {
 	rec := c.Record
 	fn(&rec)
+	keepLastAttempts(&rec)
 	// Encoded once: what is stored is what is published.
 	b, err := encode(rec)
 	if err != nil {
@@ -751,12 +752,27 @@ func (s *Store) Finish(ctx context.Context, c Claim, fn func(rec *api.JobRecord)
 	}
 	rec, _, err = s.change(ctx, c.Record.Lane, c.Record.ID, func(r *api.JobRecord, _ bool) error {
 		fn(r)
+		keepLastAttempts(r)
 		return nil
 	})
 	if err == nil {
 		s.settled(ctx, rec)
 	}
 	return rec, err
+}
+
+// MaxAttempts bounds the attempts a record keeps: the last ones. A job
+// whose target answers 429 adds one per answer without counting against
+// retry.max_attempts, and a record that outgrew its bucket's value size
+// (results: twice max_body and 64KiB) could no longer be written: it
+// stayed as it was, in_flight or retrying, after the job settled.
+const MaxAttempts = 100
+
+// keepLastAttempts drops the oldest of rec's attempts past MaxAttempts.
+func keepLastAttempts(rec *api.JobRecord) {
+	if n := len(rec.Attempts); n > MaxAttempts {
+		rec.Attempts = rec.Attempts[n-MaxAttempts:]
+	}
 }
 
 // maxRecordSize bounds a record read back: the largest results.max_body,

@@ -370,3 +370,47 @@ func oneWins(t *testing.T, id string, cancel, start func() error) (cancelled boo
 	}
 	return c
 }
+
+// TestAttemptsAreBounded: a record keeps its last MaxAttempts attempts. A
+// target answering 429 for long adds an attempt per answer (none counts
+// against retry.max_attempts); without a bound the record outgrew its
+// bucket's value size (64KiB for a lane keeping no body) and its writes
+// were refused, so it never settled.
+func TestAttemptsAreBounded(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	if err := s.EnsureLane(ctx, records.LaneSpec{Name: "demo", Keep: time.Hour, MaxRecord: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rev, _, err := s.Create(ctx, queued("busy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const answers = 1500
+	for i := range answers {
+		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: "busy", Hint: rev, Stored: t0, Now: t0})
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		rev = 0
+		end, err := s.Finish(ctx, c, func(r *api.JobRecord) {
+			r.Attempts = append(r.Attempts, api.JobAttempt{At: t0.Add(time.Duration(i) * time.Second), Status: 429, DurationMillis: 12.345})
+			r.State = api.StateRetrying
+			if i == answers-1 {
+				r.State, r.FinishedAt = api.StateDelivered, &t0
+			}
+		})
+		if err != nil {
+			t.Fatalf("end of attempt %d: %v", i, err)
+		}
+		if len(end.Attempts) > records.MaxAttempts {
+			t.Fatalf("attempt %d: the record keeps %d attempts, want at most %d", i, len(end.Attempts), records.MaxAttempts)
+		}
+	}
+	got, _, err := s.Get(ctx, "demo", "busy")
+	if err != nil || got.State != api.StateDelivered || len(got.Attempts) != records.MaxAttempts ||
+		!got.Attempts[len(got.Attempts)-1].At.Equal(t0.Add((answers-1)*time.Second)) {
+		t.Fatalf("record after %d answers: %s, %d attempts, %v; want delivered with the last %d", answers, got.State, len(got.Attempts), err, records.MaxAttempts)
+	}
+}

@@ -198,17 +198,23 @@ func (s *Store) Settled(address string, rec api.JobRecord) {
 // or by reading the store every poll (a job whose stored copy does not
 // name this instance, as a resubmission's). It returns the last record
 // read and whether it is settled when ctx ends.
-func (s *Store) Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, poll time.Duration) (api.JobRecord, bool) {
+//
+// Only records v sees count: the waited job's record can go (keep passes
+// while the job still waits in its lane) and another caller's job take its
+// id, and its record must not answer this wait.
+func (s *Store) Wait(ctx context.Context, ch <-chan api.JobRecord, lane, id string, v Viewer, poll time.Duration) (api.JobRecord, bool) {
 	var last api.JobRecord
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
 		select {
 		case rec := <-ch:
-			return rec, true
+			if v.Sees(rec) {
+				return rec, true
+			}
 		case <-t.C:
 			rec, _, err := s.Get(ctx, lane, id)
-			if err == nil {
+			if err == nil && v.Sees(rec) {
 				last = rec
 				if rec.State.Settled() {
 					return rec, true

@@ -133,3 +133,69 @@ lanes:
 		t.Errorf("a's wait after the others ended: %d %s", code, rec.State)
 	}
 }
+
+// TestWaitedSubmissionGivesItsBodyBack: a waited submission (POST ?wait=)
+// holds its body's bytes of http.max_body_inflight only while it reads and
+// stores it, not for the whole wait: else a caller's waits held its share
+// of the bodies being read (its next submissions refused 429), and four
+// callers waiting on a slow target held the whole budget (every other
+// submission refused 503) for up to results.max_wait.
+func TestWaitedSubmissionGivesItsBodyBack(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	held := newHeldTarget(t)
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+http: {max_body_inflight: 8KiB, max_body_inflight_per_caller: 4KiB, max_batch_bytes: 4KiB}
+lanes:
+  - name: demo
+    rate: 50
+    burst: 5
+    max_body: 4KiB
+    results: {keep: 1h, max_wait: 30s}
+    target: {http: {url: %q}}
+`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), held.srv.URL)
+	cfg, err := config.Parse("waits.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry())
+	servicetest.Run(t, svc)
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	body := strings.Repeat("x", 4<<10)
+	post := func(url, idem string) (int, api.Problem) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "text/plain")
+		req.Header.Set("Idempotency-Key", idem)
+		resp, err := (&http.Client{Timeout: 40 * time.Second}).Do(req)
+		if err != nil {
+			t.Errorf("POST %s: %v", url, err)
+			return 0, api.Problem{}
+		}
+		defer resp.Body.Close()
+		var p api.Problem
+		b, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(b, &p)
+		return resp.StatusCode, p
+	}
+
+	// A waited job that stays in flight until released.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer held.let()
+	wg.Go(func() {
+		if code, _ := post(base+"?wait=30s", "hold-1"); code != http.StatusOK {
+			t.Errorf("the waited submission: %d, want 200 once its job settled", code)
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, "the waited job in flight", func() bool { return held.holding.Load() == 1 })
+	// While it waits, the same caller submits a body as large.
+	if code, p := post(base, "next-1"); code != http.StatusAccepted {
+		t.Errorf("a submission while the caller's waited one waits: %d %+v, want 202", code, p)
+	}
+	held.let()
+}
