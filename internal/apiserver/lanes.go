@@ -56,6 +56,8 @@ func (d *Lanes) History(name string) (api.LaneHistory, bool) {
 type keyFns struct {
 	limit   func(key string) bucket.Limit
 	started func(ctx context.Context, key string) (int, error)
+	// withoutURL is lane.Lane.KeyWithoutURL (url_host lanes).
+	withoutURL func(key string) error
 }
 
 // NewLanes returns an empty directory.
@@ -84,7 +86,7 @@ func (d *Lanes) Add(l *lane.Lane, lc config.Lane) {
 	}
 	if lc.PerKey != nil {
 		// Made once: a method value is a new closure each time.
-		d.keyFns[lc.Name] = keyFns{limit: l.KeyLimit, started: l.KeyStarted}
+		d.keyFns[lc.Name] = keyFns{limit: l.KeyLimit, started: l.KeyStarted, withoutURL: l.KeyWithoutURL}
 	}
 }
 
@@ -108,6 +110,9 @@ func (d *Lanes) Lane(name string) (ingest.Lane, bool) {
 	}
 	il.Dest = d.dest[name]
 	il.KeyFromURL = c.PerKey != nil && c.PerKey.KeyFrom == dest.KeyFromURLHost && il.Dest != nil
+	if il.KeyFromURL {
+		il.KeyWithoutURL = d.keyFns[name].withoutURL
+	}
 	il.Held = d.held[name]
 	il.Callbacks = d.callbacks[name]
 	il.CallbacksOnly = d.callbackLanes[name]

@@ -82,6 +82,9 @@ var (
 	ErrURLNotAllowed = errors.New("the URL is not under any of the lane's job_urls")
 	// ErrNotHTTP: a destination asked of a lane whose target is not HTTP.
 	ErrNotHTTP = errors.New("the lane's target is not HTTP")
+	// ErrNotKeyHost: on a url_host lane, a key's own url whose host is
+	// another key (it would give that host a second bucket).
+	ErrNotKeyHost = errors.New("the URL's host is not the key")
 )
 
 // Error is a refused request: Field names the header at fault
@@ -208,6 +211,8 @@ type Rules struct {
 	methods  []string
 	forward  map[string]bool
 	prefixes []prefix
+	// baseKey is base's key on a url_host lane (BaseKey).
+	baseKey string
 }
 
 // prefix is a normalised job_urls entry: scheme, host (lower case) with
@@ -226,6 +231,9 @@ func New(cfg Config) (*Rules, error) {
 		return nil, &FieldError{"url", fmt.Sprintf("%q is not an absolute http(s) URL with a host", cfg.URL)}
 	}
 	r := &Rules{base: base, baseEsc: strings.TrimSuffix(base.EscapedPath(), "/"), method: cfg.Method}
+	if k, err := HostKey(cfg.URL); err == nil {
+		r.baseKey = k
+	}
 	if r.method == "" {
 		r.method = http.MethodPost
 	}
@@ -871,6 +879,12 @@ func defaultPort(scheme string) string {
 	}
 	return "80"
 }
+
+// BaseKey is the key of the lane's own URL (target.http.url) on a url_host
+// lane, whether or not job_urls cover it: the one key whose jobs may name
+// no URL without the key having its own. "" when the URL makes no key
+// (a host HostKey refuses).
+func (r *Rules) BaseKey() string { return r.baseKey }
 
 // KeyOf checks URL s against the prefixes, as a job's Throttle-URL is
 // checked, and returns its key on a url_host lane. An error is an *Error

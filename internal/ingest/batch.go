@@ -135,8 +135,9 @@ func (h *Handler) submitBatch(w http.ResponseWriter, r *http.Request) {
 
 // keysOf applies a lane's keying to a checked batch: on a keyed lane every
 // item needs its throttle_key (as every single job needs its Throttle-Key),
-// or on a url_host lane (Lane.KeyFromURL) a url whose host is its key; on
-// a lane without keys the field is ignored, as the header is.
+// or on a url_host lane (Lane.KeyFromURL) a url whose host is its key (a
+// throttle_key without a url only as Lane.KeyWithoutURL allows); on a lane
+// without keys the field is ignored, as the header is.
 func keysOf(jobs []batchJob, name string, lane Lane) *Refusal {
 	keyed := lane.Admission.KeyLimit != nil
 	for i := range jobs {
@@ -157,6 +158,10 @@ func keysOf(jobs []batchJob, name string, lane Lane) *Refusal {
 				return &Refusal{Err: ErrBadBody, Cause: err, Field: at + "/url", Detail: fmt.Sprintf("item %d: url: its host cannot be a key: %v", i, err)}
 			}
 			job.Key = key
+		case lane.KeyFromURL && job.Key != "":
+			if err := keyWithoutURL(lane, job.Key); err != nil {
+				return &Refusal{Err: ErrBadBody, Cause: err, Field: at + "/throttle_key", Detail: fmt.Sprintf("item %d: throttle_key %v", i, err)}
+			}
 		case job.Key == "" && lane.KeyFromURL:
 			return &Refusal{Err: ErrBadBody, Cause: errNoKey, Field: at + "/throttle_key",
 				Detail: fmt.Sprintf("item %d: lane %s is keyed with per_key.key_from %s: every item needs a throttle_key naming its key, or a url whose host is its key", i, name, dest.KeyFromURLHost)}

@@ -64,13 +64,17 @@ func jobDest(r *http.Request, lane Lane) (dest.Request, error) {
 // job's own key (given, already checked), which must agree with the host
 // of its URL when it names one, else that host; urls are the job's
 // Throttle-URL values. A job with neither is refused as a keyed lane
-// refuses a job without a key. keyFault classifies a refusal.
+// refuses a job without a key; a key without a URL is taken only when
+// lane.KeyWithoutURL takes it. keyFault classifies a refusal.
 func urlKey(given string, urls []string, name string, lane Lane) (string, error) {
 	switch {
 	case len(urls) == 0 && given == "":
 		return "", &Refusal{Err: ErrBadHeader, Cause: errNoKey, Field: HeaderThrottleKey,
 			Detail: fmt.Sprintf("lane %s is keyed with per_key.key_from %s: every job needs a Throttle-Key header naming its key, or a Throttle-URL whose host is its key", name, dest.KeyFromURLHost)}
 	case len(urls) == 0:
+		if err := keyWithoutURL(lane, given); err != nil {
+			return "", &Refusal{Err: ErrBadHeader, Cause: err, Field: HeaderThrottleKey, Detail: HeaderThrottleKey + " " + err.Error()}
+		}
 		return given, nil
 	case len(urls) > 1:
 		return "", refusal(ErrBadHeader, dest.HeaderURL, "%s: %d headers; at most one is allowed", dest.HeaderURL, len(urls))
@@ -95,7 +99,7 @@ var errNoKey = errors.New("no key")
 // What a refusal of a job's key is about, for its log reason.
 const (
 	faultMissing = iota // no key (errNoKey)
-	faultKey            // a key that is not its URL's host
+	faultKey            // a key that is not its URL's host, or names none the lane takes
 	faultDest           // the URL
 )
 
@@ -103,11 +107,33 @@ func keyFault(err error) int {
 	switch {
 	case errors.Is(err, errNoKey):
 		return faultMissing
-	case errors.Is(err, errKeyDisagrees):
+	case errors.Is(err, errKeyDisagrees), errors.Is(err, errKeyWithoutURL):
 		return faultKey
 	}
 	return faultDest
 }
+
+// errKeyWithoutURL: on a url_host lane, a job names a key and no URL, and
+// the lane takes no such job of that key (Lane.KeyWithoutURL).
+var errKeyWithoutURL = errors.New("a key without a URL")
+
+// keyWithoutURL is nil when lane takes a job of key that names no URL,
+// else errKeyWithoutURL with the lane's reason.
+func keyWithoutURL(lane Lane, key string) error {
+	if lane.KeyWithoutURL == nil {
+		return nil
+	}
+	if err := lane.KeyWithoutURL(key); err != nil {
+		return &causeError{errKeyWithoutURL, err}
+	}
+	return nil
+}
+
+// causeError is a sentinel that classifies a cause, reading as the cause.
+type causeError struct{ class, cause error }
+
+func (e *causeError) Error() string   { return e.cause.Error() }
+func (e *causeError) Unwrap() []error { return []error{e.class, e.cause} }
 
 // errKeyDisagrees: on a url_host lane, a job's key is not its URL's host.
 var errKeyDisagrees = errors.New("the key is not its URL's host")

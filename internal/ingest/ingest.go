@@ -118,6 +118,11 @@ type Lane struct {
 	// without a key that names a URL gets the URL's host as its key
 	// (Dest.KeyOf); a key that disagrees with its job's URL is refused.
 	KeyFromURL bool
+	// KeyWithoutURL, on such a lane, says whether a job naming a key and
+	// no URL may be taken (lane.Lane.KeyWithoutURL: the key has its own
+	// url or is the host of the lane's url): nil, else why not, naming no
+	// field. Nil takes every such job.
+	KeyWithoutURL func(key string) error
 }
 
 // startsNow reports whether a job the lane has room for may start now: the

@@ -2,6 +2,7 @@ package lane
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -35,7 +36,7 @@ func (l *Lane) setKeyTarget(key string, v *queue.KeyLimit) {
 	var kt *dispatch.KeyTarget
 	if v != nil {
 		var err error
-		if kt, err = l.keyTargetOf(*v); err != nil {
+		if kt, err = l.keyTargetOf(key, *v); err != nil {
 			l.log.Warn("a key's stored target is refused by the lane's lists; its jobs are dead-lettered until it is changed",
 				"key", key, "err", err)
 			kt = &dispatch.KeyTarget{Err: err}
@@ -51,11 +52,12 @@ func (l *Lane) setKeyTarget(key string, v *queue.KeyLimit) {
 	l.keyTargets[key] = kt
 }
 
-// keyTargetOf checks an override's target against the lane's lists and
-// makes it; nil when the override sets none. An error names the body
-// member at fault: a *dest.Error (url, headers/<Name>) or a
-// *bucket.LimitError (signing_secret), whose text never holds a value.
-func (l *Lane) keyTargetOf(o queue.KeyLimit) (*dispatch.KeyTarget, error) {
+// keyTargetOf checks key's override's target against the lane's lists and
+// makes it; nil when the override sets none. On a url_host lane the url's
+// host must be the key (urlHost). An error names the body member at
+// fault: a *dest.Error (url, headers/<Name>) or a *bucket.LimitError
+// (signing_secret), whose text never holds a value.
+func (l *Lane) keyTargetOf(key string, o queue.KeyLimit) (*dispatch.KeyTarget, error) {
 	if o.URL == "" && len(o.Headers) == 0 && o.SigningSecret == "" {
 		return nil, nil
 	}
@@ -71,6 +73,13 @@ func (l *Lane) keyTargetOf(o queue.KeyLimit) (*dispatch.KeyTarget, error) {
 				return nil, &dest.Error{Field: "url", Err: de.Err, Detail: de.Detail}
 			}
 			return nil, err
+		}
+		if l.urlHost() {
+			if k, _ := l.rules.KeyOf(o.URL); k != key {
+				return nil, &dest.Error{Field: "url", Err: dest.ErrNotKeyHost,
+					Detail: fmt.Sprintf("its host is the key %q, not %q: the lane takes a job's key from its URL's host (per_key.key_from %s), so a key's url is on the key's own host",
+						k, key, dest.KeyFromURLHost)}
+			}
 		}
 		kt.URL = u
 	}
@@ -97,4 +106,29 @@ func (l *Lane) keyTargetOf(o queue.KeyLimit) (*dispatch.KeyTarget, error) {
 		kt.Signer = s
 	}
 	return kt, nil
+}
+
+// urlHost reports whether the lane takes a job's key from its URL's host
+// (per_key.key_from: url_host, on an http target).
+func (l *Lane) urlHost() bool {
+	return l.cfg.PerKey != nil && l.cfg.PerKey.KeyFrom == dest.KeyFromURLHost && l.rules != nil
+}
+
+// KeyWithoutURL reports whether a job of key that names no URL may be
+// taken on the lane: on a url_host lane only when key has its own url
+// (PATCH …/keys/{key}, on this instance once the change reached it) or is
+// the host of the lane's url (dest.Rules.BaseKey); any other key would
+// send the job to the lane's url under a bucket of its own, a second
+// bucket for that host. Nil on other lanes. The error says why and names
+// no field; intake names it (Throttle-Key over HTTP, the dead letter's
+// reason over NATS). Safe for concurrent use.
+func (l *Lane) KeyWithoutURL(key string) error {
+	if !l.urlHost() || key == l.rules.BaseKey() {
+		return nil
+	}
+	if o, ok := l.override(key); ok && o.URL != "" {
+		return nil
+	}
+	return fmt.Errorf("%q names no URL, has no url of its own (PATCH /v1/lanes/%s/keys/{key}) and is not the host of the lane's url: the lane takes a job's key from its URL's host (per_key.key_from %s); name a URL whose host is the key, or a key with its own url",
+		key, l.cfg.Name, dest.KeyFromURLHost)
 }

@@ -194,8 +194,8 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 	}
 	if l.cfg.PerKey != nil {
 		spec.Ordered = l.cfg.PerKey.Ordered
-		if l.cfg.PerKey.KeyFrom == dest.KeyFromURLHost && l.rules != nil {
-			spec.URLKey = l.rules.KeyOf
+		if l.urlHost() {
+			spec.URLKey, spec.KeyWithoutURL = l.rules.KeyOf, l.KeyWithoutURL
 		}
 		if l.d.Pair == nil || l.d.Claims == nil {
 			return errors.New("per_key: the lane is keyed but no keyed pacer was given (Deps.Pair, Deps.Claims)")

@@ -166,7 +166,7 @@ func (l *Lane) SetKey(ctx context.Context, key string, c KeyChange, by string) (
 	if c.SigningSecret != nil {
 		cur.SigningSecret = *c.SigningSecret
 	}
-	if _, err := l.keyTargetOf(cur); err != nil {
+	if _, err := l.keyTargetOf(key, cur); err != nil {
 		return api.KeyStatus{}, err
 	}
 	lim := l.limitOf(cur)

@@ -20,7 +20,9 @@ import (
 //   - on a keyed lane, no key at all (published on throttle.<lane>), unless
 //     the lane takes keys from URL hosts (LaneSpec.URLKey) and the job names
 //     a Throttle-URL: then a URL the lane's job_urls refuse, or a key
-//     token that is not the URL's host (urlKey);
+//     token that is not the URL's host (urlKey); on such a lane, a key
+//     token and no Throttle-URL, unless the key has its own url or is the
+//     host of the lane's url (LaneSpec.KeyWithoutURL);
 //   - a Throttle-Delay, Throttle-Not-Before or Throttle-Expires that
 //     cannot be used (ParseSchedule, counted from when the job was stored);
 //   - a payload over the lane's max_body: the stream leaves HeaderRoom for
@@ -65,10 +67,20 @@ func poisonReason(spec LaneSpec, job Job, keyed bool) string {
 
 // urlKey gives job, published on a public subject of a url_host lane
 // (spec.URLKey), the key of its Throttle-URL, or says why it is poison: a
-// URL the lane refuses, or a key token other than the URL's host. A job
-// without a URL keeps its subject's key (none makes it poison below).
+// URL the lane refuses, a key token other than the URL's host, or a key
+// token and no URL that spec.KeyWithoutURL refuses. A job without a URL
+// keeps its subject's key (none makes it poison below).
 func urlKey(spec LaneSpec, job *Job) string {
-	if spec.URLKey == nil || job.Dest.URL == "" {
+	if spec.URLKey == nil {
+		return ""
+	}
+	if job.Dest.URL == "" {
+		if job.Key == "" || ValidKey(job.Key) != nil || spec.KeyWithoutURL == nil {
+			return "" // poisonReason says why, if it is poison
+		}
+		if err := spec.KeyWithoutURL(job.Key); err != nil {
+			return "Throttle-Key " + err.Error()
+		}
 		return ""
 	}
 	key, err := spec.URLKey(job.Dest.URL)

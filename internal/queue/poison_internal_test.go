@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,13 +72,19 @@ func FuzzEscapeBytes(f *testing.F) {
 // TestURLKey: on a url_host lane (LaneSpec.URLKey) a public job's
 // Throttle-URL gives it its key; a URL the lane refuses, or a subject key
 // that is not the URL's host, makes it poison; a job without a URL keeps
-// its subject's key (none: poisonReason says so, naming url_host).
+// its subject's key (none: poisonReason says so, naming url_host) when
+// LaneSpec.KeyWithoutURL takes it, else it is poison with that reason.
 func TestURLKey(t *testing.T) {
 	rules, err := dest.New(dest.Config{URL: "https://base.example/", JobURLs: []string{"https://hooks.example.com/", "http://b.example:8080/"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := LaneSpec{Name: "wh", URLKey: rules.KeyOf}
+	spec := LaneSpec{Name: "wh", URLKey: rules.KeyOf, KeyWithoutURL: func(key string) error {
+		if key == "k1" {
+			return nil
+		}
+		return errors.New("names no URL")
+	}}
 	for _, step := range []struct {
 		name, key, url string
 		wantKey        string
@@ -89,6 +96,8 @@ func TestURLKey(t *testing.T) {
 		{"key disagrees", "other", "https://hooks.example.com/in", "other", "is not the host of its Throttle-URL"},
 		{"url refused", "", "https://evil.example/", "", "invalid Throttle-URL"},
 		{"key only", "k1", "", "k1", ""},
+		{"key only, refused", "k2", "", "k2", "Throttle-Key names no URL"},
+		{"key only, invalid", "a..b", "", "a..b", "invalid Throttle-Key"},
 		{"neither", "", "", "", "or on throttle.wh with a Throttle-URL"},
 	} {
 		t.Run(step.name, func(t *testing.T) {

@@ -180,6 +180,10 @@ type LaneSpec struct {
 	// that is not its URL's host is poison (poison.go). Nil: a public job's
 	// key is its subject's.
 	URLKey func(url string) (string, error)
+	// KeyWithoutURL, with URLKey, says whether a job published on a key
+	// with no Throttle-URL may be taken (lane.Lane.KeyWithoutURL): nil,
+	// else why it is poison. Nil: every such job is taken.
+	KeyWithoutURL func(key string) error
 }
 
 // Job is one unit of work as stored on the queue.

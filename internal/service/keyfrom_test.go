@@ -232,11 +232,11 @@ func TestDestKeyFromURLHostRefusals(t *testing.T) {
 			t.Errorf("%s: %d %s, want a 400 problem naming %q with %q in its detail", c.name, code, body, c.field, c.detail)
 		}
 	}
-	// Taken: the key that is the URL's host; a key alone (to the base URL,
-	// as on any keyed lane); the default port left out of the key.
+	// Taken: the key that is the URL's host; a key alone that is the host
+	// of the lane's URL (to that URL).
 	for id, h := range map[string]map[string]string{
 		"agrees":   {"Throttle-Key": a.host, "Throttle-URL": a.srv.URL + "/agrees"},
-		"key-only": {"Throttle-Key": "just-a-key"},
+		"key-only": {"Throttle-Key": base.host},
 	} {
 		h["Idempotency-Key"] = id
 		if code, body, _ := postTrace(t, addr, "/v1/lanes/demo/jobs", "x", h); code != http.StatusAccepted {
@@ -291,8 +291,137 @@ func TestDestKeyFromURLHostRefusals(t *testing.T) {
 		}
 	}
 	for _, c := range base.arrivals() {
-		if c.id != "key-only" || c.key != "just-a-key" || c.path != "/base/" {
+		if c.id != "key-only" || c.key != base.host || c.path != "/base/" {
 			t.Errorf("base URL got %+v, want only key-only", c)
 		}
+	}
+}
+
+// TestKeyFromURLHostKeyWithoutURL: on a url_host lane a job that names a
+// key and no URL is taken only when the key has its own url (PATCH
+// …/keys/{key}, whose host must be the key: else 400 naming url) or is
+// the host of the lane's own url (not under job_urls here); any other key
+// would give the lane's host a bucket of its own. Refused: 400 naming
+// Throttle-Key (batch: /<i>/throttle_key), and a job published on
+// throttle.<lane>.<key> is a dead letter with the reason. Taken, on all
+// three intake paths: the lane host's key goes to the lane's url, a key
+// with its own url to that url; nothing reaches a host by another key.
+func TestKeyFromURLHostKeyWithoutURL(t *testing.T) {
+	t.Parallel()
+	a, b := newReceivingHost(t), newReceivingHost(t)
+	base := newReceivingHost(t)
+	cfg := keyFromConfig(t, base.srv.URL+"/base/", 1000, a, b)
+	svc, _ := start(t, cfg)
+	addr := svc.Addr()
+
+	patch := func(key, body string) (int, api.Problem) {
+		var p api.Problem
+		req, _ := http.NewRequest("PATCH", "http://"+addr+"/v1/lanes/demo/keys/"+key, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := pollClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		return resp.StatusCode, p
+	}
+	// A key's own url must be on the key's host.
+	for key, body := range map[string]string{
+		"made-up": `{"url":"` + a.srv.URL + `/own"}`,
+		a.host:    `{"url":"` + b.srv.URL + `/own"}`,
+	} {
+		if code, p := patch(key, body); code != http.StatusBadRequest || p.Field != "url" || !strings.Contains(p.Detail, "url_host") {
+			t.Errorf("PATCH %s %s: %d %+v, want a 400 naming url", key, body, code, p)
+		}
+	}
+	if code, p := patch(a.host, `{"url":"`+a.srv.URL+`/own"}`); code != http.StatusOK {
+		t.Fatalf("PATCH %s: %d %+v", a.host, code, p)
+	}
+	// A key with an override but no url of its own is still refused.
+	if code, p := patch("made-up", `{"rate":"5/s"}`); code != http.StatusOK {
+		t.Fatalf("PATCH made-up: %d %+v", code, p)
+	}
+
+	for _, c := range []struct {
+		name, key, batch, field string
+	}{
+		{"made-up key", "made-up", "", "Throttle-Key"},
+		{"a job_urls host without its own url", b.host, "", "Throttle-Key"},
+		{"batch made-up key", "", `[{"payload":1,"throttle_key":"` + base.host + `"},{"payload":1,"throttle_key":"made-up"}]`, "/1/throttle_key"},
+	} {
+		var code int
+		var body []byte
+		if c.batch != "" {
+			code, body, _ = postTrace(t, addr, "/v1/lanes/demo/jobs:batch", c.batch, map[string]string{"Content-Type": "application/json"})
+		} else {
+			code, body, _ = postTrace(t, addr, "/v1/lanes/demo/jobs", "x", map[string]string{"Idempotency-Key": "refused-" + c.key, "Throttle-Key": c.key})
+		}
+		var p api.Problem
+		_ = json.Unmarshal(body, &p)
+		if code != http.StatusBadRequest || p.Field != c.field || !strings.Contains(p.Detail, "no url of its own") || !strings.Contains(p.Detail, "url_host") {
+			t.Errorf("%s: %d %s, want a 400 naming %s saying why", c.name, code, body, c.field)
+		}
+	}
+
+	for id, key := range map[string]string{"base-key": base.host, "own-url": a.host} {
+		if code, body, _ := postTrace(t, addr, "/v1/lanes/demo/jobs", "x", map[string]string{"Idempotency-Key": id, "Throttle-Key": key}); code != http.StatusAccepted {
+			t.Errorf("%s: %d %s, want 202", id, code, body)
+		}
+	}
+	batch := `[{"idempotency_key":"base-key-batch","payload":1,"throttle_key":"` + base.host + `"},{"idempotency_key":"own-url-batch","payload":1,"throttle_key":"` + a.host + `"}]`
+	if code, body, _ := postTrace(t, addr, "/v1/lanes/demo/jobs:batch", batch, map[string]string{"Content-Type": "application/json"}); code != http.StatusAccepted {
+		t.Errorf("batch: %d %s, want 202", code, body)
+	}
+	_, js := testenv.JetStream(t, "nats://"+cfg.NATS.Listen)
+	publishURLJob(t, js, "throttle.demo."+base.host, "base-key-nats", "")
+	publishURLJob(t, js, "throttle.demo."+a.host, "own-url-nats", "")
+	publishURLJob(t, js, "throttle.demo.made-up", "nats-made-up", "")
+
+	want := map[*receivingHost][]string{
+		base: {"base-key", "base-key-batch", "base-key-nats"},
+		a:    {"own-url", "own-url-batch", "own-url-nats"},
+	}
+	waitFor(t, 10*time.Second, "the jobs delivered", func() bool {
+		return len(base.arrivals()) >= 3 && len(a.arrivals()) >= 3
+	})
+	var page api.DeadLetters
+	waitFor(t, 10*time.Second, "one dead letter", func() bool {
+		resp, err := pollClient.Get("http://" + addr + "/v1/lanes/demo/dead")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		page = api.DeadLetters{}
+		_ = json.NewDecoder(resp.Body).Decode(&page)
+		return len(page.Dead) >= 1
+	})
+	waitSettled(t, addr)
+	if len(page.Dead) != 1 || page.Dead[0].ID != "nats-made-up" || !strings.Contains(page.Dead[0].Reason, "no url of its own") {
+		t.Errorf("dead letters %+v, want nats-made-up alone, saying the key has no url of its own", page.Dead)
+	}
+	for rh, ids := range want {
+		host, path := base.host, "/base/"
+		if rh == a {
+			host, path = a.host, "/own"
+		}
+		got := map[string]bool{}
+		for _, c := range rh.arrivals() {
+			got[c.id] = true
+			if c.key != host || c.path != path {
+				t.Errorf("%s reached %s%s with Throttle-Key %q, want %s with %q", c.id, rh.host, c.path, c.key, path, host)
+			}
+		}
+		for _, id := range ids {
+			if !got[id] {
+				t.Errorf("%s did not reach %s", id, rh.host)
+			}
+		}
+		if len(got) != len(ids) {
+			t.Errorf("%s got %v, want %v", rh.host, got, ids)
+		}
+	}
+	if got := b.arrivals(); len(got) != 0 {
+		t.Errorf("host B got %+v, want nothing", got)
 	}
 }
