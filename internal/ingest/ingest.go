@@ -586,7 +586,7 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sched.NotBefore.IsZero() {
 		h.submitScheduled(w, r, name, lane, queue.Job{ID: id, Lane: name, Key: key, ContentType: ct, Payload: body, Trace: tc,
-			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd, Callback: callback, Owner: h.ownerOf(r)}, &rj, keeps, given)
+			NotBefore: sched.NotBefore, Expires: sched.Expires, Dest: jd, Callback: callback, Owner: h.ownerOf(r)}, &rj, &sub, keeps, given)
 		return
 	}
 	var dec admission.Decision

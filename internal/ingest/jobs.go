@@ -383,7 +383,8 @@ func (s *submission) done() {
 }
 
 // openRecord registers the caller's wait and creates the job's record
-// before the job is stored. When the job has a record already (its
+// before the job is stored: queued, or scheduled for a delayed job (its
+// NotBefore set). When the job has a record already (its
 // Idempotency-Key was used within results.keep) it answers the first
 // job: its state, or with a wait its answer, and handled is true; when
 // that record is another owner's, it refuses the submission (409)
@@ -402,7 +403,11 @@ func (h *Handler) openRecord(w http.ResponseWriter, r *http.Request, rj *rejecte
 		s.ch, s.release = ch, release
 		job.Wait = h.cfg.Waiters.Address()
 	}
-	rev, old, err := h.createRecord(r.Context(), *job)
+	create := h.createRecord
+	if !job.NotBefore.IsZero() {
+		create = h.scheduledRecord
+	}
+	rev, old, err := create(r.Context(), *job)
 	switch {
 	case errors.Is(err, records.ErrExists) && old.Owner != job.Owner:
 		rj.reject(idempotencyConflict(job.Lane), "idempotency_key_conflict")

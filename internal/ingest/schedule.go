@@ -64,40 +64,30 @@ func (l Lane) maxDelay() time.Duration {
 //
 // On a lane that keeps results its record is created first, scheduled:
 // GET finds it, DELETE cancels it (the drain's claim then refuses it when it
-// comes due), and an Idempotency-Key lasts as long as the record.
-func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter, keeps, given bool) {
+// comes due), and an Idempotency-Key lasts as long as the record. A wait
+// (?wait=, in sub) is the immediate path's (openRecord, awaitAnswer): the
+// caller's wait is registered before the record is created, the job
+// carries its address through the retry stream into its lane, and the
+// request is held until the job settles or the wait runs out (then the
+// 202 follows, with the job's state as it is then).
+func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name string, lane Lane, job queue.Job, rj *rejecter, sub *submission, keeps, given bool) {
 	if h.cfg.Scheduler == nil {
 		rj.reject(&Refusal{Err: ErrBadHeader, Field: queue.HeaderThrottleDelay, Detail: "this server does not take delayed jobs"}, "invalid_schedule")
 		return
 	}
-	var rec submission
 	if keeps {
-		rev, old, err := h.scheduledRecord(r.Context(), job)
-		switch {
-		case errors.Is(err, records.ErrExists) && old.Owner != job.Owner:
-			rj.reject(idempotencyConflict(name), "idempotency_key_conflict")
-			return
-		case errors.Is(err, records.ErrExists):
-			h.laneCache(name).submitted("duplicate").Inc()
-			setLocation(w, old.Lane, old.ID)
-			w.Header().Set("Content-Type", jsonContentType)
-			w.WriteHeader(http.StatusAccepted)
-			_, _ = w.Write(appendAccepted(nil, api.Accepted{ID: old.ID, Lane: old.Lane, State: old.State, Duplicate: true}))
-			return
-		case err != nil:
-			rj.reject(err, "records_unavailable")
+		if h.openRecord(w, r, rj, &job, sub) {
 			return
 		}
-		rec.rev, job.RecordRev = rev, rev
 		if given && h.waitsAsAnother(r.Context(), job) {
-			h.undoRecord(job, &rec)
+			h.undoRecord(job, sub)
 			rj.reject(idempotencyConflict(name), "idempotency_key_conflict")
 			return
 		}
 	}
 	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
 	if err != nil {
-		h.undoRecord(job, &rec)
+		h.undoRecord(job, sub)
 		h.refuseStore(rj.reject, name, lane, err, "storing a delayed job")
 		return
 	}
@@ -115,6 +105,16 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 	if dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, job.Key); err == nil {
 		setRateHeaders(w.Header(), r, name, dec)
 	}
+	if keeps {
+		setLocation(w, name, job.ID)
+		if sub.wait > 0 {
+			h.dropBody(sub, &job)
+			if h.awaitAnswer(w, r, job, sub) {
+				return
+			}
+			out = h.afterWait(r, job, out)
+		}
+	}
 	w.Header().Set("Content-Type", jsonContentType)
 	w.WriteHeader(http.StatusAccepted)
 	buf := answerBufs.Get().(*[]byte)
@@ -123,6 +123,19 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 	if cap(*buf) <= 4<<10 {
 		answerBufs.Put(buf)
 	}
+}
+
+// afterWait is the answer of a delayed job whose wait ran out: its state
+// as its record says now (it may have entered its lane, or started), and
+// the time left until it is due (0 once due).
+func (h *Handler) afterWait(r *http.Request, job queue.Job, out api.Accepted) api.Accepted {
+	out.ETAMillis = max(time.Until(job.NotBefore), 0).Milliseconds()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
+	defer cancel()
+	if rec, _, err := h.cfg.Records.Get(ctx, job.Lane, job.ID); err == nil && h.viewerOf(r).Sees(rec) {
+		out.State = rec.State
+	}
+	return out
 }
 
 // itemField is the JSON pointer of member of batch item i.

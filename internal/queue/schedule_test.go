@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/records"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -113,7 +114,9 @@ func laneStored(t *testing.T, q *queue.Queue) uint64 {
 // instance, which then goes away, is moved into its lane by the others
 // (two movers on one shared consumer: a fleet after a restart), once, no
 // earlier than its time; until then it is in no lane count. The hook hears
-// it scheduled and entered, once each.
+// it scheduled and entered, once each. It keeps what the instance that
+// settles it needs: where its caller waits, its callback, its owner and
+// its record's revision.
 func TestScheduledJobEntersItsLaneOnceWhenDue(t *testing.T) {
 	s := spec()
 	s.MaxBacklog = 100
@@ -122,7 +125,8 @@ func TestScheduledJobEntersItsLaneOnceWhenDue(t *testing.T) {
 	q1.SetScheduleHook(hook)
 	ctx := context.Background()
 	due := time.Now().Add(1500 * time.Millisecond)
-	res, err := q1.Schedule(ctx, queue.Job{ID: "later", Lane: "demo", Payload: []byte("x"), NotBefore: due})
+	res, err := q1.Schedule(ctx, queue.Job{ID: "later", Lane: "demo", Payload: []byte("x"), NotBefore: due,
+		Wait: records.WaitSubject("inst1"), Callback: "https://hooks.example.com/later", Owner: "a", RecordRev: 7})
 	if err != nil || res.Duplicate {
 		t.Fatalf("schedule: %+v %v", res, err)
 	}
@@ -149,8 +153,8 @@ func TestScheduledJobEntersItsLaneOnceWhenDue(t *testing.T) {
 	}
 	c := consumer(t, others[0], "demo")
 	m := nextJob(t, c, "the delayed job")
-	if m.Job().ID != "later" {
-		t.Fatalf("got job %s", m.Job().ID)
+	if j := m.Job(); j.ID != "later" || j.Wait != records.WaitSubject("inst1") || j.Callback != "https://hooks.example.com/later" || j.Owner != "a" || j.RecordRev != 7 {
+		t.Fatalf("got job %+v", j)
 	}
 	if m.StoredAt().Before(due.Add(-5 * time.Millisecond)) {
 		t.Fatalf("entered the lane at %v, before its time %v", m.StoredAt(), due)

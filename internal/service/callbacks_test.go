@@ -314,3 +314,67 @@ func TestCallbacksEndToEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestRecordGoneWhileTheJobWaits: a job submitted with a Throttle-Callback
+// waits (its lane held) past results.keep, so its record goes while the
+// job still waits in its lane. Such a job is not found without its record
+// (only jobs without an id of their own, and jobs published over NATS,
+// are: those never name a callback), so its cancel answers 404 and writes
+// nothing. Once the lane runs again it is delivered: its claim makes the
+// record again, with the callback, which the settled record is POSTed to.
+func TestRecordGoneWhileTheJobWaits(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	recv := newCallbackReceiver(t)
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q, dedup_window: 1s}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+lanes:
+  - name: demo
+    rate: 50
+    burst: 5
+    results: {keep: 1s, max_wait: 20s, callback_urls: [%q], callback_lane: callbacks}
+    target: {http: {url: %q}}
+  - name: callbacks
+    rate: 20
+    burst: 5
+    target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
+`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), recv.srv.URL+"/hooks", target.URL, recv.srv.URL+"/hooks", recv.srv.URL+"/hooks", callbackSecret)
+	cfg, err := config.Parse("callbacks.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := servicetest.Start(t, cfg, nil)
+	addr := svc.Addr()
+	base := "http://" + addr + "/v1/lanes/demo/jobs"
+	if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo", `{"paused":true}`, nil); code != http.StatusOK {
+		t.Fatalf("pause: %d", code)
+	}
+	hook := recv.srv.URL + "/hooks/late"
+	if c := submitWithCallback(t, addr, "demo", "late", hook, "x"); c.code != http.StatusAccepted {
+		t.Fatalf("submit: %d %q", c.code, c.body)
+	}
+	testenv.Eventually(t, 20*time.Second, "the job's record gone (results.keep)", func() bool {
+		c := callJob(t, "GET", base, "", "")
+		return c.code == http.StatusOK && strings.Contains(string(c.body), `"jobs":[]`)
+	})
+	if c := callJob(t, "DELETE", base+"/late", "", ""); c.code != http.StatusNotFound || !strings.Contains(string(c.body), `"field":"id"`) {
+		t.Fatalf("cancel of a job whose record went: %d %q; want 404 naming id", c.code, c.body)
+	}
+	if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo", `{"paused":false}`, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	testenv.Eventually(t, 20*time.Second, "the settled record's callback", func() bool { return len(recv.to("/hooks/late")) > 0 })
+	k := recv.to("/hooks/late")[0]
+	verifySigned(t, k)
+	var sent api.JobRecord
+	if err := json.Unmarshal(k.body, &sent); err != nil || sent.ID != "late" || sent.State != api.StateDelivered || sent.Callback != hook {
+		t.Fatalf("the callback's record: %q", k.body)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Fatalf("target called %d times, want 1", got)
+	}
+}

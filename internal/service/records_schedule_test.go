@@ -96,3 +96,60 @@ func TestRecordsOfDelayedAndExpiringJobs(t *testing.T) {
 		t.Fatalf("target called %d times, want 2 (the delayed job and the witness; never the cancelled or the expired one)", got)
 	}
 }
+
+// TestWaitedDelayedJob: a delayed submission with ?wait= is held as an
+// immediate one is: until its job, once due, is delivered (200 with the
+// target's answer and the Throttle-* headers), with Throttle-Delay or
+// Throttle-Not-Before, with or without an Idempotency-Key. A wait shorter
+// than the delay runs out: 202, Location, state scheduled.
+func TestWaitedDelayedJob(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
+	svc, _ := servicetest.Start(t, cfg, nil)
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+
+	for _, tt := range []struct {
+		name    string
+		headers func() []string
+	}{
+		{"Throttle-Delay with an Idempotency-Key", func() []string { return []string{"Throttle-Delay", "1s", "Idempotency-Key", "waited"} }},
+		{"Throttle-Not-Before without one", func() []string {
+			return []string{"Throttle-Not-Before", time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)}
+		}},
+	} {
+		start := time.Now()
+		c := asKey(t, "", "POST", base+"?wait=15s", "hello", tt.headers()...)
+		took := time.Since(start)
+		if c.code != http.StatusOK || string(c.body) != `{"echo":"hello"}` || c.header.Get("Throttle-Target-Status") != "201" ||
+			c.header.Get("Throttle-Job-State") != string(api.StateDelivered) || c.header.Get("Throttle-Job-Id") == "" {
+			t.Fatalf("%s: waited delayed job answered %d %v %q after %v; want 200 with the target's answer", tt.name, c.code, c.header, c.body, took)
+		}
+		if took < 900*time.Millisecond {
+			t.Fatalf("%s: answered after %v, before the job was due", tt.name, took)
+		}
+		if code, rec := getRecord(t, svc.Addr(), "demo", c.header.Get("Throttle-Job-Id")); code != http.StatusOK || rec.State != api.StateDelivered {
+			t.Fatalf("%s: record %d %+v", tt.name, code, rec)
+		}
+	}
+
+	start := time.Now()
+	c := asKey(t, "", "POST", base+"?wait=500ms", "short", "Throttle-Delay", "3s", "Idempotency-Key", "short")
+	var acc api.Accepted
+	if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted || acc.State != api.StateScheduled ||
+		c.header.Get("Location") != "/v1/lanes/demo/jobs/short" {
+		t.Fatalf("a wait shorter than the delay: %d %v %q", c.code, c.header, c.body)
+	}
+	if took := time.Since(start); took < 450*time.Millisecond || acc.ETAMillis > 2600 {
+		t.Fatalf("a wait shorter than the delay answered after %v, eta %dms: the wait was not honoured", took, acc.ETAMillis)
+	}
+	testenv.Eventually(t, 20*time.Second, "the short wait's job delivered", func() bool {
+		_, rec := getRecord(t, svc.Addr(), "demo", "short")
+		return rec.State == api.StateDelivered
+	})
+	if got := calls.Load(); got != 3 {
+		t.Fatalf("target called %d times, want 3", got)
+	}
+}
