@@ -115,7 +115,7 @@ func (q *Queue) listDeadDirect(ctx context.Context, lane string, after uint64, l
 		return unavailable(err)
 	}
 	var prev uint64
-	for {
+	for ctx.Err() == nil {
 		var m *nats.Msg
 		select {
 		case m = <-answers:
@@ -170,6 +170,7 @@ func (q *Queue) listDeadDirect(ctx context.Context, lane string, after uint64, l
 		page.Dead = append(page.Dead, d)
 		prev = seq
 	}
+	return unavailable(ctx.Err())
 }
 
 // listDeadEach reads a page one message get per dead letter.

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -128,6 +129,7 @@ func TestListDeadReadsAPagePerRequest(t *testing.T) {
 	direct := countRequests(t, srv, "$JS.API.DIRECT.GET."+queue.DeadStream)
 	each := countRequests(t, srv, "$JS.API.STREAM.MSG.GET."+queue.DeadStream)
 
+	subs := nc.NumSubscriptions()
 	sizes, all := pageThrough(t, q, "demo", 10)
 	if !reflect.DeepEqual(sizes, []int{10, 10, 5}) {
 		t.Fatalf("pages of %v, want 10, 10, 5", sizes)
@@ -161,6 +163,15 @@ func TestListDeadReadsAPagePerRequest(t *testing.T) {
 	}
 	if dead, err := q.ListDead(context.Background(), "nobody", 0, 10); err != nil || len(dead) != 0 {
 		t.Fatalf("a lane without dead letters: %v %v", dead, err)
+	}
+	// A listing whose caller has gone leaves nothing behind either.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := q.ListDead(gone, "demo", 0, 10); !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("a cancelled listing: %v", err)
+	}
+	if n := nc.NumSubscriptions(); n != subs {
+		t.Fatalf("%d subscriptions after the listings, %d before", n, subs)
 	}
 }
 
