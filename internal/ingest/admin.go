@@ -17,7 +17,9 @@ import (
 
 // DeadLetters is the dead-letter store the admin endpoints work on.
 type DeadLetters interface {
-	ListDead(ctx context.Context, lane string, after uint64, limit int) ([]api.DeadLetter, error)
+	// ListDeadPage lists a page; NextAfter is set when the page is full
+	// or was cut short with dead letters left after it.
+	ListDeadPage(ctx context.Context, lane string, after uint64, limit int) (api.DeadLetters, error)
 	GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
 	ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
 	ReplayAllDead(ctx context.Context, lane string, max int) (queue.Replayed, error)
@@ -110,21 +112,17 @@ func (h *Handler) listDead(w http.ResponseWriter, r *http.Request, lane string) 
 		}
 		after = n
 	}
-	list, err := h.cfg.DeadLetters.ListDead(r.Context(), lane, after, limit)
+	out, err := h.cfg.DeadLetters.ListDeadPage(r.Context(), lane, after, limit)
 	if err != nil {
 		return err
 	}
-	for i := range list {
+	for i := range out.Dead {
 		// A read-only key sees the listing: a query may hold a
 		// credential (?api_key=…); GET of one (admin) shows it whole.
-		list[i].Path, list[i].URL = hideQuery(list[i].Path), hideQuery(list[i].URL)
+		out.Dead[i].Path, out.Dead[i].URL = hideQuery(out.Dead[i].Path), hideQuery(out.Dead[i].URL)
 	}
-	out := api.DeadLetters{Dead: list}
 	if out.Dead == nil {
 		out.Dead = []api.DeadLetter{}
-	}
-	if len(list) == limit {
-		out.NextAfter = list[len(list)-1].Seq
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

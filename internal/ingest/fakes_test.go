@@ -147,6 +147,15 @@ func (f *fakeDead) ListDead(_ context.Context, lane string, _ uint64, _ int) ([]
 	return []api.DeadLetter{d}, nil
 }
 
+func (f *fakeDead) ListDeadPage(ctx context.Context, lane string, after uint64, limit int) (api.DeadLetters, error) {
+	dead, err := f.ListDead(ctx, lane, after, limit)
+	page := api.DeadLetters{Dead: dead}
+	if len(dead) == limit {
+		page.NextAfter = dead[len(dead)-1].Seq
+	}
+	return page, err
+}
+
 func (f *fakeDead) GetDead(_ context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	f.call("get")
 	return f.letter(lane, seq)

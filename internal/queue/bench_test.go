@@ -8,7 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
 )
 
 // benchPayload is the payload of the publish benchmarks, the one of
@@ -154,6 +156,34 @@ func BenchmarkKeyedRead(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*keys), "ns/key")
 			b.ReportMetric(float64(reqs)/float64(b.N*keys), "requests/key")
 			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkListDead: one page of 1,000 dead letters (payloads of
+// benchPayload), listed as the API does (direct: one batch direct get)
+// beside one message get per dead letter (each: a stream without direct
+// gets), on a server in the same process over loopback TCP.
+//
+//	go test -run '^$' -bench ListDead ./internal/queue
+func BenchmarkListDead(b *testing.B) {
+	url := testenv.StartNATS(b).ClientURL()
+	q, nc := bareQueueOn(b, url)
+	storeDead(b, nc, "demo", 1000, len(benchPayload))
+	ctx := context.Background()
+	list := map[string]func() ([]api.DeadLetter, error){
+		"direct": func() ([]api.DeadLetter, error) { return q.ListDead(ctx, "demo", 0, 1000) },
+		"each":   func() ([]api.DeadLetter, error) { return queue.ListDeadEach(ctx, q, "demo", 0, 1000) },
+	}
+	for _, name := range []string{"each", "direct"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				dead, err := list[name]()
+				if err != nil || len(dead) != 1000 {
+					b.Fatalf("%d dead letters, %v", len(dead), err)
+				}
+			}
 		})
 	}
 }

@@ -61,7 +61,8 @@ func (q *Queue) storeCopy(ctx context.Context, st jetstream.Stream, msg *nats.Ms
 	if !ack.Duplicate {
 		return nil
 	}
-	raw, err := st.GetMsg(ctx, ack.Sequence)
+	// From the leader: a replica may not hold the copy yet.
+	raw, err := q.leaderGet(ctx, st.CachedInfo().Config.Name, ack.Sequence, "")
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}

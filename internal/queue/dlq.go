@@ -61,6 +61,8 @@ func (q *Queue) EnsureDeadLetters(ctx context.Context, cfg DeadConfig) error {
 		MaxBytes:    maxBytes(cfg.MaxBytes),
 		Discard:     jetstream.DiscardOld,
 		Replicas:    cfg.Replicas,
+		// A page of the listing is one batch direct get (deadlist.go).
+		AllowDirect: true,
 	})
 	if err != nil {
 		return fmt.Errorf("queue: dead-letter stream: %w", err)
@@ -171,31 +173,6 @@ func (q *Queue) deadStream() (jetstream.Stream, error) {
 	return q.dead, nil
 }
 
-// ListDead returns up to limit dead letters of lane with a sequence above
-// after, oldest first, without payloads.
-func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit int) ([]api.DeadLetter, error) {
-	st, err := q.deadStream()
-	if err != nil {
-		return nil, err
-	}
-	var out []api.DeadLetter
-	seq := after + 1
-	for len(out) < limit {
-		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(DeadSubject(lane)))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return out, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
-		}
-		d := deadFromRaw(raw)
-		d.Payload = nil
-		out = append(out, d)
-		seq = raw.Sequence + 1
-	}
-	return out, nil
-}
-
 // GetDead returns one dead letter of lane with its payload.
 func (q *Queue) GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	d, _, err := q.getDead(ctx, lane, seq)
@@ -235,11 +212,10 @@ func shapeOf(h nats.Header) jobShape {
 
 // getDead is GetDead with the dead job's shape.
 func (q *Queue) getDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, jobShape, error) {
-	st, err := q.deadStream()
-	if err != nil {
+	if _, err := q.deadStream(); err != nil {
 		return api.DeadLetter{}, jobShape{}, err
 	}
-	raw, err := st.GetMsg(ctx, seq)
+	raw, err := q.leaderGet(ctx, DeadStream, seq, "")
 	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && raw.Subject != DeadSubject(lane)) {
 		return api.DeadLetter{}, jobShape{}, fmt.Errorf("%w: %s #%d", ErrNotFound, lane, seq)
 	}

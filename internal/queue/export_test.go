@@ -1,5 +1,27 @@
 package queue
 
+import (
+	"context"
+
+	"github.com/throttler/throttler/api"
+)
+
+// ListDeadEach lists dead letters one message get per dead letter, as a
+// listing on a stream without direct gets does.
+func ListDeadEach(ctx context.Context, q *Queue, lane string, after uint64, limit int) ([]api.DeadLetter, error) {
+	if _, err := q.deadStream(); err != nil {
+		return nil, err
+	}
+	return q.listDeadEach(ctx, lane, after, limit)
+}
+
+// SetDeadPageBytes bounds the bytes one of q's listings reads; 0 restores
+// the default.
+func SetDeadPageBytes(q *Queue, n int) { q.deadPageBytes = n }
+
+// HeaderExpiresAt is the dead letter's header of the job's expiry.
+const HeaderExpiresAt = headerExpiresAt
+
 // OnStreamRead makes the next stream info read of the backlog estimate run
 // f between JetStream's answer and its use, once; undo takes it back.
 func OnStreamRead(f func()) (undo func()) {

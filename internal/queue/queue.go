@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -274,6 +275,11 @@ type Queue struct {
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64
+	// deadNoBatch: the server answered a dead-letter listing's batch
+	// direct get with one message (deadlist.go); deadPageBytes, when
+	// not 0, bounds a listing's bytes instead of deadPageBytes (tests).
+	deadNoBatch   atomic.Bool
+	deadPageBytes int
 	// replays hears replayed dead letters (SetReplayHook).
 	replays ReplayHook
 	// hook hears delayed and expiring jobs (schedule.go).
