@@ -226,17 +226,7 @@ func TestJobDestinationsEndToEnd(t *testing.T) {
 
 	// The dead letters: the one the target refused shows its shape
 	// (names, no values); the NATS jobs the lane refuses were never sent.
-	var page api.DeadLetters
-	waitFor(t, 10*time.Second, "three dead letters", func() bool {
-		resp, err := pollClient.Get("http://" + addr + "/v1/lanes/api/dead")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		page = api.DeadLetters{}
-		_ = json.NewDecoder(resp.Body).Decode(&page)
-		return len(page.Dead) == 3
-	})
+	page := waitDead(t, addr, "api", "three dead letters", func(page api.DeadLetters) bool { return len(page.Dead) == 3 })
 	var dies api.DeadLetter
 	for _, d := range page.Dead {
 		switch d.ID {

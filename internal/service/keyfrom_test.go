@@ -258,17 +258,7 @@ func TestDestKeyFromURLHostRefusals(t *testing.T) {
 		}
 		return ids["agrees"] && ids["key-only"] && ids["nats-ok"] && ids["nats-key-agrees"]
 	})
-	var page api.DeadLetters
-	waitFor(t, 10*time.Second, "three dead letters", func() bool {
-		resp, err := pollClient.Get("http://" + addr + "/v1/lanes/demo/dead")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		page = api.DeadLetters{}
-		_ = json.NewDecoder(resp.Body).Decode(&page)
-		return len(page.Dead) == 3
-	})
+	page := waitDead(t, addr, "demo", "three dead letters", func(page api.DeadLetters) bool { return len(page.Dead) == 3 })
 	want := map[string]string{
 		"nats-neither":   "or on throttle.demo with a Throttle-URL whose host is the key",
 		"nats-disagrees": "is not the host of its Throttle-URL",
@@ -385,17 +375,7 @@ func TestKeyFromURLHostKeyWithoutURL(t *testing.T) {
 	waitFor(t, 10*time.Second, "the jobs delivered", func() bool {
 		return len(base.arrivals()) >= 3 && len(a.arrivals()) >= 3
 	})
-	var page api.DeadLetters
-	waitFor(t, 10*time.Second, "one dead letter", func() bool {
-		resp, err := pollClient.Get("http://" + addr + "/v1/lanes/demo/dead")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		page = api.DeadLetters{}
-		_ = json.NewDecoder(resp.Body).Decode(&page)
-		return len(page.Dead) >= 1
-	})
+	page := waitDead(t, addr, "demo", "one dead letter", func(page api.DeadLetters) bool { return len(page.Dead) >= 1 })
 	waitSettled(t, addr)
 	if len(page.Dead) != 1 || page.Dead[0].ID != "nats-made-up" || !strings.Contains(page.Dead[0].Reason, "no url of its own") {
 		t.Errorf("dead letters %+v, want nats-made-up alone, saying the key has no url of its own", page.Dead)

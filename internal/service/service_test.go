@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/bucket"
 	"github.com/throttler/throttler/internal/bucket/buckettest"
 	"github.com/throttler/throttler/internal/config"
@@ -78,6 +79,24 @@ var pollClient = servicetest.Client
 
 // waitFor is testenv.Eventually, the suite's one polling helper.
 var waitFor = testenv.Eventually
+
+// waitDead polls the dead letters of lane on the instance at addr until
+// done holds for the first page, and returns that page.
+func waitDead(t *testing.T, addr, lane, what string, done func(api.DeadLetters) bool) api.DeadLetters {
+	t.Helper()
+	var page api.DeadLetters
+	waitFor(t, 10*time.Second, what, func() bool {
+		resp, err := pollClient.Get("http://" + addr + "/v1/lanes/" + lane + "/dead")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		page = api.DeadLetters{}
+		_ = json.NewDecoder(resp.Body).Decode(&page)
+		return done(page)
+	})
+	return page
+}
 
 // waitSettled waits until the lane at addr holds nothing
 // (servicetest.WaitSettled): a count taken after it is final, the proof
