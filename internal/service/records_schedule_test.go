@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/api"
-	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
 
@@ -19,11 +18,7 @@ import (
 // first job.
 func TestRecordsOfDelayedAndExpiringJobs(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	target, calls := recordsTarget(t)
-	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
-	svc, _ := servicetest.Start(t, cfg, nil)
+	svc, calls := startRecords(t)
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 
 	submit := func(id string, header, value string) api.Accepted {
@@ -104,11 +99,7 @@ func TestRecordsOfDelayedAndExpiringJobs(t *testing.T) {
 // than the delay runs out: 202, Location, state scheduled.
 func TestWaitedDelayedJob(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	target, calls := recordsTarget(t)
-	cfg := recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL)
-	svc, _ := servicetest.Start(t, cfg, nil)
+	svc, calls := startRecords(t)
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 
 	for _, tt := range []struct {

@@ -24,6 +24,18 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
+// startRecords runs one instance of recordsConfig on a nats-server and a
+// Redis of its own, delivering to recordsTarget: the instance and the
+// target's count of calls.
+func startRecords(t *testing.T) (*service.Service, *atomic.Int64) {
+	t.Helper()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target, calls := recordsTarget(t)
+	svc, _ := servicetest.Start(t, recordsConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), nil)
+	return svc, calls
+}
+
 // recordsTarget answers by the job's body: "fail-<n>" fails (500) its
 // first n attempts, "big" answers 100 bytes, anything else 201 with a JSON
 // echo and an X-Upstream-Id header.
