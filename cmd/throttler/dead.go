@@ -40,6 +40,9 @@ func cmdDead(ctx context.Context, args []string, getenv func(string) string, std
 	case "replay":
 		chunk = fs.Int("chunk", 500, "replay-all: dead letters per request (progress is shown after each)")
 	case "show", "purge":
+	case "-h", "--help", "help":
+		fs.Usage()
+		return errUsage
 	default:
 		fmt.Fprintf(stderr, "throttler dead: unknown subcommand %q\n%s", sub, deadUsage)
 		return errUsage
