@@ -65,7 +65,8 @@ type LaneStatus struct {
 	Delivered uint64 `json:"delivered"`
 	// Dead: jobs in the lane's dead-letter stream.
 	Dead uint64 `json:"dead"`
-	// Retrying: failed jobs waiting for their next attempt.
+	// Retrying: jobs in the retry stream, failed jobs waiting for their
+	// next attempt and delayed jobs not yet due.
 	Retrying uint64 `json:"retrying"`
 	// Paused: the lane's drain cannot reserve slots (state store away) or a
 	// downstream asked it to wait.

@@ -430,6 +430,53 @@ func TestOperationsDocsFollowTheCode(t *testing.T) {
 	}
 }
 
+// TestDocsNameRealMetrics: a metric named anywhere in the docs (README.md,
+// docs/*.md) is one of OPERATIONS.md's metrics table, which
+// TestOperationsDocsFollowTheCode ties to what the service exposes.
+// Names ending in _ are prefixes (throttler_http_), not metrics.
+func TestDocsNameRealMetrics(t *testing.T) {
+	raw, err := os.ReadFile("../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "\n## Metrics\n")
+	if start < 0 {
+		t.Fatal("OPERATIONS.md has no section Metrics")
+	}
+	table := doc[start+1:]
+	if end := strings.Index(table[3:], "\n## "); end >= 0 {
+		table = table[:end+3]
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(throttler_[a-z_]+)` \\|").FindAllStringSubmatch(table, -1) {
+		documented[m[1]] = true
+	}
+	if len(documented) < 30 {
+		t.Fatalf("only %d metrics in OPERATIONS.md's table; the scan is broken", len(documented))
+	}
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`\bthrottler_[a-z_]*[a-z]\b`)
+	for _, f := range append(files, "../README.md") {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range slices.Compact(slices.Sorted(slices.Values(name.FindAllString(string(raw), -1)))) {
+			base := n
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				base = strings.TrimSuffix(base, suffix)
+			}
+			if !documented[n] && !documented[base] {
+				t.Errorf("%s names %s, which is not a metric of the service", filepath.Base(f), n)
+			}
+		}
+	}
+}
+
 // TestEveryAlertHasARunbook: each rule's runbook_url points at a section of
 // docs/OPERATIONS.md that exists (a heading whose GitHub anchor it names).
 func TestEveryAlertHasARunbook(t *testing.T) {

@@ -40,6 +40,9 @@ func cmdDead(ctx context.Context, args []string, getenv func(string) string, std
 	case "replay":
 		chunk = fs.Int("chunk", 500, "replay-all: dead letters per request (progress is shown after each)")
 	case "show", "purge":
+	case "-h", "--help", "help":
+		fs.Usage()
+		return errUsage
 	default:
 		fmt.Fprintf(stderr, "throttler dead: unknown subcommand %q\n%s", sub, deadUsage)
 		return errUsage
@@ -177,6 +180,15 @@ func printDead(w io.Writer, d *api.DeadLetter) {
 	row("dead at", d.DeadAt.UTC().Format(time.RFC3339Nano))
 	row("content type", d.ContentType)
 	row("size", strconv.Itoa(d.Size))
+	// The job's request shape (API.md, "Dead letters"): names only, never
+	// a forwarded header's value.
+	row("method", shown(d.Method))
+	row("path", shown(d.Path))
+	row("url", shown(d.URL))
+	row("headers", shown(strings.Join(d.Headers, ", ")))
+	if d.Expires != nil {
+		row("expires", d.Expires.UTC().Format(time.RFC3339Nano))
+	}
 	tw.Flush()
 	// Text with no control character a terminal acts on (CRLF lines
 	// allowed) is printed as it is; anything else as base64.

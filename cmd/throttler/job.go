@@ -18,7 +18,7 @@ job shows a job's record on a lane with results (GET
 the target's answer. --wait waits until the job settles (bounded by
 --timeout when given). cancel cancels a job that has not started (DELETE):
 it is never delivered; a job that started or settled cannot be cancelled
-(exit 1, 409). An unknown id exits 3.
+(exit 2, 409 job-started). An unknown id exits 3.
 `
 
 func cmdJob(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -168,3 +168,17 @@ func TestRefusedTargetNamesFileAndField(t *testing.T) {
 		t.Fatalf("stderr does not name the file, field and address:\n%s", msg)
 	}
 }
+
+// TestDeadHelp: `throttler dead --help` prints the dead commands' usage
+// and the global flags, as the other commands' --help does, not an
+// "unknown subcommand" error.
+func TestDeadHelp(t *testing.T) {
+	for _, arg := range []string{"--help", "-h", "help"} {
+		var out bytes.Buffer
+		err := run(context.Background(), []string{"dead", arg}, func(string) string { return "" }, &out, &out)
+		if !errors.Is(err, errUsage) || strings.Contains(out.String(), "unknown subcommand") ||
+			!strings.Contains(out.String(), "throttler dead replay LANE [SEQ]") || !strings.Contains(out.String(), "-server") {
+			t.Errorf("dead %s: %v\n%s", arg, err, out.String())
+		}
+	}
+}

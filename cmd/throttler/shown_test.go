@@ -61,3 +61,23 @@ func TestShown(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadShowPrintsTheRequest: `throttler dead show` prints every field
+// of the dead letter (docs/CLI.md), the job's request shape included:
+// its method, path, URL, the names of its forwarded headers and its
+// expiry.
+func TestDeadShowPrintsTheRequest(t *testing.T) {
+	now := time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)
+	expires := now.Add(time.Hour)
+	var b bytes.Buffer
+	printDead(&b, &api.DeadLetter{Seq: 7, ID: "j1", Lane: "demo", Reason: "rejected by target", Attempts: 1, DeadAt: now,
+		Method: "PUT", Path: "/v2/items/42", URL: "https://api.example.com/v2/items/42?…", Headers: []string{"X-Api-Key", "X-Tenant"},
+		Expires: &expires, Payload: []byte("x")})
+	out := b.String()
+	for _, want := range []string{"method:", "PUT", "path:", "/v2/items/42", "url:", "https://api.example.com/v2/items/42?…",
+		"headers:", "X-Api-Key, X-Tenant", "expires:", "2026-12-06T04:00:00Z"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dead show does not print %q:\n%s", want, out)
+		}
+	}
+}

@@ -116,7 +116,8 @@ type LaneQueue struct {
 	Backlog uint64
 	// Oldest is when the oldest of them was stored; zero when none.
 	Oldest time.Time
-	// Retrying is the lane's failed jobs waiting for their next attempt.
+	// Retrying is the lane's jobs in the retry stream: failed jobs waiting
+	// for their next attempt, and delayed jobs not yet due.
 	Retrying uint64
 	// Dead is the lane's dead letters.
 	Dead uint64
@@ -168,7 +169,7 @@ func newLaneCollector() *laneCollector {
 		keysPaused:     d("throttler_lane_keys_paused", "Of those, keys a downstream asked to wait (Retry-After, exhausted rate limit), on this instance."),
 		backlog:        d("throttler_lane_backlog", "Jobs stored in the lane, waiting or in flight, across all instances (from JetStream)."),
 		oldest:         d("throttler_lane_oldest_job_age_seconds", "Age of the oldest job stored in the lane, waiting or in flight; 0 when none (from JetStream)."),
-		retrying:       d("throttler_lane_retrying", "Failed jobs of the lane waiting for their next attempt, across all instances (from JetStream)."),
+		retrying:       d("throttler_lane_retrying", "Jobs of the lane waiting in the retry stream, across all instances (from JetStream): failed jobs waiting for their next attempt, and delayed jobs not yet due."),
 		dead:           d("throttler_lane_dead_letters", "Dead letters of the lane, across all instances (from JetStream)."),
 		clock:          clock.Real,
 		states:         map[string]func() LaneState{},

@@ -186,7 +186,8 @@ func (q *Queue) moveOne(ctx context.Context, lane string, m jetstream.Msg, log *
 	}
 }
 
-// RetriesWaiting counts the lane's retries not yet due.
+// RetriesWaiting counts the lane's retries and delayed jobs not yet due
+// (both wait in the retry stream).
 func (q *Queue) RetriesWaiting(ctx context.Context, lane string) (uint64, error) {
 	ls, err := q.lane(lane)
 	if err != nil || ls.retry == nil {

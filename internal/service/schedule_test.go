@@ -57,8 +57,9 @@ func submitWith(t *testing.T, addr, id string, hdr map[string]string) (int, acce
 // outlives a restart of the only instance before it is due, and reaches
 // the target once, no earlier than its delay; a job without a delay
 // submitted after it is delivered first, and one whose Throttle-Expires
-// comes before its delay ends is dead-lettered ("expired") while it waits. On a plain lane and on a keyed
-// one (the delayed job keeps its key).
+// comes before its delay ends is dead-lettered ("expired") while it waits;
+// while they wait both delayed jobs count in the lane's retrying. On a
+// plain lane and on a keyed one (the delayed job keeps its key).
 //
 // Outcomes with a margin: the delay is checked from below only (a stall
 // may only make it later), and the restart takes well under the delay; in
@@ -96,6 +97,11 @@ func TestDelayedJobSurvivesRestartAndStartsWhenDue(t *testing.T) {
 			}
 			if code, a := submitWith(t, svc.Addr(), "d-stale", stale); code != http.StatusAccepted || a.State != "scheduled" {
 				t.Fatalf("job delayed past its expiry: status %d %+v", code, a)
+			}
+			// Delayed jobs wait in the retry stream: GET /v1/lanes counts
+			// them in retrying (docs/API.md), never in backlog.
+			if st := laneOf(t, svc.Addr()); st.Retrying != 2 {
+				t.Fatalf("with two delayed jobs waiting GET /v1/lanes answers retrying %d, backlog %d; want retrying 2", st.Retrying, st.Backlog)
 			}
 			waitFor(t, 10*time.Second, "the job without delay delivered", func() bool { return len(arrivalsOfID(rec, "d-now")) == 1 })
 			if got := arrivalsOfID(rec, "d-late"); len(got) != 0 {
