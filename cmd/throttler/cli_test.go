@@ -37,15 +37,7 @@ func cliServer(t *testing.T) string {
 	}))
 	t.Cleanup(refuse.Close)
 	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
-	dir := t.TempDir()
-	addr := freePort(t)
-	y := fmt.Sprintf(`listen: %s
-shutdown_timeout: 5s
-nats: {data_dir: %s}
-dispatch: {allow_networks: [127.0.0.0/8]}
-retries: {max_bytes: 64MiB}
-dead_letters: {max_bytes: 64MiB}
-auth:
+	return serveEmbedded(t, fmt.Sprintf(`auth:
   keys:
     - {id: ops, sha256: %s, scopes: [admin]}
     - {id: viewer, sha256: %s, scopes: [read]}
@@ -66,7 +58,23 @@ lanes:
     burst: 5
     per_key: {rate: 5/s, burst: 2}
     target: {http: {url: %s, timeout: 5s, forward_headers: [X-Api-Key], job_urls: ["https://hooks.example.com/r/"]}}
-`, addr, filepath.Join(dir, "data"), hash("ops-secret"), hash("viewer-secret"), ok.URL, refuse.URL, ok.URL)
+`, hash("ops-secret"), hash("viewer-secret"), ok.URL, refuse.URL, ok.URL))
+}
+
+// serveEmbedded runs the binary on a config of the embedded nats-server
+// (its data in a temporary directory, streams of 64 MiB) followed by rest
+// (auth, lanes), and returns its base URL.
+func serveEmbedded(t *testing.T, rest string) string {
+	t.Helper()
+	dir := t.TempDir()
+	addr := freePort(t)
+	y := fmt.Sprintf(`listen: %s
+shutdown_timeout: 5s
+nats: {data_dir: %s}
+dispatch: {allow_networks: [127.0.0.0/8]}
+retries: {max_bytes: 64MiB}
+dead_letters: {max_bytes: 64MiB}
+`, addr, filepath.Join(dir, "data")) + rest
 	path := filepath.Join(dir, "throttler.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
 		t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,28 +19,14 @@ func TestCLIJob(t *testing.T) {
 	t.Parallel()
 	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
 	t.Cleanup(ok.Close)
-	dir := t.TempDir()
-	addr := freePort(t)
-	y := fmt.Sprintf(`listen: %s
-shutdown_timeout: 5s
-nats: {data_dir: %s}
-dispatch: {allow_networks: [127.0.0.0/8]}
-retries: {max_bytes: 64MiB}
-dead_letters: {max_bytes: 64MiB}
-lanes:
+	url := serveEmbedded(t, fmt.Sprintf(`lanes:
   - name: demo
     max_bytes: 64MiB
     rate: 50/s
     burst: 5
     results: {keep: 1h}
     target: {http: {url: %s, timeout: 5s}}
-`, addr, filepath.Join(dir, "data"), ok.URL)
-	path := filepath.Join(dir, "throttler.yaml")
-	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	startProc(t, path, addr)
-	url := "http://" + addr
+`, ok.URL))
 	env := []string{"THROTTLER_SERVER=" + url, "THROTTLER_KEY="}
 	submit := func(id string, hdr ...string) {
 		t.Helper()
