@@ -90,7 +90,8 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 // original is acked only after the copy is stored, so a crash in between
 // can only duplicate the job, never lose it. When the copy cannot be
 // stored, or another message holds its msg id (ErrNotTheCopy), the job
-// waits in place instead and is delivered again after delay. An error
+// waits in place instead and is delivered again after delay, its failed
+// attempt counted by this instance (inplace.go). An error
 // wrapping ErrAckUnconfirmed means the copy is stored and only the
 // original's ack was not confirmed.
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
@@ -112,13 +113,18 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	st := q.retry
 	q.mu.Unlock()
 	if st == nil {
+		m.c.failedInPlace(m.Seq(), job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w: EnsureRetries did not run", job.ID, ErrUnavailable)
 	}
 	if err := q.storeCopy(ctx, st, msg); err != nil {
+		// It waits in place, its failed attempt counted here
+		// (inplace.go): its message cannot say so.
+		m.c.failedInPlace(m.Seq(), job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
 	}
+	m.c.leftLane(m)
 	// A confirmed ack, on this path that already waited for a store:
 	// a plain one lost at a stop would leave the original to be
 	// delivered again beside its copy.
