@@ -32,7 +32,16 @@ type RetryConfig struct {
 	MaxMsgs  int64
 	MaxBytes int64
 	Replicas int
+	// DedupWindow is how long the stream remembers a msg id: the lanes'
+	// (nats.dedup_window), since a delayed job waits here under a msg id
+	// made of its job id (Schedule), and a resubmission within the window
+	// must be a duplicate. At least copyDedupWindow.
+	DedupWindow time.Duration
 }
+
+// copyDedupWindow is the retry stream's shortest de-duplication window:
+// it absorbs a copy stored again after a lost ack (copy.go).
+const copyDedupWindow = 2 * time.Minute
 
 // EnsureRetries creates or updates the retry stream. Call it before EnsureLane.
 func (q *Queue) EnsureRetries(ctx context.Context, cfg RetryConfig) error {
@@ -48,7 +57,7 @@ func (q *Queue) EnsureRetries(ctx context.Context, cfg RetryConfig) error {
 		MaxMsgs:     max(cfg.MaxMsgs, -1),
 		MaxBytes:    maxBytes(cfg.MaxBytes),
 		Discard:     jetstream.DiscardNew,
-		Duplicates:  2 * time.Minute,
+		Duplicates:  max(cfg.DedupWindow, copyDedupWindow),
 		Replicas:    cfg.Replicas,
 	})
 	if err != nil {
