@@ -71,14 +71,18 @@ func (m *Msg) FirstDelivery() bool { return m.meta.NumDelivered <= 1 }
 
 // Ack marks the job done; JetStream removes it. The ack is not confirmed:
 // the server applies it moments later.
-func (m *Msg) Ack() error { m.c.settle(m); return m.m.Ack() }
+func (m *Msg) Ack() error { m.c.settle(m); m.c.leftLane(m); return m.m.Ack() }
 
 // AckSync marks the job done and returns once the server has applied the
 // ack: what a stopping instance uses, since a server shut down right after a
 // plain ack may never apply it (an embedded server drops the acks it has
 // not processed yet), and the job would be delivered again.
 // It waits at most a second: a server that closed the consumer never answers.
-func (m *Msg) AckSync(ctx context.Context) error { m.c.settle(m); return confirmAck(ctx, m.m) }
+func (m *Msg) AckSync(ctx context.Context) error {
+	m.c.settle(m)
+	m.c.leftLane(m)
+	return confirmAck(ctx, m.m)
+}
 
 // Wait hands the job back to be delivered again after delay, in its place and
 // without counting an attempt (a rate limit, a paused lane).
@@ -124,6 +128,10 @@ type Consumer struct {
 	// unslotted counts the jobs fetched and not yet given a slot or
 	// settled (readahead.go).
 	unslotted atomic.Int64
+	// inPlace: failed attempts of jobs waiting in place, by stream
+	// sequence (inplace.go); guarded by mu. inPlaceN is its length.
+	inPlace  map[uint64]int
+	inPlaceN atomic.Int64
 }
 
 // Consumer returns the reader of lane's jobs.
@@ -225,6 +233,7 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
+	msg.job.Attempts = max(msg.job.Attempts, c.attemptsInPlace(meta.Sequence.Stream))
 	c.q.fetched(c.lane, meta.Sequence.Stream)
 	ls, lerr := c.q.lane(c.lane)
 	if lerr == nil {

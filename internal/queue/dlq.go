@@ -136,6 +136,7 @@ func (m *Msg) Dead(ctx context.Context, info DeadInfo, delay time.Duration) erro
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: dead-letter %s: %w", job.ID, err)
 	}
+	m.c.leftLane(m)
 	// A confirmed ack, on this path that already waited for a store:
 	// a plain one lost at a stop would leave the original to be
 	// delivered again beside its copy.

@@ -32,7 +32,16 @@ type RetryConfig struct {
 	MaxMsgs  int64
 	MaxBytes int64
 	Replicas int
+	// DedupWindow is how long the stream remembers a msg id: the lanes'
+	// (nats.dedup_window), since a delayed job waits here under a msg id
+	// made of its job id (Schedule), and a resubmission within the window
+	// must be a duplicate. At least copyDedupWindow.
+	DedupWindow time.Duration
 }
+
+// copyDedupWindow is the retry stream's shortest de-duplication window:
+// it absorbs a copy stored again after a lost ack (copy.go).
+const copyDedupWindow = 2 * time.Minute
 
 // EnsureRetries creates or updates the retry stream. Call it before EnsureLane.
 func (q *Queue) EnsureRetries(ctx context.Context, cfg RetryConfig) error {
@@ -48,7 +57,7 @@ func (q *Queue) EnsureRetries(ctx context.Context, cfg RetryConfig) error {
 		MaxMsgs:     max(cfg.MaxMsgs, -1),
 		MaxBytes:    maxBytes(cfg.MaxBytes),
 		Discard:     jetstream.DiscardNew,
-		Duplicates:  2 * time.Minute,
+		Duplicates:  max(cfg.DedupWindow, copyDedupWindow),
 		Replicas:    cfg.Replicas,
 	})
 	if err != nil {
@@ -90,7 +99,8 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 // original is acked only after the copy is stored, so a crash in between
 // can only duplicate the job, never lose it. When the copy cannot be
 // stored, or another message holds its msg id (ErrNotTheCopy), the job
-// waits in place instead and is delivered again after delay. An error
+// waits in place instead and is delivered again after delay, its failed
+// attempt counted by this instance (inplace.go). An error
 // wrapping ErrAckUnconfirmed means the copy is stored and only the
 // original's ack was not confirmed.
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
@@ -112,13 +122,18 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	st := q.retry
 	q.mu.Unlock()
 	if st == nil {
+		m.c.failedInPlace(m.Seq(), job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w: EnsureRetries did not run", job.ID, ErrUnavailable)
 	}
 	if err := q.storeCopy(ctx, st, msg); err != nil {
+		// It waits in place, its failed attempt counted here
+		// (inplace.go): its message cannot say so.
+		m.c.failedInPlace(m.Seq(), job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
 	}
+	m.c.leftLane(m)
 	// A confirmed ack, on this path that already waited for a store:
 	// a plain one lost at a stop would leave the original to be
 	// delivered again beside its copy.

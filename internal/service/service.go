@@ -178,7 +178,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: s.cfg.Retries.MaxMessages, MaxBytes: int64(s.cfg.Retries.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
+	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: s.cfg.Retries.MaxMessages, MaxBytes: int64(s.cfg.Retries.MaxBytes), Replicas: s.cfg.NATS.Replicas,
+		DedupWindow: s.cfg.NATS.DedupWindow.D()}); err != nil {
 		return s.noRoom("retries.max_bytes", err)
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxAge: s.cfg.DeadLetters.MaxAge.D(), MaxBytes: int64(s.cfg.DeadLetters.MaxBytes), Replicas: s.cfg.NATS.Replicas}); err != nil {
