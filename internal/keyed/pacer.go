@@ -1300,16 +1300,20 @@ func (k *Pacer[T]) Settled(ctx context.Context, msg T) error {
 
 // PauseKey holds one key for d (its downstream asked to wait): locally, and
 // in the key's shared state (Config.Pauser) so that no instance starts it
-// meanwhile.
+// meanwhile. The state is pushed at the key's limit now, its slow-down
+// included (PushedBack comes first): its slots are reserved at that limit,
+// whose tolerance a slow-down lengthens, so a pause written at the full
+// rate would let a slot start before the wait ends.
 func (k *Pacer[T]) PauseKey(ctx context.Context, key string, d time.Duration) {
 	d = min(d, k.cfg.MaxPause)
-	k.sched.Pause(key, k.cfg.Clock.Now().Add(d))
+	now := k.cfg.Clock.Now()
+	k.sched.Pause(key, now.Add(d))
 	if k.cfg.Pauser == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if err := k.cfg.Pauser.Pause(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, k.cfg.KeyLimit(key), d); err != nil {
+	if err := k.cfg.Pauser.Pause(ctx, bucket.Key{Lane: k.cfg.Lane, Sub: key}, k.KeyLimit(key, now), d); err != nil {
 		k.log.Warn("pausing the key in the shared state failed", "key", key, "for", d.String(), "err", err)
 		return
 	}

@@ -367,6 +367,15 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 		if l.keyed != nil && pushedBack(res) {
 			l.keyed.PushedBack(dctx, job.Key)
 		}
+		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: dctx.Err() != nil},
+			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
+		if act.Kind == Wait {
+			// Before the pause: it pushes the shared state at the limit
+			// the drains reserve at, the slowed one, whose tolerance is
+			// longer; written at the full rate it would let a slot start
+			// before the wait ends.
+			l.slowDown()
+		}
 		switch {
 		case res.PauseLane > 0 && l.keyed != nil:
 			// A keyed lane's downstream is the key's: it waits alone.
@@ -374,8 +383,6 @@ func (l *Lane) start(dctx context.Context, msg *queue.Msg, done func()) {
 		case res.PauseLane > 0:
 			l.pause(dctx, res.PauseLane)
 		}
-		act := Settle(Outcome{Result: res, Attempt: msg.Attempt(), MaxAttempts: l.cfg.Retry.MaxAttempts, Stopping: dctx.Err() != nil},
-			func(attempt int) time.Duration { return l.backoff.Delay(attempt, rand.Float64) })
 		if l.keepsRecords() {
 			// Before the ack: a crash in between delivers the job again,
 			// and the record follows; never a settled job whose record
@@ -462,7 +469,7 @@ func (l *Lane) apply(dctx context.Context, msg *queue.Msg, res dispatch.Result, 
 			log().Warn("requeue failed; the job waits in place", "requeue_err", err)
 		}
 	case Wait:
-		l.slowDown()
+		// Slowed down already, before the pause (start).
 		log().Info("target rate-limited the job; it waits without using an attempt", "wait", act.Delay.String())
 		_ = msg.Wait(act.Delay)
 	case Dead:

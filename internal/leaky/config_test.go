@@ -64,7 +64,7 @@ func (c *countingPacer) Reserve(ctx context.Context, n int) (bucket.Reservation,
 	return c.p.Reserve(ctx, n)
 }
 
-func (c *countingPacer) Period() time.Duration { return c.p.Period() }
+func (c *countingPacer) Current() bucket.Limit { return c.p.Current() }
 
 // TestBatchBoundsEachReserve: a drain reserves Config.Batch slots per call,
 // at least 1 and at most MaxInflight.

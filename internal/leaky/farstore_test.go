@@ -35,7 +35,7 @@ func (f *farPacer) Reserve(ctx context.Context, n int) (bucket.Reservation, erro
 	return r, err
 }
 
-func (f *farPacer) Period() time.Duration { return f.p.Period() }
+func (f *farPacer) Current() bucket.Limit { return f.p.Current() }
 
 // TestFarStoreKeepsWholePeriodWindows: three drains share one lane at
 // 1,000/s burst 1 through a store whose answers take 1 to 3 ms, each leg

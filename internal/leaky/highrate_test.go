@@ -265,7 +265,7 @@ func TestPartialFetchesShareOneCall(t *testing.T) {
 	store := &bucket.Memory{Clock: clock}
 	d, err := leaky.New(leaky.Config[item]{
 		Source: src, Clock: clock, MaxInflight: 64, Batch: leaky.BatchFor(l.Rate, 64), // 20
-		Pacer: pacerFunc{period: l.Period(), reserve: func(ctx context.Context, n int) (bucket.Reservation, error) {
+		Pacer: pacerFunc{limit: l, reserve: func(ctx context.Context, n int) (bucket.Reservation, error) {
 			calls++
 			return store.Reserve(ctx, bucket.Key{Lane: "l"}, l, n)
 		}},
@@ -304,9 +304,9 @@ func (s *trickleSource) Next(ctx context.Context, max int) ([]item, error) {
 	return s.sliceSource.Next(ctx, min(max, s.per))
 }
 
-// pacerFunc is a leaky.Pacer made of a function and a fixed period.
+// pacerFunc is a leaky.Pacer made of a function and a fixed limit.
 type pacerFunc struct {
-	period  time.Duration
+	limit   bucket.Limit
 	reserve func(ctx context.Context, n int) (bucket.Reservation, error)
 }
 
@@ -314,4 +314,4 @@ func (f pacerFunc) Reserve(ctx context.Context, n int) (bucket.Reservation, erro
 	return f.reserve(ctx, n)
 }
 
-func (f pacerFunc) Period() time.Duration { return f.period }
+func (f pacerFunc) Current() bucket.Limit { return f.limit }

@@ -31,7 +31,10 @@
 // a window of another length may hold one more, as a start's own jitter
 // would. A stall shorter than τ is caught up at once, in a clump the burst
 // allows (a micro-batch: with a burst, a drain that woke late starts every
-// slot that passed, as the limit lets it).
+// slot that passed, as the limit lets it). A limit lowered at run time
+// (Pacer.Current: a longer period or a smaller burst) makes the drain give
+// up the slots it holds under the old one before any of them starts, so
+// the windows from the change on keep the new limit.
 //
 // A store far away changes none of this: the slots of a reservation are
 // placed where the store put them on its own clock (bucket.Reservation.At,
@@ -70,8 +73,10 @@ type Source[T any] interface {
 // Pacer reserves dispatch slots of one lane (or key).
 type Pacer interface {
 	Reserve(ctx context.Context, n int) (bucket.Reservation, error)
-	// Period is the current spacing of slots.
-	Period() time.Duration
+	// Current is the limit the next reservation takes. The drain reads it
+	// before every start: slots in hand reserved under a limit with a
+	// longer period or a larger burst are given up (see heldSlot).
+	Current() bucket.Limit
 }
 
 // Starter starts one item's dispatch. It must not block for the dispatch: it
@@ -166,6 +171,11 @@ func BatchFor(rate float64, maxInflight int) int {
 // fresh slots.
 var errPaused = errors.New("leaky: lane paused")
 
+// errTightened: startBatch gave up every slot it had left because the
+// lane's limit was lowered since they were reserved; the rest must get
+// fresh slots.
+var errTightened = errors.New("leaky: limit lowered")
+
 // errLate: startBatch gave up every slot it had left because the drain woke
 // too late for them; the rest must get fresh slots.
 var errLate = errors.New("leaky: slots missed")
@@ -195,6 +205,22 @@ type heldSlot struct {
 	// that does not tell its clock reading and answered so late that Due
 	// is later; see addSlots).
 	deadline time.Time
+	// period and burst are the limit the slot was reserved under. Slots
+	// reserved ahead at a faster rate or a larger burst than the lane's
+	// limit now would start at the old spacing after a change, beyond what
+	// the new limit allows in a window from the change on: they are given
+	// up instead (capacity lost once). Slots of a raised limit are kept:
+	// they fit in the new one.
+	period time.Duration
+	burst  int
+}
+
+// tighter reports whether l, the lane's limit now, is stricter than the
+// one s was reserved under: a longer period or a smaller burst. A slot of
+// a reservation without a period (none the stores make) is never given up
+// for it.
+func (s heldSlot) tighter(l bucket.Limit) bool {
+	return s.period > 0 && (l.Period() > s.period || l.Burst < s.burst)
 }
 
 // Drain paces one lane. Create it with New; Run it once.
@@ -374,9 +400,9 @@ func (d *Drain[T]) run(ctx, dispatch context.Context) error {
 		}
 		batch := held[:n]
 		rest, err := d.startBatch(ctx, dispatch, batch)
-		if errors.Is(err, errPaused) || errors.Is(err, errLate) {
-			// The pause is over, or the slots were missed: reserve fresh
-			// slots for the rest.
+		if errors.Is(err, errPaused) || errors.Is(err, errLate) || errors.Is(err, errTightened) {
+			// The pause is over, the slots were missed or the limit was
+			// lowered: reserve fresh slots for the rest.
 			for range rest {
 				<-d.permits
 			}
@@ -505,6 +531,13 @@ func (d *Drain[T]) startBatch(ctx, dispatch context.Context, batch []T) ([]T, er
 					return batch[i:], errPaused
 				}
 			}
+			if slot.tighter(d.cfg.Pacer.Current()) {
+				// Reserved at a faster rate or a larger burst than the
+				// limit now: give them all up; run reserves fresh ones,
+				// which follow the given-up ones in the state.
+				d.dropSlots()
+				return batch[i:], errTightened
+			}
 			// The deadline is checked last, right before the start: what
 			// runs between the two may only make a start later than the
 			// check saw it.
@@ -589,6 +622,10 @@ func (d *Drain[T]) addSlots(res bucket.Reservation, sent, recv time.Time) {
 		dueFrom = d.clk.local(sent, recv, res.At)
 		theoFrom = dueFrom
 	}
+	burst := 1
+	if res.Period > 0 {
+		burst = int(res.Tolerance/res.Period) + 1
+	}
 	for j := range res.N {
 		delay := res.Delay(j)
 		due := dueFrom.Add(delay)
@@ -599,7 +636,7 @@ func (d *Drain[T]) addSlots(res bucket.Reservation, sent, recv time.Time) {
 			// so that every slot is not given up.
 			theo = due
 		}
-		d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack)})
+		d.slots = append(d.slots, heldSlot{Slot: Slot{Due: due, Free: delay == 0}, deadline: theo.Add(slack), period: res.Period, burst: burst})
 	}
 }
 
@@ -793,8 +830,7 @@ func (p StorePacer) Reserve(ctx context.Context, n int) (bucket.Reservation, err
 	return p.Store.Reserve(ctx, p.Key, p.Limit(), n)
 }
 
-// Period is the current limit's period; the drain uses it to bound how late
-// an admitted item may start.
-func (p StorePacer) Period() time.Duration {
-	return p.Limit().Period()
+// Current implements Pacer: the limit Limit gives now.
+func (p StorePacer) Current() bucket.Limit {
+	return p.Limit()
 }

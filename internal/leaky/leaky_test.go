@@ -239,7 +239,7 @@ func (f *flakyPacer) Reserve(ctx context.Context, n int) (bucket.Reservation, er
 	return f.p.Reserve(ctx, n)
 }
 
-func (f *flakyPacer) Period() time.Duration { return f.p.Period() }
+func (f *flakyPacer) Current() bucket.Limit { return f.p.Current() }
 
 type countObserver struct {
 	mu           sync.Mutex

@@ -12,17 +12,21 @@ import (
 
 // pairScript reserves one slot of a keyed lane (bucket.ReservePair): KEYS[1]
 // is the lane's state (with the prelude's arguments and floor), KEYS[2] the
-// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] and
-// ARGV[8] the key's period and tolerance in ns, ARGV[9] the lateness to carry
-// into the key's state first in ns (stored only with the slot). The key's
-// state has no floor: a key whose state Redis lost starts with a full bucket
-// (at most one burst too many for that key), the lane-wide state is restored
-// as for every lane. It returns {ok, due, key next, lane next, key latest,
-// lane tat', restored} (ns from now).
+// key's; ARGV[4] is the key's allowed lead over the lane in ns, ARGV[7] the
+// prelude's held (the lane's), ARGV[8] and ARGV[9] the key's period and
+// tolerance in ns, ARGV[10] the lateness to carry into the key's state
+// first in ns (stored only with the slot), ARGV[11] the caller's floor of
+// the key's state. Both states are restored from their
+// floors as in the prelude (a key is read by one instance at a time, its
+// claimer, whose floor covers every slot of it: no held slots are added);
+// without a key floor a key whose state Redis lost would start with a full
+// bucket, a burst too many for that key. It returns {ok, due, key next,
+// lane next, key latest, key tat', lane tat', restored} (ns from now; the
+// tats in the state format, the key's empty when it was not written).
 var pairScript = redis.NewScript(prelude + `
-local kperiod = tonumber(ARGV[7])
-local ktau = tonumber(ARGV[8])
-local carry = tonumber(ARGV[9])
+local kperiod = tonumber(ARGV[8])
+local ktau = tonumber(ARGV[9])
+local carry = tonumber(ARGV[10])
 local krel = 0
 local kcur = redis.call('GET', KEYS[2])
 if kcur then
@@ -33,12 +37,28 @@ if kcur then
   krel = (us - now_us) * 1000 + (ns - now_ns)
   if carry > 0 then krel = krel + carry end
 end
+if ARGV[11] ~= '' then
+  local us, ns = parse(ARGV[11])
+  if not us then
+    return redis.error_reply('ERR redisbucket: bad key floor argument ' .. ARGV[11])
+  end
+  local f = (us - now_us) * 1000 + (ns - now_ns)
+  if f > 0 and (not kcur or krel < f) then
+    -- Written back at once, as the lane's state is, so that the next call
+    -- finds it (and counts no second restore) with or without a slot.
+    krel = math.max(f, ktau + kperiod)
+    restored = 1
+    local rttl = math.ceil(krel / 1000000) + extra_ttl
+    if rttl > 1e15 then rttl = 1e15 end
+    redis.call('SET', KEYS[2], state(krel), 'PX', rttl)
+  end
+end
 local el = rel - tau
 if el < 0 then el = 0 end
 local ek = krel - ktau
 if ek < 0 then ek = 0 end
 if ek - el > arg then
-  return {0, '0', num(ek), num(el), '0', tail(rel)}
+  return {0, '0', num(ek), num(el), '0', '', tail(rel)}
 end
 local due = math.max(el, ek)
 local lrel = math.max(rel, due) + period
@@ -46,8 +66,9 @@ local nk = math.max(krel, due) + kperiod
 store(lrel)
 local kttl = math.ceil(nk / 1000000) + extra_ttl
 if kttl > 1e15 then kttl = 1e15 end
-redis.call('SET', KEYS[2], state(nk), 'PX', kttl)
-return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), num(nk - kperiod), tail(lrel)}
+local kstate = state(nk)
+redis.call('SET', KEYS[2], kstate, 'PX', kttl)
+return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), num(nk - kperiod), kstate, tail(lrel)}
 `)
 
 var _ bucket.PairStore = (*Store)(nil)
@@ -67,21 +88,17 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
-	now := ""
-	if s.clock != nil {
-		now = formatNow(s.clock.Now())
-	}
-	laneKey := s.Key(bucket.Key{Lane: k.Lane})
+	lane, laneKey, keyKey := bucket.Key{Lane: k.Lane}, s.Key(bucket.Key{Lane: k.Lane}), s.Key(k)
 	s.calls.Add(1)
-	reply, err := pairScript.Run(ctx, s.client, []string{laneKey, s.Key(k)},
-		now, int64(ll.Period()), int64(ll.Tolerance()), int64(max(ahead, bucket.PairSlack)), s.ttlMs, s.floors.get(laneKey),
-		int64(kl.Period()), int64(kl.Tolerance()), int64(max(carry, 0))).Result()
+	args := append(s.args(lane, laneKey, ll, int64(max(ahead, bucket.PairSlack)), 4),
+		int64(kl.Period()), int64(kl.Tolerance()), int64(max(carry, 0)), s.floors.get(keyKey))
+	reply, err := pairScript.Run(ctx, s.client, []string{laneKey, keyKey}, args...).Result()
 	if err != nil {
 		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
 	}
 	a, ok := reply.([]any)
-	if !ok || len(a) != 7 {
-		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v, want {ok, due, key next, lane next, key latest, tat, restored}", errReply, reply, reply))
+	if !ok || len(a) != 8 {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v, want {ok, due, key next, lane next, key latest, key tat, tat, restored}", errReply, reply, reply))
 	}
 	flag, ok := a[0].(int64)
 	if !ok || (flag != 0 && flag != 1) {
@@ -97,6 +114,16 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 	r.Free = r.OK && r.Due == 0
 	if err := s.see(laneKey, reply, r.LaneNext+ll.Tolerance()); err != nil {
 		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
+	}
+	// The key's floor: its new tat, written only with a slot.
+	if kstate, ok := a[5].(string); !ok {
+		return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %T %v as the key's tat, want a string", errReply, a[5], a[5]))
+	} else if kstate != "" {
+		ns, ok := parseState(kstate)
+		if !ok {
+			return bucket.PairReservation{}, s.fail("reserve-pair", k, fmt.Errorf("%w %q as the key's tat, want µs.nnn", errReply, kstate))
+		}
+		s.floors.raise(keyKey, ns, kstate, r.KeyLatest+kl.Period())
 	}
 	return r, nil
 }
