@@ -39,6 +39,12 @@ func newBareQueue(t testing.TB) (*queue.Queue, *nats.Conn) {
 // bareQueueOn is newBareQueue on the server at url.
 func bareQueueOn(t testing.TB, url string) (*queue.Queue, *nats.Conn) {
 	t.Helper()
+	return bareQueueWith(t, url, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20})
+}
+
+// bareQueueWith is bareQueueOn with the retry stream of rc.
+func bareQueueWith(t testing.TB, url string, rc queue.RetryConfig) (*queue.Queue, *nats.Conn) {
+	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +55,7 @@ func bareQueueOn(t testing.TB, url string) (*queue.Queue, *nats.Conn) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1000, MaxBytes: 1 << 20}); err != nil {
+	if err := q.EnsureRetries(ctx, rc); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {

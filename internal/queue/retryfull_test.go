@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/testenv"
 )
@@ -15,22 +14,8 @@ import (
 // full: a delayed job due in an hour waits in it.
 func fullRetryQueue(t *testing.T) *queue.Queue {
 	t.Helper()
-	nc, err := nats.Connect(testenv.StartNATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	q, err := queue.New(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, _ := bareQueueWith(t, testenv.StartNATS(t).ClientURL(), queue.RetryConfig{MaxMsgs: 1, MaxBytes: 1 << 20})
 	ctx := context.Background()
-	if err := q.EnsureRetries(ctx, queue.RetryConfig{MaxMsgs: 1, MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.EnsureDeadLetters(ctx, queue.DeadConfig{MaxBytes: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	if err := q.EnsureLane(ctx, spec()); err != nil {
 		t.Fatal(err)
 	}
