@@ -84,20 +84,7 @@ func TestHeldLaneResumedDrainsEveryJobOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		l.Run(runCtx, runCtx)
-	}()
-	defer func() {
-		stop()
-		select {
-		case <-ran:
-		case <-time.After(within):
-			t.Errorf("the lane still ran %v after it was stopped", within)
-		}
-	}()
+	defer runLane(t, ctx, l, within)()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -156,5 +143,25 @@ func TestHeldLaneResumedDrainsEveryJobOnce(t *testing.T) {
 	mu.Unlock()
 	if ci := info(); ci.Delivered.Consumer != n || ci.NumRedelivered != 0 {
 		t.Errorf("JetStream delivered %d times (%d redelivered) for %d jobs: some jobs twice", ci.Delivered.Consumer, ci.NumRedelivered, n)
+	}
+}
+
+// runLane runs l until the function it returns is called, which stops it
+// and waits for its Run to return, at most within.
+func runLane(t *testing.T, ctx context.Context, l *Lane, within time.Duration) func() {
+	t.Helper()
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		l.Run(runCtx, runCtx)
+	}()
+	return func() {
+		stop()
+		select {
+		case <-ran:
+		case <-time.After(within):
+			t.Errorf("the lane still ran %v after it was stopped", within)
+		}
 	}
 }

@@ -55,16 +55,7 @@ func TestPauseIsWrittenAtTheSlowedRate(t *testing.T) {
 	if _, err := q.Publish(ctx, queue.Job{ID: "j1", Lane: "demo", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		l.Run(runCtx, runCtx)
-	}()
-	defer func() {
-		stop()
-		<-ran
-	}()
+	defer runLane(t, ctx, l, 10*time.Second)()
 	testenv.Eventually(t, 10*time.Second, "the 429 to be settled", func() bool {
 		return answered.Load() == 1 && l.EffectiveLimit().Rate == 5
 	})
