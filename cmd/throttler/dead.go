@@ -155,7 +155,7 @@ func (e *cliEnv) deadList(ctx context.Context, lane string, after uint64, limit 
 			key = "-"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", d.Seq, d.ID, key, d.Attempts, status,
-			d.DeadAt.UTC().Format(time.RFC3339), d.Size, d.Reason)
+			d.DeadAt.UTC().Format(time.RFC3339), d.Size, cell(d.Reason))
 	}
 	return tw.Flush()
 }

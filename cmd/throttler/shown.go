@@ -47,3 +47,9 @@ func needsEscape(s string) bool {
 func unsafeRune(r rune) bool {
 	return r < 0x20 && r != '\n' && r != '\t' || r >= 0x7f && r <= 0x9f
 }
+
+// cell is shown for a column of a table: a tab and a newline are escaped
+// too, so that neither moves the columns or rows after it.
+func cell(s string) string { return cellEscapes.Replace(shown(s)) }
+
+var cellEscapes = strings.NewReplacer("\t", `\t`, "\n", `\n`)

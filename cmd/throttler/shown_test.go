@@ -62,6 +62,20 @@ func TestShown(t *testing.T) {
 	}
 }
 
+// TestCell: a table cell escapes what shown does, and tabs and newlines,
+// which would move the columns and rows after it.
+func TestCell(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"a\tb\nc", `a\tb\nc`},
+		{"\x1b[2J", `\x1b[2J`},
+	} {
+		if got := cell(c.in); got != c.want {
+			t.Errorf("cell(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
 // TestDeadShowPrintsTheRequest: `throttler dead show` prints every field
 // of the dead letter (docs/CLI.md), the job's request shape included:
 // its method, path, URL, the names of its forwarded headers and its

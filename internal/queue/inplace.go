@@ -12,8 +12,8 @@ package queue
 // instance's: a job that goes to another instance meanwhile starts there
 // from its message's count (at worst max_attempts on each instance). An
 // entry leaves when its job leaves the lane here (done, its retry copy or
-// dead letter stored); at most maxInPlace are kept, the oldest dropped
-// first (a job another instance settled).
+// dead letter stored); at most maxInPlace are kept, any one dropped to make
+// room (most likely a job another instance settled).
 
 // maxInPlace bounds the counts a consumer keeps.
 const maxInPlace = 10_000
@@ -27,11 +27,13 @@ func (c *Consumer) failedInPlace(seq uint64, attempts int) {
 		c.inPlace = map[uint64]int{}
 	}
 	if _, ok := c.inPlace[seq]; !ok && len(c.inPlace) >= maxInPlace {
-		oldest := seq
+		// Full (jobs other instances settled meanwhile): one entry
+		// goes, whichever the map gives first, in O(1) under the
+		// consumer's lock.
 		for s := range c.inPlace {
-			oldest = min(oldest, s)
+			delete(c.inPlace, s)
+			break
 		}
-		delete(c.inPlace, oldest)
 	}
 	c.inPlace[seq] = attempts
 	c.inPlaceN.Store(int64(len(c.inPlace)))
