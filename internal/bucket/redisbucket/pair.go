@@ -47,7 +47,8 @@ if ARGV[11] ~= '' then
     -- Written back at once, as the lane's state is, so that the next call
     -- finds it (and counts no second restore) with or without a slot.
     krel = math.max(f, ktau + kperiod)
-    restored = 1
+    -- The key's restore is told apart from the lane's (1): 2.
+    restored = restored + 2
     local rttl = math.ceil(krel / 1000000) + extra_ttl
     if rttl > 1e15 then rttl = 1e15 end
     redis.call('SET', KEYS[2], state(krel), 'PX', rttl)
@@ -112,6 +113,14 @@ func (s *Store) ReservePair(ctx context.Context, k bucket.Key, ll, kl bucket.Lim
 		}
 	}
 	r.Free = r.OK && r.Due == 0
+	// The restored flag: 1 the lane's state, 2 the key's, 3 both. see
+	// reads the lane's; the key's is told here, under the key's name.
+	if flag, ok := a[7].(int64); ok && flag >= 2 && flag <= 3 {
+		a[7] = flag - 2
+		s.floors.restored.Add(1)
+		s.log.Warn("key state missing in Redis although this instance saw it ahead of now: Redis lost data "+
+			"(a restart without persistence, a failover?); restored as an empty bucket", "key", keyKey)
+	}
 	if err := s.see(laneKey, reply, r.LaneNext+ll.Tolerance()); err != nil {
 		return bucket.PairReservation{}, s.fail("reserve-pair", k, err)
 	}

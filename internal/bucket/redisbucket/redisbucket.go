@@ -177,9 +177,10 @@ func New(client redis.Scripter, cfg Config) *Store {
 	return s
 }
 
-// Restored is the number of calls that found a key missing although this
-// store had seen its tat ahead of now: Redis had lost the state (see the
-// package doc), and the script restored it as an empty bucket.
+// Restored is the number of states (a lane's, a key's of a keyed lane)
+// found missing although this store had seen their tat ahead of now: Redis
+// had lost them (see the package doc), and the script restored each as an
+// empty bucket. A call that restored both counts two.
 func (s *Store) Restored() uint64 { return s.floors.restored.Load() }
 
 // Key is the Redis key that holds k's state: "<prefix>:{<lane>}:gcra" for a
