@@ -31,25 +31,7 @@ func TestRecordOfAnAnswerThatEscapesLong(t *testing.T) {
 		_, _ = fmt.Fprint(w, answer)
 	}))
 	t.Cleanup(target.Close)
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
-  - name: demo
-    rate: 50
-    burst: 5
-    results: {keep: 1h, max_body: 32KiB, max_wait: 20s}
-    target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.URL)
-	cfg, err := config.Parse("size.yaml", []byte(y), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry())
-	servicetest.Run(t, svc)
+	svc := resultsLane(t, `{keep: 1h, max_body: 32KiB, max_wait: 20s}`, target.URL)
 	c := callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs?wait=15s", "escapes-1", "x")
 	if c.code != http.StatusOK || string(c.body) != answer || c.header.Get("Throttle-Job-State") != "delivered" {
 		t.Fatalf("waited answer: %d %s, %d bytes; want 200 delivered with the target's %d bytes", c.code, c.header.Get("Throttle-Job-State"), len(c.body), len(answer))
@@ -74,6 +56,23 @@ func TestRecordOfAnswerHeadersThatEscapeLong(t *testing.T) {
 		_, _ = fmt.Fprint(w, "ok")
 	}))
 	t.Cleanup(target.Close)
+	svc := resultsLane(t, `{keep: 1h, max_body: 0, max_wait: 20s, headers: [X-Big, X-Small]}`, target.URL)
+	c := callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs?wait=15s", "headers-1", "x")
+	if c.code != http.StatusOK || c.header.Get("Throttle-Job-State") != "delivered" {
+		t.Fatalf("waited answer: %d %q; want 200 delivered", c.code, c.header.Get("Throttle-Job-State"))
+	}
+	code, rec := getRecord(t, svc.Addr(), "demo", "headers-1")
+	if code != http.StatusOK || rec.State != api.StateDelivered || rec.Response == nil ||
+		rec.Response.Headers["X-Small"] != "kept" || rec.Response.Headers["Content-Type"] != "text/plain" || rec.Response.Headers["X-Big"] != "" {
+		t.Fatalf("record: %d %+v; want delivered with Content-Type and X-Small, without X-Big", code, rec)
+	}
+}
+
+// resultsLane runs one instance with lane demo (50/s, burst 5) keeping
+// records with results (a YAML flow mapping), delivering to target, on a
+// nats-server and a Redis of its own.
+func resultsLane(t *testing.T, results, target string) *service.Service {
+	t.Helper()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	y := fmt.Sprintf(`listen: 127.0.0.1:0
@@ -84,22 +83,14 @@ lanes:
   - name: demo
     rate: 50
     burst: 5
-    results: {keep: 1h, max_body: 0, max_wait: 20s, headers: [X-Big, X-Small]}
+    results: %s
     target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.URL)
+`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), results, target)
 	cfg, err := config.Parse("size.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry())
 	servicetest.Run(t, svc)
-	c := callJob(t, "POST", "http://"+svc.Addr()+"/v1/lanes/demo/jobs?wait=15s", "headers-1", "x")
-	if c.code != http.StatusOK || c.header.Get("Throttle-Job-State") != "delivered" {
-		t.Fatalf("waited answer: %d %q; want 200 delivered", c.code, c.header.Get("Throttle-Job-State"))
-	}
-	code, rec := getRecord(t, svc.Addr(), "demo", "headers-1")
-	if code != http.StatusOK || rec.State != api.StateDelivered || rec.Response == nil ||
-		rec.Response.Headers["X-Small"] != "kept" || rec.Response.Headers["Content-Type"] != "text/plain" || rec.Response.Headers["X-Big"] != "" {
-		t.Fatalf("record: %d %+v; want delivered with Content-Type and X-Small, without X-Big", code, rec)
-	}
+	return svc
 }
