@@ -287,16 +287,7 @@ func TestATakenIDGivesNoJobAway(t *testing.T) {
 	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
-	var mu sync.Mutex
-	got := map[string][]string{}
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		got[r.Header.Get("Idempotency-Key")] = append(got[r.Header.Get("Idempotency-Key")], string(b))
-		mu.Unlock()
-		_, _ = fmt.Fprintf(w, "answer to %s", b)
-	}))
-	t.Cleanup(target.Close)
+	target := newAnsweringTarget(t)
 	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 	const a, b, ops = "secret-a", "secret-b", "secret-ops"
@@ -343,15 +334,11 @@ func TestATakenIDGivesNoJobAway(t *testing.T) {
 		t.Fatalf("resume: %d %s", c.code, c.body)
 	}
 	testenv.Eventually(t, 20*time.Second, "a's job and the NATS job delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got[acc.ID]) == 1 && len(got["n-7"]) == 1
+		return len(target.bodies(acc.ID)) == 1 && len(target.bodies("n-7")) == 1
 	})
-	mu.Lock()
-	if got[acc.ID][0] != "a's secret work" || got["n-7"][0] != "nats work" {
-		t.Errorf("delivered: %q", got)
+	if a, n := target.bodies(acc.ID), target.bodies("n-7"); a[0] != "a's secret work" || n[0] != "nats work" {
+		t.Errorf("delivered: %q and %q", a, n)
 	}
-	mu.Unlock()
 	testenv.Eventually(t, 10*time.Second, "the NATS job's record delivered, no owner", func() bool {
 		c := asKey(t, ops, "GET", base+"/n-7", "")
 		return c.code == http.StatusOK && strings.Contains(string(c.body), `"delivered"`) && !strings.Contains(string(c.body), `"owner"`)
@@ -377,20 +364,7 @@ func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
 	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
-	var mu sync.Mutex
-	got := map[string][]string{}
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		got[r.Header.Get("Idempotency-Key")] = append(got[r.Header.Get("Idempotency-Key")], string(b))
-		mu.Unlock()
-		if string(b) == "die" {
-			http.Error(w, "refused", http.StatusBadRequest)
-			return
-		}
-		_, _ = fmt.Fprintf(w, "answer to %s", b)
-	}))
-	t.Cleanup(target.Close)
+	target := newAnsweringTarget(t)
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(receiver.Close)
 	y := ownerHead(t, natsSrv.ClientURL(), "1s", redis.URL()) + fmt.Sprintf(`lanes:
@@ -438,9 +412,7 @@ func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
 		t.Errorf("a's record x after an admin replayed b's dead letter x: %s\nbefore: %s\nwant it unchanged", after.body, before.body)
 	}
 	testenv.Eventually(t, 20*time.Second, "b's replayed job delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got["x"]) == 3
+		return len(target.bodies("x")) == 3
 	})
 }
 
@@ -455,11 +427,7 @@ func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
 	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		_, _ = fmt.Fprintf(w, "answer to %s", b)
-	}))
-	t.Cleanup(target.Close)
+	target := newAnsweringTarget(t)
 	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 	const a, ops = "secret-a", "secret-ops"
@@ -510,15 +478,7 @@ func TestNATSMsgIDCannotTakeAPublishedJobsID(t *testing.T) {
 	t.Parallel()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
-	var mu sync.Mutex
-	got := map[string]string{}
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		got[r.Header.Get("Idempotency-Key")] = string(b)
-		mu.Unlock()
-	}))
-	t.Cleanup(target.Close)
+	target := newAnsweringTarget(t)
 	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 	const ops = "secret-ops"
@@ -539,11 +499,42 @@ func TestNATSMsgIDCannotTakeAPublishedJobsID(t *testing.T) {
 		t.Fatalf("the victim's job stored at %d, want %d", at, seq+2)
 	}
 	testenv.Eventually(t, 10*time.Second, "the victim's job delivered as "+next, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return got[next] == "victim"
+		return slices.Equal(target.bodies(next), []string{"victim"})
 	})
 	if !expired(squatter) {
 		t.Errorf("the squatter's job is not expired under %s", squatter)
 	}
+}
+
+// answeringTarget is the owner tests' target: it keeps the bodies it got
+// by Idempotency-Key and answers "answer to <body>", but refuses the body
+// "die" (400, a dead letter).
+type answeringTarget struct {
+	*httptest.Server
+	mu  sync.Mutex
+	got map[string][]string
+}
+
+func newAnsweringTarget(t *testing.T) *answeringTarget {
+	a := &answeringTarget{got: map[string][]string{}}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		a.mu.Lock()
+		a.got[r.Header.Get("Idempotency-Key")] = append(a.got[r.Header.Get("Idempotency-Key")], string(b))
+		a.mu.Unlock()
+		if string(b) == "die" {
+			http.Error(w, "refused", http.StatusBadRequest)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "answer to %s", b)
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+// bodies are the bodies delivered under id, in order.
+func (a *answeringTarget) bodies(id string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.got[id])
 }
