@@ -698,8 +698,10 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 		if sub.wait > 0 {
 			h.dropBody(&sub, &job)
 		}
-		if sub.wait > 0 && h.awaitAnswer(w, r, job, &sub) {
-			return
+		if sub.wait > 0 {
+			if answered, _ := h.awaitAnswer(w, r, job, &sub); answered {
+				return
+			}
 		}
 	}
 	w.WriteHeader(http.StatusAccepted)

@@ -514,16 +514,17 @@ func (h *Handler) undoRecord(job queue.Job, s *submission) {
 
 // awaitAnswer holds a waited submission until its job settles and answers
 // it (true), or answers nothing when the wait runs out (false: the usual
-// 202 follows).
-func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.Job, s *submission) bool {
+// 202 follows). last is the record the wait read last, when it read one
+// (the caller sees it).
+func (h *Handler) awaitAnswer(w http.ResponseWriter, r *http.Request, job queue.Job, s *submission) (answered bool, last api.JobRecord) {
 	ctx, cancel := h.waitContext(r.Context(), s.wait)
 	defer cancel()
 	rec, settled := h.cfg.Records.Wait(ctx, s.ch, job.Lane, job.ID, h.viewerOf(r), waitPoll)
 	if !settled {
-		return false
+		return false, rec
 	}
 	writeAnswer(w, rec)
-	return true
+	return true, rec
 }
 
 // waitContext bounds a held request's wait by d and by the instance

@@ -109,10 +109,11 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 		setLocation(w, name, job.ID)
 		if sub.wait > 0 {
 			h.dropBody(sub, &job)
-			if h.awaitAnswer(w, r, job, sub) {
+			answered, last := h.awaitAnswer(w, r, job, sub)
+			if answered {
 				return
 			}
-			out = h.afterWait(r, job, out)
+			out = h.afterWait(r, job, out, last)
 		}
 	}
 	w.Header().Set("Content-Type", jsonContentType)
@@ -127,9 +128,14 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 
 // afterWait is the answer of a delayed job whose wait ran out: its state
 // as its record says now (it may have entered its lane, or started), and
-// the time left until it is due (0 once due).
-func (h *Handler) afterWait(r *http.Request, job queue.Job, out api.Accepted) api.Accepted {
+// the time left until it is due (0 once due). last is the record the wait
+// read last; only a wait that read none reads it again.
+func (h *Handler) afterWait(r *http.Request, job queue.Job, out api.Accepted, last api.JobRecord) api.Accepted {
 	out.ETAMillis = max(time.Until(job.NotBefore), 0).Milliseconds()
+	if last.ID != "" {
+		out.State = last.State
+		return out
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
 	defer cancel()
 	if rec, _, err := h.cfg.Records.Get(ctx, job.Lane, job.ID); err == nil && h.viewerOf(r).Sees(rec) {
