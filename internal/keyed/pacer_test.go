@@ -82,6 +82,19 @@ func (r *memReader) add(key, id string) *memJob {
 	return j
 }
 
+// waitReads waits until Next has read the stream n times.
+func (r *memReader) waitReads(n int) {
+	for {
+		r.mu.Lock()
+		got := r.reads
+		r.mu.Unlock()
+		if got >= n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // remove takes a settled job out of the stream.
 func (r *memReader) remove(id string) {
 	r.mu.Lock()
@@ -758,9 +771,15 @@ func TestPacerTakeRefusedAfterRequeue(t *testing.T) {
 	if got := h.step(0); got.started != "a1" {
 		t.Fatalf("first step: %+v", got)
 	}
-	// a1 goes back to wait in place while the step reserves for a2.
+	// a1 goes back to wait in place while the step reserves for a2: after
+	// the step read a2 (the lease is taken on a goroutine of its own, which
+	// may run before the read, and the step would then read a1 again).
+	h.r.mu.Lock()
+	reads := h.r.reads
+	h.r.mu.Unlock()
 	h.leases.onTake = func(key string) {
 		h.leases.onTake = nil
+		h.r.waitReads(reads + 1)
 		h.mu.Lock()
 		delete(h.done, "a1")
 		h.mu.Unlock()
