@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/throttler/throttler/api"
+	"github.com/throttler/throttler/internal/admission"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -85,6 +86,10 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 			return
 		}
 	}
+	// Without records an Idempotency-Key is JetStream's de-duplication:
+	// the id is claimed in the lane's stream, where a job without a delay
+	// is stored under it.
+	job.ClaimID = given && !keeps
 	res, err := h.cfg.Scheduler.Schedule(r.Context(), job)
 	if err != nil {
 		h.undoRecord(job, sub)
@@ -102,8 +107,12 @@ func (h *Handler) submitScheduled(w http.ResponseWriter, r *http.Request, name s
 	h.cfg.Metrics.Submitted.WithLabelValues(name, state, "http").Inc()
 	// The lane's bucket as it is now, for the rate-limit headers; the job
 	// takes nothing from it until it enters the lane.
-	if dec, err := h.cfg.Admitter.Decide(r.Context(), lane.Admission, job.Key); err == nil {
+	dec, derr := h.cfg.Admitter.Decide(r.Context(), lane.Admission, job.Key)
+	if derr == nil {
 		setRateHeaders(w.Header(), r, name, dec)
+	}
+	if res.Queued {
+		out.State, out.ETAMillis = h.queuedDuplicate(r.Context(), name, lane, job, res.Seq, dec, derr == nil)
 	}
 	if keeps {
 		setLocation(w, name, job.ID)
@@ -209,6 +218,7 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 			return
 		}
 	}
+	job.ClaimID = it.given && !keeps // as a single submission's
 	res, err := h.cfg.Scheduler.Schedule(ctx, job)
 	if err != nil {
 		h.undoRecord(job, &rec)
@@ -217,12 +227,32 @@ func (h *Handler) storeDelayedItem(ctx context.Context, name string, lane Lane, 
 	}
 	*out = api.BatchResult{Status: http.StatusAccepted, ID: job.ID, State: api.StateScheduled, Duplicate: res.Duplicate,
 		ETAMillis: max(time.Until(job.NotBefore), 0).Milliseconds()}
+	if res.Queued {
+		dec, err := h.cfg.Admitter.Decide(ctx, lane.forKey(job.Key), job.Key)
+		out.State, out.ETAMillis = h.queuedDuplicate(ctx, name, lane, job, res.Seq, dec, err == nil)
+	}
 	if res.Duplicate {
 		counts["duplicate"]++
 		return
 	}
 	h.answers.put(name, job.ID, out.State)
 	counts[string(out.State)]++
+}
+
+// queuedDuplicate is the state and eta_ms of a delayed submission whose id
+// names a job stored in its lane without a delay, at seq
+// (queue.PubResult.Queued): as a resubmission of that job without a delay
+// is answered, its first answer's state, else queued with its eta afresh
+// (from dec, when decided).
+func (h *Handler) queuedDuplicate(ctx context.Context, name string, lane Lane, job queue.Job, seq uint64, dec admission.Decision, decided bool) (api.JobState, int64) {
+	state := api.StateQueued
+	if first, ok := h.answers.get(name, job.ID); ok {
+		state = first
+	}
+	if state != api.StateQueued || !decided {
+		return state, 0
+	}
+	return state, h.eta(ctx, dec, lane, name, job.Key, seq).Milliseconds()
 }
 
 // scheduledRecord creates the record of a delayed job, scheduled, before

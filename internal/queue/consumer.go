@@ -239,7 +239,14 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	if lerr == nil {
 		msg.maxAge = ls.spec.MaxAge
 	}
-	if internal, _, _ := subjectKey(c.lane, m.Subject()); !internal && lerr == nil {
+	internal, _, _ := subjectKey(c.lane, m.Subject())
+	if internal && m.Headers().Get(headerClaim) != "" {
+		// A delayed job's claim on its id (schedule.go), fetched
+		// before its writer deleted it: no job.
+		_ = m.Ack()
+		return nil
+	}
+	if !internal && lerr == nil {
 		applyPublicSchedule(&msg.job, m.Headers(), meta.Timestamp, ls.spec.MaxDelay)
 		if reason := poisonReason(ls.spec, msg.job, false); reason != "" {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*publishTimeout)

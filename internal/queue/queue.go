@@ -252,6 +252,11 @@ type Job struct {
 	// public subject cannot be used (the job is poison); nil otherwise.
 	// Not stored.
 	ScheduleErr error
+	// ClaimID, on a delayed job given to Schedule, also claims its id in
+	// its lane's stream (schedule.go), so that the lane's de-duplication
+	// sees it as it sees a job stored without a delay: for an id its
+	// submitter chose, on a lane that keeps no job records. Not stored.
+	ClaimID bool
 }
 
 // PubResult is JetStream's answer to a publish.
@@ -260,6 +265,9 @@ type PubResult struct {
 	// Duplicate: a job with the same id is already stored (or was within
 	// the dedup window); nothing new was queued.
 	Duplicate bool
+	// Queued, on a duplicate answered by Schedule: the job of that id was
+	// stored in its lane without a delay, at Seq of the lane's stream.
+	Queued bool
 }
 
 // Queue publishes jobs and hands out consumers. Safe for concurrent use.

@@ -256,8 +256,14 @@ func (q *Queue) SetScheduleHook(h ScheduleHook) {
 // the tail of the lane. Its msg id is the job id's within the retry
 // stream's de-duplication window: a resubmission with the same id stores
 // nothing new (Duplicate).
+//
+// With job.ClaimID, the id is also claimed in the lane's stream (claimID):
+// an id stored there first, by a job without a delay, makes this one a
+// duplicate of it (Duplicate and Queued, Seq its place in the lane), and a
+// job without a delay submitted after it is a duplicate of this one.
 func (q *Queue) Schedule(ctx context.Context, job Job) (PubResult, error) {
-	if _, err := q.lane(job.Lane); err != nil {
+	ls, err := q.lane(job.Lane)
+	if err != nil {
 		return PubResult{}, err
 	}
 	if job.NotBefore.IsZero() {
@@ -268,12 +274,77 @@ func (q *Queue) Schedule(ctx context.Context, job Job) (PubResult, error) {
 	if err != nil {
 		return PubResult{}, err
 	}
-	if !ack.Duplicate {
+	res := PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}
+	if job.ClaimID {
+		if res, err = q.claimID(ctx, ls, job, res); err != nil {
+			return PubResult{}, err
+		}
+	}
+	if !res.Duplicate {
 		if h := q.hook.get(); h != nil {
 			h.Scheduled(job.Lane, job.ID, job.NotBefore, job.Reply)
 		}
 	}
-	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+	return res, nil
+}
+
+// headerClaim marks a claim of a delayed job's id in its lane's stream
+// (claimID): a message with no job, on the lane's internal subject
+// without a key. Set only by the throttler; a drain that fetches one acks
+// it and starts nothing.
+const headerClaim = "Throttler-Claim"
+
+// claimID claims the id of job, a delayed job whose copy is stored in the
+// retry stream (stored: that store's answer), in its lane's stream, where
+// a job of that id submitted without a delay is stored: a message with no
+// job under the id as its msg id, deleted at once. JetStream remembers the
+// id for the lane's de-duplication window after the message is gone, so
+// the lane's stream de-duplicates a job id whichever way it came:
+//
+//   - the claim is new: no job of the id was stored in the lane within the
+//     window, and one submitted after it without a delay is a duplicate;
+//   - the claim is a duplicate and the copy was new: a job of the id was
+//     stored in the lane first, without a delay. The copy is deleted (the
+//     retry stream still remembers its msg id, so a delayed resubmission
+//     stays a duplicate too) and the answer is that job's (Queued);
+//   - the copy was a duplicate: the id's delayed job is stored; a claim
+//     stored now stands in for one its store did not make.
+//
+// A claim that cannot be stored (the lane at its max_backlog, NATS away)
+// leaves the delayed job stored without it, as it was stored before
+// claims: its answer is its store's, and the miss is logged. A copy that
+// cannot be deleted is an error: the job may be stored twice.
+func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubResult) (PubResult, error) {
+	subject := InternalSubject(job.Lane, "")
+	claim := &nats.Msg{Subject: subject, Header: nats.Header{
+		jetstream.MsgIDHeader: []string{job.ID},
+		headerClaim:           []string{"1"},
+	}}
+	ack, err := q.publish(ctx, subject, claim)
+	switch {
+	case err != nil:
+		q.log.Warn("a delayed job is stored without its claim on its id in its lane: the same id submitted without a delay within the dedup window would be stored again",
+			"lane", job.Lane, "id", job.ID, "err", err)
+		return stored, nil
+	case !ack.Duplicate:
+		// The claim is its msg id; the message goes at once. (On a
+		// lane without keys a drain may have taken and acked it.)
+		if err := ls.stream.DeleteMsg(ctx, ack.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			q.log.Warn("deleting the claim of a delayed job's id failed; it takes a place in its lane until deleted",
+				"lane", job.Lane, "id", job.ID, "seq", ack.Sequence, "err", err)
+		}
+		return stored, nil
+	case stored.Duplicate:
+		return stored, nil
+	}
+	q.mu.Lock()
+	st := q.retry
+	q.mu.Unlock()
+	if err := st.DeleteMsg(ctx, stored.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return PubResult{}, fmt.Errorf("%w: lane %s: %s is stored without a delay, and its delayed copy %d could not be deleted: %v",
+			ErrUnavailable, job.Lane, job.ID, stored.Seq, err)
+	}
+	return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
 }
 
 // scheduledMsgID is the msg id of a delayed job submitted over HTTP. It

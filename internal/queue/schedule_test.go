@@ -313,3 +313,64 @@ func TestPublicJobDelayHeaders(t *testing.T) {
 		t.Fatalf("bad job's dead letter reason %q, want it to name Throttle-Delay", r)
 	}
 }
+
+// TestClaimedIDOneJobWhateverTheDelay: a delayed job stored with ClaimID
+// claims its id in its lane's stream, so that the lane's de-duplication
+// sees one job whatever the delay: a job of that id published after it is
+// a duplicate; a delayed job whose id a job without a delay holds already
+// is a duplicate of that one (Queued, its place in the lane), and its copy
+// is taken out of the retry stream again; the same id delayed again is a
+// duplicate. The claims leave the lane's stream at once, and a drain that
+// fetches one anyway acks it and hands out the job after it instead.
+func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, nc := newQueue(t, s)
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour)
+	if res, err := q.Schedule(ctx, queue.Job{ID: "a", Lane: "demo", Payload: []byte("x"), NotBefore: later, ClaimID: true}); err != nil || res.Duplicate {
+		t.Fatalf("schedule a: %+v %v", res, err)
+	}
+	if res, err := q.Publish(ctx, queue.Job{ID: "a", Lane: "demo", Payload: []byte("x")}); err != nil || !res.Duplicate {
+		t.Fatalf("a without a delay after the delayed a: %+v %v, want a duplicate", res, err)
+	}
+	if res, err := q.Schedule(ctx, queue.Job{ID: "a", Lane: "demo", Payload: []byte("x"), NotBefore: later.Add(time.Hour), ClaimID: true}); err != nil || !res.Duplicate || res.Queued {
+		t.Fatalf("a delayed again: %+v %v, want a duplicate of the delayed a", res, err)
+	}
+	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
+	if err != nil || first.Duplicate {
+		t.Fatalf("publish b: %+v %v", first, err)
+	}
+	res, err := q.Schedule(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later, ClaimID: true})
+	if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+		t.Fatalf("b delayed after b without a delay: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+	}
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 1 {
+		t.Fatalf("retry stream holds %d (%v), want only the delayed a", w, err)
+	}
+	if n := laneStored(t, q); n != 1 {
+		t.Fatalf("the lane holds %d messages, want b only (claims are deleted)", n)
+	}
+	// A claim a drain fetches before it is deleted is no job.
+	claim := nats.NewMsg(queue.InternalSubject("demo", ""))
+	claim.Header.Set(jetstream.MsgIDHeader, "c")
+	claim.Header.Set("Throttler-Claim", "1")
+	js, _ := jetstream.New(nc)
+	if _, err := js.PublishMsg(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Publish(ctx, queue.Job{ID: "d", Lane: "demo", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer(t, q, "demo")
+	for _, want := range []string{"b", "d"} {
+		m := nextJob(t, c, want)
+		if m.Job().ID != want {
+			t.Fatalf("got job %q, want %q", m.Job().ID, want)
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the claim acked, the lane empty", func() bool { return laneStored(t, q) == 0 })
+}
