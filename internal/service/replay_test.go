@@ -92,7 +92,7 @@ lanes:
 // refused them are replayed after it recovered, on an instance restarted
 // with fewer callback URL prefixes and reply subjects. A replayed job's
 // settled record goes again to its callback (a new Idempotency-Key,
-// <lane>.<id>.callback-1, signed) and to its Throttle-Reply subject; its
+// <lane>.<id>.callback-<seq> named by its dead letter, signed) and to its Throttle-Reply subject; its
 // record is queued from the replay on, counts the replay and keeps the
 // attempts before it. A callback or reply subject the lane no longer
 // allows gets nothing: the callback is not sent, the NATS job is
@@ -195,8 +195,8 @@ func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 		rec.Response == nil || rec.Response.Status != http.StatusCreated {
 		t.Fatalf("cb-1's callback after its replay: %v %q", err, k.body)
 	}
-	if got := k.header.Get("Idempotency-Key"); got != "demo.cb-1.callback-1" {
-		t.Errorf("the replay's callback: Idempotency-Key %q, want demo.cb-1.callback-1", got)
+	if got, want := k.header.Get("Idempotency-Key"), fmt.Sprintf("demo.cb-1.callback-%d", deadSeq["cb-1"]); got != want {
+		t.Errorf("the replay's callback: Idempotency-Key %q, want %s (the dead letter's sequence)", got, want)
 	}
 	testenv.Eventually(t, 10*time.Second, "nats-1's second reply", func() bool { return len(heard.of(t, "replies.shop.n1")) == 2 })
 	if got := heard.of(t, "replies.shop.n1")[1]; got.ID != "nats-1" || got.State != api.StateDelivered || got.Replays != 1 || got.Reply != "replies.shop.n1" {
