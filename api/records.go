@@ -62,9 +62,15 @@ type JobRecord struct {
 	// (Throttle-Reply on a job published over NATS); empty for none.
 	Reply string `json:"reply,omitempty"`
 	// Replays counts the times the job was replayed from the dead
-	// letters while this record was kept; 0 for none. Each replay's
-	// settled record is a callback of its own (a new Idempotency-Key).
+	// letters while this record was kept; 0 for none. It starts again
+	// when the record expires between two replays.
 	Replays int `json:"replays,omitempty"`
+	// ReplayedFrom is the sequence of the dead letter the job was last
+	// replayed from (GET /v1/lanes/{lane}/dead/{seq}); 0 for a job never
+	// replayed. It names the replay's callback (a new Idempotency-Key,
+	// <lane>.<id>.callback-<seq>): a sequence of the dead letters is
+	// never used twice, so it outlives the record, as Replays does not.
+	ReplayedFrom uint64 `json:"replayed_from,omitempty"`
 	// Owner is the id of the API key that submitted the job over HTTP
 	// when the server takes API keys (auth.keys); empty for a job
 	// published over NATS and for every job of a server without keys.

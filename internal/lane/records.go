@@ -107,7 +107,8 @@ func (l *Lane) claim(dctx context.Context, msg *queue.Msg, replyOK bool) (record
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(dctx), settleTimeout)
 	defer cancel()
 	c, err := l.d.Records.Start(ctx, records.Attempt{Lane: l.cfg.Name, ID: job.ID, Key: job.Key, Hint: job.RecordRev,
-		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback, Reply: reply, Owner: job.Owner})
+		Fresh: job.RecordRev == 0 && job.Attempts == 0 && msg.FirstDelivery(), Stored: msg.EnqueuedAt(), Now: l.d.Clock.Now(), Callback: job.Callback, Reply: reply, Owner: job.Owner,
+		ReplayedFrom: job.ReplayedFrom})
 	switch {
 	case err == nil:
 		l.recWrites.claimOK.Inc()

@@ -249,8 +249,10 @@ func (q *Queue) SetReplayHook(h ReplayHook) {
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
 // keeps its id, trace context, destination, callback, reply subject,
-// expiry and owner; a job whose expiry has passed is not replayed
-// (ErrReplayExpired). Its not-before time is not kept: it started once.
+// expiry and owner, and carries seq (Job.ReplayedFrom), which names its
+// settled record's callback (CallbackID); a job whose expiry has passed is
+// not replayed (ErrReplayExpired). Its not-before time is not kept: it
+// started once.
 func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
 	d, shape, err := q.getDead(ctx, lane, seq)
 	if err != nil {
@@ -264,13 +266,13 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	q.mu.Unlock()
 	undo := func() {}
 	if hook != nil {
-		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback, Owner: shape.owner}); err != nil {
+		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback, Owner: shape.owner, Seq: seq}); err != nil {
 			return d, fmt.Errorf("%w: the record of %s: %w", ErrUnavailable, d.ID, err)
 		}
 	}
 	if err := q.republish(ctx, Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: shape.trace, Dest: shape.dest,
-		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires, Owner: shape.owner,
+		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires, Owner: shape.owner, ReplayedFrom: seq,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
 	}); err != nil {
 		undo()

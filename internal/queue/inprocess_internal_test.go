@@ -200,7 +200,7 @@ func TestBufferedConnWriteErrorSticks(t *testing.T) {
 func TestJobMsgHeaderKeys(t *testing.T) {
 	now := time.Now()
 	job := Job{ID: "id-1", MsgID: "id-1#2", Lane: "demo", Key: "k", ContentType: "text/plain", Payload: []byte("x"),
-		Outside: true, Notify: "throttler.notify.i1", Wait: "throttler.records.i1", NotifyID: "n-1", Reply: "replies.shop.1", RecordRev: 42, Attempts: 3, NotBefore: now, EnqueuedAt: now, Expires: now,
+		Outside: true, Notify: "throttler.notify.i1", Wait: "throttler.records.i1", NotifyID: "n-1", Reply: "replies.shop.1", RecordRev: 42, ReplayedFrom: 9, Attempts: 3, NotBefore: now, EnqueuedAt: now, Expires: now,
 		Trace: tracectx.Context{Parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", State: "rojo=1", Baggage: "k=v"}}
 	msg := jobMsg(job)
 	want := nats.Header{}
@@ -268,15 +268,16 @@ func TestJobMsgHeaderCount(t *testing.T) {
 	// formatted (the record's revision, attempts, not-before, expiry and
 	// first-store time: a fresh job over HTTP has none of the last four),
 	// and one in the map: the header arrays stay on the stack. Every field
-	// set makes 16 headers: a map of more than 8 entries spills from one
+	// set makes 17 headers: a map of more than 8 entries spills from one
 	// group into a table (two more allocations).
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 11 {
 		t.Errorf("jobMsg allocates %v times, want at most 11", n)
 	}
-	// Without trace context, a record, a callback and a reply (9 headers)
-	// the bound is the former one: a lane without results pays nothing for
-	// them.
+	// Without trace context, a record, a callback, a reply and a replay
+	// (9 headers) the bound is the former one: a lane without results
+	// pays nothing for them.
 	job.Trace, job.Wait, job.RecordRev, job.NotifyID, job.Callback, job.Reply = tracectx.Context{}, "", 0, "", "", ""
+	job.ReplayedFrom = 0
 	if n := testing.AllocsPerRun(100, func() { jobMsg(job) }); n > 8 {
 		t.Errorf("jobMsg without trace context and a record allocates %v times, want at most 8", n)
 	}

@@ -166,6 +166,9 @@ func decodeJob(lane string, h nats.Header, data []byte, key string, seq uint64, 
 	if rev, err := strconv.ParseUint(h.Get(HeaderRecordRev), 10, 64); err == nil {
 		job.RecordRev = rev
 	}
+	if seq, err := strconv.ParseUint(h.Get(HeaderReplayedFrom), 10, 64); err == nil {
+		job.ReplayedFrom = seq
+	}
 	if n, err := strconv.Atoi(h.Get(HeaderAttempts)); err == nil && n > 0 && n <= maxAttempts {
 		job.Attempts = n
 	}

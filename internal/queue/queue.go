@@ -89,6 +89,11 @@ const (
 	// published over NATS, moved or not): an outside publisher cannot
 	// make a job someone's.
 	HeaderOwner = "Throttler-Owner"
+	// HeaderReplayedFrom is the sequence of the dead letter a replayed
+	// job came from (ReplayDead): its claim keeps it in a record it makes
+	// again, where it names the replay's callback (CallbackID). Set only
+	// by the throttler, and read only on its own subject.
+	HeaderReplayedFrom = "Throttler-Replayed-From"
 	// ConsumerName is the durable pull consumer every instance shares.
 	ConsumerName = "drain"
 )
@@ -241,6 +246,9 @@ type Job struct {
 	// (HeaderOwner); empty without API keys and for a job published over
 	// NATS.
 	Owner string
+	// ReplayedFrom is the sequence of the dead letter the job was
+	// replayed from (HeaderReplayedFrom); 0 for a job never replayed.
+	ReplayedFrom uint64
 	// Dest is where the job asks to go (package dest); checked at intake
 	// and again by the HTTP target.
 	Dest dest.Request
@@ -635,7 +643,7 @@ func (q *Queue) Publish(ctx context.Context, job Job) (PubResult, error) {
 
 // jobHeaders is the most headers jobMsg sets on a message (never both
 // Throttler-Via and Throttler-Owner: a job from outside has no owner).
-const jobHeaders = 16
+const jobHeaders = 17
 
 // jobMsg encodes a job as a message of the lane stream. The header keys are
 // canonical already (TestJobMsgHeaderKeys), so the map is filled directly,
@@ -688,6 +696,9 @@ func jobMsg(job Job) *nats.Msg {
 	}
 	if job.Owner != "" && !job.Outside {
 		add(HeaderOwner, job.Owner)
+	}
+	if job.ReplayedFrom != 0 {
+		add(HeaderReplayedFrom, strconv.FormatUint(job.ReplayedFrom, 10))
 	}
 	if job.Attempts > 0 {
 		add(HeaderAttempts, strconv.Itoa(job.Attempts))

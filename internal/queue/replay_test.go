@@ -95,8 +95,8 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 	if err != nil || got.Replayed != 2 || got.Expired != 1 {
 		t.Fatalf("replay all: %+v %v; want 2 replayed, 1 expired passed over", got, err)
 	}
-	if len(hook.heard) != 2 || hook.heard[0] != (records.Replay{Lane: "demo", ID: "cb", Callback: "https://h.example/cb"}) ||
-		hook.heard[1] != (records.Replay{Lane: "demo", ID: "reply"}) || hook.undone != 0 {
+	if len(hook.heard) != 2 || hook.heard[0] != (records.Replay{Lane: "demo", ID: "cb", Callback: "https://h.example/cb", Seq: seq["cb"]}) ||
+		hook.heard[1] != (records.Replay{Lane: "demo", ID: "reply", Seq: seq["reply"]}) || hook.undone != 0 {
 		t.Fatalf("the hook heard %+v (undone %d)", hook.heard, hook.undone)
 	}
 	for range 2 {
@@ -116,6 +116,9 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 		}
 		if j.Attempts != 0 || j.RecordRev != 0 {
 			t.Errorf("replayed %s: attempts %d, record revision %d; want none", j.ID, j.Attempts, j.RecordRev)
+		}
+		if j.ReplayedFrom != seq[j.ID] {
+			t.Errorf("replayed %s: from dead letter #%d, want #%d", j.ID, j.ReplayedFrom, seq[j.ID])
 		}
 		m.Ack()
 	}

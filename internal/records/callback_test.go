@@ -175,8 +175,12 @@ func BenchmarkLifecycleWithCallback(b *testing.B) {
 // gets its record back to queued before it is stored again: a dead
 // record, an expired one (whose claim would otherwise drop the job) and a
 // record that is gone. The claim then starts it; its settled record names
-// the replay (replays), keeps the attempts before it and the callback the
-// dead letter kept, and its callback is sent again. undo puts a record
+// the replay (replays, and replayed_from: the dead letter's sequence),
+// keeps the attempts before it and the callback the dead letter kept, and
+// its callback is sent again, under an id no other settlement's callback
+// has: also when the record went between two replays (its replays count
+// starts again) or before the replayed job's claim (which makes it again,
+// from the dead letter's sequence the job carries). undo puts a record
 // back as it was. A cancelled job stays cancelled.
 func TestReplayingPutsTheRecordBack(t *testing.T) {
 	s := newStore(t, time.Hour)
@@ -213,18 +217,36 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// purge drops a record, as results.keep does.
+	purge := func(id string) {
+		t.Helper()
+		_, rev, err := s.Get(ctx, "demo", id)
+		if err == nil {
+			err = s.Undo(ctx, "demo", id, rev)
+		}
+		if err != nil {
+			t.Fatalf("purging %s's record: %v", id, err)
+		}
+	}
 	steps := []struct {
 		id, callback string
+		seq          uint64 // the dead letter's
 		replays      int
 		end          api.JobState
+		gone         string // the record goes: "before" the replay, before its "claim"
 	}{
-		{"d", url, 1, api.StateDead},         // dead: replayed, dies again
-		{"e", "", 1, api.StateDelivered},     // expired
-		{"gone", url, 1, api.StateDelivered}, // no record: a new one
-		{"d", url, 2, api.StateDelivered},    // replayed again
+		{"d", url, 11, 1, api.StateDead, ""},         // dead: replayed, dies again
+		{"e", "", 12, 1, api.StateDelivered, ""},     // expired
+		{"gone", url, 13, 1, api.StateDelivered, ""}, // no record: a new one
+		{"d", url, 14, 2, api.StateDead, ""},         // replayed again, dies again
+		{"d", url, 15, 1, api.StateDead, "before"},   // its count starts again
+		{"d", url, 16, 2, api.StateDelivered, "claim"},
 	}
 	for i, st := range steps {
-		undo, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: st.id, Callback: st.callback}, t0.Add(time.Minute))
+		if st.gone == "before" {
+			purge(st.id)
+		}
+		undo, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: st.id, Callback: st.callback, Seq: st.seq}, t0.Add(time.Minute))
 		if err != nil {
 			t.Fatalf("step %d: replaying %s: %v", i, st.id, err)
 		}
@@ -232,12 +254,19 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 			t.Fatalf("step %d: no undo", i)
 		}
 		got, _, err := s.Get(ctx, "demo", st.id)
-		if err != nil || got.State != api.StateQueued || got.Replays != st.replays || got.FinishedAt != nil || got.Response != nil ||
-			got.Reason != "" || got.Callback != st.callback {
-			t.Fatalf("step %d: %s after its replay: %+v, %v; want queued, replays %d, no end, callback %q", i, st.id, got, err, st.replays, st.callback)
+		if err != nil || got.State != api.StateQueued || got.Replays != st.replays || got.ReplayedFrom != st.seq || got.FinishedAt != nil ||
+			got.Response != nil || got.Reason != "" || got.Callback != st.callback {
+			t.Fatalf("step %d: %s after its replay: %+v, %v; want queued, replays %d from #%d, no end, callback %q", i, st.id, got, err,
+				st.replays, st.seq, st.callback)
+		}
+		replays := st.replays
+		if st.gone == "claim" {
+			purge(st.id)
+			replays = 0
 		}
 		// The drain's claim of the stored copy (Fresh, no hint) starts it.
-		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: st.id, Fresh: true, Stored: t0, Now: t0.Add(time.Minute)})
+		c, err := s.Start(ctx, records.Attempt{Lane: "demo", ID: st.id, Fresh: true, Stored: t0, Now: t0.Add(time.Minute),
+			Callback: st.callback, ReplayedFrom: st.seq})
 		if err != nil {
 			t.Fatalf("step %d: claim of replayed %s: %v", i, st.id, err)
 		}
@@ -245,21 +274,28 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 			r.State = st.end
 			r.Attempts = append(r.Attempts, api.JobAttempt{At: t0, Status: 200})
 		})
-		if err != nil || end.Replays != st.replays {
-			t.Fatalf("step %d: %s settled: %+v, %v", i, st.id, end, err)
+		if err != nil || end.Replays != replays || end.ReplayedFrom != st.seq {
+			t.Fatalf("step %d: %s settled: %+v, %v; want replays %d from #%d", i, st.id, end, err, replays, st.seq)
 		}
 		if i == 0 && len(end.Attempts) != 2 {
 			t.Fatalf("the replayed record lost the attempts before the replay: %+v", end.Attempts)
 		}
 	}
-	// One callback per settlement, each replay's under an id of its own.
+	// One callback per settlement, each replay's under an id of its own,
+	// the record kept or not.
 	var sent []string
+	ids := map[string]bool{}
 	for _, r := range cb.sent {
-		sent = append(sent, r.ID+" "+string(r.State)+" "+strconv.Itoa(r.Replays)+" "+queue.CallbackID(r.Lane, r.ID, r.Replays))
+		id := queue.CallbackID(r)
+		sent = append(sent, r.ID+" "+string(r.State)+" "+id)
+		if ids[id] {
+			t.Errorf("callback id %s sent for two settlements", id)
+		}
+		ids[id] = true
 	}
 	want := []string{
-		"d dead 0 demo.d.callback", "d dead 1 demo.d.callback-1", "gone delivered 1 demo.gone.callback-1",
-		"d delivered 2 demo.d.callback-2",
+		"d dead demo.d.callback", "d dead demo.d.callback-11", "gone delivered demo.gone.callback-13",
+		"d dead demo.d.callback-14", "d dead demo.d.callback-15", "d delivered demo.d.callback-16",
 	}
 	if strings.Join(sent, "|") != strings.Join(want, "|") {
 		t.Fatalf("callbacks:\n%s\nwant\n%s", strings.Join(sent, "\n"), strings.Join(want, "\n"))

@@ -51,7 +51,7 @@ func recordLen(rec api.JobRecord) int {
 var wireFields = map[reflect.Type][]string{
 	reflect.TypeFor[api.JobRecord](): {"v", "id", "lane", "key,omitempty", "state", "stored_at,omitempty", "started_at,omitempty",
 		"finished_at,omitempty", "attempts", "reason,omitempty", "response,omitempty", "callback,omitempty", "reply,omitempty",
-		"replays,omitempty", "owner,omitempty"},
+		"replays,omitempty", "replayed_from,omitempty", "owner,omitempty"},
 	reflect.TypeFor[api.JobAttempt]():  {"at", "status,omitempty", "error,omitempty", "duration_ms"},
 	reflect.TypeFor[api.JobResponse](): {"status", "headers,omitempty", "body,omitempty", "body_base64,omitempty", "truncated,omitempty"},
 }
@@ -133,6 +133,10 @@ func appendRecord(b []byte, rec *api.JobRecord) (_ []byte, ok bool) {
 	if rec.Replays != 0 {
 		b = append(b, `,"replays":`...)
 		b = strconv.AppendInt(b, int64(rec.Replays), 10)
+	}
+	if rec.ReplayedFrom != 0 {
+		b = append(b, `,"replayed_from":`...)
+		b = strconv.AppendUint(b, rec.ReplayedFrom, 10)
 	}
 	if rec.Owner != "" {
 		b = append(b, `,"owner":`...)

@@ -35,7 +35,7 @@ func TestEncodeIsJSON(t *testing.T) {
 		{name: "zero", rec: api.JobRecord{}},
 		{name: "queued", rec: api.JobRecord{ID: "order-1", Lane: "demo", Key: "k", State: api.StateQueued, StoredAt: &t0}},
 		{name: "claim", rec: api.JobRecord{ID: "d-1", Lane: "demo", State: api.StateInFlight, StoredAt: &t0, StartedAt: &t0,
-			Attempts: []api.JobAttempt{}, Callback: "https://cb.example/x?a=1&b=<2>", Reply: "replies.a", Replays: 2, Owner: "shop"}},
+			Attempts: []api.JobAttempt{}, Callback: "https://cb.example/x?a=1&b=<2>", Reply: "replies.a", Replays: 2, ReplayedFrom: 18446744073709551615, Owner: "shop"}},
 		{name: "delivered", rec: api.JobRecord{ID: "d-1", Lane: "demo", State: api.StateDelivered, StoredAt: &t0, StartedAt: &t1, FinishedAt: &t2,
 			Attempts: []api.JobAttempt{{At: t0, Status: 503, DurationMillis: 1.5}, {At: t1, Error: "timeout", DurationMillis: 30000},
 				{At: t2, Status: 200, DurationMillis: 0.000123}, {At: t0, DurationMillis: 1e21}, {At: t0, DurationMillis: 0}, {At: t0, DurationMillis: -2.5e-9}},
@@ -91,7 +91,7 @@ func FuzzEncode(f *testing.F) {
 		at := time.Unix(0, ns).UTC()
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: id, Lane: lane, Key: key, State: api.JobState(hdr), StoredAt: &at,
 			Attempts: []api.JobAttempt{{At: at, Status: status, Error: hdr, DurationMillis: ms}},
-			Response: &api.JobResponse{Status: status, Headers: map[string]string{hdr: body, key: id}, Body: body, BodyBase64: hdr}, Callback: hdr, Reply: key, Replays: status, Owner: lane}
+			Response: &api.JobResponse{Status: status, Headers: map[string]string{hdr: body, key: id}, Body: body, BodyBase64: hdr}, Callback: hdr, Reply: key, Replays: status, ReplayedFrom: uint64(ns), Owner: lane}
 		got, err := encode(rec)
 		want, werr := json.Marshal(rec)
 		if (err != nil) != (werr != nil) || !bytes.Equal(got, want) {

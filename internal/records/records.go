@@ -526,13 +526,16 @@ type Replay struct {
 	// Owner is the API key that submitted the job (api.JobRecord.Owner),
 	// kept with its dead letter: the owner of a new record.
 	Owner string
+	// Seq is the dead letter's sequence (api.JobRecord.ReplayedFrom).
+	Seq uint64
 }
 
 // Replaying puts the record of a job replayed from the dead letters back
 // to queued before the job is stored again: its claim must not meet a
 // settled cancelled or expired record (it would drop the job), GET must
 // not answer the old end, and the replay's settled record is a callback of
-// its own (Replays counts up). The attempts stay; the end (finished_at,
+// its own (Replays counts up; ReplayedFrom, the dead letter's sequence,
+// names it). The attempts stay; the end (finished_at,
 // reason, response) goes; the reply subject is the one the claim checks
 // again. A job whose record is gone (older than keep) gets a new one. A
 // cancelled job stays cancelled: a cancel is never undone, and the drain
@@ -555,7 +558,7 @@ func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo fu
 		if r.Callback != "" {
 			rec.Callback = r.Callback
 		}
-		rec.State, rec.Replays = api.StateQueued, rec.Replays+1
+		rec.State, rec.Replays, rec.ReplayedFrom = api.StateQueued, rec.Replays+1, r.Seq
 		rec.FinishedAt, rec.Reason, rec.Response, rec.Reply = nil, "", nil, ""
 		return nil
 	})
@@ -611,6 +614,11 @@ type Attempt struct {
 	// only from what the throttler stored): the owner of a record the
 	// claim creates. A record that exists keeps its own.
 	Owner string
+	// ReplayedFrom is the dead letter a replayed job came from
+	// (queue.Job.ReplayedFrom), kept in a record the claim creates: a
+	// replayed job whose record expired before its claim still names
+	// its replay's callback. A record that exists keeps its own.
+	ReplayedFrom uint64
 }
 
 // Start claims a job's record for an attempt: queued, scheduled or
@@ -621,7 +629,8 @@ type Attempt struct {
 func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 	if a.Hint != 0 || a.Fresh {
 		rec := api.JobRecord{V: api.JobRecordVersion, ID: a.ID, Lane: a.Lane, Key: a.Key, State: api.StateInFlight,
-			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback, Reply: a.Reply, Owner: a.Owner}
+			StoredAt: &a.Stored, StartedAt: &a.Now, Attempts: []api.JobAttempt{}, Callback: a.Callback, Reply: a.Reply, Owner: a.Owner,
+			ReplayedFrom: a.ReplayedFrom}
 		if rev, ok, err := s.update(ctx, rec, a.Hint); err != nil {
 			return Claim{}, err
 		} else if ok {
@@ -646,7 +655,7 @@ func (s *Store) Start(ctx context.Context, a Attempt) (Claim, error) {
 			return ErrNotStartable
 		}
 		if !found {
-			rec.Key, rec.StoredAt, rec.Owner = a.Key, &a.Stored, a.Owner
+			rec.Key, rec.StoredAt, rec.Owner, rec.ReplayedFrom = a.Key, &a.Stored, a.Owner, a.ReplayedFrom
 		}
 		if rec.Callback == "" {
 			rec.Callback = a.Callback

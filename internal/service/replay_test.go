@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,9 +14,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/config"
+	"github.com/throttler/throttler/internal/records"
 	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
@@ -92,7 +95,7 @@ lanes:
 // refused them are replayed after it recovered, on an instance restarted
 // with fewer callback URL prefixes and reply subjects. A replayed job's
 // settled record goes again to its callback (a new Idempotency-Key,
-// <lane>.<id>.callback-1, signed) and to its Throttle-Reply subject; its
+// <lane>.<id>.callback-<seq> named by its dead letter, signed) and to its Throttle-Reply subject; its
 // record is queued from the replay on, counts the replay and keeps the
 // attempts before it. A callback or reply subject the lane no longer
 // allows gets nothing: the callback is not sent, the NATS job is
@@ -195,8 +198,8 @@ func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 		rec.Response == nil || rec.Response.Status != http.StatusCreated {
 		t.Fatalf("cb-1's callback after its replay: %v %q", err, k.body)
 	}
-	if got := k.header.Get("Idempotency-Key"); got != "demo.cb-1.callback-1" {
-		t.Errorf("the replay's callback: Idempotency-Key %q, want demo.cb-1.callback-1", got)
+	if got, want := k.header.Get("Idempotency-Key"), fmt.Sprintf("demo.cb-1.callback-%d", deadSeq["cb-1"]); got != want {
+		t.Errorf("the replay's callback: Idempotency-Key %q, want %s (the dead letter's sequence)", got, want)
 	}
 	testenv.Eventually(t, 10*time.Second, "nats-1's second reply", func() bool { return len(heard.of(t, "replies.shop.n1")) == 2 })
 	if got := heard.of(t, "replies.shop.n1")[1]; got.ID != "nats-1" || got.State != api.StateDelivered || got.Replays != 1 || got.Reply != "replies.shop.n1" {
@@ -245,5 +248,123 @@ func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 	// The Idempotency-Key still answers the job.
 	if c := submitWithCallback(t, addr, "demo", "cb-1", recv.srv.URL+"/hooks/r1", "one"); c.code != http.StatusAccepted || !strings.Contains(string(c.body), `"duplicate":true`) {
 		t.Errorf("resubmission of cb-1: %d %q; want a duplicate", c.code, c.body)
+	}
+}
+
+// TestReplayCallbackIDsOutliveTheRecord: a job's record goes (results.keep;
+// here purged) between two replays of the job from the dead letters, and
+// once more while a replayed copy waits in its held lane. Each settlement
+// still sends its callback under an id no earlier one used: the first
+// delivery's <lane>.<id>.callback, then <lane>.<id>.callback-<seq> named by
+// the sequence of the dead letter each replay came from, which never
+// starts again as the record's replays count does. A receiver that drops
+// a repeated Idempotency-Key (and the callback lane's stream, which does
+// the same within its window) gets every one.
+func TestReplayCallbackIDsOutliveTheRecord(t *testing.T) {
+	t.Parallel()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	target := newSwitchTarget(t)
+	recv := newCallbackReceiver(t)
+	cfg := replayConfig(t, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.srv.URL, recv.srv.URL,
+		[]string{recv.srv.URL + "/hooks"}, []string{"replies.shop"})
+	svc, _ := servicetest.Start(t, cfg, nil)
+	addr := svc.Addr()
+	const hook = "/hooks/x"
+
+	nc, err := nats.Connect(natsSrv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	purge := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		kv, err := js.KeyValue(ctx, records.BucketName("demo"))
+		if err == nil {
+			err = kv.Purge(ctx, records.Key("cb-x"))
+		}
+		if err != nil {
+			t.Fatalf("purging cb-x's record: %v", err)
+		}
+		if code, _ := getRecord(t, addr, "demo", "cb-x"); code != http.StatusNotFound {
+			t.Fatalf("cb-x's record after its purge: %d, want 404", code)
+		}
+	}
+	deadSeq := func() uint64 {
+		t.Helper()
+		var seq uint64
+		testenv.Eventually(t, 20*time.Second, "cb-x dead", func() bool {
+			var dead api.DeadLetters
+			keyCall(t, "GET", addr, "/v1/lanes/demo/dead", "", &dead)
+			for _, d := range dead.Dead {
+				if d.ID == "cb-x" {
+					seq = d.Seq
+					return true
+				}
+			}
+			return false
+		})
+		return seq
+	}
+	replay := func(seq uint64) {
+		t.Helper()
+		if c := callJob(t, "POST", fmt.Sprintf("http://%s/v1/lanes/demo/dead/%d/replay", addr, seq), "", ""); c.code != http.StatusOK {
+			t.Fatalf("replay of #%d: %d %q", seq, c.code, c.body)
+		}
+	}
+	callbacks := func(n int) []string {
+		t.Helper()
+		testenv.Eventually(t, 15*time.Second, fmt.Sprintf("callback %d", n), func() bool { return len(recv.to(hook)) >= n })
+		var keys []string
+		for _, k := range recv.to(hook) {
+			keys = append(keys, k.header.Get("Idempotency-Key"))
+		}
+		return keys
+	}
+
+	// Dead at once (the target refuses): the first callback.
+	if c := submitWithCallback(t, addr, "demo", "cb-x", recv.srv.URL+hook, "x"); c.code != http.StatusAccepted {
+		t.Fatalf("submit: %d %q", c.code, c.body)
+	}
+	s1 := deadSeq()
+	want := []string{"demo.cb-x.callback"}
+	callbacks(1)
+	// Replayed, dead again: the replay's callback.
+	replay(s1)
+	s2 := deadSeq()
+	want = append(want, fmt.Sprintf("demo.cb-x.callback-%d", s1))
+	callbacks(2)
+	// The record goes; replayed again, dead again: its replays count
+	// starts again, its callback's id does not.
+	purge()
+	replay(s2)
+	s3 := deadSeq()
+	want = append(want, fmt.Sprintf("demo.cb-x.callback-%d", s2))
+	callbacks(3)
+	// Replayed into a held lane, whose record goes before its claim
+	// (which makes the record again): delivered.
+	if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo", `{"paused":true}`, nil); code != http.StatusOK {
+		t.Fatalf("pause: %d", code)
+	}
+	replay(s3)
+	purge()
+	target.accept.Store(true)
+	if code := keyCall(t, "PATCH", addr, "/v1/lanes/demo", `{"paused":false}`, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	want = append(want, fmt.Sprintf("demo.cb-x.callback-%d", s3))
+	got := callbacks(4)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("callback ids:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var rec api.JobRecord
+	if err := json.Unmarshal(recv.to(hook)[3].body, &rec); err != nil || rec.State != api.StateDelivered || rec.ReplayedFrom != s3 {
+		t.Fatalf("the last callback's record: %v %q; want delivered, replayed from #%d", err, recv.to(hook)[3].body, s3)
 	}
 }
