@@ -251,10 +251,22 @@ func (c *Client) GetDead(ctx context.Context, lane string, seq uint64) (*api.Dea
 // ReplayDead puts one dead letter back at the tail of its lane (attempts
 // reset, id kept) and deletes it; it returns the job id.
 func (c *Client) ReplayDead(ctx context.Context, lane string, seq uint64) (string, error) {
+	return c.ReplayDeadWithKey(ctx, lane, seq, "")
+}
+
+// ReplayDeadWithKey is ReplayDead giving the job key as its key ("" keeps
+// its own): for a job dead-lettered without a key on a keyed lane, or
+// with one the lane refuses, which a replay without a key refuses (409
+// replay-undeliverable).
+func (c *Client) ReplayDeadWithKey(ctx context.Context, lane string, seq uint64, key string) (string, error) {
 	var out struct {
 		ID string `json:"id"`
 	}
-	if _, err := c.do(ctx, request{method: http.MethodPost, path: append(deadPath(lane, seq), "replay")}, &out); err != nil {
+	var q url.Values
+	if key != "" {
+		q = url.Values{"key": {key}}
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: append(deadPath(lane, seq), "replay"), query: q}, &out); err != nil {
 		return "", err
 	}
 	return out.ID, nil
@@ -279,6 +291,12 @@ type Replayed struct {
 	// against max). Each call counts those it passed, so calls in a row
 	// count the same ones again.
 	Expired int `json:"expired"`
+	// Undeliverable dead letters passed over: their job has no key and
+	// the lane is keyed, or a key the lane refuses; they stay (replay
+	// each with ReplayDeadWithKey, or delete it) and do not count
+	// against max. UndeliverableSeqs are the first 100 of them.
+	Undeliverable     int      `json:"undeliverable"`
+	UndeliverableSeqs []uint64 `json:"undeliverable_seqs"`
 }
 
 // ReplayAll is ReplayAllDead, with the count of dead letters it passed

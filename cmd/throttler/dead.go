@@ -16,7 +16,7 @@ import (
 const deadUsage = `usage:
   throttler dead ls LANE [--limit 100] [--after SEQ]   list dead letters (--limit 0: all)
   throttler dead show LANE SEQ                         one dead letter with its payload
-  throttler dead replay LANE [SEQ]                     replay one, or all (with progress on stderr)
+  throttler dead replay LANE [SEQ] [--throttle-key K]  replay one (under key K), or all (with progress on stderr)
   throttler dead purge LANE [SEQ]                      delete one, or all
   (global flags: --server, --key, --json, --timeout)
 `
@@ -33,12 +33,14 @@ func cmdDead(ctx context.Context, args []string, getenv func(string) string, std
 	var limit *int
 	var after *uint64
 	var chunk *int
+	var key *string
 	switch sub {
 	case "ls":
 		limit = fs.Int("limit", 100, "at most this many (0: all)")
 		after = fs.Uint64("after", 0, "list those after this sequence")
 	case "replay":
 		chunk = fs.Int("chunk", 500, "replay-all: dead letters per request (progress is shown after each)")
+		key = fs.String("throttle-key", "", "replay one: the job's key (a job dead-lettered without a key on a keyed lane, or with one the lane refuses)")
 	case "show", "purge":
 	case "-h", "--help", "help":
 		fs.Usage()
@@ -83,15 +85,26 @@ func cmdDead(ctx context.Context, args []string, getenv func(string) string, std
 		return nil
 	case "replay":
 		if seq != 0 {
-			id, err := e.c.ReplayDead(ctx, lane, seq)
+			id, err := e.c.ReplayDeadWithKey(ctx, lane, seq, *key)
 			if err != nil {
 				return err
 			}
 			if e.json {
-				return e.printJSON(map[string]any{"replayed": 1, "id": id})
+				out := map[string]any{"replayed": 1, "id": id}
+				if *key != "" {
+					out["key"] = *key
+				}
+				return e.printJSON(out)
 			}
-			fmt.Fprintf(stdout, "replayed dead letter %d (job %s) into lane %s\n", seq, id, lane)
+			if *key != "" {
+				fmt.Fprintf(stdout, "replayed dead letter %d (job %s) into lane %s, key %s\n", seq, id, lane, *key)
+			} else {
+				fmt.Fprintf(stdout, "replayed dead letter %d (job %s) into lane %s\n", seq, id, lane)
+			}
 			return nil
+		}
+		if *key != "" {
+			return usageError("dead replay: --throttle-key needs a SEQ: it is one job's key")
 		}
 		if *chunk < 1 || *chunk > 100000 {
 			return usageError("--chunk must be 1 to 100000")
@@ -203,8 +216,10 @@ func printDead(w io.Writer, d *api.DeadLetter) {
 // progress on stderr after each. It replays as many as the lane held when
 // it began (those are the oldest, replayed first): a replayed job that dies
 // again lands behind them and is not replayed a second time. Dead letters
-// past their expiry are passed over and stay; they count towards what the
-// lane held, so that the chunks stop at the jobs that died again.
+// past their expiry, and those that could never be delivered as they are
+// (no key on a keyed lane, or a key the lane refuses), are passed over and
+// stay; they count towards what the lane held, so that the chunks stop at
+// the jobs that died again.
 func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 	total := -1 // unknown
 	if lanes, err := e.c.Lanes(ctx); err == nil {
@@ -214,20 +229,25 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 			}
 		}
 	}
-	// expired is the count of the latest call: each call passes over the
-	// expired dead letters ahead of what it replays, the ones earlier
-	// calls passed included, so the latest has seen every one so far.
-	done, expired := 0, 0
+	// expired and undeliverable are the counts of the latest call: each
+	// call passes over those dead letters ahead of what it replays, the
+	// ones earlier calls passed included, so the latest has seen every
+	// one so far.
+	done, expired, undeliverable := 0, 0, 0
+	var undeliverableSeqs []uint64
 	start := time.Now()
 	tty := isTerminal(e.stderr)
-	for total < 0 || done+expired < total || done == 0 {
+	for total < 0 || done+expired+undeliverable < total || done == 0 {
 		want := chunk
 		if total > 0 {
-			want = max(1, min(chunk, total-done-expired))
+			want = max(1, min(chunk, total-done-expired-undeliverable))
 		}
 		r, err := e.c.ReplayAll(ctx, lane, want)
 		done += r.Replayed
 		expired = max(expired, r.Expired)
+		if r.Undeliverable >= undeliverable {
+			undeliverable, undeliverableSeqs = r.Undeliverable, r.UndeliverableSeqs
+		}
 		if err != nil {
 			if done > 0 {
 				fmt.Fprintf(e.stderr, "\nreplayed %d before the error\n", done)
@@ -240,7 +260,10 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 			if expired > 0 {
 				line += fmt.Sprintf(", %d expired passed over", expired)
 			}
-			line += fmt.Sprintf(" (%d%%)", min(100, (done+expired)*100/total))
+			if undeliverable > 0 {
+				line += fmt.Sprintf(", %d undeliverable passed over", undeliverable)
+			}
+			line += fmt.Sprintf(" (%d%%)", min(100, (done+expired+undeliverable)*100/total))
 		}
 		line += fmt.Sprintf(", %.1fs", time.Since(start).Seconds())
 		if tty {
@@ -256,11 +279,27 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 		fmt.Fprintln(e.stderr)
 	}
 	if e.json {
-		return e.printJSON(map[string]any{"replayed": done, "expired": expired})
+		out := map[string]any{"replayed": done, "expired": expired}
+		if undeliverable > 0 {
+			out["undeliverable"], out["undeliverable_seqs"] = undeliverable, undeliverableSeqs
+		}
+		return e.printJSON(out)
 	}
 	fmt.Fprintf(e.stdout, "replayed %d dead letters into lane %s\n", done, lane)
 	if expired > 0 {
 		fmt.Fprintf(e.stdout, "%d dead letters past their Throttle-Expires were not replayed; they stay dead\n", expired)
+	}
+	if undeliverable > 0 {
+		seqs := make([]string, len(undeliverableSeqs))
+		for i, s := range undeliverableSeqs {
+			seqs[i] = strconv.FormatUint(s, 10)
+		}
+		more := ""
+		if len(seqs) < undeliverable {
+			more = ", …"
+		}
+		fmt.Fprintf(e.stdout, "%d dead letters could never be delivered as they are (no key on a keyed lane, or a key the lane refuses) and were not replayed; they stay dead: %s%s (dead replay %s SEQ --throttle-key K, or dead purge %s SEQ)\n",
+			undeliverable, strings.Join(seqs, " "), more, lane, lane)
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ type DeadLetters interface {
 	// or was cut short with dead letters left after it.
 	ListDeadPage(ctx context.Context, lane string, after uint64, limit int) (api.DeadLetters, error)
 	GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
-	ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
+	ReplayDead(ctx context.Context, lane string, seq uint64, opt queue.ReplayOptions) (api.DeadLetter, error)
 	ReplayAllDead(ctx context.Context, lane string, max int) (queue.Replayed, error)
 	DeleteDead(ctx context.Context, lane string, seq uint64) error
 	PurgeDead(ctx context.Context, lane string) error
@@ -141,18 +141,45 @@ func (h *Handler) getDead(w http.ResponseWriter, r *http.Request, lane string) e
 	return nil
 }
 
+// replayOne replays one dead letter; ?key= gives the job its key (one
+// dead-lettered without a key on a keyed lane, or with one the lane
+// refuses), checked as a submission's Throttle-Key is.
 func (h *Handler) replayOne(w http.ResponseWriter, r *http.Request, lane string) error {
 	seq, err := seqParam(r)
 	if err != nil {
 		return err
 	}
-	d, err := h.cfg.DeadLetters.ReplayDead(r.Context(), lane, seq)
+	var opt queue.ReplayOptions
+	if q := r.URL.Query(); q.Has("key") {
+		if err := queue.ValidKey(q.Get("key")); err != nil {
+			return &Refusal{Err: ErrBadParam, Cause: err, Field: "key", Detail: "key: " + err.Error()}
+		}
+		opt.Key = q.Get("key")
+	}
+	d, err := h.cfg.DeadLetters.ReplayDead(r.Context(), lane, seq, opt)
 	if err != nil {
+		return replayRefusal(err)
+	}
+	h.audit(r, "dead letter replayed", "replay", lane, "seq", seq, "id", d.ID, "key", d.Key)
+	out := map[string]any{"replayed": 1, "id": d.ID}
+	if d.Key != "" {
+		out["key"] = d.Key
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// replayRefusal is a replay's error as the API answers it: a dead letter
+// that could never be delivered says why and what to do.
+func replayRefusal(err error) error {
+	var ue *queue.UndeliverableError
+	if !errors.As(err, &ue) {
 		return err
 	}
-	h.audit(r, "dead letter replayed", "replay", lane, "seq", seq, "id", d.ID)
-	writeJSON(w, http.StatusOK, map[string]any{"replayed": 1, "id": d.ID})
-	return nil
+	if ue.Given {
+		return refusalOf(err, "dead letter %d (job %s) was not replayed: %s; give a key the lane takes, or leave key out", ue.Seq, ue.ID, ue.Reason)
+	}
+	return refusalOf(err, "dead letter %d (job %s) was not replayed, it could never be delivered: %s; replay it with its key (?key=), or delete it", ue.Seq, ue.ID, ue.Reason)
 }
 
 func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string) error {
@@ -168,10 +195,14 @@ func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string)
 	if err != nil {
 		return refusalOf(err, "replayed %d, then: %v", n.Replayed, err)
 	}
-	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n.Replayed, "expired", n.Expired)
+	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n.Replayed, "expired", n.Expired, "undeliverable", n.Undeliverable)
 	out := map[string]any{"replayed": n.Replayed}
 	if n.Expired > 0 {
 		out["expired"] = n.Expired
+	}
+	if n.Undeliverable > 0 {
+		out["undeliverable"] = n.Undeliverable
+		out["undeliverable_seqs"] = n.UndeliverableSeqs
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -161,7 +161,7 @@ func (f *fakeDead) GetDead(_ context.Context, lane string, seq uint64) (api.Dead
 	return f.letter(lane, seq)
 }
 
-func (f *fakeDead) ReplayDead(_ context.Context, lane string, seq uint64) (api.DeadLetter, error) {
+func (f *fakeDead) ReplayDead(_ context.Context, lane string, seq uint64, _ queue.ReplayOptions) (api.DeadLetter, error) {
 	f.call("replay")
 	return f.letter(lane, seq)
 }

@@ -82,6 +82,11 @@ const ProblemJobStarted = "urn:throttler:problem:job-started"
 // (Throttle-Expires) has passed.
 const ProblemJobExpired = "urn:throttler:problem:job-expired"
 
+// ProblemReplayUndeliverable: a replay of a dead letter whose job could
+// never be delivered on its lane: no key on a keyed lane, or a key the
+// lane refuses (queue.ErrReplayUndeliverable).
+const ProblemReplayUndeliverable = "urn:throttler:problem:replay-undeliverable"
+
 // ProblemIdempotencyKeyConflict: with API keys, a submission's
 // Idempotency-Key names a job of the lane that another key submitted.
 const ProblemIdempotencyKeyConflict = "urn:throttler:problem:idempotency-key-conflict"

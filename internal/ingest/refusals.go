@@ -96,6 +96,10 @@ var problemRows = []struct {
 	{ErrNotKeyed, ProblemNotFound, http.StatusNotFound, "lane", 0},
 	{queue.ErrNotFound, ProblemNotFound, http.StatusNotFound, "seq", 0},
 	{queue.ErrReplayExpired, ProblemJobExpired, http.StatusConflict, "expires", 0},
+	// 409, not 422: the request is well formed; the dead letter's key
+	// conflicts with its lane's key rules, a state the caller resolves
+	// (a replay with ?key=, or a delete), as for job-expired.
+	{queue.ErrReplayUndeliverable, ProblemReplayUndeliverable, http.StatusConflict, "key", 0},
 	{ErrNotFound, ProblemNotFound, http.StatusNotFound, "", 0},
 	// Job records (jobs.go).
 	{api.ErrJobNotFound, ProblemNotFound, http.StatusNotFound, "id", 0},

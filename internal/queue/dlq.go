@@ -246,14 +246,53 @@ func (q *Queue) SetReplayHook(h ReplayHook) {
 	q.mu.Unlock()
 }
 
+// ErrReplayUndeliverable: the dead letter's job could never be delivered
+// on its lane as it is: it has no key and the lane is keyed, or a key the
+// lane's key rules refuse (poison.go). It is not replayed, and stays; a
+// replay that gives it a key the lane takes (ReplayOptions.Key) is.
+var ErrReplayUndeliverable = errors.New("queue: the job cannot be delivered on its lane as it is; it is not replayed")
+
+// UndeliverableError is ErrReplayUndeliverable for one dead letter: which
+// one, and why.
+type UndeliverableError struct {
+	Lane string
+	Seq  uint64
+	ID   string
+	// Reason says what the lane refuses, e.g. "the job has no
+	// Throttle-Key; lane webhooks is keyed".
+	Reason string
+	// Given: the key was the replay's (ReplayOptions.Key), not the dead
+	// letter's.
+	Given bool
+}
+
+func (e *UndeliverableError) Error() string {
+	return fmt.Sprintf("queue: dead letter %s #%d (job %s) cannot be delivered on its lane: %s", e.Lane, e.Seq, e.ID, e.Reason)
+}
+
+// Is makes an UndeliverableError ErrReplayUndeliverable.
+func (e *UndeliverableError) Is(target error) bool { return target == ErrReplayUndeliverable }
+
+// ReplayOptions change the job a replay stores.
+type ReplayOptions struct {
+	// Key, when set, replaces the job's key: the key of a job
+	// dead-lettered without one (published on throttle.<lane> of a keyed
+	// lane) or with one the lane refuses. It is checked as a public job's
+	// key is (ValidKey, and on a url_host lane against the job's URL).
+	Key string
+}
+
 // ReplayDead puts one dead letter back into its lane, behind the current
 // backlog, with its attempts reset, then deletes the dead letter. The job
 // keeps its id, trace context, destination, callback, reply subject,
-// expiry and owner, and carries seq (Job.ReplayedFrom), which names its
-// settled record's callback (CallbackID); a job whose expiry has passed is
-// not replayed (ErrReplayExpired). Its not-before time is not kept: it
-// started once.
-func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error) {
+// expiry and owner, and its key unless opt gives one, and carries seq
+// (Job.ReplayedFrom), which names its settled record's callback
+// (CallbackID); a job whose expiry has passed is not replayed
+// (ErrReplayExpired), nor one that could never be delivered on its lane
+// (an *UndeliverableError: no key on a keyed lane, or a key the lane
+// refuses). Its not-before time is not kept: it started once. The returned
+// dead letter has the key the job was stored with.
+func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64, opt ReplayOptions) (api.DeadLetter, error) {
 	d, shape, err := q.getDead(ctx, lane, seq)
 	if err != nil {
 		return d, err
@@ -261,25 +300,42 @@ func (q *Queue) ReplayDead(ctx context.Context, lane string, seq uint64) (api.De
 	if !shape.expires.IsZero() && !time.Now().Before(shape.expires) {
 		return d, fmt.Errorf("%w: %s #%d (job %s) expired at %s", ErrReplayExpired, lane, seq, d.ID, shape.expires.UTC().Format(time.RFC3339Nano))
 	}
+	ls, err := q.lane(lane)
+	if err != nil {
+		return d, err
+	}
 	q.mu.Lock()
 	epoch, hook := q.deadEpoch, q.replays
 	q.mu.Unlock()
-	undo := func() {}
-	if hook != nil {
-		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: d.Key, Callback: shape.callback, Owner: shape.owner, Seq: seq}); err != nil {
-			return d, fmt.Errorf("%w: the record of %s: %w", ErrUnavailable, d.ID, err)
-		}
-	}
-	if err := q.republish(ctx, Job{
+	job := Job{
 		ID: d.ID, Lane: lane, Key: d.Key, ContentType: d.ContentType, Payload: d.Payload, Trace: shape.trace, Dest: shape.dest,
 		Callback: shape.callback, Reply: shape.reply, Expires: shape.expires, Owner: shape.owner, ReplayedFrom: seq,
 		MsgID: fmt.Sprintf("replay %s %d", origin(DeadStream, epoch), seq),
-	}); err != nil {
+	}
+	if opt.Key != "" {
+		job.Key = opt.Key
+	}
+	// Checked before anything is written: the record, the lane, the
+	// dead letter stay as they are.
+	if reason := replayKeyReason(ls.spec, &job, ls.keyed); reason != "" {
+		return d, &UndeliverableError{Lane: lane, Seq: seq, ID: d.ID, Reason: reason, Given: opt.Key != ""}
+	}
+	d.Key = job.Key
+	undo := func() {}
+	if hook != nil {
+		if undo, err = hook.Replaying(ctx, records.Replay{Lane: lane, ID: d.ID, Key: job.Key, Callback: shape.callback, Owner: shape.owner, Seq: seq}); err != nil {
+			return d, fmt.Errorf("%w: the record of %s: %w", ErrUnavailable, d.ID, err)
+		}
+	}
+	if err := q.republish(ctx, job); err != nil {
 		undo()
 		return d, err
 	}
 	return d, q.DeleteDead(ctx, lane, seq)
 }
+
+// maxUndeliverableSeqs bounds the sequence numbers Replayed lists.
+const maxUndeliverableSeqs = 100
 
 // Replayed counts what ReplayAllDead did.
 type Replayed struct {
@@ -288,13 +344,20 @@ type Replayed struct {
 	// Expired dead letters passed over (ErrReplayExpired): they stay,
 	// and do not count against max.
 	Expired int
+	// Undeliverable dead letters passed over (ErrReplayUndeliverable):
+	// they stay, and do not count against max; UndeliverableSeqs are
+	// the first maxUndeliverableSeqs of them, for a replay of each with
+	// its key.
+	Undeliverable     int
+	UndeliverableSeqs []uint64
 }
 
 // ReplayAllDead replays every dead letter of lane, oldest first, up to max,
-// passing over those whose expiry has passed. Only the dead letters stored
-// when it began are replayed: a replayed job that dies again during the
-// call (its target still refuses it) is stored behind them and stays dead,
-// instead of being replayed over and over up to max.
+// passing over those whose expiry has passed and those that could never
+// be delivered on the lane as they are (ReplayDead). Only the dead letters
+// stored when it began are replayed: a replayed job that dies again during
+// the call (its target still refuses it) is stored behind them and stays
+// dead, instead of being replayed over and over up to max.
 func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (Replayed, error) {
 	var out Replayed
 	st, err := q.deadStream()
@@ -320,10 +383,16 @@ func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (Replay
 				return out, nil
 			}
 			after = d.Seq
-			_, err := q.ReplayDead(ctx, lane, d.Seq)
+			_, err := q.ReplayDead(ctx, lane, d.Seq, ReplayOptions{})
 			switch {
 			case errors.Is(err, ErrReplayExpired):
 				out.Expired++
+				continue
+			case errors.Is(err, ErrReplayUndeliverable):
+				out.Undeliverable++
+				if len(out.UndeliverableSeqs) < maxUndeliverableSeqs {
+					out.UndeliverableSeqs = append(out.UndeliverableSeqs, d.Seq)
+				}
 				continue
 			case err != nil:
 				return out, err

@@ -133,7 +133,7 @@ func TestReplayRightAfterAFailureIsDelivered(t *testing.T) {
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead letters %+v (%v)", dead, err)
 	}
-	if _, err := q.ReplayDead(ctx, "demo", dead[0].Seq); err != nil {
+	if _, err := q.ReplayDead(ctx, "demo", dead[0].Seq, queue.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	m := nextJob(t, c, "the replay")

@@ -323,7 +323,9 @@ func (r *KeyedReader) Release(msgs []*Msg) {
 
 // Keys lists the keys with stored jobs (on the internal subjects), for a
 // sweep at start and after a lost owner. It reads JetStream's per-subject
-// counts (paged by the client).
+// counts (paged by the client). Jobs it finds stranded on subjects no key
+// reads (a keyless one, or one with a key ValidKey refuses) are
+// dead-lettered on the way (deadStranded).
 func (r *KeyedReader) Keys(ctx context.Context) ([]string, error) {
 	lane := r.ls.spec.Name
 	info, err := r.ls.stream.Info(ctx, jetstream.WithSubjectFilter(InternalSubject(lane, ">")))
@@ -332,12 +334,28 @@ func (r *KeyedReader) Keys(ctx context.Context) ([]string, error) {
 	}
 	prefix := InternalSubject(lane, "") + "."
 	keys := make([]string, 0, len(info.State.Subjects))
+	var stranded []string
+	var listed uint64
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for subj, n := range info.State.Subjects {
-		if k, ok := strings.CutPrefix(subj, prefix); ok && ValidKey(k) == nil && n > uint64(r.deletingK[k]) {
+		listed += n
+		k, ok := strings.CutPrefix(subj, prefix)
+		switch {
+		case !ok || ValidKey(k) != nil:
+			stranded = append(stranded, subj)
+		case n > uint64(r.deletingK[k]):
 			keys = append(keys, k)
 		}
+	}
+	r.mu.Unlock()
+	if info.State.Msgs > listed {
+		// Messages on no key's subject: on the lane's own (keyless)
+		// subject, or public jobs of the former layout not moved yet
+		// (those the read below does not find).
+		stranded = append(stranded, InternalSubject(lane, ""))
+	}
+	if len(stranded) > 0 {
+		r.q.deadStranded(ctx, r.ls, stranded)
 	}
 	return keys, nil
 }

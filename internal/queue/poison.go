@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Poison jobs: a job published on a lane's public subject that can never be
@@ -92,9 +96,31 @@ func urlKey(spec LaneSpec, job *Job) string {
 		if ValidKey(job.Key) != nil {
 			return "" // poisonReason says why
 		}
-		return fmt.Sprintf("Throttle-Key %q (the subject's key) is not the host of its Throttle-URL (%q): the lane takes a job's key from its URL's host (per_key.key_from url_host)", job.Key, key)
+		return fmt.Sprintf("Throttle-Key %q is not the host of its Throttle-URL (%q): the lane takes a job's key from its URL's host (per_key.key_from url_host)", job.Key, key)
 	}
 	job.Key = key
+	return ""
+}
+
+// replayKeyReason gives job, a dead letter's job about to be replayed on
+// lane spec (keyed says the lane is keyed), the key the lane's key rules
+// give it, or says why it could never be delivered there: the rules of a
+// public job's key (urlKey, and the key part of poisonReason), phrased for
+// a job that is no longer on a subject. Without this check such a job is
+// stored on a subject the keyed reader never reads (a keyless one, or one
+// with a key ValidKey refuses) and stays there, never delivered.
+func replayKeyReason(spec LaneSpec, job *Job, keyed bool) string {
+	if reason := urlKey(spec, job); reason != "" {
+		return reason
+	}
+	switch kerr := ValidKey(job.Key); {
+	case keyed && job.Key == "" && spec.URLKey != nil:
+		return "the job has no Throttle-Key and no Throttle-URL whose host would be its key; lane " + spec.Name + " is keyed (per_key.key_from url_host)"
+	case keyed && job.Key == "":
+		return "the job has no Throttle-Key; lane " + spec.Name + " is keyed"
+	case job.Key != "" && kerr != nil:
+		return fmt.Sprintf("the job's Throttle-Key %s is not a valid key (%v)", escapeBytes(job.Key[:min(len(job.Key), 2*MaxKey)]), kerr)
+	}
 	return ""
 }
 
@@ -131,6 +157,67 @@ func (q *Queue) deadPoison(ctx context.Context, m *Msg, spec LaneSpec, reason st
 	}
 	q.log.Warn("public job dead-lettered", "lane", spec.Name, "seq", m.Seq(), "subject", escapeBytes(subject[:min(len(subject), maxLoggedSubject)]), "reason", reason)
 	return nil
+}
+
+// maxStranded bounds the stranded jobs one deadStranded call
+// dead-letters; the next sweep takes more.
+const maxStranded = 100
+
+// deadStranded dead-letters the jobs a keyed lane's stream holds on
+// subjects, internal subjects of the lane that no key reads: the lane's
+// keyless subject, or a key ValidKey refuses. Only a replay of a dead
+// letter of an earlier version stored jobs there (ReplayDead now refuses
+// such a replay); stranded, they would never be delivered nor dead-lettered,
+// and would count against the backlog. A subject with a wildcard token is
+// passed over: a read of it would match other keys' jobs. Failures are
+// logged; the next sweep tries again. Two instances sweeping at once store
+// one dead letter (its msg id is the message's).
+func (q *Queue) deadStranded(ctx context.Context, ls *laneState, subjects []string) {
+	lane := ls.spec.Name
+	src := origin(StreamName(lane), ls.epoch)
+	n := 0
+	for _, subj := range subjects {
+		internal, key, ok := subjectKey(lane, subj)
+		if !ok || !internal || slices.ContainsFunc(strings.Split(subj, "."), func(t string) bool { return t == "*" || t == ">" }) {
+			continue
+		}
+		for from := uint64(1); n < maxStranded; n++ {
+			gctx, cancel := context.WithTimeout(ctx, getTimeout)
+			raw, err := ls.stream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
+			cancel()
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				q.log.Warn("reading a stranded job of a keyed lane failed", "lane", lane, "err", err)
+				return
+			}
+			from = raw.Sequence + 1
+			if raw.Header.Get(headerClaim) != "" {
+				// A delayed job's claim on its id (schedule.go) whose
+				// delete failed or is under way: no job. Its msg id stays
+				// remembered by the stream once it is gone.
+				if err := ls.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+					q.log.Warn("deleting a delayed job's claim failed", "lane", lane, "seq", raw.Sequence, "err", err)
+				}
+				continue
+			}
+			job := decodeJob(lane, raw.Header, raw.Data, key, raw.Sequence, true, time.Now())
+			reason := "stored with no key on keyed lane " + lane + ", whose jobs are read by key: never delivered (a dead letter replayed without a key)"
+			if key != "" {
+				reason = "stored under a key the keyed lane's key rules refuse: never delivered (a dead letter replayed with that key)"
+			}
+			meta := &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: raw.Sequence}, NumDelivered: 1, Timestamp: raw.Time}
+			m := &Msg{job: job, m: &deleteAck{st: ls.stream, seq: raw.Sequence}, meta: meta, origin: src,
+				c: &Consumer{q: q, lane: lane, outstanding: map[*Msg]time.Time{}}}
+			dctx, cancel := context.WithTimeout(ctx, 2*publishTimeout)
+			err = q.deadPoison(dctx, m, ls.spec, reason, subj)
+			cancel()
+			if err != nil && !errors.Is(err, ErrAckUnconfirmed) {
+				return // logged; the next sweep tries again
+			}
+		}
+	}
 }
 
 // OnPoison registers f to hear every poison job of lane dead-lettered

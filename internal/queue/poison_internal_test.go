@@ -117,3 +117,51 @@ func TestURLKey(t *testing.T) {
 		t.Errorf("no URLKey: key %q, reason %q", job.Key, r)
 	}
 }
+
+// TestReplayKeyReason: a dead letter's job is replayed only with a key
+// its lane's key rules take: none on a plain lane or a valid one; on a
+// keyed lane a valid one, or on a url_host lane the host of its URL
+// (given, or taken from the URL), or a key the lane takes without a URL.
+func TestReplayKeyReason(t *testing.T) {
+	rules, err := dest.New(dest.Config{URL: "https://base.example/", JobURLs: []string{"https://hooks.example.com/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urlHost := LaneSpec{Name: "wh", URLKey: rules.KeyOf, KeyWithoutURL: func(key string) error {
+		if key == "k1" {
+			return nil
+		}
+		return errors.New("names no URL")
+	}}
+	plain := LaneSpec{Name: "wh"}
+	for _, step := range []struct {
+		name       string
+		spec       LaneSpec
+		keyed      bool
+		key, url   string
+		wantKey    string
+		wantReason string // a part of the reason; "" for none
+	}{
+		{"plain, no key", plain, false, "", "", "", ""},
+		{"plain, a key", plain, false, "k", "", "k", ""},
+		{"plain, an invalid key", plain, false, `k\x7f`, "", `k\x7f`, `the job's Throttle-Key k\\x7f is not a valid key`},
+		{"keyed, no key", plain, true, "", "", "", "the job has no Throttle-Key; lane wh is keyed"},
+		{"keyed, a key", plain, true, "k", "", "k", ""},
+		{"keyed, an invalid key", plain, true, "a/b", "", "a/b", "is not a valid key"},
+		{"url_host, neither", urlHost, true, "", "", "", "no Throttle-Key and no Throttle-URL whose host would be its key"},
+		{"url_host, url only", urlHost, true, "", "https://hooks.example.com/in", "hooks.example.com", ""},
+		{"url_host, the url's host", urlHost, true, "hooks.example.com", "https://hooks.example.com/in", "hooks.example.com", ""},
+		{"url_host, another key", urlHost, true, "other", "https://hooks.example.com/in", "other", "is not the host of its Throttle-URL"},
+		{"url_host, a url refused", urlHost, true, "", "https://evil.example/", "", "invalid Throttle-URL"},
+		{"url_host, a key taken without url", urlHost, true, "k1", "", "k1", ""},
+		{"url_host, a key refused without url", urlHost, true, "k2", "", "k2", "names no URL"},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			job := Job{Lane: "wh", Key: step.key, Dest: dest.Request{URL: step.url}}
+			reason := replayKeyReason(step.spec, &job, step.keyed)
+			if job.Key != step.wantKey || (step.wantReason == "") != (reason == "") || !strings.Contains(reason, step.wantReason) {
+				t.Errorf("key %q, reason %q; want key %q, reason with %q", job.Key, reason, step.wantKey, step.wantReason)
+			}
+		})
+	}
+}

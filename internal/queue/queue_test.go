@@ -188,7 +188,7 @@ func TestConsumerRetryAndDeadLetters(t *testing.T) {
 	}
 	r.Ack()
 	// Replay the dead letter: back in the lane, dead letter gone.
-	if _, err := q.ReplayDead(ctx, "demo", dead[0].Seq); err != nil {
+	if _, err := q.ReplayDead(ctx, "demo", dead[0].Seq, queue.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	next, err = c.Next(ctx, 1)

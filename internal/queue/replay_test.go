@@ -80,11 +80,11 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 		}
 	}
 
-	if _, err := q.ReplayDead(ctx, "demo", seq["gone"]); !errors.Is(err, queue.ErrReplayExpired) {
+	if _, err := q.ReplayDead(ctx, "demo", seq["gone"], queue.ReplayOptions{}); !errors.Is(err, queue.ErrReplayExpired) {
 		t.Fatalf("replay of an expired job: %v, want ErrReplayExpired", err)
 	}
 	hook.fail = errors.New("records down")
-	if _, err := q.ReplayDead(ctx, "demo", seq["cb"]); !errors.Is(err, queue.ErrUnavailable) {
+	if _, err := q.ReplayDead(ctx, "demo", seq["cb"], queue.ReplayOptions{}); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("replay whose record cannot be written: %v, want ErrUnavailable", err)
 	}
 	hook.fail = nil
