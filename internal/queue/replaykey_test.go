@@ -115,7 +115,8 @@ func TestReplayUndeliverableRefused(t *testing.T) {
 // stored on a keyed lane's keyless internal subject, or under a key the
 // key rules refuse, are read by no key. Listing the keys (the sweep at
 // start and every few seconds) dead-letters them, with the reason, so
-// that they leave the backlog; a job on a key is left alone.
+// that they leave the backlog; a job on a key is left alone, and a delayed
+// job's claim left behind is deleted.
 func TestKeyedKeysDeadLettersStranded(t *testing.T) {
 	q, nc := newBareQueue(t)
 	ctx := context.Background()
@@ -130,6 +131,14 @@ func TestKeyedKeysDeadLettersStranded(t *testing.T) {
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A delayed job's claim on its id left behind (its delete failed) is
+	// deleted, not dead-lettered: it is no job.
+	claim := nats.NewMsg(queue.InternalSubject("demo", ""))
+	claim.Header.Set(jetstream.MsgIDHeader, "claimed")
+	claim.Header.Set("Throttler-Claim", "1")
+	if _, err := js.PublishMsg(ctx, claim); err != nil {
+		t.Fatal(err)
 	}
 	r, err := q.KeyedReader("demo")
 	if err != nil {
