@@ -99,7 +99,7 @@ func TestReplayUndeliverableRefused(t *testing.T) {
 	if _, err := q.ReplayDead(ctx, "demo", seq["key-with-a-slash"], queue.ReplayOptions{Key: "k"}); err != nil {
 		t.Fatalf("replay of key-with-a-slash with key k: %v", err)
 	}
-	if want := []records.Replay{{Lane: "demo", ID: "k-0", Key: "k"}, {Lane: "demo", ID: "no-key", Key: "k2"}, {Lane: "demo", ID: "key-with-a-slash", Key: "k"}}; !slices.Equal(hook.heard, want) {
+	if want := []records.Replay{{Lane: "demo", ID: "k-0", Key: "k", Seq: seq["k-0"]}, {Lane: "demo", ID: "no-key", Key: "k2", Seq: seq["no-key"]}, {Lane: "demo", ID: "key-with-a-slash", Key: "k", Seq: seq["key-with-a-slash"]}}; !slices.Equal(hook.heard, want) {
 		t.Fatalf("the hook heard %+v, want %+v", hook.heard, want)
 	}
 	read := drainKeys(t, q, []string{"k", "k2"}, 3)
