@@ -156,13 +156,13 @@ func TestFloorPaths(t *testing.T) {
 			want   string
 		}{
 			{"Lane", redisbucket.AdmitScript, []string{laneKey}, []any{at(0), T, tau, 1, 0, "12.5", 0},
-				`bad floor argument 12.5`},
+				`bad floor argument ARGV[6] "12.5", want µs.nnn`},
 			{"PairLane", redisbucket.PairScript, []string{laneKey, keyKey},
 				[]any{at(0), T, tau, lead, 0, "soon", 0, kT, kTau, 0, ""},
-				`bad floor argument soon`},
+				`bad floor argument ARGV[6] "soon", want µs.nnn`},
 			{"PairKey", redisbucket.PairScript, []string{laneKey, keyKey},
 				[]any{at(0), T, tau, lead, 0, "", 0, kT, kTau, 0, "1.2345"},
-				`bad key floor argument 1.2345`},
+				`bad key floor argument ARGV[11] "1.2345", want µs.nnn`},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := run(t, tc.script, tc.keys, nil, tc.args...)

@@ -99,7 +99,7 @@ local function lost(i, name, cur, rel, tol, per)
   if v == '' then return nil end
   local f = ahead(v)
   if not f then
-    return nil, 'ERR redisbucket: bad ' .. name .. ' argument ' .. v
+    return nil, 'ERR redisbucket: bad ' .. name .. ' argument ARGV[' .. i .. '] "' .. v .. '", want µs.nnn'
   end
   if f > 0 and (not cur or rel < f) then
     return math.max(f, tol + per)
