@@ -20,3 +20,7 @@ func FloorAhead(s *Store, k bucket.Key) time.Duration {
 	}
 	return time.Until(e.until)
 }
+
+// AdmitScript and PairScript are the scripts behind Admit and ReservePair,
+// for tests that call them with arguments of their own.
+var AdmitScript, PairScript = admitScript, pairScript

@@ -78,28 +78,51 @@ local tau = tonumber(ARGV[3])
 local arg = tonumber(ARGV[4])
 local extra_ttl = tonumber(ARGV[5])
 
+-- ahead reads v, a tat in the state format, as tat - now in ns; nil when v
+-- is not in the format.
+local function ahead(v)
+  local us, ns = parse(v)
+  if not us then return nil end
+  return (us - now_us) * 1000 + (ns - now_ns)
+end
+
+-- lost applies the caller's floor ARGV[i] ("" for none; name is what the
+-- error calls it) to a state read as cur (false when the key is missing)
+-- and rel (its tat - now in ns) of a limit with tolerance tol and period
+-- per. A tat never moves back while it is ahead: a key missing, or behind
+-- a floor still ahead, lost writes. It then returns the state to restore,
+-- an empty bucket at or past the floor (ns from now, before anything held
+-- is added), else nil; or nil and an error for a floor not in the format.
+-- The lane's floor and the pair script's key floor both go through it.
+local function lost(i, name, cur, rel, tol, per)
+  local v = ARGV[i]
+  if v == '' then return nil end
+  local f = ahead(v)
+  if not f then
+    return nil, 'ERR redisbucket: bad ' .. name .. ' argument ARGV[' .. i .. '] "' .. v .. '", want µs.nnn'
+  end
+  if f > 0 and (not cur or rel < f) then
+    return math.max(f, tol + per)
+  end
+  return nil
+end
+
 -- rel is tat - now in ns; a missing key is a full bucket (tat <= now),
 -- unless the caller's floor says the state was lost (see above).
 local rel = 0
 local restored = 0
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  local us, ns = parse(cur)
-  if not us then
+  rel = ahead(cur)
+  if not rel then
     return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[1])
   end
-  rel = (us - now_us) * 1000 + (ns - now_ns)
 end
-if ARGV[6] ~= '' then
-  local us, ns = parse(ARGV[6])
-  if not us then
-    return redis.error_reply('ERR redisbucket: bad floor argument ' .. ARGV[6])
-  end
-  local f = (us - now_us) * 1000 + (ns - now_ns)
-  -- A tat never moves back while it is ahead: a key missing, or behind a
-  -- floor still ahead, lost writes.
-  if f > 0 and (not cur or rel < f) then
-    rel = math.max(f, tau + period) + (tonumber(ARGV[7]) or 0)
+do
+  local r, err = lost(6, 'floor', cur, rel, tau, period)
+  if err then return redis.error_reply(err) end
+  if r then
+    rel = r + (tonumber(ARGV[7]) or 0)
     restored = 1
   end
 end
@@ -117,18 +140,20 @@ local function state(r)
   return last_state
 end
 
--- store writes tat = now + r (ns) with a TTL of at least the time until the
--- bucket is full again, so an expired key never hands out a burst early.
-local function store(r)
+-- store writes tat = now + r (ns) to key (KEYS[1] unless given) with a TTL
+-- of at least the time until the bucket is full again, so an expired key
+-- never hands out a burst early.
+local function store(r, key)
+  key = key or KEYS[1]
   if r <= 0 then
     -- The bucket is full: the state equals no state.
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', key)
     return
   end
   -- A whole number of ms up to 1e15 converts to its plain digits (%.17g).
   local ttl = math.ceil(r / 1000000) + extra_ttl
   if ttl > 1e15 then ttl = 1e15 end
-  redis.call('SET', KEYS[1], state(r), 'PX', ttl)
+  redis.call('SET', key, state(r), 'PX', ttl)
 end
 
 if restored == 1 then

@@ -30,28 +30,22 @@ local carry = tonumber(ARGV[10])
 local krel = 0
 local kcur = redis.call('GET', KEYS[2])
 if kcur then
-  local us, ns = parse(kcur)
-  if not us then
+  krel = ahead(kcur)
+  if not krel then
     return redis.error_reply('ERR redisbucket: unreadable state ' .. KEYS[2])
   end
-  krel = (us - now_us) * 1000 + (ns - now_ns)
   if carry > 0 then krel = krel + carry end
 end
-if ARGV[11] ~= '' then
-  local us, ns = parse(ARGV[11])
-  if not us then
-    return redis.error_reply('ERR redisbucket: bad key floor argument ' .. ARGV[11])
-  end
-  local f = (us - now_us) * 1000 + (ns - now_ns)
-  if f > 0 and (not kcur or krel < f) then
+do
+  local r, err = lost(11, 'key floor', kcur, krel, ktau, kperiod)
+  if err then return redis.error_reply(err) end
+  if r then
     -- Written back at once, as the lane's state is, so that the next call
     -- finds it (and counts no second restore) with or without a slot.
-    krel = math.max(f, ktau + kperiod)
+    krel = r
     -- The key's restore is told apart from the lane's (1): 2.
     restored = restored + 2
-    local rttl = math.ceil(krel / 1000000) + extra_ttl
-    if rttl > 1e15 then rttl = 1e15 end
-    redis.call('SET', KEYS[2], state(krel), 'PX', rttl)
+    store(krel, KEYS[2])
   end
 end
 local el = rel - tau
@@ -65,10 +59,9 @@ local due = math.max(el, ek)
 local lrel = math.max(rel, due) + period
 local nk = math.max(krel, due) + kperiod
 store(lrel)
-local kttl = math.ceil(nk / 1000000) + extra_ttl
-if kttl > 1e15 then kttl = 1e15 end
+-- nk > 0 (the key's period is at least 1 ns): store sets, never deletes.
+store(nk, KEYS[2])
 local kstate = state(nk)
-redis.call('SET', KEYS[2], kstate, 'PX', kttl)
 return {1, num(due), num(math.max(nk - ktau, 0)), num(math.max(lrel - tau, 0)), num(nk - kperiod), kstate, tail(lrel)}
 `)
 
