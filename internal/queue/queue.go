@@ -599,7 +599,11 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 		return err
 	}
 	tries, err := q.ensureTries(ctx, spec.Replicas)
-	if err != nil {
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		// A server before 2.11: the lane runs, its jobs waiting in place
+		// counted by each instance alone (inplace.go).
+		q.log.Warn("the server cannot hold the tries bucket; jobs retried in place are counted per instance", "lane", spec.Name, "bucket", TriesBucket, "err", err)
+	} else if err != nil {
 		return err
 	}
 	q.mu.Lock()
