@@ -130,8 +130,10 @@ type Consumer struct {
 	unslotted atomic.Int64
 	// inPlace: failed attempts of jobs waiting in place, by stream
 	// sequence (inplace.go); guarded by mu. inPlaceN is its length.
-	inPlace  map[uint64]int
+	inPlace  map[uint64]inPlaceCount
 	inPlaceN atomic.Int64
+	// tries keeps them across instances and restarts (plain lanes).
+	tries inPlaceTries
 }
 
 // Consumer returns the reader of lane's jobs.
@@ -142,6 +144,9 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	}
 	c := &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
 		outstanding: map[*Msg]time.Time{}, arrived: make(chan struct{}, 1)}
+	if !ls.keyed {
+		c.tries.kv = ls.tries
+	}
 	ls.mu.Lock()
 	ls.local = c
 	ls.mu.Unlock()
@@ -233,7 +238,7 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
 	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
-	msg.job.Attempts = max(msg.job.Attempts, c.attemptsInPlace(meta.Sequence.Stream))
+	msg.job.Attempts = max(msg.job.Attempts, c.attemptsInPlace(meta.Sequence.Stream, meta.NumDelivered))
 	c.q.fetched(c.lane, meta.Sequence.Stream)
 	ls, lerr := c.q.lane(c.lane)
 	if lerr == nil {

@@ -66,3 +66,6 @@ func AgeAhead(r *KeyedReader) {
 	r.ahead.born = r.ahead.born.Add(-aheadFor)
 	r.ahead.mu.Unlock()
 }
+
+// TriesReads counts the reads of c's tries bucket.
+func TriesReads(c *Consumer) uint64 { return c.tries.reads.Load() }

@@ -306,7 +306,7 @@ func (r *KeyedReader) Next(ctx context.Context, key string, from uint64) (*Msg, 
 // msg is the job of key's message seq, stored at at.
 func (r *KeyedReader) msg(key string, seq uint64, hdr nats.Header, data []byte, at time.Time) *Msg {
 	job := decodeJob(r.ls.spec.Name, hdr, data, key, seq, true, time.Now())
-	job.Attempts = max(job.Attempts, r.c.attemptsInPlace(seq))
+	job.Attempts = max(job.Attempts, r.c.attemptsInPlace(seq, 0))
 	if job.EnqueuedAt.IsZero() {
 		job.EnqueuedAt = at
 	}

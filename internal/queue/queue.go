@@ -315,7 +315,7 @@ type laneState struct {
 	// stream still holds jobs on public subjects (the former layout); and
 	// who hears of stored jobs (OnStored)
 	keyed    bool
-	tries    jetstream.KeyValue // ordered keyed lanes: TriesBucket
+	tries    jetstream.KeyValue // plain and ordered keyed lanes: TriesBucket
 	in       jetstream.Stream
 	inEpoch  int64
 	migrate  bool
@@ -598,8 +598,16 @@ func (q *Queue) EnsureLane(ctx context.Context, spec LaneSpec) error {
 	if err != nil {
 		return err
 	}
+	tries, err := q.ensureTries(ctx, spec.Replicas)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		// A server before 2.11: the lane runs, its jobs waiting in place
+		// counted by each instance alone (inplace.go).
+		q.log.Warn("the server cannot hold the tries bucket; jobs retried in place are counted per instance", "lane", spec.Name, "bucket", TriesBucket, "err", err)
+	} else if err != nil {
+		return err
+	}
 	q.mu.Lock()
-	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), consumer: cons, retry: retry}
+	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), consumer: cons, retry: retry, tries: tries}
 	q.mu.Unlock()
 	return nil
 }

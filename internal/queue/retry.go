@@ -100,7 +100,7 @@ func (q *Queue) ensureRetryConsumer(ctx context.Context, spec LaneSpec) (jetstre
 // can only duplicate the job, never lose it. When the copy cannot be
 // stored, or another message holds its msg id (ErrNotTheCopy), the job
 // waits in place instead and is delivered again after delay, its failed
-// attempt counted by this instance (inplace.go). An error
+// attempt counted in place (inplace.go). An error
 // wrapping ErrAckUnconfirmed means the copy is stored and only the
 // original's ack was not confirmed.
 func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
@@ -122,14 +122,14 @@ func (m *Msg) Retry(ctx context.Context, delay time.Duration) error {
 	st := q.retry
 	q.mu.Unlock()
 	if st == nil {
-		m.c.failedInPlace(m.Seq(), job.Attempts)
+		m.c.failedInPlace(ctx, m, job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w: EnsureRetries did not run", job.ID, ErrUnavailable)
 	}
 	if err := q.storeCopy(ctx, st, msg); err != nil {
 		// It waits in place, its failed attempt counted here
 		// (inplace.go): its message cannot say so.
-		m.c.failedInPlace(m.Seq(), job.Attempts)
+		m.c.failedInPlace(ctx, m, job.Attempts)
 		_ = m.m.NakWithDelay(delay)
 		return fmt.Errorf("queue: store retry of %s: %w", job.ID, err)
 	}

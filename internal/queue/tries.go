@@ -10,16 +10,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Failed attempts made in place are kept in the key-value bucket
+// TriesBucket: entry "<lane>.<stream sequence>", the count in decimal, so
+// that max_attempts holds across restarts and instances.
+//
 // An ordered key (per_key.ordered) retries a failing job in place: a copy
 // at the tail would start after the key's later jobs. The job's message
-// stays as it was stored, so its failed attempts are kept beside it, in the
-// key-value bucket TriesBucket: entry "<lane>.<stream sequence>", the count
-// in decimal. The entry is written at each failed attempt, read when an
-// instance reads a key's oldest job for the first time (only that job can
-// have failed attempts: a failing job holds its key), and deleted when the
-// job is settled. So max_attempts holds across restarts and a key's move to
-// another instance. The bucket's MaxAge drops an entry whose job left
-// without being settled here (purged by hand).
+// stays as it was stored, so its failed attempts are kept beside it: the
+// entry (the attempts made in place) is written at each failed attempt,
+// read when an instance reads a key's oldest job for the first time (only
+// that job can have failed attempts: a failing job holds its key), and
+// deleted when the job is settled.
+//
+// A plain lane's job waits in place when its retry copy cannot be stored;
+// its entry (all its failed attempts) is written then, and read and
+// cleared as inplace.go says.
+//
+// The bucket's MaxAge drops an entry whose job left without being settled
+// here (purged by hand, or settled while the bucket was unreachable).
 const (
 	TriesBucket = "THROTTLER_TRIES"
 	triesMaxAge = 7 * 24 * time.Hour
@@ -31,7 +39,7 @@ const (
 // ensureTries creates or opens TriesBucket.
 func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyValue, error) {
 	kv, err := ensureKV(ctx, q.js, jetstream.KeyValueConfig{
-		Bucket: TriesBucket, Description: "throttler failed attempts of ordered keys' jobs retried in place",
+		Bucket: TriesBucket, Description: "throttler failed attempts of jobs retried in place",
 		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
 		LimitMarkerTTL: triesMarkerTTL,
 	})
