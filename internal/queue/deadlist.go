@@ -2,10 +2,8 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,12 +12,12 @@ import (
 
 // Listing dead letters, a page per request.
 //
-// A page is one batch direct get (ADR-31) on the dead-letter stream:
-// next_by_subj the lane's subject from after+1, batch the page's limit,
-// max_bytes deadPageBytes. The server answers with the messages on a
-// per-call inbox and ends with a 204 EOB status (a 404 when there is
-// none); each message names the one sent before it (Nats-Last-Sequence),
-// so an answer with a gap is refused rather than shown as a page. The
+// A page is one batch direct get (ADR-31, batchget.go) on the
+// dead-letter stream: next_by_subj the lane's subject from after+1, batch
+// the page's limit, max_bytes deadPageBytes. The answers come on an inbox
+// the listings share (the Queue's deadInbox, made at the first listing);
+// one that is not a whole chain of the lane's dead letters, from the
+// first message to the EOB, is refused rather than shown as a page. The
 // payloads are dropped as the messages are read: a listing shows only
 // their size.
 //
@@ -37,13 +35,6 @@ import (
 // reads (the server sends one message more than fits, at most its
 // max_payload).
 const deadPageBytes = 4 << 20
-
-// statusNoResponders answers a request nobody subscribes to: a stream
-// without direct gets.
-const statusNoResponders = "503"
-
-// errNoDirect says the dead-letter stream answered no batch direct get.
-var errNoDirect = errors.New("no batch direct get")
 
 // ListDeadPage returns up to limit dead letters of lane with a sequence
 // above after, oldest first, without payloads. NextAfter is the after of
@@ -79,98 +70,50 @@ func (q *Queue) ListDead(ctx context.Context, lane string, after uint64, limit i
 	return page.Dead, err
 }
 
-// listDeadDirect reads a page with one batch direct get. It returns
-// errNoDirect when the stream answers none (no responders, or a server
-// without batch gets), having read nothing.
+// listDeadDirect reads a page with one batch direct get (batchget.go). It
+// returns errNoDirect when the stream answers none (no responders, or a
+// server without batch gets), having read nothing.
 func (q *Queue) listDeadDirect(ctx context.Context, lane string, after uint64, limit int) (api.DeadLetters, error) {
-	var page api.DeadLetters
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, getTimeout)
 		defer cancel()
 	}
-	subject := DeadSubject(lane)
 	maxBytes := deadPageBytes
 	if q.deadPageBytes > 0 {
 		maxBytes = q.deadPageBytes
 	}
-	body, err := json.Marshal(scanReq{Seq: after + 1, NextBy: subject, Batch: limit, MaxBytes: maxBytes})
-	if err != nil {
-		return page, err
-	}
-	unavailable := func(err error) (api.DeadLetters, error) {
+	subject := DeadSubject(lane)
+	req := scanReq{Seq: after + 1, NextBy: subject, Batch: limit, MaxBytes: maxBytes}
+	dead, end, err := batchGet(ctx, &q.deadInbox, q.nc, DeadStream, req, deadParser(subject))
+	switch {
+	case errors.Is(err, errNoBatch):
+		q.deadNoBatch.Store(true)
+		q.log.Info("the NATS server answers no batch direct get; dead letters are listed one per request")
+		return api.DeadLetters{}, errNoDirect
+	case errors.Is(err, errNoDirect):
+		return api.DeadLetters{}, err
+	case err != nil:
 		return api.DeadLetters{}, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
 	}
-	// A per-call inbox, with room for the whole answer (limit messages
-	// and the EOB): the client drops nothing of it, and reading it takes
-	// no goroutine.
-	inbox := q.nc.NewInbox()
-	answers := make(chan *nats.Msg, limit+1)
-	sub, err := q.nc.ChanSubscribe(inbox, answers)
-	if err != nil {
-		return unavailable(err)
+	page := api.DeadLetters{Dead: dead}
+	if n := len(dead); n == limit || (n > 0 && end.pending > 0) {
+		page.NextAfter = dead[n-1].Seq
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := q.nc.PublishRequest("$JS.API.DIRECT.GET."+DeadStream, inbox, body); err != nil {
-		return unavailable(err)
-	}
-	var prev uint64
-	for ctx.Err() == nil {
-		var m *nats.Msg
-		select {
-		case m = <-answers:
-		case <-ctx.Done():
-			return unavailable(ctx.Err())
-		}
-		if status := m.Header.Get(hdrStatus); status != "" && len(m.Data) == 0 {
-			switch status {
-			case statusNoResponders:
-				if prev == 0 {
-					return page, errNoDirect
-				}
-			case statusEOB:
-				if ls, _ := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64); ls != prev {
-					return unavailable(fmt.Errorf("the answer ends after %d, not %d: part of it is missing", ls, prev))
-				}
-				pending, _ := strconv.ParseUint(m.Header.Get(hdrNumPending), 10, 64)
-				if n := len(page.Dead); n == limit || (n > 0 && pending > 0) {
-					page.NextAfter = page.Dead[n-1].Seq
-				}
-				return page, nil
-			case statusNoMsg:
-				if prev == 0 {
-					return page, nil
-				}
-			}
-			return unavailable(fmt.Errorf("status %s %s", status, m.Header.Get("Description")))
-		}
-		if m.Header.Get(hdrNumPending) == "" {
-			if prev == 0 {
-				q.deadNoBatch.Store(true)
-				q.log.Info("the NATS server answers no batch direct get; dead letters are listed one per request")
-				return page, errNoDirect
-			}
-			return unavailable(errors.New("a message without Nats-Num-Pending in a batch answer"))
-		}
-		seq, err := strconv.ParseUint(m.Header.Get(hdrStreamSeq), 10, 64)
-		if err != nil || seq <= prev || seq <= after {
-			return unavailable(fmt.Errorf("bad %s header %q after %d", hdrStreamSeq, m.Header.Get(hdrStreamSeq), max(prev, after)))
-		}
-		if ls, err := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64); err != nil || ls != prev {
-			return unavailable(fmt.Errorf("message %d follows %q, not %d: part of the answer is missing", seq, m.Header.Get(hdrLastSeq), prev))
-		}
+	return page, nil
+}
+
+// deadParser reads a dead letter of a page (readBatch), without its
+// payload: its subject must be the lane's, subject.
+func deadParser(subject string) func(seq uint64, m *nats.Msg) (api.DeadLetter, error) {
+	return func(seq uint64, m *nats.Msg) (api.DeadLetter, error) {
 		if got := m.Header.Get(hdrStreamSubj); got != subject {
-			return unavailable(fmt.Errorf("message %d on subject %q, not %q", seq, got, subject))
-		}
-		if len(page.Dead) == limit {
-			return unavailable(fmt.Errorf("more than %d messages", limit))
+			return api.DeadLetter{}, fmt.Errorf("message %d on subject %q, not %q", seq, got, subject)
 		}
 		d := deadFromRaw(&jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: m.Header, Data: m.Data})
 		d.Payload = nil
-		page.Dead = append(page.Dead, d)
-		prev = seq
+		return d, nil
 	}
-	return unavailable(ctx.Err())
 }
 
 // listDeadEach reads a page one message get per dead letter.

@@ -178,14 +178,18 @@ func TestListDeadReadsAPagePerRequest(t *testing.T) {
 	if dead, err := q.ListDead(context.Background(), "nobody", 0, 10); err != nil || len(dead) != 0 {
 		t.Fatalf("a lane without dead letters: %v %v", dead, err)
 	}
-	// A listing whose caller has gone leaves nothing behind either.
+	// A listing whose caller has gone leaves nothing behind either: the
+	// listings share one inbox, made at the first, and none waits on it.
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := q.ListDead(gone, "demo", 0, 10); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("a cancelled listing: %v", err)
 	}
-	if n := nc.NumSubscriptions(); n != subs {
-		t.Fatalf("%d subscriptions after the listings, %d before", n, subs)
+	if n := nc.NumSubscriptions(); n != subs+1 {
+		t.Fatalf("%d subscriptions after the listings, %d before: want their one inbox more", n, subs)
+	}
+	if n := queue.DeadListingsWaiting(q); n != 0 {
+		t.Fatalf("%d listings still wait for an answer", n)
 	}
 }
 

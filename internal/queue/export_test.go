@@ -19,6 +19,14 @@ func ListDeadEach(ctx context.Context, q *Queue, lane string, after uint64, limi
 // the default.
 func SetDeadPageBytes(q *Queue, n int) { q.deadPageBytes = n }
 
+// DeadListingsWaiting counts the listings of q that wait for an answer on
+// the inbox they share.
+func DeadListingsWaiting(q *Queue) int {
+	q.deadInbox.mu.Lock()
+	defer q.deadInbox.mu.Unlock()
+	return len(q.deadInbox.calls)
+}
+
 // HeaderExpiresAt is the dead letter's header of the job's expiry.
 const HeaderExpiresAt = headerExpiresAt
 

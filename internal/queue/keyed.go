@@ -524,7 +524,7 @@ func deleteAnswer(msgs []*nats.Msg) error {
 		return errors.New("no answer")
 	}
 	m := msgs[0]
-	if st := m.Header.Get(hdrStatus); len(m.Data) == 0 && st != "" {
+	if st := statusOf(m); st != "" {
 		return fmt.Errorf("status %s %s", st, m.Header.Get("Description"))
 	}
 	var resp struct {

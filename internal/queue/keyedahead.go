@@ -2,10 +2,8 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +19,7 @@ import (
 // reader reads the lane's stream in order, across every key's subject, a
 // batch of messages per request (a batch direct get, ADR-31: next_by_subj
 // with a wildcard, seq, batch, max_bytes, answered by the messages and a
-// 204 EOB status). Such a scan from sequence lo up to hi tells, for every
+// 204 EOB status; batchget.go reads it). Such a scan from sequence lo up to hi tells, for every
 // key, all its messages stored in [lo, hi]: sequences only grow, so no
 // message stored later can fall in that range, and one deleted since is
 // one this reader deleted (settled) or, once the key changed hands,
@@ -41,8 +39,8 @@ import (
 //
 // A server that answers no batch (before nats-server 2.11: one message,
 // with no Nats-Num-Pending) makes the reader read each key by itself, as
-// before. The reads under way at once share one subscription (a wildcard
-// inbox, one token per request).
+// before. The reads under way at once share one subscription (replies: a
+// wildcard inbox, one token per request).
 
 // Bounds of reading ahead.
 const (
@@ -59,18 +57,6 @@ const (
 	aheadBytes = 16 << 20
 	// aheadFor is how long a scan is trusted after it began.
 	aheadFor = 2 * time.Second
-)
-
-// Headers of a batch direct get's answers (ADR-31).
-const (
-	hdrStatus     = "Status"
-	hdrNumPending = "Nats-Num-Pending"
-	hdrLastSeq    = "Nats-Last-Sequence"
-	hdrStreamSeq  = "Nats-Sequence"
-	hdrStreamSubj = "Nats-Subject"
-	hdrStreamTime = "Nats-Time-Stamp"
-	statusEOB     = "204"
-	statusNoMsg   = "404"
 )
 
 // aheadMsg is one message read ahead.
@@ -165,17 +151,6 @@ func (a *ahead) forget(key string) {
 	a.forgetLocked(key)
 }
 
-// errNoBatch says the server answered a batch request with one message.
-var errNoBatch = errors.New("the server answers no batch direct get")
-
-// scanReq is a batch direct get's request (nats-server's JSApiMsgGetRequest).
-type scanReq struct {
-	Seq      uint64 `json:"seq"`
-	NextBy   string `json:"next_by_subj"`
-	Batch    int    `json:"batch,omitempty"`
-	MaxBytes int    `json:"max_bytes,omitempty"`
-}
-
 // scan extends the scan from from (the first sequence it does not cover,
 // or where a stale one starts again) and reports whether it covers from
 // now; none says the lane has no message at or after from. It does
@@ -212,14 +187,15 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 
 	prefix := InternalSubject(r.ls.spec.Name, "") + "."
 	sent := time.Now()
-	msgs, last, err := r.batchGet(ctx, scanReq{Seq: from, NextBy: prefix + ">", Batch: batch, MaxBytes: scanBytes})
+	req := scanReq{Seq: from, NextBy: prefix + ">", Batch: batch, MaxBytes: scanBytes}
+	msgs, end, err := batchGet(ctx, &r.inbox, r.q.nc, r.ls.stream.CachedInfo().Config.Name, req, aheadParser(prefix))
 	if errors.Is(err, errNoBatch) {
 		a.noBatch.Store(true)
 		r.q.log.Info("the NATS server answers no batch direct get; keyed lane reads one job per request", "lane", r.ls.spec.Name)
 		return false, false, nil
 	}
 	if err != nil {
-		return false, false, err
+		return false, false, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, err)
 	}
 	a.scans.Add(1)
 	if len(msgs) == 0 {
@@ -256,7 +232,7 @@ func (r *KeyedReader) scan(ctx context.Context, from uint64) (covered, none bool
 		a.n++
 		a.bytes += m.size
 	}
-	a.hi = last
+	a.hi = end.last
 	return true, false, nil
 }
 
@@ -278,194 +254,26 @@ type keyedMsg struct {
 	aheadMsg
 }
 
-// batchGet sends one batch direct get and gathers its answers until the
-// EOB; last is the highest sequence the answer covers (the last message
-// sent). It returns errNoBatch when the server answered with one message
-// and no Nats-Num-Pending (a server without batch gets).
-func (r *KeyedReader) batchGet(ctx context.Context, req scanReq) (msgs []keyedMsg, last uint64, err error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	call, reply, err := r.inbox.open(r.q.nc, max(req.Batch, 1))
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, r.ls.spec.Name, err)
-	}
-	defer r.inbox.close(call)
-	subj := "$JS.API.DIRECT.GET." + r.ls.stream.CachedInfo().Config.Name
-	if err := r.q.nc.PublishRequest(subj, reply, body); err != nil {
-		return nil, 0, fmt.Errorf("%w: lane %s: %v", ErrUnavailable, r.ls.spec.Name, err)
-	}
-	select {
-	case <-call.done:
-	case <-ctx.Done():
-		return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, ctx.Err())
-	}
-	// The answers are complete: deliver adds none after done closed.
-	got := call.msgs
-	if call.over {
-		return nil, 0, fmt.Errorf("%w: read lane %s ahead: more than %d messages", ErrUnavailable, r.ls.spec.Name, req.Batch)
-	}
-	msgs, last, err = readBatch(got, InternalSubject(r.ls.spec.Name, "")+".")
-	if err != nil && !errors.Is(err, errNoBatch) {
-		return nil, 0, fmt.Errorf("%w: read lane %s ahead: %v", ErrUnavailable, r.ls.spec.Name, err)
-	}
-	return msgs, last, err
-}
-
-// readBatch reads the answers of a batch direct get, in the order they
-// came, up to its EOB; last is the highest sequence the answer covers.
-// Each message names the one sent before it (Nats-Last-Sequence, 0 on the
-// first): an answer whose first messages were lost (a reconnect while the
-// server was sending it) or with a gap is refused, not trusted for a range
-// it did not show.
-func readBatch(got []*nats.Msg, prefix string) (msgs []keyedMsg, last uint64, err error) {
-	prev := uint64(0)
-	for i, m := range got {
-		if len(m.Data) == 0 && m.Header.Get(hdrStatus) != "" {
-			switch m.Header.Get(hdrStatus) {
-			case statusEOB:
-				if i != len(got)-1 {
-					return nil, 0, errors.New("EOB before the last answer")
-				}
-				ls, _ := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64)
-				if len(msgs) > 0 {
-					last = max(msgs[len(msgs)-1].seq, ls)
-				}
-				return msgs, last, nil
-			case statusNoMsg:
-				return nil, 0, nil
-			default:
-				return nil, 0, fmt.Errorf("status %s %s", m.Header.Get(hdrStatus), m.Header.Get("Description"))
+// aheadParser reads a message of a scan of the lane whose subjects begin
+// with prefix (readBatch): its subject must be a key of the lane (prefix
+// and a valid key); its time is read from its headers, and its size is its
+// payload and headers, as received.
+func aheadParser(prefix string) func(seq uint64, m *nats.Msg) (keyedMsg, error) {
+	return func(seq uint64, m *nats.Msg) (keyedMsg, error) {
+		at, err := time.Parse(time.RFC3339Nano, m.Header.Get(hdrStreamTime))
+		if err != nil {
+			return keyedMsg{}, fmt.Errorf("bad %s header: %v", hdrStreamTime, err)
+		}
+		key, ok := strings.CutPrefix(m.Header.Get(hdrStreamSubj), prefix)
+		if !ok || ValidKey(key) != nil {
+			return keyedMsg{}, fmt.Errorf("message %d on subject %q, not a key of the lane", seq, m.Header.Get(hdrStreamSubj))
+		}
+		size := len(m.Data)
+		for k, vs := range m.Header {
+			for _, v := range vs {
+				size += len(k) + len(v) + 4
 			}
 		}
-		if m.Header.Get(hdrNumPending) == "" {
-			return nil, 0, errNoBatch
-		}
-		km, err := parseAhead(m, prefix)
-		if err != nil {
-			return nil, 0, err
-		}
-		if ls, err := strconv.ParseUint(m.Header.Get(hdrLastSeq), 10, 64); err != nil || ls != prev {
-			return nil, 0, fmt.Errorf("message %d follows %q, not %d: part of the answer is missing", km.seq, m.Header.Get(hdrLastSeq), prev)
-		}
-		if km.seq <= prev {
-			return nil, 0, fmt.Errorf("sequence %d after %d", km.seq, prev)
-		}
-		msgs = append(msgs, km)
-		prev = km.seq
-	}
-	return nil, 0, errors.New("the answer ended without EOB")
-}
-
-// parseAhead reads a direct get's answer: its sequence, subject (a key of
-// the lane: prefix and a valid key) and time from its headers.
-func parseAhead(m *nats.Msg, prefix string) (keyedMsg, error) {
-	seq, err := strconv.ParseUint(m.Header.Get(hdrStreamSeq), 10, 64)
-	if err != nil || seq == 0 {
-		return keyedMsg{}, fmt.Errorf("bad %s header %q", hdrStreamSeq, m.Header.Get(hdrStreamSeq))
-	}
-	at, err := time.Parse(time.RFC3339Nano, m.Header.Get(hdrStreamTime))
-	if err != nil {
-		return keyedMsg{}, fmt.Errorf("bad %s header: %v", hdrStreamTime, err)
-	}
-	key, ok := strings.CutPrefix(m.Header.Get(hdrStreamSubj), prefix)
-	if !ok || ValidKey(key) != nil {
-		return keyedMsg{}, fmt.Errorf("message %d on subject %q, not a key of the lane", seq, m.Header.Get(hdrStreamSubj))
-	}
-	size := len(m.Data)
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			size += len(k) + len(v) + 4
-		}
-	}
-	return keyedMsg{key: key, aheadMsg: aheadMsg{seq: seq, hdr: m.Header, data: m.Data, at: at, size: size}}, nil
-}
-
-// replies is one wildcard inbox subscription shared by the reads under way:
-// each request has a token; its answers are gathered on the subscription's
-// goroutine and handed over at once when the last one came (one wake-up
-// per request, not one per message).
-type replies struct {
-	mu     sync.Mutex
-	sub    *nats.Subscription
-	prefix string
-	next   uint64
-	calls  map[string]*call
-}
-
-// call gathers one request's answers: up to max messages and the status
-// that ends them (EOB, an error); done closes after the last one. over
-// says more came than asked for.
-type call struct {
-	tok  string
-	max  int
-	msgs []*nats.Msg
-	over bool
-	done chan struct{}
-}
-
-// open returns a request's call (room for n messages and the EOB) and its
-// reply subject; the subscription is made at the first request.
-func (p *replies) open(nc *nats.Conn, n int) (*call, string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.sub == nil || !p.sub.IsValid() {
-		prefix := nc.NewInbox() + "."
-		sub, err := nc.Subscribe(prefix+"*", p.deliver)
-		if err != nil {
-			return nil, "", err
-		}
-		// Answers are gathered as they come, never dropped by the client.
-		_ = sub.SetPendingLimits(-1, -1)
-		p.sub, p.prefix = sub, prefix
-		if p.calls == nil {
-			p.calls = map[string]*call{}
-		}
-	}
-	p.next++
-	c := &call{tok: strconv.FormatUint(p.next, 36), max: n, done: make(chan struct{})}
-	p.calls[c.tok] = c
-	return c, p.prefix + c.tok, nil
-}
-
-// close forgets a request: later answers are dropped.
-func (p *replies) close(c *call) {
-	p.mu.Lock()
-	delete(p.calls, c.tok)
-	p.mu.Unlock()
-}
-
-// deliver adds an answer to its request's call and ends the call at a
-// status (EOB, not found, an error), at a message without batch headers
-// (a server without batch gets answers one), or past the call's room. An
-// answer with no call waiting is dropped.
-func (p *replies) deliver(m *nats.Msg) {
-	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.calls[tok]
-	if c == nil {
-		return
-	}
-	status := len(m.Data) == 0 && m.Header.Get(hdrStatus) != ""
-	if !status && len(c.msgs) >= c.max {
-		c.over = true
-	} else {
-		c.msgs = append(c.msgs, m)
-	}
-	if status || c.over || m.Header.Get(hdrNumPending) == "" {
-		delete(p.calls, tok)
-		close(c.done)
-	}
-}
-
-// stop ends the subscription (the lane stopped).
-func (p *replies) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.sub != nil {
-		_ = p.sub.Unsubscribe()
-		p.sub = nil
+		return keyedMsg{key: key, aheadMsg: aheadMsg{seq: seq, hdr: m.Header, data: m.Data, at: at, size: size}}, nil
 	}
 }

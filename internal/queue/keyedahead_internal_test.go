@@ -54,16 +54,16 @@ func TestReadBatchRefusesAPartialAnswer(t *testing.T) {
 	if len(got) != 5 {
 		t.Fatalf("%d answers, want 4 messages and the EOB", len(got))
 	}
-	msgs, last, err := readBatch(got, prefix)
-	if err != nil || len(msgs) != 4 || last != 4 || msgs[1].key != "b" {
-		t.Fatalf("the whole answer: %+v, last %d, %v", msgs, last, err)
+	msgs, end, err := readBatch(got, 1, aheadParser(prefix))
+	if err != nil || len(msgs) != 4 || end.last != 4 || msgs[1].key != "b" {
+		t.Fatalf("the whole answer: %+v, last %d, %v", msgs, end.last, err)
 	}
 	for name, part := range map[string][]*nats.Msg{
 		"first lost":  got[1:],
 		"second lost": append([]*nats.Msg{got[0]}, got[2:]...),
 		"third lost":  append(append([]*nats.Msg{}, got[:2]...), got[3:]...),
 	} {
-		if msgs, _, err := readBatch(part, prefix); err == nil || !strings.Contains(err.Error(), "missing") {
+		if msgs, _, err := readBatch(part, 1, aheadParser(prefix)); err == nil || !strings.Contains(err.Error(), "missing") {
 			t.Errorf("%s: %d messages, %v; want it refused", name, len(msgs), err)
 		}
 	}

@@ -291,9 +291,11 @@ type Queue struct {
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64
-	// deadNoBatch: the server answered a dead-letter listing's batch
-	// direct get with one message (deadlist.go); deadPageBytes, when
-	// not 0, bounds a listing's bytes instead of deadPageBytes (tests).
+	// deadInbox gathers the answers of the dead-letter listings' batch
+	// direct gets; deadNoBatch: the server answered one with one message
+	// (deadlist.go); deadPageBytes, when not 0, bounds a listing's bytes
+	// instead of deadPageBytes (tests).
+	deadInbox     replies
 	deadNoBatch   atomic.Bool
 	deadPageBytes int
 	// replays hears replayed dead letters (SetReplayHook).
