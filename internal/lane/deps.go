@@ -89,6 +89,9 @@ type Streams interface {
 	OnStored(lane string, f func(key string))
 	// OnPoison hears each job of lane dead-lettered at once as poison.
 	OnPoison(lane string, f func())
+	// OnDuplicate hears each job published on a keyed lane's public
+	// subjects that was dropped, as a duplicate, when moved into its lane.
+	OnDuplicate(lane string, f func())
 	RunIntake(ctx context.Context, lane string, log *slog.Logger)
 	MoveRetries(ctx context.Context, lane string, log *slog.Logger)
 	// ShareReadAhead shares the lane's jobs fetched and not yet given a

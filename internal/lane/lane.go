@@ -204,6 +204,10 @@ func (l *Lane) setUp(ctx context.Context, lim bucket.Limit) error {
 			return err
 		}
 		l.d.Queue.OnPoison(name, func() { m.DeadLettered.WithLabelValues(name).Inc() })
+		// A job published over NATS whose id the lane held already: its
+		// publisher had its PubAck from the intake stream, so a counter
+		// is where it shows.
+		l.d.Queue.OnDuplicate(name, func() { m.Submitted.WithLabelValues(name, "duplicate", "nats").Inc() })
 		if l.keyed, err = l.newKeyed(); err != nil {
 			return err
 		}

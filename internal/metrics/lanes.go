@@ -17,8 +17,9 @@ import (
 var (
 	// submittedAs are the (state, source) pairs of Submitted: HTTP intake
 	// answers admitted, queued or duplicate; a job published on NATS is
-	// counted as queued when the drain first meets it.
-	submittedAs = [][2]string{{"admitted", "http"}, {"queued", "http"}, {"duplicate", "http"}, {"scheduled", "http"}, {"queued", "nats"}}
+	// counted as queued when the drain first meets it, and on a keyed lane
+	// as duplicate when its move into the lane finds its id there.
+	submittedAs = [][2]string{{"admitted", "http"}, {"queued", "http"}, {"duplicate", "http"}, {"scheduled", "http"}, {"queued", "nats"}, {"duplicate", "nats"}}
 	// rejectReasons are the reasons of Rejected (ingest's refusals).
 	rejectReasons = []string{
 		"shutting_down", "unknown_lane", "callback_lane", "invalid_idempotency_key", "invalid_content_type",

@@ -17,18 +17,35 @@ import (
 // max_backlog, DiscardNew, the lane's dedup window for the publishers'
 // Nats-Msg-Id). RunIntake moves them, oldest first, into the lane stream on
 // their keys' internal subjects, as the lane stream has room: a move is a
-// publish with a Nats-Msg-Id of its own, and the original is deleted only
-// after the lane stream confirmed the copy (or answered that it already
-// holds it). So a job is never lost, and a move repeated after a crash, or
+// publish with a Nats-Msg-Id, and the original is deleted only after the
+// lane stream confirmed the copy (or answered that it already holds that
+// msg id). So a job is never lost, and a move repeated after a crash, or
 // by a second instance moving the same job, is a duplicate JetStream drops
 // while the repeat comes within the lane's dedup window (after a longer
 // outage the job is stored twice: delivered at least once).
 //
-// The move's msg id is "<job id> intake-<stream created>-<sequence>". It
-// holds a space, which no job id may (ValidJobID), so nobody who submits
-// jobs can claim it first; a duplicate answer therefore always means the
-// copy is stored, and is believed. The intake stream's creation time keeps
-// the ids of a re-created intake stream apart.
+// The move's msg id (intakeMsgID) is the job's id when its publisher gave
+// it (its Nats-Msg-Id), as a job submitted over HTTP is stored under its
+// Idempotency-Key: the lane stream then de-duplicates an id across both
+// ways in, as a plain lane's stream does, whichever is stored first. A job
+// the throttler named "<lane>-<intake sequence>" (LaneSeqID) is moved
+// under "<job id> intake-<stream created>-<sequence>": the intake stream's
+// sequences start again when it is re-created, and its creation time keeps
+// the two apart. A delayed job is stored in the retry stream, shared by
+// every lane, under that second form too, and its given id is claimed in
+// the lane stream (claimID) as a delayed HTTP job's is.
+//
+// Only the throttler writes the lane stream of a keyed lane: it takes the
+// internal subjects alone, which the documented permissions keep from
+// publishers (docs/OPERATIONS.md). A msg id held there is a job the
+// throttler stored (over HTTP, moved from the intake, a claim) or one of
+// its copies, whose ids hold a space, which no given id may (ValidJobID).
+// So a duplicate answer to a move always means the lane holds a job of
+// that id, and is believed: the original is deleted, and dropped is only
+// the job being moved, a job of the same id as one its lane holds. A job
+// published over NATS whose id its lane stream already held is thus never
+// delivered; its publisher had its PubAck from the intake stream, so the
+// drop is logged and heard by OnDuplicate (the lane counts it).
 //
 // Every instance runs a mover. Each reads the oldest job left and never
 // passes a job it could not move, so the keys' jobs reach
@@ -110,8 +127,23 @@ func (q *Queue) RunIntake(ctx context.Context, lane string, log *slog.Logger) {
 	// internal pivot): they would stay, each taking a place of
 	// max_backlog, until the intake stream refused every publish.
 	q.drainIntake(ctx, ls, ls.in, ">", func(job *Job, seq uint64) {
-		job.MsgID = fmt.Sprintf("%s intake-%d-%d", job.ID, ls.inEpoch, seq)
+		job.MsgID = intakeSeqMsgID(job.ID, ls.inEpoch, seq)
 	}, log)
+}
+
+// intakeSeqMsgID is the msg id of a move, from the intake stream created
+// at epoch, of the job id stored there at seq, made for a job whose id the
+// throttler made, and for a delayed job's copy in the retry stream.
+func intakeSeqMsgID(id string, epoch int64, seq uint64) string {
+	return fmt.Sprintf("%s intake-%d-%d", id, epoch, seq)
+}
+
+// givenID reports whether a public job of lane has the id its publisher
+// gave it (its Nats-Msg-Id): one not made by the throttler, which no
+// publisher's id may look like (ValidGivenID).
+func givenID(lane, id string) bool {
+	_, made := LaneSeqID(lane, id)
+	return !made
 }
 
 // migrate moves the jobs a lane stream of the former layout holds on public
@@ -240,17 +272,34 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 	}
 	msgID(&job, seq)
 	job.Outside = true // counted as NATS intake when it starts
+	// Only the intake stream's moves de-duplicate by a given id: a lane
+	// stream of the former layout stored the job on its public subject
+	// under that id already, and a copy under it would be dropped as a
+	// duplicate of its own original.
+	given := from == ls.in && givenID(lane, job.ID)
 	if !job.NotBefore.IsZero() && time.Until(job.NotBefore) > notBeforeSlack {
 		// Its publisher asked for a delay: it waits in the retry stream
 		// (schedule.go), under this move's msg id, until due.
 		job.EnqueuedAt = time.Time{}
-		if _, err := q.storeScheduled(pctx, job); err != nil {
+		ack, err := q.storeScheduled(pctx, job)
+		if err != nil {
 			return err
 		}
-		if h := q.hook.get(); h != nil {
+		res := PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}
+		if given {
+			if res, err = q.claimID(pctx, ls, job, res); err != nil {
+				return err
+			}
+		}
+		if res.Queued {
+			q.droppedDuplicate(ls, job, seq, res.Seq)
+		} else if h := q.hook.get(); h != nil {
 			h.Scheduled(lane, job.ID, job.NotBefore, job.Reply)
 		}
 	} else if job.NotBefore = (time.Time{}); from == ls.in {
+		if given {
+			job.MsgID = job.ID
+		}
 		ack, err := q.publish(pctx, InternalSubject(lane, key), jobMsg(job))
 		if err != nil {
 			return err
@@ -259,6 +308,8 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 			ls.mu.Lock()
 			ls.confirmed++
 			ls.mu.Unlock()
+		} else if given {
+			q.droppedDuplicate(ls, job, seq, ack.Sequence)
 		}
 		ls.stored(key)
 	} else if err := q.moveFormer(pctx, ls, job, seq); err != nil {
@@ -273,6 +324,37 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 		return fmt.Errorf("%w: delete moved job %d: %v", ErrUnavailable, seq, err)
 	}
 	return nil
+}
+
+// droppedDuplicate tells of a job published over NATS, at seq of the
+// intake stream, that was not stored: its lane stream holds a job of its
+// id (at laneSeq: in the lane, or for a delayed job the claim's place).
+// Its publisher had its PubAck already, so the log and OnDuplicate are all
+// that hear of it. A move repeated after a crash between its store and
+// its delete is heard too: the two cannot be told apart once the first
+// copy has left the lane.
+func (q *Queue) droppedDuplicate(ls *laneState, job Job, seq, laneSeq uint64) {
+	ls.mu.Lock()
+	f := ls.onDuplicate
+	ls.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	q.log.Info("a job published over NATS was not stored: its lane already holds a job with its id",
+		"lane", job.Lane, "id", job.ID, "key", job.Key, "intake_seq", seq, "lane_seq", laneSeq)
+}
+
+// OnDuplicate registers f to hear every job published on a keyed lane's
+// public subjects that was dropped as a duplicate when it was moved into
+// its lane (droppedDuplicate). f must be cheap and must not block.
+func (q *Queue) OnDuplicate(lane string, f func()) {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return
+	}
+	ls.mu.Lock()
+	ls.onDuplicate = f
+	ls.mu.Unlock()
 }
 
 // moveFormer moves a job a lane stream of the former layout holds at seq

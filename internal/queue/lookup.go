@@ -194,10 +194,23 @@ func (q *Queue) publishedAt(ctx context.Context, ls *laneState, from jetstream.S
 
 // lookupMoved finds the copy of a keyed lane's public job, published at
 // intakeSeq of the intake stream, that the intake mover stored in the lane
-// stream.
+// stream: under its id when its publisher gave it, else (and for a delayed
+// job come due) under the move's own msg id (intakein.go).
 func (q *Queue) lookupMoved(ctx context.Context, ls *laneState, id string, intakeSeq uint64) (Job, time.Time, error) {
+	if givenID(ls.spec.Name, id) {
+		job, at, err := q.movedUnder(ctx, ls, id, id)
+		if !errors.Is(err, ErrNoSuchJob) {
+			return job, at, err
+		}
+	}
+	return q.movedUnder(ctx, ls, id, intakeSeqMsgID(id, ls.inEpoch, intakeSeq))
+}
+
+// movedUnder reads the public job id that the intake mover stored in the
+// lane stream under msgID.
+func (q *Queue) movedUnder(ctx context.Context, ls *laneState, id, msgID string) (Job, time.Time, error) {
 	lane := ls.spec.Name
-	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(lane, ""), fmt.Sprintf("%s intake-%d-%d", id, ls.inEpoch, intakeSeq))
+	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(lane, ""), msgID)
 	switch {
 	case err != nil:
 		return Job{}, time.Time{}, err

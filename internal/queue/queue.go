@@ -323,6 +323,9 @@ type laneState struct {
 	migrate  bool
 	onStored func(key string)
 	onPoison func() // hears a poison job dead-lettered (OnPoison)
+	// hears a public job of a keyed lane dropped as a duplicate when
+	// moved (OnDuplicate)
+	onDuplicate func()
 
 	// flight shares the JetStream reads of Backlog and Ahead between
 	// the requests that need them at once.

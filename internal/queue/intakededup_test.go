@@ -1,0 +1,112 @@
+package queue_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/throttler/throttler/internal/queue"
+	"github.com/throttler/throttler/internal/testenv"
+)
+
+// keyedDedupLane is a keyed lane whose dropped duplicates are counted.
+func keyedDedupLane(t *testing.T) (*queue.Queue, jetstream.JetStream, *atomic.Int64) {
+	t.Helper()
+	q, nc := newBareQueue(t)
+	if err := q.EnsureKeyedLane(context.Background(), intakeSpec(100)); err != nil {
+		t.Fatal(err)
+	}
+	var dropped atomic.Int64
+	q.OnDuplicate("demo", func() { dropped.Add(1) })
+	js, _ := jetstream.New(nc)
+	return q, js, &dropped
+}
+
+func intakeEmpty(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the public jobs moved", func() bool {
+		return msgsIn(t, js, queue.IntakeStreamName("demo")) == 0
+	})
+}
+
+// TestKeyedIntakeNATSJobDuplicateOfHTTPJob: a job published over NATS
+// whose Nats-Msg-Id is the Idempotency-Key of a job submitted over HTTP
+// and waiting in the lane is dropped when it is moved in: the key's jobs
+// are the HTTP job, then the next public one, each once.
+func TestKeyedIntakeNATSJobDuplicateOfHTTPJob(t *testing.T) {
+	q, js, dropped := keyedDedupLane(t)
+	if res, err := q.Publish(context.Background(), queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || res.Duplicate {
+		t.Fatalf("publish x over HTTP: %+v %v", res, err)
+	}
+	publishPublic(t, js, "k", "x")
+	publishPublic(t, js, "k", "after")
+	runIntake(t, q)
+	intakeEmpty(t, js)
+	if got := drainKeys(t, q, []string{"k"}, 2)["k"]; !slices.Equal(got, []string{"x", "after"}) {
+		t.Fatalf("key k's jobs %v, want [x after]", got)
+	}
+	if n := laneStored(t, q); n != 0 {
+		t.Fatalf("the lane holds %d jobs after the drain, want 0 (x stored twice)", n)
+	}
+	if n := dropped.Load(); n != 1 {
+		t.Errorf("OnDuplicate heard %d jobs, want 1", n)
+	}
+}
+
+// TestKeyedIntakeHTTPJobDuplicateOfNATSJob: a job submitted over HTTP with
+// the Nats-Msg-Id of a job published over NATS and moved into the lane is
+// a duplicate, as on a plain lane.
+func TestKeyedIntakeHTTPJobDuplicateOfNATSJob(t *testing.T) {
+	q, js, dropped := keyedDedupLane(t)
+	publishPublic(t, js, "k", "x")
+	runIntake(t, q)
+	intakeEmpty(t, js)
+	if res, err := q.Publish(context.Background(), queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || !res.Duplicate {
+		t.Fatalf("publish x over HTTP after x over NATS: %+v %v, want a duplicate", res, err)
+	}
+	publishPublic(t, js, "k", "after")
+	intakeEmpty(t, js)
+	if got := drainKeys(t, q, []string{"k"}, 2)["k"]; !slices.Equal(got, []string{"x", "after"}) {
+		t.Fatalf("key k's jobs %v, want [x after]", got)
+	}
+	if n := laneStored(t, q); n != 0 {
+		t.Fatalf("the lane holds %d jobs after the drain, want 0 (x stored twice)", n)
+	}
+	if n := dropped.Load(); n != 0 {
+		t.Errorf("OnDuplicate heard %d jobs, want 0", n)
+	}
+}
+
+// TestKeyedIntakeDelayedDuplicates: a delayed job published over NATS
+// claims its id in the lane as a delayed HTTP job does: one whose id an
+// HTTP job in the lane holds is dropped (its copy leaves the retry stream),
+// and an HTTP job of a delayed public job's id is a duplicate.
+func TestKeyedIntakeDelayedDuplicates(t *testing.T) {
+	q, js, dropped := keyedDedupLane(t)
+	ctx := context.Background()
+	if _, err := q.Publish(ctx, queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil {
+		t.Fatal(err)
+	}
+	delay := nats.Header{queue.HeaderThrottleDelay: []string{"1h"}}
+	publishOutside(t, js, queue.Subject("demo", "k"), "x", "nats", delay)
+	publishOutside(t, js, queue.Subject("demo", "k"), "y", "nats", delay)
+	runIntake(t, q)
+	intakeEmpty(t, js)
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 1 {
+		t.Fatalf("the retry stream holds %d (%v), want only the delayed y", w, err)
+	}
+	if n := dropped.Load(); n != 1 {
+		t.Errorf("OnDuplicate heard %d jobs, want 1 (the delayed x)", n)
+	}
+	if res, err := q.Publish(ctx, queue.Job{ID: "y", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || !res.Duplicate {
+		t.Fatalf("publish y over HTTP after the delayed y over NATS: %+v %v, want a duplicate", res, err)
+	}
+	if n := laneStored(t, q); n != 1 {
+		t.Fatalf("the lane holds %d messages, want the HTTP x only (claims are deleted)", n)
+	}
+}
