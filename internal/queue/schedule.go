@@ -307,8 +307,10 @@ const headerClaim = "Throttler-Claim"
 //     stored in the lane first, without a delay. The copy is deleted (the
 //     retry stream still remembers its msg id, so a delayed resubmission
 //     stays a duplicate too) and the answer is that job's (Queued);
-//   - the copy was a duplicate: the id's delayed job is stored; a claim
-//     stored now stands in for one its store did not make.
+//   - the copy was a duplicate: a resubmission. A claim stored now stands
+//     in for one the first store did not make; a duplicate claim naming a
+//     job the lane still holds (not a claim) makes the answer that job's
+//     (Queued), as the first delayed duplicate of it was answered.
 //
 // A claim that cannot be stored (the lane at its max_backlog, NATS away)
 // leaves the delayed job stored without it, as it was stored before
@@ -335,6 +337,13 @@ func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubR
 		}
 		return stored, nil
 	case stored.Duplicate:
+		// A resubmission. The id's job is the one the lane holds under
+		// it, when it is there and not a claim: a job stored without a
+		// delay, whose first delayed duplicate's copy was taken out
+		// (the retry stream still remembers that copy's msg id).
+		if raw, err := ls.stream.GetMsg(ctx, ack.Sequence); err == nil && raw.Header.Get(headerClaim) == "" {
+			return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
+		}
 		return stored, nil
 	}
 	q.mu.Lock()

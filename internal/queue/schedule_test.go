@@ -374,3 +374,29 @@ func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "the claim acked, the lane empty", func() bool { return laneStored(t, q) == 0 })
 }
+
+// TestClaimedIDDelayedAgainAfterQueued: a delayed job whose id a job
+// without a delay holds is answered as that job (Queued, its place in the
+// lane) every time it is submitted again with a delay, not only the
+// first: its delayed copy was taken out, and the retry stream remembering
+// its msg id does not make it a scheduled job.
+func TestClaimedIDDelayedAgainAfterQueued(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour)
+	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
+	if err != nil || first.Duplicate {
+		t.Fatalf("publish b: %+v %v", first, err)
+	}
+	for i, delay := range []time.Duration{0, time.Minute, time.Minute} {
+		res, err := q.Schedule(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later.Add(delay), ClaimID: true})
+		if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+			t.Fatalf("b delayed (submission %d) after b without a delay: %+v %v, want a duplicate of seq %d, queued", i+1, res, err, first.Seq)
+		}
+	}
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 0 {
+		t.Fatalf("retry stream holds %d (%v), want nothing", w, err)
+	}
+}
