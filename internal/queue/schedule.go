@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -331,6 +332,7 @@ func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubR
 	case !ack.Duplicate:
 		// The claim is its msg id; the message goes at once. (On a
 		// lane without keys a drain may have taken and acked it.)
+		ls.claimed(ack.Sequence)
 		if err := ls.stream.DeleteMsg(ctx, ack.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			q.log.Warn("deleting the claim of a delayed job's id failed; it takes a place in its lane until deleted",
 				"lane", job.Lane, "id", job.ID, "seq", ack.Sequence, "err", err)
@@ -354,6 +356,41 @@ func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubR
 			ErrUnavailable, job.Lane, job.ID, stored.Seq, err)
 	}
 	return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
+}
+
+// maxClaimsKept bounds the claim sequences a lane remembers for Ahead;
+// past it the oldest are forgotten (and counted as jobs ahead again: too
+// many, never too few).
+const maxClaimsKept = 1 << 16
+
+// claimed remembers that the claim stored at seq of a lane without keys is
+// no job, for Ahead. A keyed lane's claims are on no key's subject, which
+// its Ahead never counts.
+func (ls *laneState) claimed(seq uint64) {
+	if ls.keyed {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	i, _ := slices.BinarySearch(ls.claims, seq)
+	ls.claims = slices.Insert(ls.claims, i, seq)
+	if len(ls.claims) > maxClaimsKept {
+		// The oldest quarter at once: one copy per many claims.
+		ls.claims = slices.Clone(ls.claims[maxClaimsKept/4:])
+	}
+}
+
+// claimsBetween counts the claims this instance stored after pos and
+// before seq, and forgets those at or before pos (no job is stored before
+// a position again). Claims other instances stored are not known here:
+// they count as jobs ahead (too many, never too few).
+func (ls *laneState) claimsBetween(pos, seq uint64) int64 {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	past, _ := slices.BinarySearch(ls.claims, pos+1)
+	ls.claims = ls.claims[past:]
+	before, _ := slices.BinarySearch(ls.claims, seq)
+	return int64(before)
 }
 
 // scheduledMsgID is the msg id of a delayed job submitted over HTTP. It

@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -398,5 +399,31 @@ func TestClaimedIDDelayedAgainAfterQueued(t *testing.T) {
 	}
 	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 0 {
 		t.Fatalf("retry stream holds %d (%v), want nothing", w, err)
+	}
+}
+
+// TestClaimsAreNoJobsAhead: the claims of delayed jobs' ids take sequences
+// of their lane's stream, and are deleted at once: a job stored after them
+// does not count them among the jobs waiting ahead of it (its eta).
+func TestClaimsAreNoJobsAhead(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx := context.Background()
+	if _, err := q.Publish(ctx, queue.Job{ID: "first", Lane: "demo", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := q.Schedule(ctx, queue.Job{ID: fmt.Sprintf("later-%d", i), Lane: "demo", Payload: []byte("x"),
+			NotBefore: time.Now().Add(time.Hour), ClaimID: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := q.Publish(ctx, queue.Job{ID: "second", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Ahead(ctx, "demo", "", res.Seq, 0); err != nil || n != 1 {
+		t.Fatalf("ahead of the second job: %d (%v), want 1 (the first; the 5 claims between are no jobs)", n, err)
 	}
 }
