@@ -427,3 +427,42 @@ func TestClaimsAreNoJobsAhead(t *testing.T) {
 		t.Fatalf("ahead of the second job: %d (%v), want 1 (the first; the 5 claims between are no jobs)", n, err)
 	}
 }
+
+// TestClaimedIDShortDelayOneJob: a delayed job due at once (a delay of a
+// millisecond, or a not-before a client's clock put just ahead), whose id
+// a job without a delay holds, is a duplicate of that job, as any delayed
+// job is: the retry mover, waiting for work, must not move its copy into
+// the lane before the claim said it is a duplicate (the lane would hold
+// the id's job twice, and the submission would fail on the copy's delete).
+func TestClaimedIDShortDelayOneJob(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	moved := make(chan struct{})
+	defer func() { cancel(); <-moved }()
+	go func() { defer close(moved); q.MoveRetries(ctx, "demo", slogDiscard()) }()
+	first, err := q.Publish(ctx, queue.Job{ID: "x", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"x", "y"} {
+		res, err := q.Schedule(ctx, queue.Job{ID: id, Lane: "demo", Payload: []byte("x"), NotBefore: time.Now().Add(time.Millisecond), ClaimID: true})
+		if id == "x" && (err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq) {
+			t.Fatalf("x delayed by 1ms after x without a delay: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+		}
+		if id == "y" && (err != nil || res.Duplicate) {
+			t.Fatalf("y delayed by 1ms: %+v %v", res, err)
+		}
+	}
+	// y enters the lane when due; x is there once. A copy leaves the
+	// retry stream only after its move is stored (or when deleted): with
+	// none left, every move is in the lane.
+	testenv.Eventually(t, 10*time.Second, "y moved into the lane, no copy left", func() bool {
+		w, err := q.RetriesWaiting(ctx, "demo")
+		return err == nil && w == 0 && laneStored(t, q) >= 2
+	})
+	if n := laneStored(t, q); n != 2 {
+		t.Fatalf("the lane holds %d jobs, want x once and y", n)
+	}
+}
