@@ -197,7 +197,7 @@ func (q *Queue) deadStranded(ctx context.Context, ls *laneState, subjects []stri
 				// A delayed job's claim on its id (schedule.go) whose
 				// delete failed or is under way: no job. Its msg id stays
 				// remembered by the stream once it is gone.
-				if err := ls.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				if err := ls.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !gone(err) {
 					q.log.Warn("deleting a delayed job's claim failed", "lane", lane, "seq", raw.Sequence, "err", err)
 				}
 				continue

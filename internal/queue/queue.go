@@ -354,6 +354,10 @@ type laneState struct {
 	lastFetched uint64
 	delivered   uint64
 	deliveredAt time.Time
+	// claims are the stream sequences of the claims of delayed jobs' ids
+	// this instance stored (schedule.go) and Ahead has not passed yet,
+	// ascending: no jobs, though they take sequences between jobs.
+	claims []uint64
 	// local is this instance's consumer of the lane, others the other
 	// instances' read-ahead counts by id (readahead.go).
 	local  *Consumer
@@ -376,7 +380,9 @@ func (q *Queue) fetched(lane string, seq uint64) {
 // before the job at seq. It reads the consumer's position
 // from JetStream at most every maxAge (0: now), and uses this instance's own
 // fetches in between, so it can only count too many, by what other
-// instances fetched since.
+// instances fetched since. The claims of delayed jobs' ids (schedule.go)
+// between take sequences and are no jobs: those this instance stored are
+// not counted, those of other instances are (too many again).
 //
 // On a keyed lane only the jobs of the job's key wait ahead of it (each key
 // has its own order and pace): the key's stored jobs, read from JetStream's
@@ -419,9 +425,10 @@ func (q *Queue) Ahead(ctx context.Context, lane, key string, seq uint64, maxAge 
 	if seq <= pos {
 		return 0, infoErr
 	}
-	// Past the position: the jobs not fetched yet, and those the drains
-	// fetched and have not given a slot (readahead.go).
-	return int64(seq-pos-1) + ls.readAheadOf(time.Now()), infoErr
+	// Past the position: the jobs not fetched yet, less the claims
+	// between (no jobs), and those the drains fetched and have not given
+	// a slot (readahead.go).
+	return int64(seq-pos-1) - ls.claimsBetween(pos, seq) + ls.readAheadOf(time.Now()), infoErr
 }
 
 // subjectCount is a keyed lane's count of one key's stored jobs, read at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -270,7 +271,14 @@ func (q *Queue) Schedule(ctx context.Context, job Job) (PubResult, error) {
 		return PubResult{}, fmt.Errorf("queue: schedule %s: no not-before time", job.ID)
 	}
 	job.MsgID = scheduledMsgID(job.Lane, job.ID)
-	ack, err := q.storeScheduled(ctx, job)
+	copied := job
+	if job.ClaimID {
+		// The copy may not be moved into the lane before the claim
+		// said whether the id's job is there already (it is then taken
+		// out again): a job due at once waits claimGuard.
+		copied.NotBefore = later(job.NotBefore, time.Now().Add(claimGuard))
+	}
+	ack, err := q.storeScheduled(ctx, copied)
 	if err != nil {
 		return PubResult{}, err
 	}
@@ -286,6 +294,20 @@ func (q *Queue) Schedule(ctx context.Context, job Job) (PubResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// claimGuard is the least time a delayed job whose id is claimed
+// (Job.ClaimID) waits in the retry stream: longer than its claim and the
+// delete of a duplicate's copy take, so that the retry mover never moves a
+// copy the claim is about to take out. A claim slower than that is
+// handled by claimID too (takeBackMoved).
+const claimGuard = time.Second
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // headerClaim marks a claim of a delayed job's id in its lane's stream
@@ -307,8 +329,13 @@ const headerClaim = "Throttler-Claim"
 //     stored in the lane first, without a delay. The copy is deleted (the
 //     retry stream still remembers its msg id, so a delayed resubmission
 //     stays a duplicate too) and the answer is that job's (Queued);
-//   - the copy was a duplicate: the id's delayed job is stored; a claim
-//     stored now stands in for one its store did not make.
+//   - the copy was a duplicate: a resubmission. A claim stored now stands
+//     in for one the first store did not make; a duplicate claim naming a
+//     job the lane still holds (not a claim) makes the answer that job's
+//     (Queued), as the first delayed duplicate of it was answered.
+//
+// The copy waits at least claimGuard, so that the retry mover does not
+// move it into the lane before the claim is answered.
 //
 // A claim that cannot be stored (the lane at its max_backlog, NATS away)
 // leaves the delayed job stored without it, as it was stored before
@@ -329,22 +356,94 @@ func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubR
 	case !ack.Duplicate:
 		// The claim is its msg id; the message goes at once. (On a
 		// lane without keys a drain may have taken and acked it.)
-		if err := ls.stream.DeleteMsg(ctx, ack.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		ls.claimed(ack.Sequence)
+		if err := ls.stream.DeleteMsg(ctx, ack.Sequence); err != nil && !gone(err) {
 			q.log.Warn("deleting the claim of a delayed job's id failed; it takes a place in its lane until deleted",
 				"lane", job.Lane, "id", job.ID, "seq", ack.Sequence, "err", err)
 		}
 		return stored, nil
 	case stored.Duplicate:
+		// A resubmission. The id's job is the one the lane holds under
+		// it, when it is there and not a claim: a job stored without a
+		// delay, whose first delayed duplicate's copy was taken out
+		// (the retry stream still remembers that copy's msg id).
+		if raw, err := ls.stream.GetMsg(ctx, ack.Sequence); err == nil && raw.Header.Get(headerClaim) == "" {
+			return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
+		}
 		return stored, nil
 	}
 	q.mu.Lock()
 	st := q.retry
 	q.mu.Unlock()
-	if err := st.DeleteMsg(ctx, stored.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	switch err := st.DeleteMsg(ctx, stored.Seq); {
+	case gone(err):
+		// It left the retry stream: moved into the lane (the claim
+		// came after claimGuard), or expired.
+		q.takeBackMoved(ctx, ls, job)
+	case err != nil:
 		return PubResult{}, fmt.Errorf("%w: lane %s: %s is stored without a delay, and its delayed copy %d could not be deleted: %v",
 			ErrUnavailable, job.Lane, job.ID, stored.Seq, err)
 	}
 	return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
+}
+
+// gone reports that a message delete found no message: JetStream answers
+// either error for one that was deleted (or acked) first.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful)
+}
+
+// takeBackMoved deletes the copy of job, a delayed duplicate of a job
+// stored without a delay, from its lane when the retry mover moved it
+// there before its claim was answered: found by its msg id while the lane
+// remembers it. A copy a drain took already is delivered too (logged).
+func (q *Queue) takeBackMoved(ctx context.Context, ls *laneState, job Job) {
+	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(job.Lane, job.Key), scheduledMsgID(job.Lane, job.ID))
+	if err == nil && !found {
+		return
+	}
+	if err == nil {
+		if err = ls.stream.DeleteMsg(ctx, seq); err == nil {
+			return
+		}
+	}
+	q.log.Warn("a delayed duplicate of a job stored without a delay entered the lane before its claim was answered; the job may be delivered twice",
+		"lane", job.Lane, "id", job.ID, "err", err)
+}
+
+// maxClaimsKept bounds the claim sequences a lane remembers for Ahead;
+// past it the oldest are forgotten (and counted as jobs ahead again: too
+// many, never too few).
+const maxClaimsKept = 1 << 16
+
+// claimed remembers that the claim stored at seq of a lane without keys is
+// no job, for Ahead. A keyed lane's claims are on no key's subject, which
+// its Ahead never counts.
+func (ls *laneState) claimed(seq uint64) {
+	if ls.keyed {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	i, _ := slices.BinarySearch(ls.claims, seq)
+	ls.claims = slices.Insert(ls.claims, i, seq)
+	if len(ls.claims) > maxClaimsKept {
+		// The oldest quarter at once: one copy per many claims.
+		ls.claims = slices.Clone(ls.claims[maxClaimsKept/4:])
+	}
+}
+
+// claimsBetween counts the claims this instance stored after pos and
+// before seq, and forgets those at or before pos (no job is stored before
+// a position again). Claims other instances stored are not known here:
+// they count as jobs ahead (too many, never too few).
+func (ls *laneState) claimsBetween(pos, seq uint64) int64 {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	past, _ := slices.BinarySearch(ls.claims, pos+1)
+	ls.claims = ls.claims[past:]
+	before, _ := slices.BinarySearch(ls.claims, seq)
+	return int64(before)
 }
 
 // scheduledMsgID is the msg id of a delayed job submitted over HTTP. It

@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -373,4 +374,95 @@ func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
 		}
 	}
 	testenv.Eventually(t, 5*time.Second, "the claim acked, the lane empty", func() bool { return laneStored(t, q) == 0 })
+}
+
+// TestClaimedIDDelayedAgainAfterQueued: a delayed job whose id a job
+// without a delay holds is answered as that job (Queued, its place in the
+// lane) every time it is submitted again with a delay, not only the
+// first: its delayed copy was taken out, and the retry stream remembering
+// its msg id does not make it a scheduled job.
+func TestClaimedIDDelayedAgainAfterQueued(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour)
+	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
+	if err != nil || first.Duplicate {
+		t.Fatalf("publish b: %+v %v", first, err)
+	}
+	for i, delay := range []time.Duration{0, time.Minute, time.Minute} {
+		res, err := q.Schedule(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later.Add(delay), ClaimID: true})
+		if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+			t.Fatalf("b delayed (submission %d) after b without a delay: %+v %v, want a duplicate of seq %d, queued", i+1, res, err, first.Seq)
+		}
+	}
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 0 {
+		t.Fatalf("retry stream holds %d (%v), want nothing", w, err)
+	}
+}
+
+// TestClaimsAreNoJobsAhead: the claims of delayed jobs' ids take sequences
+// of their lane's stream, and are deleted at once: a job stored after them
+// does not count them among the jobs waiting ahead of it (its eta).
+func TestClaimsAreNoJobsAhead(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx := context.Background()
+	if _, err := q.Publish(ctx, queue.Job{ID: "first", Lane: "demo", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := q.Schedule(ctx, queue.Job{ID: fmt.Sprintf("later-%d", i), Lane: "demo", Payload: []byte("x"),
+			NotBefore: time.Now().Add(time.Hour), ClaimID: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := q.Publish(ctx, queue.Job{ID: "second", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Ahead(ctx, "demo", "", res.Seq, 0); err != nil || n != 1 {
+		t.Fatalf("ahead of the second job: %d (%v), want 1 (the first; the 5 claims between are no jobs)", n, err)
+	}
+}
+
+// TestClaimedIDShortDelayOneJob: a delayed job due at once (a delay of a
+// millisecond, or a not-before a client's clock put just ahead), whose id
+// a job without a delay holds, is a duplicate of that job, as any delayed
+// job is: the retry mover, waiting for work, must not move its copy into
+// the lane before the claim said it is a duplicate (the lane would hold
+// the id's job twice, and the submission would fail on the copy's delete).
+func TestClaimedIDShortDelayOneJob(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, _ := newQueue(t, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	moved := make(chan struct{})
+	defer func() { cancel(); <-moved }()
+	go func() { defer close(moved); q.MoveRetries(ctx, "demo", slogDiscard()) }()
+	first, err := q.Publish(ctx, queue.Job{ID: "x", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"x", "y"} {
+		res, err := q.Schedule(ctx, queue.Job{ID: id, Lane: "demo", Payload: []byte("x"), NotBefore: time.Now().Add(time.Millisecond), ClaimID: true})
+		if id == "x" && (err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq) {
+			t.Fatalf("x delayed by 1ms after x without a delay: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+		}
+		if id == "y" && (err != nil || res.Duplicate) {
+			t.Fatalf("y delayed by 1ms: %+v %v", res, err)
+		}
+	}
+	// y enters the lane when due; x is there once. A copy leaves the
+	// retry stream only after its move is stored (or when deleted): with
+	// none left, every move is in the lane.
+	testenv.Eventually(t, 10*time.Second, "y moved into the lane, no copy left", func() bool {
+		w, err := q.RetriesWaiting(ctx, "demo")
+		return err == nil && w == 0 && laneStored(t, q) >= 2
+	})
+	if n := laneStored(t, q); n != 2 {
+		t.Fatalf("the lane holds %d jobs, want x once and y", n)
+	}
 }

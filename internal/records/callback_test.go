@@ -337,3 +337,22 @@ func TestReplayingPutsTheRecordBack(t *testing.T) {
 		t.Fatalf("undone replay of a job without a record: %v; want no record", err)
 	}
 }
+
+// TestReplayingKeepsTheKeyItStores: a replay that gives the job another
+// key (a dead letter replayed with ?key=) stores it under that key, and its
+// record, kept from before, says so: GET, the settled record and its
+// callback name the key the job was delivered with.
+func TestReplayingKeepsTheKeyItStores(t *testing.T) {
+	s := newStore(t, time.Hour)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	if _, _, err := s.Create(ctx, api.JobRecord{ID: "k", Lane: "demo", Key: "old", State: api.StateDead, StoredAt: &now, Attempts: []api.JobAttempt{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Replaying(ctx, records.Replay{Lane: "demo", ID: "k", Key: "new", Seq: 7}, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "demo", "k"); err != nil || got.Key != "new" || got.State != api.StateQueued {
+		t.Fatalf("the record after a replay with key new: %+v, %v; want key new, queued", got, err)
+	}
+}

@@ -520,6 +520,8 @@ func (s *Store) mark(ctx context.Context, lane, id string, state api.JobState, r
 
 // Replay is a dead letter being replayed (queue.Queue.ReplayDead).
 type Replay struct {
+	// Key is the key the job is stored with (its dead letter's, or the
+	// one the replay gives it).
 	Lane, ID, Key string
 	// Callback is the job's callback URL, kept with its dead letter.
 	Callback string
@@ -537,7 +539,8 @@ type Replay struct {
 // its own (Replays counts up; ReplayedFrom, the dead letter's sequence,
 // names it). The attempts stay; the end (finished_at,
 // reason, response) goes; the reply subject is the one the claim checks
-// again. A job whose record is gone (older than keep) gets a new one. A
+// again, and the key is the one the job is stored with (a replay may give
+// it another). A job whose record is gone (older than keep) gets a new one. A
 // cancelled job stays cancelled: a cancel is never undone, and the drain
 // drops the replayed copy as it drops any cancelled job. A record of
 // another owner (the dead job's own outlived results.keep and another
@@ -553,8 +556,11 @@ func (s *Store) Replaying(ctx context.Context, r Replay, now time.Time) (undo fu
 			return errSame
 		}
 		if !found {
-			rec.Key, rec.StoredAt, rec.Attempts, rec.Owner = r.Key, &now, []api.JobAttempt{}, r.Owner
+			rec.StoredAt, rec.Attempts, rec.Owner = &now, []api.JobAttempt{}, r.Owner
 		}
+		// The key the job is stored with now (a replay may give it one:
+		// queue.ReplayOptions.Key), which the claim keeps.
+		rec.Key = r.Key
 		if r.Callback != "" {
 			rec.Callback = r.Callback
 		}
