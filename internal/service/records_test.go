@@ -180,8 +180,9 @@ func TestJobRecordsAcrossTwoInstances(t *testing.T) {
 	for i, c := range answers {
 		want := fmt.Sprintf(`{"echo":"p%02d"}`, i)
 		if c.code != http.StatusOK || string(c.body) != want || c.header.Get("Throttle-Target-Status") != "201" ||
-			c.header.Get("Throttle-Job-Id") != fmt.Sprintf("w-%02d", i) || c.header.Get("Content-Type") != "application/json" {
-			t.Fatalf("waited job %d: %d %v %q; want 200 %s with Throttle-Target-Status 201", i, c.code, c.header, c.body, want)
+			c.header.Get("Throttle-Job-Id") != fmt.Sprintf("w-%02d", i) || c.header.Get("Content-Type") != "application/json" ||
+			c.header.Get("X-Upstream-Id") != fmt.Sprintf("up-p%02d", i) || c.header.Get("X-Secret") != "" {
+			t.Fatalf("waited job %d: %d %v %q; want 200 %s with Throttle-Target-Status 201 and the kept X-Upstream-Id (not X-Secret)", i, c.code, c.header, c.body, want)
 		}
 	}
 	delivered := func(reg *prometheus.Registry) float64 {
