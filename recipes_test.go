@@ -517,8 +517,8 @@ func TestRecipeQuota(t *testing.T) {
 	})
 }
 
-// TestRecipeAnswers: recipe 4's waited calls answer the API's answers, at
-// the lane's rate; the record answers afterwards; a resubmission calls the
+// TestRecipeAnswers: recipe 4's waited calls answer the API's answers
+// (with the header the lane keeps), at the lane's rate; the record answers afterwards; a resubmission calls the
 // API no more.
 func TestRecipeAnswers(t *testing.T) {
 	t.Parallel()
@@ -530,7 +530,8 @@ func TestRecipeAnswers(t *testing.T) {
 
 	out := r.run("ask")
 	for i := 1; i <= 3; i++ {
-		for _, want := range []string{"Throttle-Job-Id: addr-" + strconv.Itoa(i), fmt.Sprintf(`{"address":"%d Champ de Mars, Paris"`, i)} {
+		for _, want := range []string{"Throttle-Job-Id: addr-" + strconv.Itoa(i), "X-Request-Id: geo-addr-" + strconv.Itoa(i),
+			fmt.Sprintf(`{"address":"%d Champ de Mars, Paris"`, i)} {
 			if !strings.Contains(out, want) {
 				t.Fatalf("the waited answers lack %q:\n%s", want, out)
 			}

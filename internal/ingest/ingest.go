@@ -699,9 +699,12 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 			h.dropBody(&sub, &job)
 		}
 		if sub.wait > 0 {
-			if answered, _ := h.awaitAnswer(w, r, job, &sub); answered {
+			held := time.Now()
+			answered, last := h.awaitAnswer(w, r, job, &sub)
+			if answered {
 				return
 			}
+			out = waitedOut(out, last, time.Since(held))
 		}
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -711,6 +714,19 @@ func (h *Handler) submit(w http.ResponseWriter, r *http.Request) {
 	if cap(*buf) <= 4<<10 {
 		answerBufs.Put(buf)
 	}
+}
+
+// waitedOut is the 202 of a job whose wait ran out: the estimated wait
+// less the time the request was held, and the state its record held when
+// the wait last read it (in_flight, retrying: the job may have started)
+// rather than the one at intake. A record still queued keeps the intake's
+// state: an admitted job's record says queued until its attempt starts.
+func waitedOut(out api.Accepted, last api.JobRecord, held time.Duration) api.Accepted {
+	out.ETAMillis = max(out.ETAMillis-held.Milliseconds(), 0)
+	if last.ID != "" && last.State != "" && last.State != api.StateQueued {
+		out.State = last.State
+	}
+	return out
 }
 
 // A job is "admitted" when its slot was free (the lane had room) and it

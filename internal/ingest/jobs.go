@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/throttler/throttler/api"
@@ -552,7 +553,9 @@ func setLocation(w http.ResponseWriter, lane, id string) {
 }
 
 // writeAnswer answers a waited submission of a settled job: 200 with the
-// target's body and content type, its status in Throttle-Target-Status;
+// target's body and content type, the headers its record kept
+// (results.headers) but those the answer sets itself or must not take
+// from a target (answerOwns), its status in Throttle-Target-Status;
 // for a job settled without an answer (cancelled, expired, dead after
 // transport errors) 200 with its record. The target's body is served
 // sandboxed: it is the target's, not this server's.
@@ -573,6 +576,11 @@ func writeAnswer(w http.ResponseWriter, rec api.JobRecord) {
 	if ct == "" || contentTypeError(ct) != "" {
 		ct = "application/octet-stream"
 	}
+	for name, v := range resp.Headers {
+		if !answerOwns(name) {
+			hd.Set(name, v)
+		}
+	}
 	hd.Set("Content-Type", ct)
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Content-Security-Policy", "sandbox")
@@ -583,4 +591,25 @@ func writeAnswer(w http.ResponseWriter, rec api.JobRecord) {
 	hd.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
+}
+
+// answerOwns reports a header a waited answer does not take from the
+// target's kept headers: those it sets itself (the body's framing, the
+// sandbox, Location, the rate-limit and Throttle-* headers), hop-by-hop
+// ones, and Set-Cookie (the answer comes from this server's origin, not
+// the target's).
+func answerOwns(name string) bool {
+	name = http.CanonicalHeaderKey(name)
+	switch name {
+	case "Content-Type", "Content-Length", "Content-Encoding", "Content-Security-Policy", "X-Content-Type-Options",
+		"Location", "Set-Cookie", "Ratelimit", "Ratelimit-Policy",
+		"Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	for _, p := range []string{"Throttle-", "Throttler-", "X-Ratelimit-", "Proxy-"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -144,3 +144,50 @@ func TestWaitedDelayedJob(t *testing.T) {
 		t.Fatalf("target called %d times, want 3", got)
 	}
 }
+
+// TestWaitRunsOut: a waited submission whose wait runs out answers 202
+// with what holds when it answers, not at intake: a job in flight says
+// in_flight (not admitted), and a queued job's eta_ms is the wait left,
+// the time the request was held taken off.
+func TestWaitRunsOut(t *testing.T) {
+	t.Parallel()
+	svc, _ := startRecords(t)
+	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	accepted := func(c jobCall) api.Accepted {
+		t.Helper()
+		var acc api.Accepted
+		if err := json.Unmarshal(c.body, &acc); err != nil || c.code != http.StatusAccepted {
+			t.Fatalf("want 202 with the job, got %d %q", c.code, c.body)
+		}
+		return acc
+	}
+
+	// The target takes 1.5 s to answer: the wait runs out while the
+	// attempt runs.
+	if acc := accepted(callJob(t, "POST", base+"?wait=700ms", "slow", "slow")); acc.State != api.StateInFlight || acc.ETAMillis != 0 {
+		t.Fatalf("a wait that ran out during the attempt answered %+v, want in_flight with eta 0", acc)
+	}
+
+	// One start every 2.5 s: the burst's job goes at once, the next waits
+	// about 2.5 s, of which the request is held for 1 s.
+	if code := keyCall(t, "PATCH", svc.Addr(), "/v1/lanes/demo", `{"rate":0.4,"burst":1}`, nil); code != http.StatusOK {
+		t.Fatalf("PATCH rate: %d", code)
+	}
+	accepted(callJob(t, "POST", base, "first", "first"))
+	c := callJob(t, "POST", base+"?wait=1s", "second", "second")
+	answered := time.Now()
+	acc := accepted(c)
+	if acc.State != api.StateQueued {
+		t.Fatalf("a queued job's wait ran out: %+v, want queued", acc)
+	}
+	var rec api.JobRecord
+	testenv.Eventually(t, 20*time.Second, "the waited job started", func() bool {
+		_, rec = getRecord(t, svc.Addr(), "demo", "second")
+		return rec.StartedAt != nil
+	})
+	predicted := answered.Add(time.Duration(acc.ETAMillis) * time.Millisecond)
+	if off := rec.StartedAt.Sub(predicted); off.Abs() > 500*time.Millisecond {
+		t.Fatalf("eta_ms %d said the job starts at %v; it started at %v (%v off): the eta did not count the time held",
+			acc.ETAMillis, predicted.Format(time.RFC3339Nano), rec.StartedAt.Format(time.RFC3339Nano), off)
+	}
+}

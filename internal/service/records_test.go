@@ -37,8 +37,8 @@ func startRecords(t *testing.T) (*service.Service, *atomic.Int64) {
 }
 
 // recordsTarget answers by the job's body: "fail-<n>" fails (500) its
-// first n attempts, "big" answers 100 bytes, anything else 201 with a JSON
-// echo and an X-Upstream-Id header.
+// first n attempts, "big" answers 100 bytes, "slow" answers after 1.5 s,
+// anything else 201 with a JSON echo and an X-Upstream-Id header.
 func recordsTarget(t *testing.T) (*httptest.Server, *atomic.Int64) {
 	var calls atomic.Int64
 	var mu sync.Mutex
@@ -55,6 +55,9 @@ func recordsTarget(t *testing.T) (*httptest.Server, *atomic.Int64) {
 		if _, err := fmt.Sscanf(body, "fail-%d", &fails); err == nil && n <= fails {
 			http.Error(w, "not yet", http.StatusInternalServerError)
 			return
+		}
+		if body == "slow" {
+			time.Sleep(1500 * time.Millisecond)
 		}
 		if body == "big" {
 			w.Header().Set("Content-Type", "text/plain")
@@ -177,8 +180,9 @@ func TestJobRecordsAcrossTwoInstances(t *testing.T) {
 	for i, c := range answers {
 		want := fmt.Sprintf(`{"echo":"p%02d"}`, i)
 		if c.code != http.StatusOK || string(c.body) != want || c.header.Get("Throttle-Target-Status") != "201" ||
-			c.header.Get("Throttle-Job-Id") != fmt.Sprintf("w-%02d", i) || c.header.Get("Content-Type") != "application/json" {
-			t.Fatalf("waited job %d: %d %v %q; want 200 %s with Throttle-Target-Status 201", i, c.code, c.header, c.body, want)
+			c.header.Get("Throttle-Job-Id") != fmt.Sprintf("w-%02d", i) || c.header.Get("Content-Type") != "application/json" ||
+			c.header.Get("X-Upstream-Id") != fmt.Sprintf("up-p%02d", i) || c.header.Get("X-Secret") != "" {
+			t.Fatalf("waited job %d: %d %v %q; want 200 %s with Throttle-Target-Status 201 and the kept X-Upstream-Id (not X-Secret)", i, c.code, c.header, c.body, want)
 		}
 	}
 	delivered := func(reg *prometheus.Registry) float64 {
