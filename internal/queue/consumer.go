@@ -145,7 +145,7 @@ func (q *Queue) Consumer(lane string) (*Consumer, error) {
 	c := &Consumer{q: q, lane: lane, origin: origin(StreamName(lane), ls.epoch), cons: ls.consumer, FetchWait: time.Second, ackWait: ls.spec.AckWait,
 		outstanding: map[*Msg]time.Time{}, arrived: make(chan struct{}, 1)}
 	if !ls.keyed {
-		c.tries.kv = ls.tries
+		c.tries.kv, c.tries.epoch = ls.tries, ls.epoch
 	}
 	ls.mu.Lock()
 	ls.local = c

@@ -21,8 +21,11 @@ import (
 // getting it again and again as the same attempt.
 //
 // On a plain lane the count is also stored in TriesBucket (entry
-// "<lane>.<stream sequence>", the job's failed attempts in decimal), so it
-// holds across instances and restarts. Only this path touches the bucket:
+// "<lane>.<stream created>.<stream sequence>", the job's failed attempts in
+// decimal), so it holds across instances and restarts. The stream's
+// creation time (unix nanoseconds) keeps apart the jobs of a lane stream
+// deleted and made again, whose sequences start again: a count its former
+// jobs left is no count of the new ones. Only this path touches the bucket:
 //   - a failed attempt that waits in place writes its count;
 //   - a delivery reads it only when the job was delivered before
 //     (NumDelivered > 1) and this instance did not see the delivery just
@@ -69,12 +72,13 @@ type inPlaceCount struct {
 // counted here only) and when it may be used again after a failure.
 type inPlaceTries struct {
 	kv        jetstream.KeyValue
+	epoch     int64        // the lane stream's creation time, in its entries
 	downUntil atomic.Int64 // unix nanoseconds
 	reads     atomic.Uint64
 }
 
 func (c *Consumer) triesEntry(seq uint64) string {
-	return c.lane + "." + strconv.FormatUint(seq, 10)
+	return c.lane + "." + strconv.FormatInt(c.tries.epoch, 10) + "." + strconv.FormatUint(seq, 10)
 }
 
 // bucket is the tries bucket when it may be used now.

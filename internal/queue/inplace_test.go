@@ -161,3 +161,46 @@ func connect(t *testing.T, url string) *nats.Conn {
 	t.Cleanup(nc.Close)
 	return nc
 }
+
+// TestTriesOfARecreatedStreamNotCounted: a count left in the tries bucket
+// by a job of a lane stream that was deleted (an operator's nats stream
+// rm, the switch between keyed and plain) is not the count of the job the
+// re-created stream stores at the same sequence: its first redelivery
+// carries its own attempts only.
+func TestTriesOfARecreatedStreamNotCounted(t *testing.T) {
+	url := testenv.StartNATS(t).ClientURL()
+	qa, a := inPlaceInstance(t, url)
+	ctx := context.Background()
+	if _, err := qa.Schedule(ctx, queue.Job{ID: "later", Lane: "demo", NotBefore: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := qa.Publish(ctx, queue.Job{ID: "j1", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliverFailing(t, a)
+	deliverFailing(t, a) // two failed attempts counted in the bucket
+	a.Close()
+	js, _ := jetstream.New(connect(t, url))
+	if err := js.DeleteStream(ctx, queue.StreamName("demo")); err != nil {
+		t.Fatal(err)
+	}
+	qb, b := inPlaceInstance(t, url)
+	defer b.Close()
+	res, err := qb.Publish(ctx, queue.Job{ID: "j2", Lane: "demo", Payload: []byte("y")})
+	if err != nil || res.Seq != first.Seq {
+		t.Fatalf("publish in the re-created stream: %+v %v; want sequence %d", res, err, first.Seq)
+	}
+	for delivery := 1; delivery <= 2; delivery++ {
+		next, err := b.Next(ctx, 1)
+		if err != nil || len(next) != 1 || next[0].Job().ID != "j2" {
+			t.Fatalf("next: %v %v", next, err)
+		}
+		if got := next[0].Attempt(); got != 1 {
+			t.Fatalf("delivery %d of a job never tried carried attempt %d, want 1", delivery, got)
+		}
+		if err := next[0].Wait(10 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

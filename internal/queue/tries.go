@@ -23,8 +23,8 @@ import (
 // deleted when the job is settled.
 //
 // A plain lane's job waits in place when its retry copy cannot be stored;
-// its entry (all its failed attempts) is written then, and read and
-// cleared as inplace.go says.
+// its entry ("<lane>.<stream created>.<stream sequence>": all its failed
+// attempts) is written then, and read and cleared as inplace.go says.
 //
 // The bucket's MaxAge drops an entry whose job left without being settled
 // here (purged by hand, or settled while the bucket was unreachable).
