@@ -50,6 +50,31 @@ func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyVal
 	return kv, nil
 }
 
+// formerTries reports whether kv holds entries of lane under the name
+// earlier releases gave them ("<lane>.<stream sequence>": two tokens, which
+// this release's three never match). Only then do Tries and ClearTries
+// look under that name too, so that a key's first read stays one request.
+// A release of the former naming started beside this one after it (a
+// rolling upgrade) is not looked for: its counts are then missed, which
+// allows a job more attempts, never fewer.
+func (q *Queue) formerTries(ctx context.Context, lane string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	st, err := q.js.Stream(ctx, "KV_"+TriesBucket)
+	if err != nil {
+		return false, fmt.Errorf("queue: tries bucket: %w", err)
+	}
+	// The first message on a two-token name of the lane, if any.
+	_, err = st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("$KV."+TriesBucket+"."+lane+".*"))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("queue: tries bucket: %w", err)
+}
+
 // triesEntry is the entry of the job at seq: "<lane>.<stream created>.<stream
 // sequence>", as a plain lane's (inplace.go). The lane stream's creation
 // time (unix nanoseconds) keeps apart the jobs of a stream deleted and made
@@ -81,7 +106,7 @@ func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	defer cancel()
 	name := r.triesEntry(seq)
 	e, err := kv.Get(ctx, name)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	if errors.Is(err, jetstream.ErrKeyNotFound) && r.ls.formerTries {
 		name = r.formerTriesEntry(seq)
 		e, err = kv.Get(ctx, name)
 		if err == nil && e.Created().UnixNano() < r.ls.epoch {
@@ -130,7 +155,11 @@ func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	for _, name := range []string{r.triesEntry(seq), r.formerTriesEntry(seq)} {
+	names := []string{r.triesEntry(seq)}
+	if r.ls.formerTries {
+		names = append(names, r.formerTriesEntry(seq))
+	}
+	for _, name := range names {
 		_, err := kv.Get(ctx, name)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue

@@ -142,18 +142,20 @@ func TestTriesOfARecreatedKeyedStreamNotCounted(t *testing.T) {
 	}
 }
 
-// TestTriesOfAnEarlierReleaseHonoured: during a rolling upgrade an earlier
-// release still names a job's entry "<lane>.<stream sequence>"; written
-// since the lane stream was made, it is the job's count, until this
-// release stores its own; and a settled job's entry is cleared under both
-// names.
+// TestTriesOfAnEarlierReleaseHonoured: an earlier release named a job's
+// entry "<lane>.<stream sequence>"; found when the lane starts, such
+// entries are read too: written since the lane stream was made, one is the
+// job's count, until this release stores its own; and a settled job's
+// entry is cleared under both names.
 func TestTriesOfAnEarlierReleaseHonoured(t *testing.T) {
-	q, nc := newBareQueue(t)
-	r, kv := orderedReader(t, q, nc)
+	q0, nc0 := newBareQueue(t)
+	_, kv := orderedReader(t, q0, nc0)
 	ctx := context.Background()
 	if _, err := kv.Put(ctx, "demo.4", []byte("2")); err != nil {
 		t.Fatal(err)
 	}
+	q, nc := bareQueueOn(t, nc0.ConnectedUrl())
+	r, _ := orderedReader(t, q, nc)
 	if n, err := r.Tries(ctx, 4); err != nil || n != 2 {
 		t.Fatalf("tries under the former name: %d, %v; want 2", n, err)
 	}
@@ -178,5 +180,21 @@ func TestTriesOfAnEarlierReleaseHonoured(t *testing.T) {
 	}
 	if _, err := kv.Get(ctx, "demo.5"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the former name's entry after clearing: %v", err)
+	}
+}
+
+// TestTriesWithoutFormerEntriesReadOnce: with no entry of the lane under
+// the former name when it starts, a job's count is one read of the bucket
+// (a key's first job is read with it).
+func TestTriesWithoutFormerEntriesReadOnce(t *testing.T) {
+	srv, q, nc := deadQueue(t)
+	r, _ := orderedReader(t, q, nc)
+	ctx := context.Background()
+	gets := countRequests(t, srv, "$JS.API.DIRECT.GET.KV_"+queue.TriesBucket+".>")
+	if n, err := r.Tries(ctx, 7); err != nil || n != 0 {
+		t.Fatalf("tries of a job with none: %d, %v", n, err)
+	}
+	if n := gets(); n != 1 {
+		t.Fatalf("%d reads of the bucket, want 1", n)
 	}
 }
