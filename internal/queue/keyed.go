@@ -127,14 +127,18 @@ func (q *Queue) EnsureKeyedLane(ctx context.Context, spec LaneSpec) error {
 		return err
 	}
 	var tries jetstream.KeyValue
+	former := false
 	if spec.Ordered {
 		if tries, err = q.ensureTries(ctx, spec.Replicas); err != nil {
+			return err
+		}
+		if former, err = q.formerTries(ctx, spec.Name); err != nil {
 			return err
 		}
 	}
 	q.mu.Lock()
 	q.lanes[spec.Name] = &laneState{spec: spec, stream: st, epoch: st.CachedInfo().Created.UnixNano(), retry: retry, keyed: true, tries: tries,
-		in: in, inEpoch: in.CachedInfo().Created.UnixNano(), migrate: left > 0}
+		formerTries: former, in: in, inEpoch: in.CachedInfo().Created.UnixNano(), migrate: left > 0}
 	q.mu.Unlock()
 	return nil
 }

@@ -316,13 +316,16 @@ type laneState struct {
 	// whose creation time makes its moves' msg ids; migrate says the lane
 	// stream still holds jobs on public subjects (the former layout); and
 	// who hears of stored jobs (OnStored)
-	keyed    bool
-	tries    jetstream.KeyValue // plain and ordered keyed lanes: TriesBucket
-	in       jetstream.Stream
-	inEpoch  int64
-	migrate  bool
-	onStored func(key string)
-	onPoison func() // hears a poison job dead-lettered (OnPoison)
+	keyed bool
+	tries jetstream.KeyValue // plain and ordered keyed lanes: TriesBucket
+	// formerTries: the tries bucket held entries of the lane under the
+	// name earlier releases gave them when the lane started (tries.go)
+	formerTries bool
+	in          jetstream.Stream
+	inEpoch     int64
+	migrate     bool
+	onStored    func(key string)
+	onPoison    func() // hears a poison job dead-lettered (OnPoison)
 	// hears a public job of a keyed lane dropped as a duplicate when
 	// moved (OnDuplicate)
 	onDuplicate func()

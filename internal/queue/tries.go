@@ -11,7 +11,8 @@ import (
 )
 
 // Failed attempts made in place are kept in the key-value bucket
-// TriesBucket: entry "<lane>.<stream sequence>", the count in decimal, so
+// TriesBucket: entry "<lane>.<stream created>.<stream sequence>" (the lane
+// stream's creation time in unix nanoseconds), the count in decimal, so
 // that max_attempts holds across restarts and instances.
 //
 // An ordered key (per_key.ordered) retries a failing job in place: a copy
@@ -23,8 +24,8 @@ import (
 // deleted when the job is settled.
 //
 // A plain lane's job waits in place when its retry copy cannot be stored;
-// its entry ("<lane>.<stream created>.<stream sequence>": all its failed
-// attempts) is written then, and read and cleared as inplace.go says.
+// its entry (all its failed attempts) is written then, and read and
+// cleared as inplace.go says.
 //
 // The bucket's MaxAge drops an entry whose job left without being settled
 // here (purged by hand, or settled while the bucket was unreachable).
@@ -49,12 +50,53 @@ func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyVal
 	return kv, nil
 }
 
+// formerTries reports whether kv holds entries of lane under the name
+// earlier releases gave them ("<lane>.<stream sequence>": two tokens, which
+// this release's three never match). Only then do Tries and ClearTries
+// look under that name too, so that a key's first read stays one request.
+// A release of the former naming started beside this one after it (a
+// rolling upgrade) is not looked for: its counts are then missed, which
+// allows a job more attempts, never fewer.
+func (q *Queue) formerTries(ctx context.Context, lane string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, getTimeout)
+	defer cancel()
+	st, err := q.js.Stream(ctx, "KV_"+TriesBucket)
+	if err != nil {
+		return false, fmt.Errorf("queue: tries bucket: %w", err)
+	}
+	// The first message on a two-token name of the lane, if any.
+	_, err = st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("$KV."+TriesBucket+"."+lane+".*"))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("queue: tries bucket: %w", err)
+}
+
+// triesEntry is the entry of the job at seq: "<lane>.<stream created>.<stream
+// sequence>", as a plain lane's (inplace.go). The lane stream's creation
+// time (unix nanoseconds) keeps apart the jobs of a stream deleted and made
+// again (nats stream rm, a switch between keyed and plain), whose sequences
+// start again: a count its former jobs left is no count of the new ones.
 func (r *KeyedReader) triesEntry(seq uint64) string {
+	return r.ls.spec.Name + "." + strconv.FormatInt(r.ls.epoch, 10) + "." + strconv.FormatUint(seq, 10)
+}
+
+// formerTriesEntry is the entry of the job at seq as earlier releases name
+// it, "<lane>.<stream sequence>". They may still be running beside this one
+// (a rolling upgrade): Tries honours such an entry if it was written after
+// the lane stream was made, ClearTries clears it too.
+func (r *KeyedReader) formerTriesEntry(seq uint64) string {
 	return r.ls.spec.Name + "." + strconv.FormatUint(seq, 10)
 }
 
 // Tries returns the failed attempts stored for the job at seq (0 for none,
-// for an entry that is not a count, or when the lane is not ordered).
+// for an entry that is not a count, or when the lane is not ordered): its
+// entry's, else its entry under the former name when that was written
+// since the lane stream was made (an older one was left by a job of a
+// former stream at the same sequence).
 func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	kv := r.ls.tries
 	if kv == nil {
@@ -62,7 +104,15 @@ func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	e, err := kv.Get(ctx, r.triesEntry(seq))
+	name := r.triesEntry(seq)
+	e, err := kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) && r.ls.formerTries {
+		name = r.formerTriesEntry(seq)
+		e, err = kv.Get(ctx, name)
+		if err == nil && e.Created().UnixNano() < r.ls.epoch {
+			return 0, nil
+		}
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, nil
 	}
@@ -73,7 +123,7 @@ func (r *KeyedReader) Tries(ctx context.Context, seq uint64) (int, error) {
 	if err != nil || n < 0 || n > maxAttempts {
 		// Not written by the throttler: failing here would hold the
 		// key until the entry lapses. Count from the message instead.
-		r.q.log.Warn("ignoring a bad entry in the tries bucket", "bucket", TriesBucket, "entry", r.triesEntry(seq), "value", string(e.Value()))
+		r.q.log.Warn("ignoring a bad entry in the tries bucket", "bucket", TriesBucket, "entry", name, "value", string(e.Value()))
 		return 0, nil
 	}
 	return n, nil
@@ -93,10 +143,11 @@ func (r *KeyedReader) SetTries(ctx context.Context, seq uint64, n int) error {
 	return nil
 }
 
-// ClearTries forgets the failed attempts of the settled job at seq. The
-// entry is purged with a marker that lapses after triesMarkerTTL: a plain
-// delete would leave one marker per settled job for triesMaxAge. An entry
-// never stored is left alone (a purge would write a marker).
+// ClearTries forgets the failed attempts of the settled job at seq, under
+// its entry's name and the former one (Tries may have read that). An entry
+// is purged with a marker that lapses after triesMarkerTTL: a plain delete
+// would leave one marker per settled job for triesMaxAge. An entry never
+// stored is left alone (a purge would write a marker).
 func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	kv := r.ls.tries
 	if kv == nil {
@@ -104,15 +155,21 @@ func (r *KeyedReader) ClearTries(ctx context.Context, seq uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, getTimeout)
 	defer cancel()
-	_, err := kv.Get(ctx, r.triesEntry(seq))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil
+	names := []string{r.triesEntry(seq)}
+	if r.ls.formerTries {
+		names = append(names, r.formerTriesEntry(seq))
 	}
-	if err == nil {
-		err = kv.Purge(ctx, r.triesEntry(seq), jetstream.PurgeTTL(triesMarkerTTL))
-	}
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("%w: clear tries of %d: %v", ErrUnavailable, seq, err)
+	for _, name := range names {
+		_, err := kv.Get(ctx, name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err == nil {
+			err = kv.Purge(ctx, name, jetstream.PurgeTTL(triesMarkerTTL))
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("%w: clear tries of %d: %v", ErrUnavailable, seq, err)
+		}
 	}
 	return nil
 }
