@@ -315,6 +315,13 @@ func TestPublicJobDelayHeaders(t *testing.T) {
 	}
 }
 
+// publishClaim stores on lane demo's keyless internal subject the claim
+// a delayed job makes on its id, as if its delete had not happened yet.
+func publishClaim(t *testing.T, js jetstream.JetStream, id string) {
+	t.Helper()
+	publishOutside(t, js, queue.InternalSubject("demo", ""), id, "", nats.Header{"Throttler-Claim": {"1"}})
+}
+
 // TestClaimedIDOneJobWhateverTheDelay: a delayed job stored with ClaimID
 // claims its id in its lane's stream, so that the lane's de-duplication
 // sees one job whatever the delay: a job of that id published after it is
@@ -353,13 +360,8 @@ func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
 		t.Fatalf("the lane holds %d messages, want b only (claims are deleted)", n)
 	}
 	// A claim a drain fetches before it is deleted is no job.
-	claim := nats.NewMsg(queue.InternalSubject("demo", ""))
-	claim.Header.Set(jetstream.MsgIDHeader, "c")
-	claim.Header.Set("Throttler-Claim", "1")
 	js, _ := jetstream.New(nc)
-	if _, err := js.PublishMsg(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	publishClaim(t, js, "c")
 	if _, err := q.Publish(ctx, queue.Job{ID: "d", Lane: "demo", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
