@@ -17,14 +17,31 @@ import (
 // keyedDedupLane is a keyed lane whose dropped duplicates are counted.
 func keyedDedupLane(t *testing.T) (*queue.Queue, jetstream.JetStream, *atomic.Int64) {
 	t.Helper()
-	q, nc := newBareQueue(t)
-	if err := q.EnsureKeyedLane(context.Background(), intakeSpec(100)); err != nil {
-		t.Fatal(err)
-	}
+	q, js := keyedQueue(t)
 	var dropped atomic.Int64
 	q.OnDuplicate("demo", func() { dropped.Add(1) })
-	js, _ := jetstream.New(nc)
 	return q, js, &dropped
+}
+
+// httpJob is the job id on key k of lane demo as a submission over HTTP
+// stores it.
+func httpJob(id string) queue.Job {
+	return queue.Job{ID: id, Lane: "demo", Key: "k", Payload: []byte("http")}
+}
+
+// wantXThenAfterOnce drains key k and checks that its jobs were x, then
+// after, each stored once, and that OnDuplicate heard wantDropped jobs.
+func wantXThenAfterOnce(t *testing.T, q *queue.Queue, dropped *atomic.Int64, wantDropped int64) {
+	t.Helper()
+	if got := drainKeys(t, q, []string{"k"}, 2)["k"]; !slices.Equal(got, []string{"x", "after"}) {
+		t.Fatalf("key k's jobs %v, want [x after]", got)
+	}
+	if n := laneStored(t, q); n != 0 {
+		t.Fatalf("the lane holds %d jobs after the drain, want 0 (x stored twice)", n)
+	}
+	if n := dropped.Load(); n != wantDropped {
+		t.Errorf("OnDuplicate heard %d jobs, want %d", n, wantDropped)
+	}
 }
 
 func intakeEmpty(t *testing.T, js jetstream.JetStream) {
@@ -40,22 +57,14 @@ func intakeEmpty(t *testing.T, js jetstream.JetStream) {
 // are the HTTP job, then the next public one, each once.
 func TestKeyedIntakeNATSJobDuplicateOfHTTPJob(t *testing.T) {
 	q, js, dropped := keyedDedupLane(t)
-	if res, err := q.Publish(context.Background(), queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || res.Duplicate {
+	if res, err := q.Publish(context.Background(), httpJob("x")); err != nil || res.Duplicate {
 		t.Fatalf("publish x over HTTP: %+v %v", res, err)
 	}
 	publishPublic(t, js, "k", "x")
 	publishPublic(t, js, "k", "after")
 	runIntake(t, q)
 	intakeEmpty(t, js)
-	if got := drainKeys(t, q, []string{"k"}, 2)["k"]; !slices.Equal(got, []string{"x", "after"}) {
-		t.Fatalf("key k's jobs %v, want [x after]", got)
-	}
-	if n := laneStored(t, q); n != 0 {
-		t.Fatalf("the lane holds %d jobs after the drain, want 0 (x stored twice)", n)
-	}
-	if n := dropped.Load(); n != 1 {
-		t.Errorf("OnDuplicate heard %d jobs, want 1", n)
-	}
+	wantXThenAfterOnce(t, q, dropped, 1)
 }
 
 // TestKeyedIntakeHTTPJobDuplicateOfNATSJob: a job submitted over HTTP with
@@ -66,20 +75,12 @@ func TestKeyedIntakeHTTPJobDuplicateOfNATSJob(t *testing.T) {
 	publishPublic(t, js, "k", "x")
 	runIntake(t, q)
 	intakeEmpty(t, js)
-	if res, err := q.Publish(context.Background(), queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || !res.Duplicate {
+	if res, err := q.Publish(context.Background(), httpJob("x")); err != nil || !res.Duplicate {
 		t.Fatalf("publish x over HTTP after x over NATS: %+v %v, want a duplicate", res, err)
 	}
 	publishPublic(t, js, "k", "after")
 	intakeEmpty(t, js)
-	if got := drainKeys(t, q, []string{"k"}, 2)["k"]; !slices.Equal(got, []string{"x", "after"}) {
-		t.Fatalf("key k's jobs %v, want [x after]", got)
-	}
-	if n := laneStored(t, q); n != 0 {
-		t.Fatalf("the lane holds %d jobs after the drain, want 0 (x stored twice)", n)
-	}
-	if n := dropped.Load(); n != 0 {
-		t.Errorf("OnDuplicate heard %d jobs, want 0", n)
-	}
+	wantXThenAfterOnce(t, q, dropped, 0)
 }
 
 // TestKeyedIntakeDelayedDuplicates: a delayed job published over NATS
@@ -89,7 +90,7 @@ func TestKeyedIntakeHTTPJobDuplicateOfNATSJob(t *testing.T) {
 func TestKeyedIntakeDelayedDuplicates(t *testing.T) {
 	q, js, dropped := keyedDedupLane(t)
 	ctx := context.Background()
-	if _, err := q.Publish(ctx, queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil {
+	if _, err := q.Publish(ctx, httpJob("x")); err != nil {
 		t.Fatal(err)
 	}
 	delay := nats.Header{queue.HeaderThrottleDelay: []string{"1h"}}
@@ -103,7 +104,7 @@ func TestKeyedIntakeDelayedDuplicates(t *testing.T) {
 	if n := dropped.Load(); n != 1 {
 		t.Errorf("OnDuplicate heard %d jobs, want 1 (the delayed x)", n)
 	}
-	if res, err := q.Publish(ctx, queue.Job{ID: "y", Lane: "demo", Key: "k", Payload: []byte("http")}); err != nil || !res.Duplicate {
+	if res, err := q.Publish(ctx, httpJob("y")); err != nil || !res.Duplicate {
 		t.Fatalf("publish y over HTTP after the delayed y over NATS: %+v %v, want a duplicate", res, err)
 	}
 	if n := laneStored(t, q); n != 1 {

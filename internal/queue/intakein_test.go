@@ -45,6 +45,21 @@ func runIntake(t *testing.T, q *queue.Queue) <-chan struct{} {
 	return done
 }
 
+// keyedQueue is a queue with the keyed lane demo (intakeSpec(100)), and a
+// JetStream client on its server.
+func keyedQueue(t *testing.T) (*queue.Queue, jetstream.JetStream) {
+	t.Helper()
+	q, nc := newBareQueue(t)
+	if err := q.EnsureKeyedLane(context.Background(), intakeSpec(100)); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, js
+}
+
 // publishPublic stores a job with id on the public subject of key ("" for
 // the lane's bare subject).
 func publishPublic(t *testing.T, js jetstream.JetStream, key, id string) {

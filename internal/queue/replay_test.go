@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,27 @@ func (h *replayHook) Replaying(_ context.Context, r records.Replay) (func(), err
 		h.undone++
 		h.mu.Unlock()
 	}, nil
+}
+
+// waitDeadLetters waits until lane demo holds n dead letters, and returns
+// them.
+func waitDeadLetters(t *testing.T, q *queue.Queue, n int) []api.DeadLetter {
+	t.Helper()
+	var dead []api.DeadLetter
+	waitForCond(t, fmt.Sprintf("%d dead letters", n), func() bool {
+		dead, _ = q.ListDead(context.Background(), "demo", 0, 10)
+		return len(dead) == n
+	})
+	return dead
+}
+
+// seqByID is the sequence of each dead letter, by its job's id.
+func seqByID(dead []api.DeadLetter) map[string]uint64 {
+	seq := make(map[string]uint64, len(dead))
+	for _, d := range dead {
+		seq[d.ID] = d.Seq
+	}
+	return seq
 }
 
 // TestReplayKeepsWhereTheRecordGoes: a dead letter keeps the job's
@@ -67,14 +89,9 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var dead []api.DeadLetter
-	waitForCond(t, "three dead letters", func() bool {
-		dead, _ = q.ListDead(ctx, "demo", 0, 10)
-		return len(dead) == 3
-	})
-	seq := map[string]uint64{}
+	dead := waitDeadLetters(t, q, 3)
+	seq := seqByID(dead)
 	for _, d := range dead {
-		seq[d.ID] = d.Seq
 		if want := map[string]time.Time{"reply": later, "gone": past}[d.ID]; (d.Expires == nil) != want.IsZero() || (d.Expires != nil && !d.Expires.Equal(want)) {
 			t.Errorf("dead letter %s: expires %v, want %v", d.ID, d.Expires, want)
 		}

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
 	"github.com/throttler/throttler/internal/records"
 )
@@ -26,14 +24,10 @@ import (
 // A replay that gives the job a key the lane takes stores it on that
 // key, where it is read.
 func TestReplayUndeliverableRefused(t *testing.T) {
-	q, nc := newBareQueue(t)
+	q, js := keyedQueue(t)
 	ctx := context.Background()
-	if err := q.EnsureKeyedLane(ctx, intakeSpec(100)); err != nil {
-		t.Fatal(err)
-	}
 	hook := &replayHook{}
 	q.SetReplayHook(hook)
-	js, _ := jetstream.New(nc)
 	publishPoison(t, js, []poisonJob{{name: "no key", size: 1}, {name: "key with a slash", key: "a/b", size: 1}})
 	publishPublic(t, js, "k", "k-0")
 	runIntake(t, q)
@@ -50,19 +44,8 @@ func TestReplayUndeliverableRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.WaitDeletes()
-	var dead []api.DeadLetter
-	waitForCond(t, "three dead letters", func() bool {
-		dead, _ = q.ListDead(ctx, "demo", 0, 10)
-		return len(dead) == 3
-	})
-	seq := map[string]uint64{}
-	for _, d := range dead {
-		seq[d.ID] = d.Seq
-	}
-	laneMsgs := func() uint64 {
-		n, _ := streamMsgs(t, js, queue.StreamName("demo"))
-		return n
-	}
+	seq := seqByID(waitDeadLetters(t, q, 3))
+	laneMsgs := func() uint64 { return msgsIn(t, js, queue.StreamName("demo")) }
 	waitForCond(t, "the lane stream empty", func() bool { return laneMsgs() == 0 })
 
 	for _, c := range []struct {
@@ -118,12 +101,8 @@ func TestReplayUndeliverableRefused(t *testing.T) {
 // that they leave the backlog; a job on a key is left alone, and a delayed
 // job's claim left behind is deleted.
 func TestKeyedKeysDeadLettersStranded(t *testing.T) {
-	q, nc := newBareQueue(t)
+	q, js := keyedQueue(t)
 	ctx := context.Background()
-	if err := q.EnsureKeyedLane(ctx, intakeSpec(100)); err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
 	for _, j := range []struct{ key, id string }{{"", "stranded-none"}, {"k", "good"}, {"a/b", "stranded-slash"}} {
 		m := nats.NewMsg(queue.InternalSubject("demo", j.key))
 		m.Data = []byte(j.id)
@@ -134,12 +113,7 @@ func TestKeyedKeysDeadLettersStranded(t *testing.T) {
 	}
 	// A delayed job's claim on its id left behind (its delete failed) is
 	// deleted, not dead-lettered: it is no job.
-	claim := nats.NewMsg(queue.InternalSubject("demo", ""))
-	claim.Header.Set(jetstream.MsgIDHeader, "claimed")
-	claim.Header.Set("Throttler-Claim", "1")
-	if _, err := js.PublishMsg(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	publishClaim(t, js, "claimed")
 	r, err := q.KeyedReader("demo")
 	if err != nil {
 		t.Fatal(err)
@@ -148,11 +122,7 @@ func TestKeyedKeysDeadLettersStranded(t *testing.T) {
 	if err != nil || !slices.Equal(keys, []string{"k"}) {
 		t.Fatalf("keys %v (%v), want [k]", keys, err)
 	}
-	var dead []api.DeadLetter
-	waitForCond(t, "the stranded jobs dead-lettered", func() bool {
-		dead, _ = q.ListDead(ctx, "demo", 0, 10)
-		return len(dead) == 2
-	})
+	dead := waitDeadLetters(t, q, 2)
 	want := map[string]string{"stranded-none": "stored with no key on keyed lane demo", "stranded-slash": "stored under a key the keyed lane's key rules refuse"}
 	for _, d := range dead {
 		if full, err := q.GetDead(ctx, "demo", d.Seq); err != nil || string(full.Payload) != d.ID {

@@ -101,6 +101,15 @@ func (h *hookLog) count(ev string) int {
 	return n
 }
 
+// roomyQueue is newQueue with spec()'s lane demo taking 100 jobs, so that
+// what a test schedules never meets the backlog limit.
+func roomyQueue(t *testing.T) (*queue.Queue, *nats.Conn) {
+	t.Helper()
+	s := spec()
+	s.MaxBacklog = 100
+	return newQueue(t, s)
+}
+
 // laneStored is the count of jobs in lane demo's stream.
 func laneStored(t *testing.T, q *queue.Queue) uint64 {
 	t.Helper()
@@ -228,9 +237,7 @@ func TestScheduledJobExpiresBeforeItIsDue(t *testing.T) {
 // fetches it, before it reaches the drain; the job behind it comes next.
 // A retry (a job that started before) no longer expires.
 func TestExpiredJobInBacklogDeadLetteredAtFetch(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, _ := newQueue(t, s)
+	q, _ := roomyQueue(t)
 	ctx := context.Background()
 	past := time.Now().Add(-time.Millisecond)
 	for _, j := range []queue.Job{
@@ -269,9 +276,7 @@ func TestExpiredJobInBacklogDeadLetteredAtFetch(t *testing.T) {
 // earlier than the delay after JetStream stored it; one whose
 // Throttle-Delay cannot be read is dead-lettered, the header named.
 func TestPublicJobDelayHeaders(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, nc := newQueue(t, s)
+	q, nc := roomyQueue(t)
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
 	publish := func(id string, h map[string]string) time.Time {
@@ -315,6 +320,13 @@ func TestPublicJobDelayHeaders(t *testing.T) {
 	}
 }
 
+// publishClaim stores on lane demo's keyless internal subject the claim
+// a delayed job makes on its id, as if its delete had not happened yet.
+func publishClaim(t *testing.T, js jetstream.JetStream, id string) {
+	t.Helper()
+	publishOutside(t, js, queue.InternalSubject("demo", ""), id, "", nats.Header{"Throttler-Claim": {"1"}})
+}
+
 // TestClaimedIDOneJobWhateverTheDelay: a delayed job stored with ClaimID
 // claims its id in its lane's stream, so that the lane's de-duplication
 // sees one job whatever the delay: a job of that id published after it is
@@ -324,9 +336,7 @@ func TestPublicJobDelayHeaders(t *testing.T) {
 // duplicate. The claims leave the lane's stream at once, and a drain that
 // fetches one anyway acks it and hands out the job after it instead.
 func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, nc := newQueue(t, s)
+	q, nc := roomyQueue(t)
 	ctx := context.Background()
 	later := time.Now().Add(time.Hour)
 	if res, err := q.Schedule(ctx, queue.Job{ID: "a", Lane: "demo", Payload: []byte("x"), NotBefore: later, ClaimID: true}); err != nil || res.Duplicate {
@@ -353,13 +363,8 @@ func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
 		t.Fatalf("the lane holds %d messages, want b only (claims are deleted)", n)
 	}
 	// A claim a drain fetches before it is deleted is no job.
-	claim := nats.NewMsg(queue.InternalSubject("demo", ""))
-	claim.Header.Set(jetstream.MsgIDHeader, "c")
-	claim.Header.Set("Throttler-Claim", "1")
 	js, _ := jetstream.New(nc)
-	if _, err := js.PublishMsg(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	publishClaim(t, js, "c")
 	if _, err := q.Publish(ctx, queue.Job{ID: "d", Lane: "demo", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
@@ -382,9 +387,7 @@ func TestClaimedIDOneJobWhateverTheDelay(t *testing.T) {
 // first: its delayed copy was taken out, and the retry stream remembering
 // its msg id does not make it a scheduled job.
 func TestClaimedIDDelayedAgainAfterQueued(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, _ := newQueue(t, s)
+	q, _ := roomyQueue(t)
 	ctx := context.Background()
 	later := time.Now().Add(time.Hour)
 	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
@@ -406,9 +409,7 @@ func TestClaimedIDDelayedAgainAfterQueued(t *testing.T) {
 // of their lane's stream, and are deleted at once: a job stored after them
 // does not count them among the jobs waiting ahead of it (its eta).
 func TestClaimsAreNoJobsAhead(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, _ := newQueue(t, s)
+	q, _ := roomyQueue(t)
 	ctx := context.Background()
 	if _, err := q.Publish(ctx, queue.Job{ID: "first", Lane: "demo", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
@@ -435,9 +436,7 @@ func TestClaimsAreNoJobsAhead(t *testing.T) {
 // the lane before the claim said it is a duplicate (the lane would hold
 // the id's job twice, and the submission would fail on the copy's delete).
 func TestClaimedIDShortDelayOneJob(t *testing.T) {
-	s := spec()
-	s.MaxBacklog = 100
-	q, _ := newQueue(t, s)
+	q, _ := roomyQueue(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	moved := make(chan struct{})
 	defer func() { cancel(); <-moved }()

@@ -15,7 +15,7 @@ import (
 
 // idemAnswer is what a submission (or one batch item) was answered.
 type idemAnswer struct {
-	Status    int `json:"-"`
+	Status    int
 	ID        string
 	State     api.JobState
 	Duplicate bool
@@ -26,51 +26,39 @@ type idemAnswer struct {
 // the one item of a batch.
 func submitIdem(t *testing.T, addr, id, key, delay string, batch bool) idemAnswer {
 	t.Helper()
-	var req *http.Request
-	if batch {
-		item := map[string]any{"idempotency_key": id, "payload": "x"}
+	if !batch {
+		hdr := map[string]string{}
 		if delay != "" {
-			item["delay"] = delay
+			hdr["Throttle-Delay"] = delay
 		}
 		if key != "" {
-			item["throttle_key"] = key
+			hdr["Throttle-Key"] = key
 		}
-		body, _ := json.Marshal([]any{item})
-		req, _ = http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs:batch", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-	} else {
-		req, _ = http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs", bytes.NewBufferString("x"))
-		req.Header.Set("Content-Type", "text/plain")
-		req.Header.Set("Idempotency-Key", id)
-		if delay != "" {
-			req.Header.Set("Throttle-Delay", delay)
-		}
-		if key != "" {
-			req.Header.Set("Throttle-Key", key)
-		}
+		code, a := submitWith(t, addr, id, hdr)
+		return idemAnswer{Status: code, ID: a.ID, State: api.JobState(a.State), Duplicate: a.Duplicate}
 	}
+	item := map[string]any{"idempotency_key": id, "payload": "x"}
+	if delay != "" {
+		item["delay"] = delay
+	}
+	if key != "" {
+		item["throttle_key"] = key
+	}
+	body, _ := json.Marshal([]any{item})
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/lanes/demo/jobs:batch", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := pollClient.Do(req)
 	if err != nil {
 		t.Fatalf("submit %s: %v", id, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	var a idemAnswer
-	if batch {
-		var ba api.BatchAccepted
-		if err := json.Unmarshal(raw, &ba); err != nil || len(ba.Results) != 1 {
-			t.Fatalf("batch answer %d %q: %v", resp.StatusCode, raw, err)
-		}
-		r := ba.Results[0]
-		return idemAnswer{Status: r.Status, ID: r.ID, State: r.State, Duplicate: r.Duplicate}
+	var ba api.BatchAccepted
+	if err := json.Unmarshal(raw, &ba); err != nil || len(ba.Results) != 1 {
+		t.Fatalf("batch answer %d %q: %v", resp.StatusCode, raw, err)
 	}
-	a.Status = resp.StatusCode
-	if resp.StatusCode == http.StatusAccepted {
-		if err := json.Unmarshal(raw, &a); err != nil {
-			t.Fatalf("202 body %q: %v", raw, err)
-		}
-	}
-	return a
+	r := ba.Results[0]
+	return idemAnswer{Status: r.Status, ID: r.ID, State: r.State, Duplicate: r.Duplicate}
 }
 
 // TestIdempotencyKeyOneJobWhateverTheDelay: on a lane without job records

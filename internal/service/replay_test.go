@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/config"
 	"github.com/throttler/throttler/internal/records"
+	"github.com/throttler/throttler/internal/service"
 	"github.com/throttler/throttler/internal/servicetest"
 	"github.com/throttler/throttler/internal/testenv"
 )
@@ -57,15 +57,40 @@ func (st *switchTarget) deliveries(id string) int {
 	return st.seen[id]
 }
 
-// replayConfig: lane demo keeps results, sends callbacks under callbacks
-// (a URL prefix of the receiver) through the lane callbacks, and publishes
-// records on the reply subjects under replies; the callbacks lane may call
-// anything on the receiver.
-func replayConfig(t *testing.T, natsURL, dataDir, redisURL, target, receiver string, callbacks, replies []string) config.Config {
+// replayEnv is what a replay test runs against: NATS, Redis, a target that
+// refuses until told, and a callback receiver, which outlive the
+// instances a test starts on them.
+type replayEnv struct {
+	natsURL, redisURL string
+	target            *switchTarget
+	recv              *callbackReceiver
+}
+
+func newReplayEnv(t *testing.T) *replayEnv {
+	t.Helper()
+	return &replayEnv{
+		natsURL:  testenv.StartNATS(t).ClientURL(),
+		redisURL: testenv.StartRedis(t).URL(),
+		target:   newSwitchTarget(t),
+		recv:     newCallbackReceiver(t),
+	}
+}
+
+// start starts an instance (with a data directory of its own) whose lane
+// demo keeps results, sends callbacks under the receiver's paths
+// callbacks through the lane callbacks, and publishes records on the
+// reply subjects under replies; the callbacks lane may call anything on
+// the receiver.
+func (e *replayEnv) start(t *testing.T, callbacks, replies []string) (*service.Service, func()) {
 	t.Helper()
 	quote := func(v []string) string {
 		b, _ := json.Marshal(v)
 		return string(b)
+	}
+	receiver := e.recv.srv.URL
+	prefixes := make([]string, len(callbacks))
+	for i, c := range callbacks {
+		prefixes[i] = receiver + c
 	}
 	y := fmt.Sprintf(`listen: 127.0.0.1:0
 nats: {url: %q, data_dir: %q}
@@ -83,12 +108,12 @@ lanes:
     burst: 5
     retry: {max_attempts: 2, backoff_base: 20ms, backoff_max: 50ms}
     target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
-`, natsURL, dataDir, redisURL, quote(callbacks), quote(replies), target, receiver+"/", receiver+"/", callbackSecret)
+`, e.natsURL, t.TempDir(), e.redisURL, quote(prefixes), quote(replies), e.target.srv.URL, receiver+"/", receiver+"/", callbackSecret)
 	cfg, err := config.Parse("replay.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg
+	return servicetest.Start(t, cfg, nil)
 }
 
 // TestReplayedDeadLettersAnswerAgain: jobs dead-lettered while the target
@@ -104,15 +129,11 @@ lanes:
 // and counts it), and stays. The Idempotency-Key still finds the job.
 func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	target := newSwitchTarget(t)
-	recv := newCallbackReceiver(t)
-	cfgA := replayConfig(t, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.srv.URL, recv.srv.URL,
-		[]string{recv.srv.URL + "/hooks", recv.srv.URL + "/old"}, []string{"replies.shop", "replies.old"})
-	a, stopA := servicetest.Start(t, cfgA, nil)
+	env := newReplayEnv(t)
+	target, recv := env.target, env.recv
+	a, stopA := env.start(t, []string{"/hooks", "/old"}, []string{"replies.shop", "replies.old"})
 
-	nc, publish := natsPublisher(t, natsSrv.ClientURL())
+	nc, publish := natsPublisher(t, env.natsURL)
 	heard := &natsListener{}
 	if _, err := nc.Subscribe("replies.>", heard.on); err != nil {
 		t.Fatal(err)
@@ -161,9 +182,7 @@ func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 	// The target recovers; the instance comes back with the /old and
 	// replies.old prefixes removed.
 	target.accept.Store(true)
-	cfgB := replayConfig(t, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.srv.URL, recv.srv.URL,
-		[]string{recv.srv.URL + "/hooks"}, []string{"replies.shop"})
-	b, _ := servicetest.Start(t, cfgB, nil)
+	b, _ := env.start(t, []string{"/hooks"}, []string{"replies.shop"})
 	addr := b.Addr()
 
 	testenv.Eventually(t, 10*time.Second, "exp-1's expiry passed", func() bool { return time.Now().After(expires) })
@@ -262,25 +281,13 @@ func TestReplayedDeadLettersAnswerAgain(t *testing.T) {
 // the same within its window) gets every one.
 func TestReplayCallbackIDsOutliveTheRecord(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	target := newSwitchTarget(t)
-	recv := newCallbackReceiver(t)
-	cfg := replayConfig(t, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.srv.URL, recv.srv.URL,
-		[]string{recv.srv.URL + "/hooks"}, []string{"replies.shop"})
-	svc, _ := servicetest.Start(t, cfg, nil)
+	env := newReplayEnv(t)
+	target, recv := env.target, env.recv
+	svc, _ := env.start(t, []string{"/hooks"}, []string{"replies.shop"})
 	addr := svc.Addr()
 	const hook = "/hooks/x"
 
-	nc, err := nats.Connect(natsSrv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.JetStream(t, env.natsURL)
 	purge := func() {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/throttler/throttler/api"
 	"github.com/throttler/throttler/internal/queue"
@@ -43,13 +41,8 @@ func TestKeyedReplayWithoutKeyRefused(t *testing.T) {
 	svc, _ := start(t, cfg)
 	addr := svc.Addr()
 
-	_, js := testenv.JetStream(t, natsSrv.ClientURL())
-	m := nats.NewMsg("throttle.demo")
-	m.Data = []byte("x")
-	m.Header.Set(jetstream.MsgIDHeader, "no-key")
-	if _, err := js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	publish("throttle.demo", "no-key", "x", nil)
 	if code := submitKeyed(t, http.DefaultClient, addr, "k", "refused"); code != http.StatusAccepted {
 		t.Fatalf("submit: %d", code)
 	}
@@ -105,12 +98,7 @@ func TestKeyedReplayWithoutKeyRefused(t *testing.T) {
 	}
 
 	// An earlier version's replay stored a job on the keyless subject.
-	m = nats.NewMsg(queue.InternalSubject("demo", ""))
-	m.Data = []byte("x")
-	m.Header.Set(queue.HeaderJobID, "stranded")
-	if _, err := js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	publish(queue.InternalSubject("demo", ""), "", "x", nats.Header{queue.HeaderJobID: {"stranded"}})
 	page = waitDead(t, addr, "demo", "the stranded job dead-lettered", func(p api.DeadLetters) bool { return len(p.Dead) == 1 })
 	if d := page.Dead[0]; d.ID != "stranded" || !strings.Contains(d.Reason, "stored with no key") {
 		t.Fatalf("dead letters %+v, want stranded, saying it had no key", page.Dead)

@@ -156,10 +156,11 @@ func stopTogether(t *testing.T, stops ...func()) {
 }
 
 type accepted struct {
-	ID    string `json:"id"`
-	Lane  string `json:"lane"`
-	State string `json:"state"`
-	ETA   int64  `json:"eta_ms"`
+	ID        string `json:"id"`
+	Lane      string `json:"lane"`
+	State     string `json:"state"`
+	ETA       int64  `json:"eta_ms"`
+	Duplicate bool   `json:"duplicate"`
 }
 
 func submit(t *testing.T, client *http.Client, addr, lane, id, body string) (int, accepted, http.Header) {
