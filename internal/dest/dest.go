@@ -522,7 +522,7 @@ func (r *Rules) checkURL(s string) (*url.URL, error) {
 	u, err := parseJobURL(s)
 	if err != nil {
 		if errors.Is(err, ErrPathEscapes) {
-			return nil, &Error{Field: HeaderURL, Err: ErrPathEscapes, Detail: "the URL's path has a dot segment or an encoded slash, backslash, dot or percent"}
+			return nil, &Error{Field: HeaderURL, Err: ErrPathEscapes, Detail: escapeDetail("the URL's path has ", err)}
 		}
 		return nil, &Error{Field: HeaderURL, Err: ErrBadPath, Detail: strings.TrimPrefix(err.Error(), ErrBadPath.Error()+": ")}
 	}
@@ -542,7 +542,7 @@ func join(base *url.URL, baseEsc, p string) (*url.URL, error) {
 	norm, err := checkPath(rawPath)
 	if err != nil {
 		if errors.Is(err, ErrPathEscapes) {
-			return nil, &Error{Field: HeaderPath, Err: ErrPathEscapes, Detail: "a dot segment, backslash or encoded slash, backslash, dot or percent"}
+			return nil, &Error{Field: HeaderPath, Err: ErrPathEscapes, Detail: escapeDetail("it has ", err)}
 		}
 		return nil, &Error{Field: HeaderPath, Err: ErrBadPath, Detail: strings.TrimPrefix(err.Error(), ErrBadPath.Error()+": ")}
 	}
@@ -613,6 +613,13 @@ func checkPath(p string) (string, error) {
 		b.WriteString(seg)
 	}
 	return b.String(), nil
+}
+
+// escapeDetail says what in a path could leave the base path: the reason
+// checkPath gave (a .. segment, a backslash, an encoded '/', …) after
+// lead.
+func escapeDetail(lead string, err error) string {
+	return lead + strings.TrimPrefix(err.Error(), ErrPathEscapes.Error()+": ")
 }
 
 // checkSegment checks one path segment other than "", "." and "..".
@@ -796,7 +803,7 @@ func (p *Prefixes) CheckCallback(s string) (*url.URL, error) {
 	u, err := parseJobURL(s)
 	if err != nil {
 		if errors.Is(err, ErrPathEscapes) {
-			return nil, &Error{Field: HeaderCallback, Err: ErrPathEscapes, Detail: "the URL's path has a dot segment or an encoded slash, backslash, dot or percent"}
+			return nil, &Error{Field: HeaderCallback, Err: ErrPathEscapes, Detail: escapeDetail("the URL's path has ", err)}
 		}
 		return nil, &Error{Field: HeaderCallback, Err: ErrBadPath, Detail: strings.TrimPrefix(err.Error(), ErrBadPath.Error()+": ")}
 	}

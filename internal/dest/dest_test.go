@@ -135,6 +135,30 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
+// TestPathRefusalsSayWhat: a path that could leave the base path is
+// refused naming what in it would: the caller learns which segment or
+// byte to change.
+func TestPathRefusalsSayWhat(t *testing.T) {
+	t.Parallel()
+	r := rules(t)
+	for _, tc := range []struct {
+		req  dest.Request
+		want string
+	}{
+		{dest.Request{Path: "a/../../admin"}, "Throttle-Path: the path could leave the lane's base path: it has a .. segment"},
+		{dest.Request{Path: "a%2F..%2Fadmin"}, `it has an encoded '/'`},
+		{dest.Request{Path: `..\admin`}, "it has a backslash"},
+		{dest.Request{Path: "..;/admin"}, "it has a dot segment with path parameters"},
+		{dest.Request{Path: "%e2%80%a5/admin"}, "it has an encoded U+2025"},
+		{dest.Request{URL: "https://api.example.com/v2/../admin"}, "Throttle-URL: the path could leave the lane's base path: the URL's path has a .. segment"},
+	} {
+		_, err := r.Resolve(tc.req, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want it to say %q", tc.req, err, tc.want)
+		}
+	}
+}
+
 func TestResolveURLAndHeaders(t *testing.T) {
 	t.Parallel()
 	r := rules(t)
