@@ -395,10 +395,12 @@ func gone(err error) bool {
 
 // takeBackMoved deletes the copy of job, a delayed duplicate of a job
 // stored without a delay, from its lane when the retry mover moved it
-// there before its claim was answered: found by its msg id while the lane
-// remembers it. A copy a drain took already is delivered too (logged).
+// there before its claim was answered: found by the msg id it was stored
+// and moved under (job.MsgID: scheduledMsgID over HTTP, the intake move's
+// for a job published over NATS) while the lane remembers it. A copy a
+// drain took already is delivered too (logged).
 func (q *Queue) takeBackMoved(ctx context.Context, ls *laneState, job Job) {
-	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(job.Lane, job.Key), scheduledMsgID(job.Lane, job.ID))
+	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(job.Lane, job.Key), job.MsgID)
 	if err == nil && !found {
 		return
 	}
