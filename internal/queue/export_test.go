@@ -109,3 +109,7 @@ func IntakeMoveMsgID(q *Queue, lane, id string, seq uint64) string {
 	}
 	return intakeSeqMsgID(id, ls.inEpoch, seq)
 }
+
+// ScheduledMsgID is the msg id of the delayed copy of job id of lane
+// submitted over HTTP.
+func ScheduledMsgID(lane, id string) string { return scheduledMsgID(lane, id) }

@@ -465,3 +465,30 @@ func TestClaimedIDShortDelayOneJob(t *testing.T) {
 		t.Fatalf("the lane holds %d jobs, want x once and y", n)
 	}
 }
+
+// TestClaimedIDResubmittedAfterCopyLeft: a delayed job whose id a job
+// without a delay holds, whose copy could not be deleted from the retry
+// stream when it was first submitted (the submission failed), is answered
+// as that job when submitted again, and its copy is taken out then: it
+// must not enter the lane when due and deliver the id twice.
+func TestClaimedIDResubmittedAfterCopyLeft(t *testing.T) {
+	q, _ := roomyQueue(t)
+	ctx := context.Background()
+	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	// The first delayed submission's copy, left where its delete failed.
+	job := queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later, MsgID: queue.ScheduledMsgID("demo", "b")}
+	if _, err := queue.StoreScheduled(ctx, q, job); err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Schedule(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later, ClaimID: true})
+	if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+		t.Fatalf("b delayed again: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+	}
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 0 {
+		t.Fatalf("the retry stream holds %d (%v), want nothing: the left copy would deliver b twice", w, err)
+	}
+}
