@@ -492,3 +492,36 @@ func TestClaimedIDResubmittedAfterCopyLeft(t *testing.T) {
 		t.Fatalf("the retry stream holds %d (%v), want nothing: the left copy would deliver b twice", w, err)
 	}
 }
+
+// TestClaimRedeliveredReadsNoTries: a claim a drain fetches again (its
+// first delivery handed back) is acked as no job before anything reads
+// the tries bucket for it: it has no failed attempts to read.
+func TestClaimRedeliveredReadsNoTries(t *testing.T) {
+	q, nc := roomyQueue(t)
+	ctx := context.Background()
+	js, _ := jetstream.New(nc)
+	publishClaim(t, js, "c")
+	raw, err := js.Consumer(ctx, queue.StreamName("demo"), queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := raw.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range b.Messages() {
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := q.Publish(ctx, queue.Job{ID: "d", Lane: "demo", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer(t, q, "demo")
+	if m := nextJob(t, c, "d"); m.Job().ID != "d" {
+		t.Fatalf("got job %q, want d", m.Job().ID)
+	}
+	if n := queue.TriesReads(c); n != 0 {
+		t.Fatalf("the tries bucket was read %d times, want 0 (a claim has no tries)", n)
+	}
+}
