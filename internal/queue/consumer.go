@@ -237,19 +237,20 @@ func (c *Consumer) wrap(m jetstream.Msg) *Msg {
 	if err != nil {
 		meta = &jetstream.MsgMetadata{NumDelivered: 1}
 	}
-	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
-	msg.job.Attempts = max(msg.job.Attempts, c.attemptsInPlace(meta.Sequence.Stream, meta.NumDelivered))
 	c.q.fetched(c.lane, meta.Sequence.Stream)
-	ls, lerr := c.q.lane(c.lane)
-	if lerr == nil {
-		msg.maxAge = ls.spec.MaxAge
-	}
 	internal, _, _ := subjectKey(c.lane, m.Subject())
 	if internal && m.Headers().Get(headerClaim) != "" {
 		// A delayed job's claim on its id (schedule.go), fetched
-		// before its writer deleted it: no job.
+		// before its writer deleted it: no job, and no failed attempts
+		// to read.
 		_ = m.Ack()
 		return nil
+	}
+	msg := &Msg{job: jobFromMsg(c.lane, m, meta), m: m, meta: meta, c: c, origin: c.origin}
+	msg.job.Attempts = max(msg.job.Attempts, c.attemptsInPlace(meta.Sequence.Stream, meta.NumDelivered))
+	ls, lerr := c.q.lane(c.lane)
+	if lerr == nil {
+		msg.maxAge = ls.spec.MaxAge
 	}
 	if !internal && lerr == nil {
 		applyPublicSchedule(&msg.job, m.Headers(), meta.Timestamp, ls.spec.MaxDelay)

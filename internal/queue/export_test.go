@@ -77,3 +77,39 @@ func AgeAhead(r *KeyedReader) {
 
 // TriesReads counts the reads of c's tries bucket.
 func TriesReads(c *Consumer) uint64 { return c.tries.reads.Load() }
+
+// StoreScheduled stores job's delayed copy in the retry stream under
+// job.MsgID, as Schedule and the keyed intake's mover do.
+func StoreScheduled(ctx context.Context, q *Queue, job Job) (PubResult, error) {
+	ack, err := q.storeScheduled(ctx, job)
+	if err != nil {
+		return PubResult{}, err
+	}
+	return PubResult{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// ClaimID claims job's id in its lane after its delayed copy was stored
+// (stored: that store's answer), as Schedule and the keyed intake's mover
+// do.
+func ClaimID(ctx context.Context, q *Queue, job Job, stored PubResult) (PubResult, error) {
+	ls, err := q.lane(job.Lane)
+	if err != nil {
+		return PubResult{}, err
+	}
+	return q.claimID(ctx, ls, job, stored)
+}
+
+// IntakeMoveMsgID is the msg id the keyed intake's mover gives the job id
+// it read at seq of lane's intake stream when the id is the throttler's or
+// the job is delayed.
+func IntakeMoveMsgID(q *Queue, lane, id string, seq uint64) string {
+	ls, err := q.lane(lane)
+	if err != nil {
+		return ""
+	}
+	return intakeSeqMsgID(id, ls.inEpoch, seq)
+}
+
+// ScheduledMsgID is the msg id of the delayed copy of job id of lane
+// submitted over HTTP.
+func ScheduledMsgID(lane, id string) string { return scheduledMsgID(lane, id) }

@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,5 +110,76 @@ func TestKeyedIntakeDelayedDuplicates(t *testing.T) {
 	}
 	if n := laneStored(t, q); n != 1 {
 		t.Fatalf("the lane holds %d messages, want the HTTP x only (claims are deleted)", n)
+	}
+}
+
+// TestKeyedIntakeDelayedDuplicateMovedBeforeItsClaim: a delayed job
+// published over NATS whose id an HTTP job in the lane holds, and whose
+// copy the retry mover moved into the lane before the copy's delete (its
+// delay was nearly over when the intake's mover reached it), is taken out
+// of the lane again: the copy is found under the msg id it was moved with,
+// the intake move's, and the key's job is delivered once.
+func TestKeyedIntakeDelayedDuplicateMovedBeforeItsClaim(t *testing.T) {
+	q, js, _ := keyedDedupLane(t)
+	ctx := context.Background()
+	first, err := q.Publish(ctx, httpJob("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := queue.Job{ID: "x", Lane: "demo", Key: "k", Payload: []byte("nats"), Outside: true,
+		NotBefore: time.Now().Add(time.Hour), MsgID: queue.IntakeMoveMsgID(q, "demo", "x", 1)}
+	stored, err := queue.StoreScheduled(ctx, q, job)
+	if err != nil || stored.Duplicate {
+		t.Fatalf("store the delayed copy: %+v %v", stored, err)
+	}
+	// The retry mover's move: the copy in the lane under its msg id, gone
+	// from the retry stream.
+	moved := job
+	moved.NotBefore = time.Time{}
+	if res, err := q.Publish(ctx, moved); err != nil || res.Duplicate {
+		t.Fatalf("move the copy: %+v %v", res, err)
+	}
+	rs, err := js.Stream(ctx, queue.RetryStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.DeleteMsg(ctx, stored.Seq); err != nil {
+		t.Fatal(err)
+	}
+	res, err := queue.ClaimID(ctx, q, job, stored)
+	if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+		t.Fatalf("claim x: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+	}
+	if n := laneStored(t, q); n != 1 {
+		t.Fatalf("the lane holds %d jobs, want the HTTP x only (its delayed duplicate taken out)", n)
+	}
+}
+
+// TestKeyedIntakeDelayedGivenIDWaitsOutItsClaim: a delayed job published
+// over NATS with an id of its own, due almost at once, waits in the retry
+// stream at least as long as its claim may take (as a delayed HTTP job
+// with a claimed id does), so that the retry mover does not move it into
+// the lane before the claim said whether the lane holds its id already.
+func TestKeyedIntakeDelayedGivenIDWaitsOutItsClaim(t *testing.T) {
+	q, js, _ := keyedDedupLane(t)
+	ctx := context.Background()
+	publishOutside(t, js, queue.Subject("demo", "k"), "x", "nats", nats.Header{queue.HeaderThrottleDelay: []string{"300ms"}})
+	published := time.Now()
+	runIntake(t, q)
+	intakeEmpty(t, js)
+	rs, err := js.Stream(ctx, queue.RetryStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := rs.GetLastMsgForSubject(ctx, queue.RetrySubject("demo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := strconv.ParseInt(raw.Header.Get(queue.HeaderNotBefore), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nb := time.UnixMilli(ms); nb.Sub(published) < 900*time.Millisecond {
+		t.Fatalf("the delayed copy is due %v after its publish, want at least about a second (its claim's guard)", nb.Sub(published))
 	}
 }

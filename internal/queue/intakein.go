@@ -281,7 +281,14 @@ func (q *Queue) moveIn(ctx context.Context, ls *laneState, from jetstream.Stream
 		// Its publisher asked for a delay: it waits in the retry stream
 		// (schedule.go), under this move's msg id, until due.
 		job.EnqueuedAt = time.Time{}
-		ack, err := q.storeScheduled(pctx, job)
+		copied := job
+		if given {
+			// As Schedule's: the retry mover may not move the copy into
+			// the lane before the claim said whether the id's job is
+			// there already.
+			copied.NotBefore = later(job.NotBefore, time.Now().Add(claimGuard))
+		}
+		ack, err := q.storeScheduled(pctx, copied)
 		if err != nil {
 			return err
 		}

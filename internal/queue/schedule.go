@@ -332,7 +332,8 @@ const headerClaim = "Throttler-Claim"
 //   - the copy was a duplicate: a resubmission. A claim stored now stands
 //     in for one the first store did not make; a duplicate claim naming a
 //     job the lane still holds (not a claim) makes the answer that job's
-//     (Queued), as the first delayed duplicate of it was answered.
+//     (Queued), as the first delayed duplicate of it was answered, and
+//     takes the copy out if it is still there (its first delete failed).
 //
 // The copy waits at least claimGuard, so that the retry mover does not
 // move it into the lane before the claim is answered.
@@ -367,15 +368,19 @@ func (q *Queue) claimID(ctx context.Context, ls *laneState, job Job, stored PubR
 		// it, when it is there and not a claim: a job stored without a
 		// delay, whose first delayed duplicate's copy was taken out
 		// (the retry stream still remembers that copy's msg id).
-		if raw, err := ls.stream.GetMsg(ctx, ack.Sequence); err == nil && raw.Header.Get(headerClaim) == "" {
-			return PubResult{Seq: ack.Sequence, Duplicate: true, Queued: true}, nil
+		// Its copy is taken out again, as at the first delayed
+		// duplicate: gone then, or left there when that delete failed
+		// (the submission failed, and this is its repeat).
+		if raw, err := ls.stream.GetMsg(ctx, ack.Sequence); err != nil || raw.Header.Get(headerClaim) != "" {
+			return stored, nil
 		}
-		return stored, nil
 	}
 	q.mu.Lock()
 	st := q.retry
 	q.mu.Unlock()
 	switch err := st.DeleteMsg(ctx, stored.Seq); {
+	case gone(err) && stored.Duplicate:
+		// Taken out at an earlier submission.
 	case gone(err):
 		// It left the retry stream: moved into the lane (the claim
 		// came after claimGuard), or expired.
@@ -395,10 +400,12 @@ func gone(err error) bool {
 
 // takeBackMoved deletes the copy of job, a delayed duplicate of a job
 // stored without a delay, from its lane when the retry mover moved it
-// there before its claim was answered: found by its msg id while the lane
-// remembers it. A copy a drain took already is delivered too (logged).
+// there before its claim was answered: found by the msg id it was stored
+// and moved under (job.MsgID: scheduledMsgID over HTTP, the intake move's
+// for a job published over NATS) while the lane remembers it. A copy a
+// drain took already is delivered too (logged).
 func (q *Queue) takeBackMoved(ctx context.Context, ls *laneState, job Job) {
-	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(job.Lane, job.Key), scheduledMsgID(job.Lane, job.ID))
+	seq, found, err := q.probeMsgID(ctx, ls.stream, InternalSubject(job.Lane, job.Key), job.MsgID)
 	if err == nil && !found {
 		return
 	}

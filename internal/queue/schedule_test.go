@@ -465,3 +465,63 @@ func TestClaimedIDShortDelayOneJob(t *testing.T) {
 		t.Fatalf("the lane holds %d jobs, want x once and y", n)
 	}
 }
+
+// TestClaimedIDResubmittedAfterCopyLeft: a delayed job whose id a job
+// without a delay holds, whose copy could not be deleted from the retry
+// stream when it was first submitted (the submission failed), is answered
+// as that job when submitted again, and its copy is taken out then: it
+// must not enter the lane when due and deliver the id twice.
+func TestClaimedIDResubmittedAfterCopyLeft(t *testing.T) {
+	q, _ := roomyQueue(t)
+	ctx := context.Background()
+	first, err := q.Publish(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	// The first delayed submission's copy, left where its delete failed.
+	job := queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later, MsgID: queue.ScheduledMsgID("demo", "b")}
+	if _, err := queue.StoreScheduled(ctx, q, job); err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Schedule(ctx, queue.Job{ID: "b", Lane: "demo", Payload: []byte("x"), NotBefore: later, ClaimID: true})
+	if err != nil || !res.Duplicate || !res.Queued || res.Seq != first.Seq {
+		t.Fatalf("b delayed again: %+v %v, want a duplicate of seq %d, queued", res, err, first.Seq)
+	}
+	if w, err := q.RetriesWaiting(ctx, "demo"); err != nil || w != 0 {
+		t.Fatalf("the retry stream holds %d (%v), want nothing: the left copy would deliver b twice", w, err)
+	}
+}
+
+// TestClaimRedeliveredReadsNoTries: a claim a drain fetches again (its
+// first delivery handed back) is acked as no job before anything reads
+// the tries bucket for it: it has no failed attempts to read.
+func TestClaimRedeliveredReadsNoTries(t *testing.T) {
+	q, nc := roomyQueue(t)
+	ctx := context.Background()
+	js, _ := jetstream.New(nc)
+	publishClaim(t, js, "c")
+	raw, err := js.Consumer(ctx, queue.StreamName("demo"), queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := raw.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range b.Messages() {
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := q.Publish(ctx, queue.Job{ID: "d", Lane: "demo", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer(t, q, "demo")
+	if m := nextJob(t, c, "d"); m.Job().ID != "d" {
+		t.Fatalf("got job %q, want d", m.Job().ID)
+	}
+	if n := queue.TriesReads(c); n != 0 {
+		t.Fatalf("the tries bucket was read %d times, want 0 (a claim has no tries)", n)
+	}
+}
