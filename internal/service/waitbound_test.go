@@ -30,17 +30,13 @@ func newWaitsService(t *testing.T, head, lane string) (*service.Service, *heldTa
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	held := newHeldTarget(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-%slanes:
+	y := configHead(t, natsSrv.ClientURL(), redis.URL()) + fmt.Sprintf(`%slanes:
   - name: demo
     rate: 50
     burst: 5
 %s    results: {keep: 1h, max_wait: 30s}
     target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), head, lane, held.srv.URL)
+`, head, lane, held.srv.URL)
 	cfg, err := config.Parse("waits.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)
