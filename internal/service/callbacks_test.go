@@ -87,11 +87,7 @@ func verifySigned(t *testing.T, k callbackCall) {
 
 func callbacksConfig(t *testing.T, natsURL, redisURL, target, receiver string) config.Config {
 	t.Helper()
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, natsURL, redisURL) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 5
@@ -103,7 +99,7 @@ lanes:
     burst: 1
     retry: {max_attempts: 3, backoff_base: 20ms, backoff_max: 50ms}
     target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
-`, natsURL, t.TempDir(), redisURL, receiver+"/hooks", target, receiver+"/hooks", receiver+"/hooks", callbackSecret)
+`, receiver+"/hooks", target, receiver+"/hooks", receiver+"/hooks", callbackSecret)
 	cfg, err := config.Parse("callbacks.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -60,6 +60,18 @@ func runWithRegistry(t *testing.T, cfg config.Config, reg *prometheus.Registry) 
 	return svc
 }
 
+// configHead is the head of a test config, up to its lanes: listen on a
+// free port, the nats-server at natsURL with a data_dir of the test's own,
+// the Redis at redisURL ("" for the in-memory pacer), and targets on the
+// loopback allowed.
+func configHead(t *testing.T, natsURL, redisURL string) string {
+	return fmt.Sprintf(`listen: 127.0.0.1:0
+nats: {url: %q, data_dir: %q}
+redis: {url: %q}
+dispatch: {allow_networks: [127.0.0.0/8]}
+`, natsURL, t.TempDir(), redisURL)
+}
+
 func metricsConfig(t *testing.T, target string) config.Config {
 	t.Helper()
 	y := fmt.Sprintf(`listen: 127.0.0.1:0

@@ -23,11 +23,7 @@ import (
 // settled records allowed on replies.shop.
 func natsCancelConfig(t *testing.T, natsURL, redisURL, target, rate string) config.Config {
 	t.Helper()
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, natsURL, redisURL) + fmt.Sprintf(`lanes:
   - name: demo
     rate: %s
     burst: 20
@@ -40,7 +36,7 @@ lanes:
     per_key: {rate: %s, burst: 20}
     results: {keep: 1h, reply_subjects: [replies.shop]}
     target: {http: {url: %q}}
-`, natsURL, t.TempDir(), redisURL, rate, target, rate, rate, target)
+`, rate, target, rate, rate, target)
 	cfg, err := config.Parse("natscancel.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

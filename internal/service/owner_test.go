@@ -62,6 +62,17 @@ func ownerConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
 	return cfg
 }
 
+// startOwnerService runs ownerConfig's service, with a nats-server and a
+// Redis of its own, sending lane demo's jobs to targetURL. It returns the
+// nats-server's URL and lane demo's URL.
+func startOwnerService(t *testing.T, targetURL string) (natsURL, lane string) {
+	t.Helper()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), targetURL), prometheus.NewRegistry())
+	return natsSrv.ClientURL(), "http://" + svc.Addr() + "/v1/lanes/demo"
+}
+
 // TestJobRecordsBelongToTheirKey: with API keys, a job's record is its
 // submitting key's. Another key cannot read, wait for or cancel it (404,
 // the body of an id never stored), lists only its own jobs, and gets 409
@@ -74,13 +85,11 @@ func ownerConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
 // every job.
 func TestJobRecordsBelongToTheirKey(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
 	target, _ := recordsTarget(t)
-	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
-	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	natsURL, lane := startOwnerService(t, target.URL)
+	base := lane + "/jobs"
 	const a, b, ops = "secret-a", "secret-b", "secret-ops"
-	if c := asKey(t, ops, "PATCH", "http://"+svc.Addr()+"/v1/lanes/demo", `{"paused":true}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+	if c := asKey(t, ops, "PATCH", lane, `{"paused":true}`, "Content-Type", "application/json"); c.code != http.StatusOK {
 		t.Fatalf("pause: %d %s", c.code, c.body)
 	}
 
@@ -98,7 +107,7 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 		t.Fatalf("submit without Idempotency-Key: %d %s", c.code, c.body)
 	}
 	seqID := acc.ID
-	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	_, publish := natsPublisher(t, natsURL)
 	publish("throttle.demo", "nats-1", "from nats", nats.Header{"Throttler-Owner": {"a"}, "Throttle-Reply": {"replies.shop.nats-1"}})
 
 	get := func(secret, id string) (jobCall, api.JobRecord) {
@@ -240,7 +249,7 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 	}
 
 	// Resumed: everything not cancelled is delivered.
-	if c := asKey(t, ops, "PATCH", "http://"+svc.Addr()+"/v1/lanes/demo", `{"paused":false}`, "Content-Type", "application/json"); c.code != http.StatusOK {
+	if c := asKey(t, ops, "PATCH", lane, `{"paused":false}`, "Content-Type", "application/json"); c.code != http.StatusOK {
 		t.Fatalf("resume: %d %s", c.code, c.body)
 	}
 	for _, j := range []struct{ secret, id string }{{a, "order-1"}, {a, seqID}, {b, "b-1"}, {b, "b-2"}, {ops, "nats-1"}} {
@@ -285,13 +294,10 @@ func TestJobRecordsBelongToTheirKey(t *testing.T) {
 // tested in internal/records and by TestAReplayLeavesAnotherKeysRecordAlone.)
 func TestATakenIDGivesNoJobAway(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
 	target := newAnsweringTarget(t)
-	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
-	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	natsURL, lane := startOwnerService(t, target.URL)
+	base := lane + "/jobs"
 	const a, b, ops = "secret-a", "secret-b", "secret-ops"
-	lane := "http://" + svc.Addr() + "/v1/lanes/demo"
 	if c := asKey(t, ops, "PATCH", lane, `{"paused":true}`, "Content-Type", "application/json"); c.code != http.StatusOK {
 		t.Fatalf("pause: %d %s", c.code, c.body)
 	}
@@ -308,7 +314,7 @@ func TestATakenIDGivesNoJobAway(t *testing.T) {
 			t.Errorf("b names a's id %s: %d %s; want it refused naming the Idempotency-Key", acc.ID, c.code, c.body)
 		}
 	}
-	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	_, publish := natsPublisher(t, natsURL)
 	publish("throttle.demo", "n-7", "nats work", nil)
 	// b names the NATS job's id: refused as another caller's id, single
 	// or in a batch, nothing of the job told and no record left.
@@ -425,11 +431,9 @@ func TestAReplayLeavesAnotherKeysRecordAlone(t *testing.T) {
 // by its owner with its answer, never the publisher's scheduled one.
 func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
 	target := newAnsweringTarget(t)
-	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
-	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	natsURL, lane := startOwnerService(t, target.URL)
+	base := lane + "/jobs"
 	const a, ops = "secret-a", "secret-ops"
 	submit := func(body string) string {
 		t.Helper()
@@ -446,7 +450,7 @@ func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
 		t.Fatalf("a's first job has id %q, not one the throttler makes", first)
 	}
 	next := queue.SeqID(prefix, seq+2)
-	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	_, publish := natsPublisher(t, natsURL)
 	if at := publish("throttle.demo", next, "squatter", nats.Header{"Throttle-Delay": {"1h"}}); at != seq+1 {
 		t.Fatalf("the publisher's job stored at %d, want %d", at, seq+1)
 	}
@@ -476,13 +480,11 @@ func TestNATSMsgIDCannotTakeAnHTTPJobsID(t *testing.T) {
 // not the publisher's to choose: its job gets "<lane>-<seq>" of its own.
 func TestNATSMsgIDCannotTakeAPublishedJobsID(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
 	target := newAnsweringTarget(t)
-	svc := runWithRegistry(t, ownerConfig(t, natsSrv.ClientURL(), redis.URL(), target.URL), prometheus.NewRegistry())
-	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
+	natsURL, lane := startOwnerService(t, target.URL)
+	base := lane + "/jobs"
 	const ops = "secret-ops"
-	_, publish := natsPublisher(t, natsSrv.ClientURL())
+	_, publish := natsPublisher(t, natsURL)
 	seq := publish("throttle.demo", "", "first", nil)
 	next := fmt.Sprintf("demo-%d", seq+2)
 	expires := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)

@@ -75,17 +75,13 @@ func resultsLane(t *testing.T, results, target string) *service.Service {
 	t.Helper()
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, natsSrv.ClientURL(), redis.URL()) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 5
     results: %s
     target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), results, target)
+`, results, target)
 	cfg, err := config.Parse("size.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

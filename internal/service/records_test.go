@@ -76,11 +76,7 @@ func recordsTarget(t *testing.T) (*httptest.Server, *atomic.Int64) {
 
 func recordsConfig(t *testing.T, natsURL, redisURL, target string) config.Config {
 	t.Helper()
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, natsURL, redisURL) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 5
@@ -92,7 +88,7 @@ lanes:
     rate: 50
     burst: 5
     target: {http: {url: %q}}
-`, natsURL, t.TempDir(), redisURL, target, target)
+`, target, target)
 	cfg, err := config.Parse("records.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

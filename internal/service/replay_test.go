@@ -92,11 +92,7 @@ func (e *replayEnv) start(t *testing.T, callbacks, replies []string) (*service.S
 	for i, c := range callbacks {
 		prefixes[i] = receiver + c
 	}
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, e.natsURL, e.redisURL) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 50
     burst: 10
@@ -108,7 +104,7 @@ lanes:
     burst: 5
     retry: {max_attempts: 2, backoff_base: 20ms, backoff_max: 50ms}
     target: {http: {url: %q, job_urls: [%q], signing_secrets: [%q]}}
-`, e.natsURL, t.TempDir(), e.redisURL, quote(prefixes), quote(replies), e.target.srv.URL, receiver+"/", receiver+"/", callbackSecret)
+`, quote(prefixes), quote(replies), e.target.srv.URL, receiver+"/", receiver+"/", callbackSecret)
 	cfg, err := config.Parse("replay.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -110,11 +110,7 @@ func TestNATSJobsGetTheirRecord(t *testing.T) {
 	natsSrv := testenv.StartNATS(t)
 	redis := testenv.StartRedis(t)
 	target, deliveries := replyTarget(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-lanes:
+	y := configHead(t, natsSrv.ClientURL(), redis.URL()) + fmt.Sprintf(`lanes:
   - name: demo
     rate: 40
     burst: 2
@@ -122,7 +118,7 @@ lanes:
     retry: {max_attempts: 2, backoff_base: 20ms, backoff_max: 50ms}
     results: {keep: 1h, reply_subjects: [replies.shop, acme]}
     target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), target.URL)
+`, target.URL)
 	cfg, err := config.Parse("replies.yaml", []byte(y), nil)
 	if err != nil {
 		t.Fatal(err)

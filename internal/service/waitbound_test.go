@@ -20,6 +20,30 @@ import (
 	"github.com/throttler/throttler/internal/testenv"
 )
 
+// newWaitsService makes the wait tests' service, not yet run: a
+// nats-server and a Redis of its own, and one lane, demo, whose results
+// are kept for waits of up to 30s and whose jobs go to the held target it
+// returns. head is put before the lanes (auth or http settings), lane
+// among demo's settings; each is whole lines of YAML.
+func newWaitsService(t *testing.T, head, lane string) (*service.Service, *heldTarget) {
+	t.Helper()
+	natsSrv := testenv.StartNATS(t)
+	redis := testenv.StartRedis(t)
+	held := newHeldTarget(t)
+	y := configHead(t, natsSrv.ClientURL(), redis.URL()) + fmt.Sprintf(`%slanes:
+  - name: demo
+    rate: 50
+    burst: 5
+%s    results: {keep: 1h, max_wait: 30s}
+    target: {http: {url: %q}}
+`, head, lane, held.srv.URL)
+	cfg, err := config.Parse("waits.yaml", []byte(y), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry()), held
+}
+
 // TestWaitsAreBounded: requests that wait for a job's answer (POST ?wait=
 // and GET ?wait=) hold a slot of the instance's bound while they wait, and
 // one caller holds at most its share of them, so that one API key cannot
@@ -27,29 +51,12 @@ import (
 // refused wait stores nothing; a wait that ends gives its slot back.
 func TestWaitsAreBounded(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	held := newHeldTarget(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-auth:
+	auth := fmt.Sprintf(`auth:
   keys:
     - {id: a, sha256: %s, scopes: [submit]}
     - {id: b, sha256: %s, scopes: [admin]}
-lanes:
-  - name: demo
-    rate: 50
-    burst: 5
-    results: {keep: 1h, max_wait: 30s}
-    target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), hexSum("secret-a"), hexSum("secret-b"), held.srv.URL)
-	cfg, err := config.Parse("waits.yaml", []byte(y), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry())
+`, hexSum("secret-a"), hexSum("secret-b"))
+	svc, held := newWaitsService(t, auth, "")
 	service.SetMaxWaiters(svc, 8) // a caller's share: 2
 	servicetest.Run(t, svc)
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
@@ -142,27 +149,9 @@ lanes:
 // submission refused 503) for up to results.max_wait.
 func TestWaitedSubmissionGivesItsBodyBack(t *testing.T) {
 	t.Parallel()
-	natsSrv := testenv.StartNATS(t)
-	redis := testenv.StartRedis(t)
-	held := newHeldTarget(t)
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
-nats: {url: %q, data_dir: %q}
-redis: {url: %q}
-dispatch: {allow_networks: [127.0.0.0/8]}
-http: {max_body_inflight: 8KiB, max_body_inflight_per_caller: 4KiB, max_batch_bytes: 4KiB}
-lanes:
-  - name: demo
-    rate: 50
-    burst: 5
-    max_body: 4KiB
-    results: {keep: 1h, max_wait: 30s}
-    target: {http: {url: %q}}
-`, natsSrv.ClientURL(), t.TempDir(), redis.URL(), held.srv.URL)
-	cfg, err := config.Parse("waits.yaml", []byte(y), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := service.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), prometheus.NewRegistry())
+	svc, held := newWaitsService(t,
+		"http: {max_body_inflight: 8KiB, max_body_inflight_per_caller: 4KiB, max_batch_bytes: 4KiB}\n",
+		"    max_body: 4KiB\n")
 	servicetest.Run(t, svc)
 	base := "http://" + svc.Addr() + "/v1/lanes/demo/jobs"
 	body := strings.Repeat("x", 4<<10)
