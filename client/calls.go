@@ -297,14 +297,28 @@ type Replayed struct {
 	// against max. UndeliverableSeqs are the first 100 of them.
 	Undeliverable     int      `json:"undeliverable"`
 	UndeliverableSeqs []uint64 `json:"undeliverable_seqs"`
+	// Until is the last dead-letter sequence the call could replay (the
+	// lane's last when it began, or the call's until): pass it to the
+	// calls after the first (ReplayAllUntil), so that a job replayed by
+	// one and dead again before the next is not replayed twice.
+	Until uint64 `json:"until"`
 }
 
 // ReplayAll is ReplayAllDead, with the count of dead letters it passed
 // over.
 func (c *Client) ReplayAll(ctx context.Context, lane string, max int) (Replayed, error) {
+	return c.ReplayAllUntil(ctx, lane, max, 0)
+}
+
+// ReplayAllUntil is ReplayAll replaying no dead letter after sequence
+// until (0: no bound but the lane's last when the call begins).
+func (c *Client) ReplayAllUntil(ctx context.Context, lane string, max int, until uint64) (Replayed, error) {
 	q := url.Values{}
 	if max > 0 {
 		q.Set("max", strconv.Itoa(max))
+	}
+	if until > 0 {
+		q.Set("until", strconv.FormatUint(until, 10))
 	}
 	var out Replayed
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: []string{"v1", "lanes", lane, "dead", "replay"}, query: q}, &out); err != nil {

@@ -235,6 +235,9 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 	// one so far.
 	done, expired, undeliverable := 0, 0, 0
 	var undeliverableSeqs []uint64
+	// The first call's bound is every later call's: a job it replayed
+	// that died again before the next call is not replayed twice.
+	var until uint64
 	start := time.Now()
 	tty := isTerminal(e.stderr)
 	for total < 0 || done+expired+undeliverable < total || done == 0 {
@@ -242,7 +245,10 @@ func (e *cliEnv) replayAll(ctx context.Context, lane string, chunk int) error {
 		if total > 0 {
 			want = max(1, min(chunk, total-done-expired-undeliverable))
 		}
-		r, err := e.c.ReplayAll(ctx, lane, want)
+		r, err := e.c.ReplayAllUntil(ctx, lane, want, until)
+		if until == 0 {
+			until = r.Until
+		}
 		done += r.Replayed
 		expired = max(expired, r.Expired)
 		if r.Undeliverable >= undeliverable {

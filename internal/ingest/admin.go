@@ -22,7 +22,7 @@ type DeadLetters interface {
 	ListDeadPage(ctx context.Context, lane string, after uint64, limit int) (api.DeadLetters, error)
 	GetDead(ctx context.Context, lane string, seq uint64) (api.DeadLetter, error)
 	ReplayDead(ctx context.Context, lane string, seq uint64, opt queue.ReplayOptions) (api.DeadLetter, error)
-	ReplayAllDead(ctx context.Context, lane string, max int) (queue.Replayed, error)
+	ReplayAllDead(ctx context.Context, lane string, max int, until uint64) (queue.Replayed, error)
 	DeleteDead(ctx context.Context, lane string, seq uint64) error
 	PurgeDead(ctx context.Context, lane string) error
 }
@@ -191,12 +191,20 @@ func (h *Handler) replayAll(w http.ResponseWriter, r *http.Request, lane string)
 		}
 		limit = n
 	}
-	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, limit)
+	var until uint64
+	if s := r.URL.Query().Get("until"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n < 1 {
+			return refusal(ErrBadParam, "until", "until must be a dead-letter sequence number (1 or more)")
+		}
+		until = n
+	}
+	n, err := h.cfg.DeadLetters.ReplayAllDead(r.Context(), lane, limit, until)
 	if err != nil {
 		return refusalOf(err, "replayed %d, then: %v", n.Replayed, err)
 	}
 	h.audit(r, "dead letters replayed", "replay_all", lane, "count", n.Replayed, "expired", n.Expired, "undeliverable", n.Undeliverable)
-	out := map[string]any{"replayed": n.Replayed}
+	out := map[string]any{"replayed": n.Replayed, "until": n.Until}
 	if n.Expired > 0 {
 		out["expired"] = n.Expired
 	}

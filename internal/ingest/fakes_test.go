@@ -166,7 +166,7 @@ func (f *fakeDead) ReplayDead(_ context.Context, lane string, seq uint64, _ queu
 	return f.letter(lane, seq)
 }
 
-func (f *fakeDead) ReplayAllDead(context.Context, string, int) (queue.Replayed, error) {
+func (f *fakeDead) ReplayAllDead(context.Context, string, int, uint64) (queue.Replayed, error) {
 	f.call("replay_all")
 	return queue.Replayed{Replayed: 1}, nil
 }

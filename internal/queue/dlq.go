@@ -350,6 +350,12 @@ type Replayed struct {
 	// its key.
 	Undeliverable     int
 	UndeliverableSeqs []uint64
+	// Until is the last dead-letter sequence the call could replay: the
+	// dead-letter stream's last when it began, or the call's until when
+	// lower. A replay of all in several calls passes the first call's
+	// Until to the others, so that a job replayed by one and dead again
+	// before the next is not replayed twice.
+	Until uint64
 }
 
 // ReplayAllDead replays every dead letter of lane, oldest first, up to max,
@@ -357,8 +363,9 @@ type Replayed struct {
 // be delivered on the lane as they are (ReplayDead). Only the dead letters
 // stored when it began are replayed: a replayed job that dies again during
 // the call (its target still refuses it) is stored behind them and stays
-// dead, instead of being replayed over and over up to max.
-func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (Replayed, error) {
+// dead, instead of being replayed over and over up to max. until, when not
+// 0, bounds the sequences replayed further (Replayed.Until).
+func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int, until uint64) (Replayed, error) {
 	var out Replayed
 	st, err := q.deadStream()
 	if err != nil {
@@ -369,6 +376,10 @@ func (q *Queue) ReplayAllDead(ctx context.Context, lane string, max int) (Replay
 		return out, fmt.Errorf("%w: dead letters of %s: %v", ErrUnavailable, lane, err)
 	}
 	last := info.State.LastSeq
+	if until > 0 {
+		last = min(last, until)
+	}
+	out.Until = last
 	var after uint64
 	for out.Replayed < max {
 		page, err := q.ListDead(ctx, lane, after, min(256, max-out.Replayed))

@@ -108,7 +108,7 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 	if n, _ := q.CountDead(ctx, "demo"); n != 3 {
 		t.Fatalf("%d dead letters after two refused replays, want 3", n)
 	}
-	got, err := q.ReplayAllDead(ctx, "demo", 2)
+	got, err := q.ReplayAllDead(ctx, "demo", 2, 0)
 	if err != nil || got.Replayed != 2 || got.Expired != 1 {
 		t.Fatalf("replay all: %+v %v; want 2 replayed, 1 expired passed over", got, err)
 	}
@@ -141,5 +141,40 @@ func TestReplayKeepsWhereTheRecordGoes(t *testing.T) {
 	}
 	if dead, _ := q.ListDead(ctx, "demo", 0, 10); len(dead) != 1 || dead[0].ID != "gone" {
 		t.Fatalf("dead letters left: %+v; want the expired one", dead)
+	}
+}
+
+// TestReplayAllDeadUntil: a replay of all made of several calls passes the
+// first call's Until to the others, so that a job the first replayed and
+// that died again before the next call (a new dead letter, behind the
+// bound) is not replayed twice; without a bound each call takes the dead
+// letters stored when it begins.
+func TestReplayAllDeadUntil(t *testing.T) {
+	s := spec()
+	s.MaxBacklog = 100
+	q, nc := newQueue(t, s)
+	ctx := context.Background()
+	first := storeDead(t, nc, "demo", 2, 10)
+	got, err := q.ReplayAllDead(ctx, "demo", 1, 0)
+	until := got.Until // the dead-letter stream's last: other lanes' share it
+	if err != nil || got.Replayed != 1 || until < first[1] {
+		t.Fatalf("first call: %+v %v; want 1 replayed, until %d or later", got, err, first[1])
+	}
+	again := storeDead(t, nc, "demo", 1, 10) // the replayed job, dead again
+	if again[0] <= until {
+		t.Fatalf("the new dead letter %d is not behind the bound %d", again[0], until)
+	}
+	for i, want := range []int{1, 0} {
+		got, err = q.ReplayAllDead(ctx, "demo", 1, until)
+		if err != nil || got.Replayed != want || got.Until != until {
+			t.Fatalf("call %d with until %d: %+v %v; want %d replayed", i+2, until, got, err, want)
+		}
+	}
+	if d, err := q.ListDead(ctx, "demo", 0, 10); err != nil || len(d) != 1 || d[0].Seq != again[0] {
+		t.Fatalf("dead letters left: %v %v; want the one dead again (%d)", d, err, again[0])
+	}
+	// A call without a bound takes it.
+	if got, err := q.ReplayAllDead(ctx, "demo", 1, 0); err != nil || got.Replayed != 1 || got.Until < again[0] {
+		t.Fatalf("a call without until: %+v %v", got, err)
 	}
 }

@@ -67,7 +67,7 @@ func TestReplayUndeliverableRefused(t *testing.T) {
 		t.Fatalf("after refused replays: %d dead letters, hook heard %+v, %d jobs in the lane; want 3, nothing, 0", n, hook.heard, laneMsgs())
 	}
 
-	got, err := q.ReplayAllDead(ctx, "demo", 10)
+	got, err := q.ReplayAllDead(ctx, "demo", 10, 0)
 	if err != nil || got.Replayed != 1 || got.Undeliverable != 2 || !slices.Equal(got.UndeliverableSeqs, []uint64{seq["no-key"], seq["key-with-a-slash"]}) {
 		t.Fatalf("replay all: %+v %v; want k-0 replayed, the other two passed over", got, err)
 	}
