@@ -286,8 +286,12 @@ type Queue struct {
 
 	mu    sync.Mutex
 	lanes map[string]*laneState
-	dead  jetstream.Stream
-	retry jetstream.Stream
+	// triesKV is TriesBucket as ensureTries made it, with triesReplicas.
+	triesMu       sync.Mutex
+	triesKV       jetstream.KeyValue
+	triesReplicas int
+	dead          jetstream.Stream
+	retry         jetstream.Stream
 	// deadEpoch is the dead-letter stream's creation time, in the msg
 	// ids of replays (copy.go).
 	deadEpoch int64

@@ -37,16 +37,25 @@ const (
 	triesMarkerTTL = time.Second
 )
 
-// ensureTries creates or opens TriesBucket.
+// ensureTries creates or opens TriesBucket, once for every lane of q (with
+// the replica count every lane has, nats.replicas): each ensure is a
+// create, and an update of the bucket's stream when it exists.
 func (q *Queue) ensureTries(ctx context.Context, replicas int) (jetstream.KeyValue, error) {
+	replicas = max(replicas, 1)
+	q.triesMu.Lock()
+	defer q.triesMu.Unlock()
+	if q.triesKV != nil && q.triesReplicas == replicas {
+		return q.triesKV, nil
+	}
 	kv, err := ensureKV(ctx, q.js, jetstream.KeyValueConfig{
 		Bucket: TriesBucket, Description: "throttler failed attempts of jobs retried in place",
-		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		History: 1, TTL: triesMaxAge, Storage: jetstream.FileStorage, Replicas: replicas,
 		LimitMarkerTTL: triesMarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: tries bucket: %w", err)
 	}
+	q.triesKV, q.triesReplicas = kv, replicas
 	return kv, nil
 }
 

@@ -198,3 +198,22 @@ func TestTriesWithoutFormerEntriesReadOnce(t *testing.T) {
 		t.Fatalf("%d reads of the bucket, want 1", n)
 	}
 }
+
+// TestTriesBucketEnsuredOnce: the lanes of one queue share the tries
+// bucket: it is created or updated once, not once per lane at start.
+func TestTriesBucketEnsuredOnce(t *testing.T) {
+	srv, q, _ := deadQueue(t)
+	creates := countRequests(t, srv, "$JS.API.STREAM.CREATE.KV_"+queue.TriesBucket)
+	updates := countRequests(t, srv, "$JS.API.STREAM.UPDATE.KV_"+queue.TriesBucket)
+	ctx := context.Background()
+	for _, name := range []string{"a", "b", "c"} {
+		s := spec()
+		s.Name = name
+		if err := q.EnsureLane(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, u := creates(), updates(); c+u != 1 {
+		t.Fatalf("the tries bucket was created %d and updated %d times for three lanes, want once", c, u)
+	}
+}
